@@ -1,0 +1,59 @@
+"""Parse and format byte quantities such as ``24MB``, ``1.5GiB`` or ``512KiB``.
+
+Decimal units (kB, MB, GB) are powers of 1000 and binary units (KiB, MiB, GiB) powers of
+1024, so a budget means exactly what its unit says. Parsing is strict: anything else is
+a :class:`~layerfit.errors.BudgetError` naming the accepted forms.
+"""
+
+from __future__ import annotations
+
+import re
+
+from layerfit.errors import BudgetError
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str | int) -> int:
+    """Return the number of bytes ``text`` denotes; raise BudgetError on nonsense."""
+    if isinstance(text, bool):
+        raise BudgetError(f"not a byte quantity: {text!r}")
+    if isinstance(text, int):
+        if text < 0:
+            raise BudgetError(f"a byte quantity cannot be negative: {text}")
+        return text
+    match = _PATTERN.match(str(text))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise BudgetError(
+            f"cannot read {text!r} as a size: write a number and a unit, e.g. 24MB, "
+            "1.5GiB, 512KiB (units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+        )
+    value = float(match.group(1)) * _UNITS[unit]
+    if unit in ("", "b") and not float(match.group(1)).is_integer():
+        raise BudgetError(f"a number of bytes must be whole: {text!r}")
+    return int(round(value))
+
+
+def format_bytes(n: int | float) -> str:
+    """Human-readable size in decimal megabytes, the unit the papers report in."""
+    n = float(n)
+    if abs(n) >= 1000**3:
+        return f"{n / 1000**3:.2f} GB"
+    if abs(n) >= 1000**2:
+        return f"{n / 1000**2:.1f} MB"
+    if abs(n) >= 1000:
+        return f"{n / 1000:.1f} kB"
+    return f"{int(n)} B"
