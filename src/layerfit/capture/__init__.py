@@ -1,1 +1,100 @@
-"""layerfit.capture"""
+"""Capture a network's structure: ``capture(model, example_input) -> ModelGraph``.
+
+Units come from one plain forward pass with hooks on every module (so they are right
+for any model); activation ops and tensors come from torch.fx where the model traces
+and from leaf-module hooks where it does not.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from layerfit.capture.activations import _flat_tensors, trace_fx, trace_hooks
+from layerfit.capture.graph import (
+    ModelGraph,
+    OpRecord,
+    ParamSpec,
+    ResidentTensor,
+    TensorRecord,
+    UnitInfo,
+)
+from layerfit.capture.units import UnitRecorder, dtype_name
+from layerfit.errors import CaptureError
+
+__all__ = [
+    "ModelGraph",
+    "OpRecord",
+    "ParamSpec",
+    "ResidentTensor",
+    "TensorRecord",
+    "UnitInfo",
+    "capture",
+    "split_input",
+]
+
+log = logging.getLogger(__name__)
+
+
+def split_input(example_input: Any) -> tuple[tuple, dict]:
+    """Positional and keyword arguments for ``model(...)`` from a tensor, tuple or dict."""
+    if isinstance(example_input, torch.Tensor):
+        return (example_input,), {}
+    if isinstance(example_input, tuple):
+        return example_input, {}
+    if isinstance(example_input, list):
+        return tuple(example_input), {}
+    if isinstance(example_input, dict):
+        return (), dict(example_input)
+    raise CaptureError(
+        f"example input must be a tensor, a tuple of tensors or a dict of keyword "
+        f"arguments, not {type(example_input).__name__}"
+    )
+
+
+def capture(model: nn.Module, example_input: Any, *, method: str = "auto") -> ModelGraph:
+    """Units, ops and activation tensors of ``model`` run on ``example_input``.
+
+    ``method`` is ``auto`` (fx, falling back to hooks), ``fx`` or ``hooks``.
+    """
+    if method not in ("auto", "fx", "hooks"):
+        raise CaptureError(f"unknown capture method {method!r}: use auto, fx or hooks")
+    args, kwargs = split_input(example_input)
+    was_training = model.training
+    model.eval()
+    try:
+        recorder = UnitRecorder(model)
+        with recorder, torch.no_grad():
+            output = model(*args, **kwargs)
+        units, resident, unused = recorder.build()
+        ops = tensors = None
+        used = method
+        if method in ("auto", "fx") and not kwargs:
+            try:
+                ops, tensors = trace_fx(model, args, kwargs)
+                used = "fx"
+            except Exception as exc:  # fx raises many kinds of errors on untraceable code
+                if method == "fx":
+                    raise CaptureError(f"torch.fx cannot trace {type(model).__name__}: {exc}") from exc
+                log.info("fx tracing failed (%s); falling back to module hooks", exc)
+        if ops is None:
+            ops, tensors = trace_hooks(model, args, kwargs)
+            used = "hooks"
+    finally:
+        model.train(was_training)
+    first = _flat_tensors((args, kwargs))
+    return ModelGraph(
+        model_type=type(model).__name__,
+        input_shape=tuple(first[0].shape) if first else (),
+        input_dtype=dtype_name(first[0].dtype) if first else "float32",
+        method=used,
+        units=units,
+        ops=ops,
+        tensors=tensors,
+        resident=resident,
+        unused=unused,
+        output_shapes=[tuple(t.shape) for t in _flat_tensors(output)],
+    )

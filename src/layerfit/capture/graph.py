@@ -35,6 +35,24 @@ class ParamSpec:
 
 
 @dataclass(frozen=True)
+class ResidentTensor:
+    """A tensor kept in memory for the whole inference instead of being streamed.
+
+    Tied or shared parameters (bound at several ``places``), tensors owned by a module
+    whose children also own tensors, and tensors of a module called more than once are
+    resident: they are stored once and bound everywhere they are used.
+    """
+
+    name: str
+    kind: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    places: tuple[str, ...]  # "module.attr" for every place the tensor is bound
+    reason: str
+
+
+@dataclass(frozen=True)
 class UnitInfo:
     """A module that owns tensors, executed as one unit (one layer by default)."""
 
@@ -87,12 +105,22 @@ class ModelGraph:
     units: list[UnitInfo]
     ops: list[OpRecord]
     tensors: list[TensorRecord]
-    shared_params: list[str] = field(default_factory=list)  # tensors used by >1 unit
+    resident: list[ResidentTensor] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)  # tensors of modules never called
     output_shapes: list[tuple[int, ...]] = field(default_factory=list)
 
     @property
     def total_param_bytes(self) -> int:
-        return sum(u.s for u in self.units)
+        """Bytes of every stored tensor: streamed units plus resident tensors."""
+        return sum(u.s for u in self.units) + self.resident_bytes
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(r.nbytes for r in self.resident)
+
+    @property
+    def largest_unit_bytes(self) -> int:
+        return max((u.s for u in self.units), default=0)
 
     @property
     def total_macs(self) -> int:
@@ -144,7 +172,13 @@ class ModelGraph:
             units=units,
             ops=ops,
             tensors=tensors,
-            shared_params=list(data.get("shared_params", [])),
+            resident=[
+                ResidentTensor(
+                    **{**r, "shape": tuple(r["shape"]), "places": tuple(r["places"])}
+                )
+                for r in data.get("resident", [])
+            ],
+            unused=list(data.get("unused", [])),
             output_shapes=[tuple(s) for s in data.get("output_shapes", [])],
         )
 

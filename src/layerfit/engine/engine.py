@@ -1,0 +1,307 @@
+"""The streaming engine: one prepared model executed under a weight-memory budget.
+
+One class runs every pipeline policy (see :mod:`layerfit.engine.policies`). The model's
+own ``forward`` runs on a skeleton whose modules have hooks: before a unit's first layer
+runs, the hook waits until the reader thread has read the unit and binds its weights by
+reference; after its last layer, the hook unbinds them and releases the buffer. The
+reader thread reads units in order as the policy and the circular buffer allow. Both
+threads wait on one condition; nothing spins.
+
+Full SHA-256 verification happens on the first read of each unit; every inference
+starts with a cheap check that the weights file was not replaced or modified.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from layerfit.errors import BudgetError, CorruptStoreError, LayerfitError, ReadError
+from layerfit.engine.policies import Policy, get_policy
+from layerfit.engine.ring import Cancelled, RingBuffer
+from layerfit.engine.skeleton import Binding, bind, build_skeleton, segment_bindings, unbind
+from layerfit.engine.trace import Event, Timeline
+from layerfit.engine.units import Block, make_blocks
+from layerfit.sizes import parse_bytes
+from layerfit.store.manifest import Manifest, read_manifest
+from layerfit.store.reader import SegmentReader, aligned_buffer, verify_segment
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What the engine holds for weights: resident tensors plus the unit buffer."""
+
+    resident_bytes: int
+    buffer_bytes: int
+    largest_unit_bytes: int
+    total_weight_bytes: int
+
+    @property
+    def minimum_budget(self) -> int:
+        return self.resident_bytes + self.largest_unit_bytes
+
+
+class _Run:
+    """Shared state of one inference between the executing and the reader thread."""
+
+    def __init__(self, nblocks: int) -> None:
+        self.ready: list[int | None] = [None] * nblocks
+        self.started = 0
+        self.done = 0
+        self.error: tuple[int, BaseException] | None = None
+        self.bound: dict[int, int] = {}  # block index -> ring offset
+        self.t0 = time.perf_counter()
+        self.events: list[Event] = []
+
+
+class Engine:
+    """A prepared model you call like the model, executed within a weight budget.
+
+    ``budget`` counts weight buffers (resident tensors plus the unit buffer); it must be
+    at least the resident tensors plus the largest unit. ``pipeline`` is ``preload``,
+    ``sequential``, ``sync`` or ``async``; ``units`` is ``layers``, ``blocks:N`` or a
+    list of partition points.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        budget: int | str | None = None,
+        pipeline: str = "async",
+        units: str | list[int] = "layers",
+        direct_io: bool = True,
+        trace: bool = False,
+    ) -> None:
+        self.directory = Path(directory)
+        self.manifest: Manifest = read_manifest(self.directory)
+        self.policy: Policy = get_policy(pipeline)
+        self.trace = trace
+        self.model: nn.Module = build_skeleton(self.manifest)
+        self.reader = SegmentReader(
+            self.directory / self.manifest.weights_file, self.manifest.weights_size, direct=direct_io
+        )
+        self._verified: set[int] = set()
+        self._lock = threading.Lock()  # one inference at a time per engine
+        self._cond = threading.Condition()
+        self._run: _Run | None = None
+        self.last_timeline: Timeline | None = None
+        self._hooks: list = []
+        self.ring: RingBuffer | None = None
+        self._resident_buf = None
+        try:
+            self._setup(budget, units)
+        except BaseException:
+            self.close()
+            raise
+
+    # --- set-up ------------------------------------------------------------------------
+
+    def _setup(self, budget: int | str | None, units: str | list[int]) -> None:
+        m = self.manifest
+        self.blocks: list[Block] = make_blocks(m.units, units)
+        sizes = [b.nbytes for b in self.blocks]
+        resident = m.resident_bytes
+        budget_bytes = None if budget is None else parse_bytes(budget)
+        if budget_bytes is not None and budget_bytes < resident + max(sizes, default=0):
+            raise BudgetError(
+                f"budget {budget_bytes} bytes is below the minimum for this model: "
+                f"{resident + max(sizes, default=0)} bytes (largest unit {max(sizes, default=0)}"
+                + (f" + resident tensors {resident}" if resident else "")
+                + ")"
+            )
+        ring_budget = None if budget_bytes is None else budget_bytes - resident
+        capacity = self.policy.buffer_bytes(sizes, ring_budget)
+        self.memory = MemoryPlan(resident, capacity, max(sizes, default=0), m.total_bytes)
+        self.ring = RingBuffer(capacity) if capacity else None
+        if self.ring is not None:
+            self.ring._cond = self._cond  # one condition for buffer room and unit progress
+        self._bindings: list[list[Binding]] = [
+            [b for seg in blk.segments for b in segment_bindings(self.model, seg)] for blk in self.blocks
+        ]
+        if m.resident is not None:
+            self._resident_buf = aligned_buffer(m.resident.nbytes)
+            view = memoryview(self._resident_buf)
+            self.reader.read(m.resident, view)
+            verify_segment(m.resident, view)
+            view.release()
+            bind(
+                segment_bindings(self.model, m.resident),
+                torch.frombuffer(self._resident_buf, dtype=torch.uint8),
+                0,
+            )
+        self._install_hooks()
+        if self.policy.name == "preload":
+            for i, blk in enumerate(self.blocks):
+                off = self.ring.allocate(blk.nbytes)
+                self._read_block(i, blk, off)
+                bind(self._bindings[i], self.ring.bytes, off)
+
+    def _install_hooks(self) -> None:
+        for i, blk in enumerate(self.blocks):
+            first = blk.segments[0].name
+            last = blk.segments[-1].name
+            m_first = self.model.get_submodule(first) if first else self.model
+            m_last = self.model.get_submodule(last) if last else self.model
+            self._hooks.append(m_first.register_forward_pre_hook(self._pre_hook(i)))
+            self._hooks.append(m_last.register_forward_hook(self._post_hook(i)))
+
+    # --- the two threads ---------------------------------------------------------------
+
+    def _read_block(self, i: int, blk: Block, off: int) -> None:
+        view = self.ring.view[off : off + blk.nbytes]
+        what = f"unit {i} ({blk.name or '<root>'})"
+        self.reader.read_range(blk.offset, blk.nbytes, view, what)
+        if i not in self._verified:
+            pos = 0
+            for seg in blk.segments:
+                verify_segment(seg, view[pos : pos + seg.nbytes])
+                pos += seg.nbytes
+            self._verified.add(i)
+
+    def _reader_loop(self, run: _Run) -> None:
+        policy, cond = self.policy, self._cond
+        i = -1
+        try:
+            for i, blk in enumerate(self.blocks):
+                with cond:
+                    while not policy.read_may_start(i, run.started, run.done):
+                        if self.ring.cancelled:
+                            return
+                        cond.wait()
+                off = self.ring.allocate(blk.nbytes)
+                t0 = time.perf_counter()
+                self._read_block(i, blk, off)
+                t1 = time.perf_counter()
+                with cond:
+                    run.ready[i] = off
+                    if self.trace:
+                        run.events.append(Event(i, blk.name, "read", t0 - run.t0, t1 - run.t0, blk.nbytes))
+                    cond.notify_all()
+        except Cancelled:
+            return
+        except BaseException as exc:  # handed to the executing thread, which raises it
+            with cond:
+                run.error = (i, exc)
+                cond.notify_all()
+
+    def _pre_hook(self, i: int):
+        def hook(module: nn.Module, args: tuple) -> None:
+            run = self._run
+            if run is None:
+                return
+            if self.policy.name == "preload":
+                run.bound[i] = -1
+            else:
+                with self._cond:
+                    while run.ready[i] is None and run.error is None:
+                        self._cond.wait()
+                    if run.ready[i] is None:
+                        failed, exc = run.error
+                        if isinstance(exc, LayerfitError):
+                            raise type(exc)(str(exc)) from exc
+                        raise ReadError(f"reading unit {failed} failed: {exc}") from exc
+                    off = run.ready[i]
+                    run.started = i + 1
+                    self._cond.notify_all()
+                bind(self._bindings[i], self.ring.bytes, off)
+                run.bound[i] = off
+            if self.trace:
+                run.events.append(Event(i, self.blocks[i].name, "kernel", time.perf_counter() - run.t0, 0.0))
+
+        return hook
+
+    def _post_hook(self, i: int):
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            run = self._run
+            if run is None:
+                return
+            if self.trace:
+                start = run.events.pop()
+                run.events.append(
+                    Event(i, start.name, "kernel", start.start, time.perf_counter() - run.t0, self.blocks[i].nbytes)
+                )
+            off = run.bound.pop(i)
+            if self.policy.name != "preload":
+                unbind(self._bindings[i])
+                self.ring.release(off)
+            with self._cond:
+                run.done = i + 1
+                self._cond.notify_all()
+
+        return hook
+
+    # --- inference ---------------------------------------------------------------------
+
+    @torch.no_grad()
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self.reader.check_unchanged()
+            run = _Run(len(self.blocks))
+            self._run = run
+            streaming = self.policy.name != "preload" and self.blocks
+            thread = None
+            if streaming:
+                self.ring.reset()
+                thread = threading.Thread(target=self._reader_loop, args=(run,), name="layerfit-reader", daemon=True)
+                thread.start()
+            try:
+                out = self.model(*args, **kwargs)
+                if run.done != len(self.blocks):
+                    raise LayerfitError(
+                        f"the forward pass ran {run.done} of {len(self.blocks)} units: the model's "
+                        "control flow differs from the captured one (prepare it with this input shape)"
+                    )
+            finally:
+                end = time.perf_counter()
+                if streaming:
+                    self.ring.cancel()
+                    thread.join()
+                    for i in list(run.bound):
+                        unbind(self._bindings[i])
+                    run.bound.clear()
+                self._run = None
+            if self.trace:
+                occupancy = [] if self.ring is None else [(t - run.t0, b) for t, b in self.ring.history]
+                self.last_timeline = Timeline(
+                    self.policy.name,
+                    self.memory.resident_bytes + self.memory.buffer_bytes,
+                    sorted(run.events, key=lambda e: (e.start, e.stage)),
+                    occupancy,
+                    end - run.t0,
+                )
+            self.last_weights_peak = self.memory.resident_bytes + (self.ring.peak if self.ring else 0)
+            return out
+
+    @property
+    def io_mode(self) -> str:
+        """``direct`` (O_DIRECT) or ``buffered`` (fallback with fadvise DONTNEED)."""
+        return self.reader.mode
+
+    def close(self) -> None:
+        """Remove hooks and free the buffers and the file descriptor."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        if getattr(self, "reader", None) is not None:
+            self.reader.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load(directory: str | Path, **kwargs: Any) -> Engine:
+    """Load a prepared model; see :class:`Engine` for ``budget``, ``pipeline``, ``units``."""
+    return Engine(directory, **kwargs)
+
+
+__all__ = ["BudgetError", "CorruptStoreError", "Engine", "MemoryPlan", "load"]

@@ -1,0 +1,93 @@
+"""Pipeline policies: when a unit's read may start, and how large the buffer is.
+
+One engine executes every policy; a policy only answers two questions (Demand
+Layering, Section IV):
+
+* ``buffer_bytes`` — the weight buffer it needs for a given budget;
+* ``read_may_start(i, kernels_started, kernels_done)`` — the gate on unit ``i``'s read,
+  on top of the two constraints every policy shares: reads happen in order, and a read
+  waits for room in the circular buffer (a unit's buffer is released only after its
+  kernel completes).
+
+``preload`` keeps every unit resident (the paper's Pre). ``sequential`` reads a unit only
+after the previous kernel finished (one buffer of the largest unit). ``sync`` is the
+lock-step pipeline: unit ``i+1`` is read while kernel ``i`` runs and neither stage runs
+ahead (double buffers). ``async`` lets the reader run ahead as far as the circular buffer
+allows (Algorithm 1). On CPU the copy stage vanishes: weights are used where they were
+read, the paper's two-stage zero-copy pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from layerfit.errors import BudgetError, LayerfitError
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A named pipeline policy; see the module docstring."""
+
+    name: str
+    description: str
+    units_in_flight: int  # minimum number of largest units the buffer must hold (0: all)
+
+    def minimum_bytes(self, unit_sizes: list[int]) -> int:
+        """Smallest buffer this policy runs with."""
+        if not unit_sizes:
+            return 0
+        if self.units_in_flight == 0:
+            return sum(unit_sizes)
+        return max(unit_sizes) * self.units_in_flight
+
+    def buffer_bytes(self, unit_sizes: list[int], budget: int | None) -> int:
+        """Buffer size for ``budget`` (default: the policy's natural size)."""
+        total = sum(unit_sizes)
+        largest = max(unit_sizes, default=0)
+        if budget is None:
+            return self.minimum_bytes(unit_sizes) if self.name != "async" else 2 * largest
+        if budget < largest:
+            raise BudgetError(
+                f"budget of {budget} bytes is below the largest unit ({largest} bytes): "
+                f"the minimum budget is {largest} bytes"
+            )
+        if self.name == "preload" and budget < total:
+            raise BudgetError(
+                f"preload keeps every unit resident and needs {total} bytes; the budget is "
+                f"{budget} bytes: raise the budget or choose a streaming pipeline"
+            )
+        if self.name == "sync" and budget < 2 * largest:
+            raise BudgetError(
+                f"sync double-buffers and needs 2 x the largest unit = {2 * largest} bytes; "
+                f"the budget is {budget} bytes: raise it or use async"
+            )
+        return min(budget, total)
+
+    def read_may_start(self, i: int, kernels_started: int, kernels_done: int) -> bool:
+        """May unit ``i``'s read begin, given how many kernels started and finished?"""
+        if self.name == "sequential":
+            return kernels_done >= i
+        if self.name == "sync":
+            return kernels_started >= i
+        return True
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("preload", "all weights resident (paper: Pre)", 0),
+        Policy("sequential", "read then execute each unit, one buffer (paper: Seq)", 1),
+        Policy("sync", "lock-step read/execute pipeline, double buffers (paper: Sync)", 2),
+        Policy("async", "reads run ahead within a circular buffer (paper: Async)", 1),
+    )
+}
+
+
+def get_policy(name: str) -> Policy:
+    """The policy called ``name``; a clear error listing the choices otherwise."""
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise LayerfitError(
+            f"unknown pipeline {name!r}: choose one of {', '.join(POLICIES)}"
+        ) from None

@@ -1,0 +1,124 @@
+"""A circular weight buffer whose total size is the budget, with its ledger.
+
+Units are placed one after another in one pre-allocated, pre-faulted aligned buffer and
+released in the order they were placed (Demand Layering's circular buffer). A unit never
+straddles the end: if it does not fit in the tail, it starts again at offset 0, and the
+skipped tail is counted as in use until the unit before it is released. ``allocate``
+blocks on a condition until there is room; nothing spins.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import torch
+
+from layerfit.errors import BudgetError
+from layerfit.store.reader import aligned_buffer
+
+
+class Cancelled(Exception):
+    """Raised in a waiting thread when the inference it serves was abandoned."""
+
+
+class RingBuffer:
+    """FIFO allocator over one aligned buffer; tracks bytes in use and their peak."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.mmap = aligned_buffer(capacity)
+        self.view = memoryview(self.mmap)[:capacity]
+        self.bytes = torch.frombuffer(self.mmap, dtype=torch.uint8)[:capacity]
+        self._cond = threading.Condition()
+        self._live: deque[tuple[int, int]] = deque()  # (start, end incl. skipped tail)
+        self._head = 0  # next free offset
+        self.in_use = 0
+        self.peak = 0
+        self.history: list[tuple[float, int]] = []  # (perf_counter, bytes in use)
+        self.cancelled = False
+
+    @property
+    def condition(self) -> threading.Condition:
+        return self._cond
+
+    def _fits(self, nbytes: int) -> int | None:
+        if not self._live:
+            return 0
+        tail_start = self._live[0][0]
+        if self._head > tail_start or (self._head == tail_start and not self._live):
+            if self.capacity - self._head >= nbytes:
+                return self._head
+            if tail_start >= nbytes:
+                return 0
+            return None
+        if tail_start - self._head >= nbytes:
+            return self._head
+        return None
+
+    def allocate(self, nbytes: int) -> int:
+        """Offset of ``nbytes`` contiguous bytes; waits for earlier units to be released."""
+        if nbytes > self.capacity:
+            raise BudgetError(f"a unit of {nbytes} bytes cannot fit a buffer of {self.capacity} bytes")
+        with self._cond:
+            while True:
+                if self.cancelled:
+                    raise Cancelled
+                start = self._fits(nbytes)
+                if start is not None:
+                    break
+                self._cond.wait()
+            skipped = 0
+            if self._live and start == 0 and self._head != 0:
+                # Wrapped: the tail [head, capacity) stays unusable until its left
+                # neighbour is released; charge it to the previous allocation.
+                prev_start, _ = self._live[-1]
+                skipped = self.capacity - self._head
+                self._live[-1] = (prev_start, self.capacity)
+            self._live.append((start, start + nbytes))
+            self._head = start + nbytes
+            self.in_use += nbytes + skipped
+            self._record()
+            return start
+
+    def release(self, start: int) -> None:
+        """Release the oldest allocation, which must start at ``start`` (FIFO order)."""
+        with self._cond:
+            first, end = self._live.popleft()
+            if first != start:
+                raise RuntimeError(f"ring released out of order: {start} is not the oldest ({first})")
+            self.in_use -= end - first
+            if not self._live:
+                self._head = 0
+                self.in_use = 0
+            self._record()
+            self._cond.notify_all()
+
+    def _record(self) -> None:
+        self.peak = max(self.peak, self.in_use)
+        self.history.append((time.perf_counter(), self.in_use))
+
+    def reset(self) -> None:
+        """Forget every allocation (after an aborted inference) and clear cancellation."""
+        with self._cond:
+            self._live.clear()
+            self._head = 0
+            self.in_use = 0
+            self.cancelled = False
+            self.history.clear()
+            self.peak = 0
+            self._cond.notify_all()
+
+    def cancel(self) -> None:
+        with self._cond:
+            self.cancelled = True
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        self.view.release()
+        del self.bytes
+        try:
+            self.mmap.close()
+        except BufferError:
+            pass  # a tensor view is still alive; the mapping is freed with it

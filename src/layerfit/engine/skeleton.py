@@ -1,0 +1,82 @@
+"""The model skeleton on the meta device and binding weights to it by reference.
+
+The skeleton is the model's structure with no parameter memory. Binding a unit puts
+zero-copy views of the unit's read buffer in place of its meta tensors; unbinding puts
+the meta tensors back, so the views (and the buffer) are no longer referenced by the
+model. No byte of a unit is copied on CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from layerfit.errors import ManifestError
+from layerfit.store.manifest import Manifest, Segment
+from layerfit.store.model_spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One place a tensor is bound: ``module.<attr>`` in its parameter or buffer dict."""
+
+    module: nn.Module
+    attr: str
+    kind: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int  # from the segment start
+    nbytes: int
+    meta: torch.Tensor  # the skeleton's own tensor, restored on unbind
+
+
+def build_skeleton(manifest: Manifest) -> nn.Module:
+    """The model rebuilt on the meta device from the manifest's factory and arguments."""
+    spec = ModelSpec(manifest.model["source"], manifest.model["name"], manifest.model.get("kwargs", {}))
+    with torch.device("meta"):
+        model = spec.factory()(**spec.kwargs)
+    return model.eval()
+
+
+def segment_bindings(model: nn.Module, segment: Segment) -> list[Binding]:
+    """Every place a segment's tensors are bound in ``model``."""
+    out = []
+    for t in segment.tensors:
+        for place in t.places:
+            module_name, _, attr = place.rpartition(".")
+            try:
+                module = model.get_submodule(module_name) if module_name else model
+            except AttributeError as exc:
+                raise ManifestError(f"the model has no module {module_name!r} for {t.name}") from exc
+            holder = module._parameters if t.kind == "param" else module._buffers
+            if attr not in holder:
+                raise ManifestError(f"module {module_name or '<root>'} has no {t.kind} {attr!r}")
+            meta = holder[attr]
+            if meta is not None and tuple(meta.shape) != t.shape:
+                raise ManifestError(
+                    f"{place} has shape {tuple(meta.shape)} in the model and {t.shape} in the store"
+                )
+            out.append(Binding(module, attr, t.kind, t.torch_dtype, t.shape, t.offset, t.nbytes, meta))
+    return out
+
+
+def bind(bindings: list[Binding], buffer: torch.Tensor, base: int) -> None:
+    """Point every binding at its bytes in ``buffer`` (a uint8 tensor) from ``base``."""
+    for b in bindings:
+        start = base + b.offset
+        view = buffer[start : start + b.nbytes].view(b.dtype).view(b.shape)
+        if b.kind == "param":
+            b.module._parameters[b.attr] = view
+        else:
+            b.module._buffers[b.attr] = view
+
+
+def unbind(bindings: list[Binding]) -> None:
+    """Restore the meta tensors so nothing in the model references the buffer."""
+    for b in bindings:
+        if b.kind == "param":
+            b.module._parameters[b.attr] = b.meta
+        else:
+            b.module._buffers[b.attr] = b.meta

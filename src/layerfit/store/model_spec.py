@@ -1,0 +1,88 @@
+"""Resolve what the user names as a model: a zoo name or ``package.module:factory``.
+
+The resolved spec is what the manifest records, so a prepared model can rebuild its
+skeleton later from the same factory and arguments.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from layerfit.errors import FactoryImportError, UnknownModelError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to construct a model: from the zoo or from an importable factory."""
+
+    source: str  # "zoo" or "factory"
+    name: str  # zoo name or "package.module:factory"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    input_shape: tuple[int, ...] | None = None  # default input shape, when known
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "name": self.name, "kwargs": dict(self.kwargs)}
+
+    def factory(self) -> Callable[..., nn.Module]:
+        """The pure constructor (default initialisation only, no weights)."""
+        if self.source == "zoo":
+            from layerfit import zoo
+
+            return zoo.get(self.name).factory
+        return _import_factory(self.name)
+
+    def build(self, seed: int = 0) -> nn.Module:
+        """A fully initialised module: seeded zoo weights or the factory's own."""
+        if self.source == "zoo":
+            from layerfit import zoo
+
+            return zoo.build(self.name, seed=seed, **self.kwargs)
+        module = self.factory()(**self.kwargs)
+        if not isinstance(module, nn.Module):
+            raise FactoryImportError(
+                f"factory {self.name!r} returned {type(module).__name__}, not a torch.nn.Module"
+            )
+        return module
+
+
+def _import_factory(path: str) -> Callable[..., nn.Module]:
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise FactoryImportError(f"factory path {path!r} must look like package.module:factory")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise FactoryImportError(f"cannot import {module_name!r} for factory {path!r}: {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise FactoryImportError(f"module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise FactoryImportError(f"{path!r} is not callable")
+    return obj
+
+
+def resolve(name: str, kwargs: dict[str, Any] | None = None) -> ModelSpec:
+    """A :class:`ModelSpec` for a zoo name or a ``package.module:factory`` path."""
+    kwargs = dict(kwargs or {})
+    if ":" in name:
+        _import_factory(name)  # fail now, with a clear message, rather than later
+        return ModelSpec("factory", name, kwargs)
+    from layerfit import zoo
+
+    if name not in zoo.names():
+        close = difflib.get_close_matches(name.lower(), zoo.names(), n=5, cutoff=0.5)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise UnknownModelError(
+            f"unknown model {name!r}.{hint} (`layerfit zoo` lists the built-in models; "
+            "a factory is written package.module:function)"
+        )
+    entry = zoo.get(name)
+    return ModelSpec("zoo", name, {**entry.kwargs, **kwargs}, tuple(entry.input_shape))

@@ -1,0 +1,286 @@
+"""Write a prepared model: ``prepare(MODEL, DIR)``.
+
+Weights enter from the module itself or from a safetensors checkpoint (never pickle).
+The directory is written under a temporary name and renamed into place, so a failure
+at any point leaves nothing behind, and an existing directory is replaced only with
+``force``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from layerfit.capture import capture
+from layerfit.capture.graph import ModelGraph
+from layerfit.errors import CheckpointError, InputError, OutputExistsError
+from layerfit.store.manifest import (
+    ALIGN,
+    DTYPES,
+    MANIFEST,
+    SAFETENSORS_DTYPES,
+    TENSOR_ALIGN,
+    WEIGHTS,
+    Manifest,
+    Segment,
+    TensorLayout,
+    align_up,
+)
+from layerfit.store.model_spec import ModelSpec, resolve
+
+Progress = Callable[[int, int], None]
+
+
+def example_input(shape: tuple[int, ...], dtype: str = "float32", seed: int = 0) -> torch.Tensor:
+    """The seeded default input of a prepared model (also used by ``layerfit run``)."""
+    gen = torch.Generator().manual_seed(seed)
+    if dtype not in DTYPES:
+        raise InputError(f"unsupported input dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    if DTYPES[dtype].is_floating_point:
+        return torch.randn(shape, generator=gen, dtype=DTYPES[dtype])
+    # Integer inputs are token or class ids: keep them below any plausible vocabulary.
+    return torch.randint(0, 32, shape, generator=gen, dtype=DTYPES[dtype])
+
+
+def _state_by_id(model: nn.Module) -> dict[int, torch.Tensor]:
+    out = {}
+    for _, module in model.named_modules(remove_duplicate=False):
+        for t in list(module._parameters.values()) + list(module._buffers.values()):
+            if t is not None:
+                out[id(t)] = t
+    return out
+
+
+def _lookup(model: nn.Module, place: str) -> torch.Tensor:
+    module_name, _, attr = place.rpartition(".")
+    module = model.get_submodule(module_name) if module_name else model
+    t = module._parameters.get(attr)
+    if t is None:
+        t = module._buffers.get(attr)
+    return t
+
+
+def load_checkpoint(model: nn.Module, path: str | Path, graph_places: dict[str, list[str]]) -> None:
+    """Copy tensors from a safetensors checkpoint into ``model``, checking every name.
+
+    ``graph_places`` maps each stored tensor name to every "module.attr" it is bound at;
+    a checkpoint may carry a tied tensor under any of them.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise CheckpointError(f"{path}: only .safetensors checkpoints are read (never pickle)")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
+    missing, wrong, used = [], [], set()
+    for name, places in graph_places.items():
+        key = next((p for p in [name, *places] if p in tensors), None)
+        target = _lookup(model, places[0] if places else name)
+        if key is None:
+            missing.append(name)
+            continue
+        used.add(key)
+        if tuple(tensors[key].shape) != tuple(target.shape):
+            wrong.append(f"{key} {tuple(tensors[key].shape)} (model: {tuple(target.shape)})")
+            continue
+        with torch.no_grad():
+            target.copy_(tensors[key].to(target.dtype))
+    unexpected = sorted(set(tensors) - used)
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else ""))
+    if wrong:
+        problems.append(f"wrong shapes: {', '.join(wrong[:10])}" + (" ..." if len(wrong) > 10 else ""))
+    if unexpected:
+        problems.append(
+            f"tensors the model does not have: {', '.join(unexpected[:10])}"
+            + (" ..." if len(unexpected) > 10 else "")
+        )
+    if problems:
+        raise CheckpointError(f"checkpoint {path} does not match the model: " + "; ".join(problems))
+
+
+def _layout(items: list[tuple[torch.Tensor, TensorLayout]], start: int) -> tuple[int, list]:
+    """Offsets of tensors packed at TENSOR_ALIGN; returns (payload end, placed items)."""
+    placed, pos = [], 0
+    for tensor, lay in items:
+        pos = align_up(pos, TENSOR_ALIGN)
+        placed.append((tensor, lay, pos))
+        pos += lay.nbytes
+    return pos, placed
+
+
+def _write_weights(
+    path: Path, groups: list[tuple[int, str, str, list[tuple[torch.Tensor, TensorLayout]], int, int]],
+    progress: Progress | None,
+) -> list[Segment]:
+    """Write the safetensors file; ``groups`` are (index, name, type, tensors, d, f)."""
+    # First pass: offsets relative to the data section, each segment ALIGN-aligned.
+    plans, pos = [], 0
+    for index, name, mtype, items, d, f in groups:
+        payload, placed = _layout(items, 0)
+        nbytes = max(align_up(payload, ALIGN), ALIGN)
+        plans.append((index, name, mtype, placed, payload, nbytes, pos, d, f))
+        pos += nbytes
+    data_size = pos
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", "layerfit": "prepared-v1"}}
+    pad = 0
+
+    def add_pad(begin: int, end: int) -> None:
+        nonlocal pad
+        if end > begin:
+            header[f"__pad_{pad}"] = {"dtype": "U8", "shape": [end - begin], "data_offsets": [begin, end]}
+            pad += 1
+
+    for _, _, _, placed, _, nbytes, seg_start, _, _ in plans:
+        cursor = seg_start
+        for _tensor, lay, off in placed:
+            add_pad(cursor, seg_start + off)
+            header[lay.name] = {
+                "dtype": SAFETENSORS_DTYPES[lay.dtype],
+                "shape": list(lay.shape),
+                "data_offsets": [seg_start + off, seg_start + off + lay.nbytes],
+            }
+            cursor = seg_start + off + lay.nbytes
+        add_pad(cursor, seg_start + nbytes)
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    data_start = align_up(8 + len(raw), ALIGN)
+    raw += b" " * (data_start - 8 - len(raw))  # safetensors allows trailing spaces
+
+    segments = []
+    done = 0
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(raw)))
+        fh.write(raw)
+        for index, name, mtype, placed, payload, nbytes, seg_start, d, f in plans:
+            buf = bytearray(nbytes)
+            for tensor, lay, off in placed:
+                flat = tensor.detach().contiguous().reshape(-1).cpu().view(torch.uint8)
+                buf[off : off + lay.nbytes] = flat.numpy().tobytes()
+            fh.write(buf)
+            segments.append(
+                Segment(
+                    index=index,
+                    name=name,
+                    module_type=mtype,
+                    offset=data_start + seg_start,
+                    nbytes=nbytes,
+                    payload_bytes=payload,
+                    sha256=hashlib.sha256(buf).hexdigest(),
+                    tensors=tuple(TensorLayout(**{**lay.__dict__, "offset": off}) for _, lay, off in placed),
+                    d=d,
+                    f=f,
+                )
+            )
+            done += nbytes
+            if progress:
+                progress(done, data_size)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return segments
+
+
+def _groups(model: nn.Module, graph: ModelGraph) -> list:
+    groups = []
+    if graph.resident:
+        items = []
+        for r in graph.resident:
+            t = _lookup(model, r.places[0])
+            items.append((t, TensorLayout(r.name, r.kind, r.dtype, r.shape, 0, r.nbytes, r.places)))
+        groups.append((-1, "<resident>", "resident", items, len(items), 0))
+    for u in graph.units:
+        items = []
+        for p in u.params:
+            place = f"{u.name}.{p.attr}" if u.name else p.attr
+            t = _lookup(model, place)
+            items.append((t, TensorLayout(p.name, p.kind, p.dtype, p.shape, 0, p.nbytes, (place,))))
+        groups.append((u.index, u.name, u.module_type, items, u.d, u.f))
+    return groups
+
+
+def prepare(
+    model: str | ModelSpec,
+    out_dir: str | Path,
+    *,
+    input_shape: tuple[int, ...] | None = None,
+    input_dtype: str = "float32",
+    checkpoint: str | Path | None = None,
+    force: bool = False,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> Manifest:
+    """Build, capture and pack ``model`` into ``out_dir``; returns the manifest."""
+    spec = resolve(model) if isinstance(model, str) else model
+    out = Path(out_dir)
+    if out.exists() and not force:
+        raise OutputExistsError(f"{out} already exists: choose another directory or pass --force")
+    shape = tuple(input_shape or spec.input_shape or ())
+    if not shape:
+        raise InputError(f"{spec.name} has no default input shape: pass --input-shape, e.g. 1,3,224,224")
+    module = spec.build(seed=seed).eval()
+    x = example_input(shape, input_dtype, seed)
+    graph = capture(module, x)
+    if checkpoint is not None:
+        places: dict[str, list[str]] = {}
+        for r in graph.resident:
+            places[r.name] = list(r.places)
+        for u in graph.units:
+            for p in u.params:
+                places.setdefault(p.name, []).append(f"{u.name}.{p.attr}" if u.name else p.attr)
+        load_checkpoint(module, checkpoint, places)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        segments = _write_weights(tmp / WEIGHTS, _groups(module, graph), progress)
+        resident = segments[0] if graph.resident else None
+        units = tuple(segments[1:] if graph.resident else segments)
+        manifest = Manifest(
+            model=spec.to_dict(),
+            seed=seed,
+            input_shape=shape,
+            input_dtype=input_dtype,
+            weights_file=WEIGHTS,
+            weights_size=(tmp / WEIGHTS).stat().st_size,
+            resident=resident,
+            units=units,
+            graph=graph,
+        )
+        (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=1))
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    """Move ``tmp`` to ``out`` atomically, replacing an existing ``out``."""
+    if out.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+        os.rename(out, trash / "old")
+        os.rename(tmp, out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.rename(tmp, out)
+    fd = os.open(out.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

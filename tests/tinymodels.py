@@ -1,0 +1,63 @@
+"""Small models for tests, importable as factories (``tinymodels:NAME``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def tiny_cnn() -> nn.Module:
+    """Conv-BN-ReLU stack with a residual add and a classifier: streams in 7 units."""
+    torch.manual_seed(0)
+    return TinyCNN()
+
+
+class TinyCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.conv3 = nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(32, 10)
+        with torch.no_grad():
+            for bn in (self.bn1, self.bn2):
+                bn.running_mean.uniform_(-0.5, 0.5)
+                bn.running_var.uniform_(0.5, 2.0)
+                bn.weight.uniform_(0.5, 1.5)
+                bn.bias.uniform_(-0.1, 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = y + torch.relu(self.bn2(self.conv2(y)))
+        y = self.pool(torch.relu(self.conv3(y))).flatten(1)
+        return self.fc(y)
+
+
+class TiedLM(nn.Module):
+    """Embedding tied to the output head, with a position parameter on the root."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = nn.Parameter(torch.randn(1, 8, 16) * 0.1)
+        self.embed = nn.Embedding(50, 16)
+        self.block = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+        self.norm = nn.LayerNorm(16)
+        self.head = nn.Linear(16, 50, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids) + self.pos[:, : ids.shape[1]]
+        h = h + self.block(h)
+        return self.head(self.norm(h))
+
+
+def tied_lm() -> nn.Module:
+    torch.manual_seed(1)
+    return TiedLM()
+
+
+def not_a_module() -> int:
+    return 3
