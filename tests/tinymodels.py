@@ -61,3 +61,41 @@ def tied_lm() -> nn.Module:
 
 def not_a_module() -> int:
     return 3
+
+
+class SlowLinear(nn.Linear):
+    """A linear layer whose kernel takes at least ``delay`` seconds (stage-duration tests)."""
+
+    def __init__(self, n_in: int, n_out: int, delay: float) -> None:
+        super().__init__(n_in, n_out)
+        self.delay = delay
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        time.sleep(self.delay)
+        return super().forward(x)
+
+
+def chain(widths: list[int], delays: list[float] | None = None) -> nn.Module:
+    """Linear layers of the given widths: units of arbitrary sizes."""
+    torch.manual_seed(2)
+    delays = delays or [0.0] * (len(widths) - 1)
+    layers: list[nn.Module] = []
+    for a, b, d in zip(widths, widths[1:], delays, strict=False):
+        layers += [SlowLinear(a, b, d), nn.Tanh()]
+    return nn.Sequential(*layers)
+
+
+def tiny_gpt2() -> nn.Module:
+    """A two-layer Hugging Face GPT-2 built from a config (no download), tied head."""
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(3)
+    config = GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=16,
+        bos_token_id=0, eos_token_id=0, use_cache=False,
+    )
+    return GPT2LMHeadModel(config).eval()

@@ -22,12 +22,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from layerfit.errors import BudgetError, CorruptStoreError, LayerfitError, ReadError
 from layerfit.engine.policies import Policy, get_policy
 from layerfit.engine.ring import Cancelled, RingBuffer
 from layerfit.engine.skeleton import Binding, bind, build_skeleton, segment_bindings, unbind
 from layerfit.engine.trace import Event, Timeline
 from layerfit.engine.units import Block, make_blocks
+from layerfit.errors import BudgetError, CorruptStoreError, LayerfitError, ReadError
 from layerfit.sizes import parse_bytes
 from layerfit.store.manifest import Manifest, read_manifest
 from layerfit.store.reader import SegmentReader, aligned_buffer, verify_segment
@@ -58,6 +58,7 @@ class _Run:
         self.bound: dict[int, int] = {}  # block index -> ring offset
         self.t0 = time.perf_counter()
         self.events: list[Event] = []
+        self.kernel_start: dict[int, float] = {}
 
 
 class Engine:
@@ -123,7 +124,8 @@ class Engine:
         if self.ring is not None:
             self.ring._cond = self._cond  # one condition for buffer room and unit progress
         self._bindings: list[list[Binding]] = [
-            [b for seg in blk.segments for b in segment_bindings(self.model, seg)] for blk in self.blocks
+            [b for seg in blk.segments for b in segment_bindings(self.model, seg, seg.offset - blk.offset)]
+            for blk in self.blocks
         ]
         if m.resident is not None:
             self._resident_buf = aligned_buffer(m.resident.nbytes)
@@ -198,22 +200,24 @@ class Engine:
                 return
             if self.policy.name == "preload":
                 run.bound[i] = -1
-            else:
-                with self._cond:
-                    while run.ready[i] is None and run.error is None:
-                        self._cond.wait()
-                    if run.ready[i] is None:
-                        failed, exc = run.error
-                        if isinstance(exc, LayerfitError):
-                            raise type(exc)(str(exc)) from exc
-                        raise ReadError(f"reading unit {failed} failed: {exc}") from exc
-                    off = run.ready[i]
-                    run.started = i + 1
-                    self._cond.notify_all()
-                bind(self._bindings[i], self.ring.bytes, off)
-                run.bound[i] = off
-            if self.trace:
-                run.events.append(Event(i, self.blocks[i].name, "kernel", time.perf_counter() - run.t0, 0.0))
+                run.kernel_start[i] = time.perf_counter() - run.t0
+                return
+            with self._cond:
+                while run.ready[i] is None and run.error is None:
+                    self._cond.wait()
+                if run.ready[i] is None:
+                    failed, exc = run.error
+                    if isinstance(exc, LayerfitError):
+                        raise type(exc)(str(exc)) from exc
+                    raise ReadError(f"reading unit {failed} failed: {exc}") from exc
+                off = run.ready[i]
+                # The kernel starts now (binding is part of it); the sync policy lets
+                # the next read begin from this moment.
+                run.kernel_start[i] = time.perf_counter() - run.t0
+                run.started = i + 1
+                self._cond.notify_all()
+            bind(self._bindings[i], self.ring.bytes, off)
+            run.bound[i] = off
 
         return hook
 
@@ -223,10 +227,11 @@ class Engine:
             if run is None:
                 return
             if self.trace:
-                start = run.events.pop()
-                run.events.append(
-                    Event(i, start.name, "kernel", start.start, time.perf_counter() - run.t0, self.blocks[i].nbytes)
-                )
+                end = time.perf_counter() - run.t0
+                with self._cond:
+                    run.events.append(
+                        Event(i, self.blocks[i].name, "kernel", run.kernel_start[i], end, self.blocks[i].nbytes)
+                    )
             off = run.bound.pop(i)
             if self.policy.name != "preload":
                 unbind(self._bindings[i])
@@ -291,6 +296,12 @@ class Engine:
         self._hooks.clear()
         if getattr(self, "reader", None) is not None:
             self.reader.close()
+        if self.ring is not None:
+            if self.policy.name == "preload":
+                for bindings in self._bindings:
+                    unbind(bindings)
+            self.ring.close()
+            self.ring = None
 
     def __enter__(self) -> Engine:
         return self

@@ -61,7 +61,8 @@ class Policy:
                 f"sync double-buffers and needs 2 x the largest unit = {2 * largest} bytes; "
                 f"the budget is {budget} bytes: raise it or use async"
             )
-        return min(budget, total)
+        # Units start on 4096-byte boundaries for direct I/O: a ragged tail is unusable.
+        return min(budget // 4096 * 4096, total)
 
     def read_may_start(self, i: int, kernels_started: int, kernels_done: int) -> bool:
         """May unit ``i``'s read begin, given how many kernels started and finished?"""

@@ -9,6 +9,7 @@ blocks on a condition until there is room; nothing spins.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -118,7 +119,5 @@ class RingBuffer:
     def close(self) -> None:
         self.view.release()
         del self.bytes
-        try:
+        with contextlib.suppress(BufferError):  # a view is still alive: freed with it
             self.mmap.close()
-        except BufferError:
-            pass  # a tensor view is still alive; the mapping is freed with it

@@ -40,8 +40,12 @@ def build_skeleton(manifest: Manifest) -> nn.Module:
     return model.eval()
 
 
-def segment_bindings(model: nn.Module, segment: Segment) -> list[Binding]:
-    """Every place a segment's tensors are bound in ``model``."""
+def segment_bindings(model: nn.Module, segment: Segment, base: int = 0) -> list[Binding]:
+    """Every place a segment's tensors are bound in ``model``.
+
+    ``base`` is where the segment starts inside the buffer region it is read into (a
+    block of several segments is read as one range).
+    """
     out = []
     for t in segment.tensors:
         for place in t.places:
@@ -58,7 +62,7 @@ def segment_bindings(model: nn.Module, segment: Segment) -> list[Binding]:
                 raise ManifestError(
                     f"{place} has shape {tuple(meta.shape)} in the model and {t.shape} in the store"
                 )
-            out.append(Binding(module, attr, t.kind, t.torch_dtype, t.shape, t.offset, t.nbytes, meta))
+            out.append(Binding(module, attr, t.kind, t.torch_dtype, t.shape, base + t.offset, t.nbytes, meta))
     return out
 
 

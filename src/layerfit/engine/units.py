@@ -48,18 +48,43 @@ def blocks_from_points(units: Sequence[Segment], points: Sequence[int]) -> list[
 
 
 def equal_blocks(units: Sequence[Segment], n: int) -> list[Block]:
-    """``n`` contiguous blocks of roughly equal bytes (fewer if there are fewer layers)."""
-    n = max(1, min(n, len(units)))
-    total = sum(u.nbytes for u in units)
-    points, acc, k = [], 0, 1
-    for i, u in enumerate(units):
-        if i and acc >= k * total / n and len(points) < n - 1:
-            points.append(i)
-            k += 1
-            while k < n and acc >= k * total / n:
-                k += 1
-        acc += u.nbytes
-    return blocks_from_points(units, points)
+    """Exactly ``n`` contiguous blocks (at most one per layer) minimising the largest.
+
+    The smallest feasible maximum block size is found by bisection with greedy packing;
+    blocks are then split until there are ``n`` of them (splitting never grows the max).
+    """
+    sizes = [u.nbytes for u in units]
+    n = max(1, min(n, len(sizes)))
+
+    def pack(limit: int) -> list[int]:
+        points, acc = [], 0
+        for i, size in enumerate(sizes):
+            if i and acc + size > limit:
+                points.append(i)
+                acc = 0
+            acc += size
+        return points
+
+    lo, hi = max(sizes), sum(sizes)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(pack(mid)) + 1 <= n:
+            hi = mid
+        else:
+            lo = mid + 1
+    starts = [0, *pack(lo)]
+    while len(starts) < n:  # split the largest block that has more than one layer
+        bounds = [*starts, len(sizes)]
+        spans = [(sum(sizes[a:b]), a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b - a > 1]
+        _, a, b = max(spans)
+        acc, cut = 0, a + 1
+        for i in range(a, b - 1):
+            acc += sizes[i]
+            cut = i + 1
+            if 2 * acc >= sum(sizes[a:b]):
+                break
+        starts = sorted({*starts, cut})
+    return blocks_from_points(units, starts[1:])
 
 
 def make_blocks(units: Sequence[Segment], spec: str | Sequence[int] = "layers") -> list[Block]:

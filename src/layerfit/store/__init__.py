@@ -1,6 +1,14 @@
 """The prepared-model store: manifest + aligned, checksummed weight segments."""
 
-from layerfit.store.manifest import ALIGN, MANIFEST, WEIGHTS, Manifest, Segment, TensorLayout, read_manifest
+from layerfit.store.manifest import (
+    ALIGN,
+    MANIFEST,
+    WEIGHTS,
+    Manifest,
+    Segment,
+    TensorLayout,
+    read_manifest,
+)
 from layerfit.store.model_spec import ModelSpec, resolve
 from layerfit.store.reader import SegmentReader, aligned_buffer, verify_segment
 from layerfit.store.writer import example_input, prepare

@@ -1,0 +1,166 @@
+"""Streaming engine: every pipeline and budget gives exactly model(x); faults are clean."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import tinymodels
+import torch
+
+import layerfit.store.reader as reader_mod
+from layerfit.cli import main
+from layerfit.engine import load
+from layerfit.engine.units import make_blocks
+from layerfit.errors import BudgetError, CorruptStoreError, LayerfitError, ReadError
+from layerfit.store import example_input, prepare, read_manifest
+
+PIPELINES = ["preload", "sequential", "sync", "async"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("m") / "tiny"
+    prepare("tinymodels:tiny_cnn", out, input_shape=(1, 3, 16, 16))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tiny: Path):
+    x = example_input((1, 3, 16, 16))
+    with torch.no_grad():
+        return x, tinymodels.tiny_cnn().eval()(x)
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_every_pipeline_is_bit_identical(tiny: Path, reference, pipeline: str):
+    x, y = reference
+    with load(tiny, pipeline=pipeline) as engine:
+        for _ in range(2):
+            assert torch.equal(engine(x), y)
+        if pipeline != "preload":
+            assert engine.last_weights_peak <= engine.memory.buffer_bytes
+
+
+@pytest.mark.parametrize("budget", [20480, 24576, 32768, 45056, 10**6])
+@pytest.mark.parametrize("units", ["layers", "blocks:2", "blocks:3"])
+def test_async_budgets_and_blocks(tiny: Path, reference, budget: int, units: str):
+    x, y = reference
+    blocks = make_blocks(read_manifest(tiny).units, units)
+    if budget < max(b.nbytes for b in blocks):
+        with pytest.raises(BudgetError, match="minimum"):
+            load(tiny, pipeline="async", budget=budget, units=units)
+        return
+    with load(tiny, pipeline="async", budget=budget, units=units, trace=True) as engine:
+        assert torch.equal(engine(x), y)
+        assert engine.last_weights_peak <= budget
+        assert max(b for _, b in engine.last_timeline.occupancy) <= budget
+
+
+def test_equal_blocks_cover_every_layer_once(tiny: Path):
+    units = read_manifest(tiny).units
+    for n in range(1, len(units) + 3):
+        blocks = make_blocks(units, f"blocks:{n}")
+        assert [s for b in blocks for s in b.segments] == list(units)
+        assert len(blocks) == min(n, len(units))
+    with pytest.raises(LayerfitError, match="blocks:N"):
+        make_blocks(units, "chunks")
+
+
+def test_budget_below_largest_unit_states_the_minimum(tiny: Path, capsys):
+    with pytest.raises(BudgetError, match="below the minimum for this model: 20480 bytes"):
+        load(tiny, budget="10kB")
+    assert main(["run", str(tiny), "--pipeline", "async", "--budget", "10kB"]) == 2
+    assert "20480" in capsys.readouterr().err
+    assert main(["run", str(tiny), "--pipeline", "async", "--budget", "ten megs"]) == 2
+    assert "cannot read 'ten megs' as a size" in capsys.readouterr().err
+
+
+def test_tied_weights_resident_and_streamed_rest(tmp_path: Path):
+    out = tmp_path / "lm"
+    prepare("tinymodels:tied_lm", out, input_shape=(1, 8), input_dtype="int64")
+    ids = example_input((1, 8), "int64")
+    with torch.no_grad():
+        y = tinymodels.tied_lm().eval()(ids)
+    for pipeline in PIPELINES:
+        with load(out, pipeline=pipeline) as engine:
+            assert torch.equal(engine(ids), y)
+            assert engine.memory.resident_bytes > 0
+
+
+def test_read_error_mid_inference_names_unit_and_engine_recovers(tiny: Path, reference, monkeypatch):
+    x, y = reference
+    unit = read_manifest(tiny).units[3]
+    real = os.preadv
+    fail = {"armed": True}
+
+    def flaky(fd, buffers, offset, *rest):
+        if fail["armed"] and offset == unit.offset:
+            fail["armed"] = False
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, buffers, offset, *rest)
+
+    with load(tiny, pipeline="async") as engine:
+        monkeypatch.setattr(reader_mod.os, "preadv", flaky)
+        before = {t.name for t in threading.enumerate()}
+        with pytest.raises(ReadError, match=r"unit 3 \(bn2\)"):
+            engine(x)
+        assert "layerfit-reader" not in {t.name for t in threading.enumerate()} - before
+        assert torch.equal(engine(x), y)  # the next inference works
+
+
+def test_weights_file_changed_under_running_engine(tiny: Path, reference, tmp_path: Path):
+    x, y = reference
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny, copy)
+    with load(copy, pipeline="async") as engine:
+        assert torch.equal(engine(x), y)
+        time.sleep(0.01)
+        path = copy / "weights.safetensors"
+        data = path.read_bytes()
+        path.write_bytes(data)  # same bytes, new mtime: still a change we must notice
+        with pytest.raises(CorruptStoreError, match="changed on disk"):
+            engine(x)
+
+
+def test_buffered_fallback_is_reported(tiny: Path, reference):
+    x, y = reference
+    with load(tiny, pipeline="async", direct_io=False) as engine:
+        assert engine.io_mode == "buffered"
+        assert torch.equal(engine(x), y)
+
+
+def test_run_cli_json_and_trace_and_plot(tiny: Path, tmp_path: Path, capsys):
+    trace = tmp_path / "t.json"
+    assert main(["run", str(tiny), "--pipeline", "async", "--budget", "32KiB", "--trace", str(trace), "--json", "--repeats", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    for key in ("latency_s", "weights_peak_bytes", "rss_peak_bytes", "output_shape", "output_sha256", "io_mode"):
+        assert key in report
+    assert report["weights_peak_bytes"] <= 32 * 1024
+    chrome = json.loads(trace.read_text())
+    stages = {e.get("cat") for e in chrome["traceEvents"] if e["ph"] == "X"}
+    assert stages == {"read", "kernel"}
+    assert main(["run", str(tiny), "--pipeline", "preload", "--json"]) == 0
+    pre = json.loads(capsys.readouterr().out)
+    assert pre["output_sha256"] == report["output_sha256"]
+    png = tmp_path / "g.png"
+    assert main(["plot-trace", str(trace), "-o", str(png)]) == 0
+    assert png.stat().st_size > 1000
+
+
+def test_run_cli_input_and_output_files(tiny: Path, tmp_path: Path, reference):
+    import numpy as np
+
+    x, y = reference
+    np.save(tmp_path / "x.npy", x.numpy())
+    assert main(["run", str(tiny), "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy")]) == 0
+    assert np.array_equal(np.load(tmp_path / "y.npy"), y.numpy())
+    np.save(tmp_path / "bad.npy", np.zeros((1, 3, 5, 5), np.float32))
+    assert main(["run", str(tiny), "--input", str(tmp_path / "bad.npy")]) == 2
