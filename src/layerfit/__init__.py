@@ -1,11 +1,33 @@
 """layerfit: run deep neural networks within a memory budget smaller than the networks.
 
-The public entry points are re-exported here; see ``DESIGN.md`` for the layer map.
+Public entry points (imported lazily, so ``import layerfit`` stays cheap):
+
+* ``layerfit.capture(model, example_input) -> ModelGraph``
+* ``layerfit.prepare(MODEL, DIR)`` — pack a model for streaming
+* ``layerfit.load(DIR, budget=..., pipeline=...)`` — an engine you call like the model
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from layerfit.errors import LayerfitError
 
-__all__ = ["LayerfitError"]
+__all__ = ["LayerfitError", "capture", "load", "prepare"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "load":
+        from layerfit.engine import load
+
+        return load
+    if name == "prepare":
+        from layerfit.store import prepare
+
+        return prepare
+    if name == "capture":
+        import layerfit.capture as capture_package
+
+        return capture_package
+    raise AttributeError(f"module 'layerfit' has no attribute {name!r}")

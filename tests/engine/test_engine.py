@@ -164,3 +164,21 @@ def test_run_cli_input_and_output_files(tiny: Path, tmp_path: Path, reference):
     assert np.array_equal(np.load(tmp_path / "y.npy"), y.numpy())
     np.save(tmp_path / "bad.npy", np.zeros((1, 3, 5, 5), np.float32))
     assert main(["run", str(tiny), "--input", str(tmp_path / "bad.npy")]) == 2
+
+
+def test_reconfigure_between_inferences_respects_each_budget(tiny: Path, reference):
+    x, y = reference
+    with load(tiny, pipeline="async", budget=40960, trace=True) as engine:
+        assert torch.equal(engine(x), y)
+        assert engine.last_weights_peak <= 40960
+        seconds = engine.reconfigure(budget=20480)
+        assert seconds < 5
+        assert torch.equal(engine(x), y)
+        assert max(b for _, b in engine.last_timeline.occupancy) <= 20480
+        with pytest.raises(BudgetError):
+            engine.reconfigure(budget=4096)
+        assert engine.memory.buffer_bytes == 20480  # the old configuration keeps running
+        assert torch.equal(engine(x), y)
+        engine.reconfigure(units="blocks:2", budget=10**6)
+        assert len(engine.blocks) == 2
+        assert torch.equal(engine(x), y)

@@ -8,6 +8,8 @@ and from leaf-module hooks where it does not.
 from __future__ import annotations
 
 import logging
+import sys
+import types
 from typing import Any
 
 import torch
@@ -98,3 +100,13 @@ def capture(model: nn.Module, example_input: Any, *, method: str = "auto") -> Mo
         unused=unused,
         output_shapes=[tuple(t.shape) for t in _flat_tensors(output)],
     )
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``layerfit.capture(model, x)`` call :func:`capture` on the package itself."""
+
+    def __call__(self, model: nn.Module, example_input: Any, *, method: str = "auto") -> ModelGraph:
+        return capture(model, example_input, method=method)
+
+
+sys.modules[__name__].__class__ = _CallableModule

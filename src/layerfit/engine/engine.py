@@ -88,7 +88,7 @@ class Engine:
         self.reader = SegmentReader(
             self.directory / self.manifest.weights_file, self.manifest.weights_size, direct=direct_io
         )
-        self._verified: set[int] = set()
+        self._verified: set[int] = set()  # segment indices whose SHA-256 was checked
         self._lock = threading.Lock()  # one inference at a time per engine
         self._cond = threading.Condition()
         self._run: _Run | None = None
@@ -96,6 +96,8 @@ class Engine:
         self._hooks: list = []
         self.ring: RingBuffer | None = None
         self._resident_buf = None
+        self._bindings: list[list[Binding]] = []
+        self._units_spec = units
         try:
             self._setup(budget, units)
         except BaseException:
@@ -106,27 +108,6 @@ class Engine:
 
     def _setup(self, budget: int | str | None, units: str | list[int]) -> None:
         m = self.manifest
-        self.blocks: list[Block] = make_blocks(m.units, units)
-        sizes = [b.nbytes for b in self.blocks]
-        resident = m.resident_bytes
-        budget_bytes = None if budget is None else parse_bytes(budget)
-        if budget_bytes is not None and budget_bytes < resident + max(sizes, default=0):
-            raise BudgetError(
-                f"budget {budget_bytes} bytes is below the minimum for this model: "
-                f"{resident + max(sizes, default=0)} bytes (largest unit {max(sizes, default=0)}"
-                + (f" + resident tensors {resident}" if resident else "")
-                + ")"
-            )
-        ring_budget = None if budget_bytes is None else budget_bytes - resident
-        capacity = self.policy.buffer_bytes(sizes, ring_budget)
-        self.memory = MemoryPlan(resident, capacity, max(sizes, default=0), m.total_bytes)
-        self.ring = RingBuffer(capacity) if capacity else None
-        if self.ring is not None:
-            self.ring._cond = self._cond  # one condition for buffer room and unit progress
-        self._bindings: list[list[Binding]] = [
-            [b for seg in blk.segments for b in segment_bindings(self.model, seg, seg.offset - blk.offset)]
-            for blk in self.blocks
-        ]
         if m.resident is not None:
             self._resident_buf = aligned_buffer(m.resident.nbytes)
             view = memoryview(self._resident_buf)
@@ -138,12 +119,67 @@ class Engine:
                 torch.frombuffer(self._resident_buf, dtype=torch.uint8),
                 0,
             )
+        self._configure(budget, units)
+
+    def _configure(self, budget: int | str | None, units: str | list[int]) -> None:
+        """Partition into blocks, size the buffer for the budget, install the hooks."""
+        m = self.manifest
+        blocks = make_blocks(m.units, units)
+        sizes = [b.nbytes for b in blocks]
+        resident = m.resident_bytes
+        largest = max(sizes, default=0)
+        budget_bytes = None if budget is None else parse_bytes(budget)
+        if budget_bytes is not None and budget_bytes < resident + largest:
+            raise BudgetError(
+                f"budget {budget_bytes} bytes is below the minimum for this model: "
+                f"{resident + largest} bytes (largest unit {largest}"
+                + (f" + resident tensors {resident}" if resident else "")
+                + ")"
+            )
+        capacity = self.policy.buffer_bytes(sizes, None if budget_bytes is None else budget_bytes - resident)
+        bindings = [
+            [b for seg in blk.segments for b in segment_bindings(self.model, seg, seg.offset - blk.offset)]
+            for blk in blocks
+        ]
+        # Everything is validated: replace the old configuration.
+        self._release_configuration()
+        self.blocks: list[Block] = blocks
+        self._bindings = bindings
+        self._verified_blocks: set[int] = set()
+        self.memory = MemoryPlan(resident, capacity, largest, m.total_bytes)
+        self.ring = RingBuffer(capacity) if capacity else None
+        if self.ring is not None:
+            self.ring._cond = self._cond  # one condition for buffer room and unit progress
         self._install_hooks()
         if self.policy.name == "preload":
             for i, blk in enumerate(self.blocks):
                 off = self.ring.allocate(blk.nbytes)
                 self._read_block(i, blk, off)
                 bind(self._bindings[i], self.ring.bytes, off)
+
+    def reconfigure(self, *, budget: int | str | None = None, units: str | list[int] | None = None) -> float:
+        """Apply a new budget and/or unit partition between inferences; returns seconds.
+
+        The model is not reloaded: only the buffer and the unit grouping change. A
+        budget below the minimum is refused and the old configuration keeps running.
+        """
+        t0 = time.perf_counter()
+        with self._lock:
+            self._configure(budget, self._units_spec if units is None else units)
+            if units is not None:
+                self._units_spec = units
+        return time.perf_counter() - t0
+
+    def _release_configuration(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        if self.ring is not None:
+            if self.policy.name == "preload":
+                for bindings in self._bindings:
+                    unbind(bindings)
+            self.ring.close()
+            self.ring = None
 
     def _install_hooks(self) -> None:
         for i, blk in enumerate(self.blocks):
@@ -160,12 +196,14 @@ class Engine:
         view = self.ring.view[off : off + blk.nbytes]
         what = f"unit {i} ({blk.name or '<root>'})"
         self.reader.read_range(blk.offset, blk.nbytes, view, what)
-        if i not in self._verified:
+        if i not in self._verified_blocks:
             pos = 0
             for seg in blk.segments:
-                verify_segment(seg, view[pos : pos + seg.nbytes])
+                if seg.index not in self._verified:
+                    verify_segment(seg, view[pos : pos + seg.nbytes])
+                    self._verified.add(seg.index)
                 pos += seg.nbytes
-            self._verified.add(i)
+            self._verified_blocks.add(i)
 
     def _reader_loop(self, run: _Run) -> None:
         policy, cond = self.policy, self._cond
@@ -291,17 +329,9 @@ class Engine:
 
     def close(self) -> None:
         """Remove hooks and free the buffers and the file descriptor."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
+        self._release_configuration()
         if getattr(self, "reader", None) is not None:
             self.reader.close()
-        if self.ring is not None:
-            if self.policy.name == "preload":
-                for bindings in self._bindings:
-                    unbind(bindings)
-            self.ring.close()
-            self.ring = None
 
     def __enter__(self) -> Engine:
         return self
