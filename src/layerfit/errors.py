@@ -49,3 +49,48 @@ class InputError(LayerfitError):
 
 class ReadError(LayerfitError):
     """Reading a unit's weights failed during inference."""
+
+
+class PlanError(LayerfitError):
+    """Tensor usage records, a memory plan or a planning strategy that is not valid."""
+
+
+class ScheduleError(LayerfitError):
+    """A scheduling request that cannot be served: bad profile, policy, scheme or job."""
+
+
+class WorkloadError(ScheduleError):
+    """A workload file that is malformed; the message names the line and the field."""
+
+
+class JobRejectedError(ScheduleError):
+    """A job whose largest task cannot fit in the memory budget even when run alone."""
+
+    def __init__(self, message: str, min_budget: int) -> None:
+        super().__init__(message)
+        self.min_budget = min_budget
+
+
+class TradeoffError(LayerfitError):
+    """A memory-throughput trade-off input that is malformed (application file, layer list,
+    partition, constraint) or a model that cannot be processed by parts as asked."""
+
+
+class PartitionError(BudgetError):
+    """A budget no SwapNet block partition can satisfy (two blocks in flight plus the
+    reserve). ``layer`` names the layer that makes it impossible and ``minimum_budget``
+    is the smallest budget that works."""
+
+    def __init__(self, message: str, *, layer: str, minimum_budget: int) -> None:
+        super().__init__(message)
+        self.layer = layer
+        self.minimum_budget = minimum_budget
+
+
+class ProfileError(LayerfitError):
+    """A device profile (SwapNet delay model) that cannot be read, written or fitted."""
+
+
+class ProfileWarning(UserWarning):
+    """A device profile that is missing, from another device or from another format
+    version: it is not used and the delays are measured instead."""

@@ -1,1 +1,70 @@
-"""layerfit.schedule"""
+"""Multi-request, memory-aware scheduling (MASA / EdgeCaffe; DESIGN.md layer 7).
+
+A *job* is one input analysed by several networks. Each network becomes init, load,
+execute and unload tasks with dependencies (:mod:`~layerfit.schedule.graph`); a policy
+(:mod:`~layerfit.schedule.policies`) picks the next task for each idle worker; a
+:class:`MemoryLedger` keeps the reserved memory within a budget; the
+:class:`Dispatcher` ties them together for the discrete-event simulator
+(:func:`simulate`) and the real executor alike. :func:`solve_optimal` gives the exact
+optimum of small instances (CP-SAT).
+
+Names are loaded on first use so that ``import layerfit.schedule.cli`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "Admission": "ledger",
+    "Arrival": "workload",
+    "Assignment": "dispatch",
+    "Dispatcher": "dispatch",
+    "Job": "tasks",
+    "JobResult": "report",
+    "JobState": "dispatch",
+    "JobStatus": "dispatch",
+    "LayerProfile": "profile",
+    "MemoryLedger": "ledger",
+    "NetworkProfile": "profile",
+    "OptimalSchedule": "optimal",
+    "POLICIES": "policies",
+    "PagingModel": "penalty",
+    "Policy": "policies",
+    "ProfileSet": "profile",
+    "RunReport": "report",
+    "Scheme": "tasks",
+    "Task": "tasks",
+    "TaskKind": "tasks",
+    "Workload": "workload",
+    "batch_workload": "generate",
+    "build_graph": "graph",
+    "build_job_graph": "graph",
+    "draw_graph": "graph",
+    "load_profiles": "profile",
+    "load_workload": "workload",
+    "make_policy": "policies",
+    "parse_workload": "workload",
+    "plot_run": "plot",
+    "policy_names": "policies",
+    "profile_from_graph": "profile",
+    "simulate": "simulator",
+    "solve_jobs": "optimal",
+    "solve_optimal": "optimal",
+    "stochastic_workload": "generate",
+    "thesis_profiles": "thesis",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'layerfit.schedule' has no attribute {name!r}")
+    return getattr(import_module(f"layerfit.schedule.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

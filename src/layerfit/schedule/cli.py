@@ -1,0 +1,339 @@
+"""``layerfit schedule …``: task graphs, workloads and simulated runs. Thin: parse, call, print.
+
+Heavy libraries (networkx, SimPy, matplotlib, OR-Tools) are imported inside the
+commands, so building the ``layerfit`` command stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from layerfit.errors import OutputExistsError, ScheduleError
+
+app = typer.Typer(
+    help="Schedule many requests over one memory budget (MASA and baselines): graphs, workloads, runs.",
+    no_args_is_help=True,
+)
+_console = Console()
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def _check_output(path: Path, force: bool) -> None:
+    if path.exists() and not force:
+        raise OutputExistsError(f"{path} already exists (pass --force to replace it)")
+
+
+def _network(name: str, profiles: str | None):
+    """A profile from a file, the profile set, or a zoo model captured now (estimated)."""
+    from layerfit.schedule.profile import resolve_network, resolve_profiles
+
+    path = Path(name)
+    if path.suffix in (".json", ".yaml", ".yml") or path.exists():
+        return resolve_network(name)
+    known = resolve_profiles(profiles)
+    if name in known:
+        return known[name]
+    try:
+        from layerfit import zoo
+    except ImportError:  # pragma: no cover - the zoo is part of the package
+        zoo = None
+    if zoo is not None and name in zoo.names():
+        import torch
+
+        from layerfit.capture import capture
+        from layerfit.schedule.profile import profile_from_graph
+
+        entry = zoo.get(name)
+        model = zoo.build(name)
+        graph = capture(model, torch.zeros(entry.input_shape))
+        return profile_from_graph(graph, name, architecture=name)
+    raise ScheduleError(
+        f"unknown network {name!r}: not a profile file, not in {known.label} "
+        f"({', '.join(known.names())}) and not a zoo model"
+    )
+
+
+@app.command("graph")
+def graph_command(
+    network: str = typer.Argument(
+        ..., help="profile file, profile name (e.g. agenet) or zoo model"
+    ),
+    scheme: str = typer.Option("partial", "--scheme", help="partial, linear, bulk or deepeye"),
+    output: str = typer.Option(..., "-o", "--output", help="image to write (.png, .svg, .pdf)"),
+    profiles: str = typer.Option(
+        None, "--profiles", help="profile set: 'thesis' (default) or a file"
+    ),
+    force: bool = typer.Option(False, "--force", help="replace an existing image"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Draw a network's task dependency graph under a scheme (thesis Appendix B)."""
+    from layerfit.schedule.graph import build_graph, draw_graph, parse_scheme
+
+    scheme_value = parse_scheme(scheme)
+    image_path = Path(output)
+    _check_output(image_path, force)
+    profile = _network(network, profiles)
+    graph = build_graph([profile], scheme_value, job=profile.name)
+    draw_graph(graph, image_path, title=f"{profile.name}: {scheme_value.value} dependency graph")
+    info = {
+        "network": profile.name,
+        "scheme": scheme_value.value,
+        "tasks": graph.number_of_nodes(),
+        "edges": graph.number_of_edges(),
+        "source": profile.source,
+        "image": str(output),
+    }
+    if as_json:
+        _print_json(info)
+    else:
+        _console.print(
+            f"{profile.name} ({profile.source}): {info['tasks']} tasks, {info['edges']} dependencies "
+            f"({scheme_value.value}) -> {output}",
+            highlight=False,
+        )
+
+
+@app.command("profiles")
+def profiles_command(
+    profiles: str = typer.Option(
+        None, "--profiles", help="profile set: 'thesis' (default) or a file"
+    ),
+    save: str = typer.Option(None, "--save", help="also write the set to this JSON/YAML file"),
+    force: bool = typer.Option(False, "--force"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """List the networks of a profile set: layers, weights, bulk peak, minimum budget, time."""
+    from layerfit.schedule.profile import resolve_profiles
+    from layerfit.sizes import format_bytes
+
+    known = resolve_profiles(profiles)
+    if save is not None:
+        _check_output(Path(save), force)
+        known.save(save)
+    rows = [
+        {
+            "name": p.name,
+            "source": p.source,
+            "architecture": p.architecture,
+            "layers": len(p.layers),
+            "weights_bytes": p.weight_bytes,
+            "bulk_peak_bytes": p.bulk_peak,
+            "largest_task_bytes": p.largest_task_memory,
+            "serial_time_s": round(p.total_time, 4),
+        }
+        for p in known.values()
+    ]
+    if as_json:
+        _print_json(rows)
+        return
+    from rich.table import Table
+
+    table = Table(title=known.label)
+    for column in (
+        "name",
+        "source",
+        "architecture",
+        "layers",
+        "weights",
+        "bulk peak",
+        "largest task",
+        "serial time",
+    ):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            r["name"],
+            r["source"],
+            str(r["architecture"]),
+            str(r["layers"]),
+            format_bytes(r["weights_bytes"]),
+            format_bytes(r["bulk_peak_bytes"]),
+            format_bytes(r["largest_task_bytes"]),
+            f"{r['serial_time_s']:.2f} s",
+        )
+    _console.print(table)
+
+
+@app.command("generate")
+def generate_command(
+    scenario: str = typer.Argument(
+        ...,
+        help="small-3, mixed-3, large-3, lifelogging, all-networks (batch), random-arrivals, "
+        "random-composition, all-random (stochastic I-III), or 'batch' with --networks",
+    ),
+    output: str = typer.Option(..., "-o", "--output", help="workload YAML to write"),
+    count: int = typer.Option(150, "--count", min=1, help="number of arrivals (images)"),
+    intensity: float = typer.Option(
+        1.0, "--intensity", help="traffic intensity (stochastic): 0.8, 1.0, 1.2"
+    ),
+    seed: int = typer.Option(0, "--seed"),
+    period: float = typer.Option(
+        None, "--period", help="seconds between images (batch); none: closed"
+    ),
+    networks: str = typer.Option(None, "--networks", help="comma-separated networks for 'batch'"),
+    iat_sd: float = typer.Option(0.2, "--iat-sd", help="inter-arrival standard deviation, seconds"),
+    profiles: str = typer.Option(
+        None, "--profiles", help="profile set: 'thesis' (default) or a file"
+    ),
+    force: bool = typer.Option(False, "--force"),
+) -> None:
+    """Write a workload file for a thesis scenario (or a custom batch)."""
+    from layerfit.schedule.generate import batch_workload, scenario_workload, stochastic_workload
+    from layerfit.schedule.profile import resolve_profiles
+
+    _check_output(Path(output), force)
+    known = resolve_profiles(profiles)
+    if scenario == "batch":
+        if not networks:
+            raise ScheduleError("'batch' needs --networks, e.g. --networks agenet,gendernet")
+        names = [n.strip() for n in networks.split(",") if n.strip()]
+        for name in names:
+            known[name]
+        workload = batch_workload(names, count, period)
+    elif networks:
+        names = [n.strip() for n in networks.split(",") if n.strip()]
+        workload = stochastic_workload(
+            scenario,
+            known,
+            count=count,
+            intensity=intensity,
+            seed=seed,
+            iat_sd=iat_sd,
+            candidates=names,
+            profiles_spec=profiles or "thesis",
+        )
+    else:
+        workload = scenario_workload(
+            scenario,
+            known,
+            count=count,
+            intensity=intensity,
+            seed=seed,
+            period=period,
+            iat_sd=iat_sd,
+        )
+    if profiles is not None:
+        from dataclasses import replace
+
+        workload = replace(
+            workload, profiles=str(Path(profiles).resolve()) if profiles != "thesis" else "thesis"
+        )
+    workload.save(output)
+    span = workload.arrivals[-1].at if workload.mode == "open" else 0.0
+    _console.print(
+        f"{workload.name}: {len(workload.arrivals)} arrivals ({workload.mode}"
+        + (f", last at {span:.1f} s" if workload.mode == "open" else "")
+        + f") -> {output}",
+        highlight=False,
+    )
+
+
+@app.command("run")
+def run_command(
+    workload: str = typer.Option(..., "--workload", help="workload YAML"),
+    policy: str = typer.Option(
+        "masa", "--policy", help="masa, bulk, deepeye, fcfs, linear-fcfs, sjf, snf, round-robin"
+    ),
+    memory: str = typer.Option(..., "--memory", help="memory budget, e.g. 512MB"),
+    workers: int = typer.Option(2, "--workers", min=1),
+    simulate: bool = typer.Option(
+        False, "--simulate", help="discrete-event simulation from the profiles"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    plot: bool = typer.Option(
+        False, "--plot", help="write memory over time and the worker timeline"
+    ),
+    plot_file: str = typer.Option(
+        None, "--plot-file", help="image for --plot (default <workload>-<policy>.png)"
+    ),
+    physical_memory: str = typer.Option(
+        None, "--physical-memory", help="RAM for the paging model (default: budget)"
+    ),
+    estimate_factor: float = typer.Option(
+        1.0, "--estimate-factor", help="scale memory estimates (0.5 … 1.5)"
+    ),
+    oversize: str = typer.Option(
+        "reject", "--oversize", help="a task larger than the budget: reject or alone"
+    ),
+    ungated: bool = typer.Option(
+        False, "--ungated", help="memory-oblivious policies ignore the budget"
+    ),
+    no_paging: bool = typer.Option(False, "--no-paging", help="no page-fault slowdown"),
+    profiles: str = typer.Option(None, "--profiles", help="profile set (default: the workload's)"),
+    trace: bool = typer.Option(False, "--trace", help="with --json: every task's start and end"),
+) -> None:
+    """Run a workload under a policy and report response times, deadlines, memory, utilisation."""
+    from layerfit.schedule.policies import make_policy
+    from layerfit.schedule.profile import resolve_profiles
+    from layerfit.schedule.workload import load_workload
+    from layerfit.sizes import format_bytes, parse_bytes
+
+    budget = parse_bytes(memory)
+    physical = parse_bytes(physical_memory) if physical_memory else None
+    make_policy(policy)  # fail early on an unknown name
+    if oversize not in ("reject", "alone"):
+        raise ScheduleError(f"--oversize must be 'reject' or 'alone', got {oversize!r}")
+    if not simulate:
+        raise ScheduleError(
+            "running real prepared models needs the streaming engine's executor, which is not wired "
+            "into `schedule run` yet; pass --simulate to simulate the workload from its profiles"
+        )
+    known = resolve_profiles(profiles) if profiles else None
+    loaded = load_workload(workload, known)
+    from layerfit.schedule.penalty import PagingModel
+    from layerfit.schedule.simulator import simulate as run_simulation
+
+    report = run_simulation(
+        loaded,
+        policy,
+        memory=budget,
+        workers=workers,
+        physical_memory=physical,
+        paging=None if no_paging else PagingModel(),
+        estimate_factor=estimate_factor,
+        oversize=oversize,
+        gated=not ungated,
+        profiles=known,
+        trace=True,  # type: ignore[arg-type]
+    )
+    image = None
+    if plot:
+        from layerfit.schedule.plot import plot_run
+
+        image = plot_run(report, Path(plot_file or f"{Path(workload).stem}-{report.policy}.png"))
+    if as_json:
+        data = report.to_dict(trace=trace)
+        if image is not None:
+            data["plot"] = str(image)
+        _print_json(data)
+        return
+    summary = report.summary()
+    stats = summary["response_time_s"]
+    lines = [
+        f"{loaded.name}: {summary['jobs']} jobs, policy {report.policy}, {workers} workers, "
+        f"budget {format_bytes(budget)} (simulated)",
+        f"response time: mean {stats['mean']:.3f} s, p50 {stats['p50']:.3f} s, p95 {stats['p95']:.3f} s, "
+        f"max {stats['max']:.3f} s",
+        f"jobs: {summary['jobs_by_status']}; deadline misses: {summary['deadline_misses']}",
+        f"makespan {summary['makespan_s']:.3f} s; utilisation "
+        + ", ".join(f"{u:.0%}" for u in summary["worker_utilisation"]),
+        f"peak ledger {format_bytes(summary['peak_ledger_bytes'])}, peak resident "
+        f"{format_bytes(summary['peak_resident_bytes'])}; progress rule fired {summary['progress_rule_fired']}x, "
+        f"over-commits {summary['overcommits']}, slowed tasks {summary['slowed_tasks']}",
+    ]
+    for job in report.jobs:
+        if job.status == "rejected":
+            lines.append(f"[yellow]rejected[/] {job.error}")
+    if image is not None:
+        lines.append(f"plot written to {image}")
+    for line in lines:
+        _console.print(line, highlight=False)

@@ -1,0 +1,368 @@
+"""Task dependency graphs: each network of a job as init/load/execute/unload tasks.
+
+The partial graph comes straight from the layer semantics (thesis §4.1): ``I < L_i``,
+``L_i < E_i < U_i`` and ``E_i < E_{i+1}``. The other schemes add edges to it (§4.1.2,
+Figures 4.6–4.8) and every graph is transitively reduced, which removes the edges the
+additions made redundant without changing which orders are allowed.
+
+Nodes are task ids; each node's ``task`` attribute is its :class:`Task`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import networkx as nx
+
+from layerfit.errors import ScheduleError
+from layerfit.schedule.profile import NetworkProfile
+from layerfit.schedule.tasks import Job, Pool, Scheme, Task, TaskKind, task_id
+
+
+def network_tasks(
+    profile: NetworkProfile,
+    network_uid: str,
+    *,
+    job: str = "job",
+    index: int = 0,
+    job_seq: int = 0,
+    estimate_factor: float = 1.0,
+) -> list[Task]:
+    """The tasks of one network instance, init first, then per layer load, execute, unload.
+
+    ``estimate_factor`` scales the memory the *scheduler* is told (``memory``,
+    ``retained``) while ``actual_*`` keep the profile's figures — the sensitivity
+    analysis of thesis §7.6.
+    """
+    fc_start = profile.fc_start
+    cost = profile.total_time
+
+    def est(value: int) -> int:
+        return int(round(value * estimate_factor))
+
+    init_id = task_id(network_uid, TaskKind.INIT, -1)
+    common = {
+        "job": job,
+        "network": network_uid,
+        "network_name": profile.name,
+        "network_index": index,
+        "network_cost": cost,
+        "job_seq": job_seq,
+    }
+    tasks = [
+        Task(
+            id=init_id,
+            kind=TaskKind.INIT,
+            layer=-1,
+            layer_name="init",
+            duration=profile.init_time,
+            memory=est(profile.init_memory),
+            retained=est(profile.init_memory),
+            actual_memory=profile.init_memory,
+            actual_retained=profile.init_memory,
+            pool=Pool.CONV,
+            **common,
+        )
+    ]
+    for i, layer in enumerate(profile.layers):
+        pool = Pool.FC if i >= fc_start else Pool.CONV
+        load_id = task_id(network_uid, TaskKind.LOAD, i)
+        peak = layer.load_peak
+        tasks.append(
+            Task(
+                id=load_id,
+                kind=TaskKind.LOAD,
+                layer=i,
+                layer_name=layer.name,
+                duration=layer.load_time,
+                memory=est(peak),
+                retained=min(est(layer.memory), est(peak)),
+                actual_memory=peak,
+                actual_retained=layer.memory,
+                pool=pool,
+                **common,
+            )
+        )
+        tasks.append(
+            Task(
+                id=task_id(network_uid, TaskKind.EXEC, i),
+                kind=TaskKind.EXEC,
+                layer=i,
+                layer_name=layer.name,
+                duration=layer.exec_time,
+                memory=est(layer.exec_memory),
+                actual_memory=layer.exec_memory,
+                pool=pool,
+                **common,
+            )
+        )
+        tasks.append(
+            Task(
+                id=task_id(network_uid, TaskKind.UNLOAD, i),
+                kind=TaskKind.UNLOAD,
+                layer=i,
+                layer_name=layer.name,
+                duration=profile.unload_time,
+                releases=(load_id,),
+                pool=pool,
+                **common,
+            )
+        )
+    return tasks
+
+
+def _edges(profile: NetworkProfile, uid: str, scheme: Scheme) -> list[tuple[str, str]]:
+    n = len(profile.layers)
+
+    def t(kind: TaskKind, layer: int = -1) -> str:
+        return task_id(uid, kind, layer)
+
+    L, E, U, INIT = TaskKind.LOAD, TaskKind.EXEC, TaskKind.UNLOAD, TaskKind.INIT
+    edges = []
+    for i in range(n):  # the partial graph (Figure 4.3)
+        edges += [(t(INIT), t(L, i)), (t(L, i), t(E, i)), (t(E, i), t(U, i))]
+        if i + 1 < n:
+            edges.append((t(E, i), t(E, i + 1)))
+    if scheme is Scheme.LINEAR:  # Figure 4.6: the next load waits for this layer's unload
+        edges += [(t(U, i), t(L, i + 1)) for i in range(n - 1)]
+    elif scheme is Scheme.BULK:  # Figure 4.7: load everything, execute, free everything
+        edges += [(t(L, j), t(E, 0)) for j in range(n)]
+        edges += [(t(E, n - 1), t(U, i)) for i in range(n)]
+    elif scheme is Scheme.DEEPEYE:  # Figure 4.8: conv part loaded in bulk before it runs
+        split = profile.fc_start
+        if split > 0:
+            edges += [(t(L, j), t(E, 0)) for j in range(split)]
+    return edges
+
+
+def _deepeye_links(
+    profiles: Sequence[NetworkProfile], uids: Sequence[str]
+) -> list[tuple[str, str]]:
+    """Inter-network chains of one job: conv loads, conv executions and fc loads each in order.
+
+    The first conv execution of the job waits for the last conv load of the job, as
+    EdgeCaffe's DeepEye orchestration does: all conv layers of the job are loaded first.
+    """
+    conv_loads: list[str] = []
+    conv_exec_first: list[str] = []
+    conv_exec_last: list[str] = []
+    fc_loads: list[str] = []
+    for profile, uid in zip(profiles, uids, strict=True):
+        split = profile.fc_start
+        conv_loads += [task_id(uid, TaskKind.LOAD, j) for j in range(split)]
+        if split > 0:
+            conv_exec_first.append(task_id(uid, TaskKind.EXEC, 0))
+            conv_exec_last.append(task_id(uid, TaskKind.EXEC, split - 1))
+        fc_loads += [task_id(uid, TaskKind.LOAD, j) for j in range(split, len(profile.layers))]
+    edges = list(zip(conv_loads, conv_loads[1:], strict=False))
+    edges += list(zip(fc_loads, fc_loads[1:], strict=False))
+    edges += list(zip(conv_exec_last, conv_exec_first[1:], strict=False))
+    if conv_loads and conv_exec_first:
+        edges.append((conv_loads[-1], conv_exec_first[0]))
+    return edges
+
+
+def build_graph(
+    profiles: Sequence[NetworkProfile],
+    scheme: Scheme | str = Scheme.PARTIAL,
+    *,
+    job: str = "job",
+    job_seq: int = 0,
+    estimate_factor: float = 1.0,
+) -> nx.DiGraph:
+    """The transitively reduced task graph of ``profiles`` analysed together as one job."""
+    scheme = parse_scheme(scheme)
+    graph = nx.DiGraph()
+    uids = [f"{job}/{index}.{profile.name}" for index, profile in enumerate(profiles)]
+    for index, (profile, uid) in enumerate(zip(profiles, uids, strict=True)):
+        for task in network_tasks(
+            profile, uid, job=job, index=index, job_seq=job_seq, estimate_factor=estimate_factor
+        ):
+            graph.add_node(task.id, task=task)
+        graph.add_edges_from(_edges(profile, uid, scheme))
+    if scheme is Scheme.DEEPEYE and len(profiles) > 1:
+        graph.add_edges_from(_deepeye_links(profiles, uids))
+    if not nx.is_directed_acyclic_graph(graph):  # cannot happen for the schemes above
+        raise ScheduleError(f"the {scheme.value} graph of job {job} has a cycle")
+    # networkx builds the reduction through sets, so its edge order depends on string
+    # hashing; rebuild in task order so successors (and FIFO tie-breaks) are reproducible.
+    position = {node: index for index, node in enumerate(graph.nodes)}
+    reduced = nx.DiGraph()
+    reduced.add_nodes_from(graph.nodes(data=True))
+    reduced.add_edges_from(
+        sorted(nx.transitive_reduction(graph).edges, key=lambda e: (position[e[0]], position[e[1]]))
+    )
+    return reduced
+
+
+def build_job_graph(job: Job, scheme: Scheme | str, estimate_factor: float = 1.0) -> nx.DiGraph:
+    """The task graph of a :class:`Job` under ``scheme``."""
+    return build_graph(
+        job.networks, scheme, job=job.id, job_seq=job.seq, estimate_factor=estimate_factor
+    )
+
+
+_TEMPLATE = "\x00template"
+
+
+@dataclass
+class TaskGraph:
+    """A job's task graph in plain lists, for the dispatcher's inner loop.
+
+    ``tasks[i]``'s successors are ``successors[i]`` (indices); ``indegree[i]`` counts its
+    predecessors. :meth:`to_networkx` gives the same graph as :func:`build_job_graph`.
+    """
+
+    tasks: list[Task]
+    successors: list[tuple[int, ...]]
+    indegree: list[int]
+    index: dict[str, int]
+
+    def to_networkx(self) -> nx.DiGraph:
+        graph = nx.DiGraph()
+        for task in self.tasks:
+            graph.add_node(task.id, task=task)
+        graph.add_edges_from(
+            (self.tasks[i].id, self.tasks[j].id)
+            for i, succ in enumerate(self.successors)
+            for j in succ
+        )
+        return graph
+
+
+class GraphCache:
+    """Reduced graphs by composition, so a stream of similar jobs reduces each shape once.
+
+    Transitive reduction costs O(V·E); a workload repeats a few compositions many times.
+    The cache belongs to one dispatcher (no global state) and keeps the profiles it keys
+    on alive, so their ids stay unique.
+    """
+
+    def __init__(self, scheme: Scheme | str, estimate_factor: float = 1.0) -> None:
+        self.scheme = parse_scheme(scheme)
+        self.estimate_factor = estimate_factor
+        self._templates: dict[tuple[int, ...], tuple[tuple[NetworkProfile, ...], TaskGraph]] = {}
+
+    def _template(self, job: Job) -> TaskGraph:
+        key = tuple(id(p) for p in job.networks)
+        entry = self._templates.get(key)
+        if entry is None:
+            graph = build_graph(
+                job.networks, self.scheme, job=_TEMPLATE, estimate_factor=self.estimate_factor
+            )
+            tasks = tasks_of(graph)
+            index = {t.id: i for i, t in enumerate(tasks)}
+            template = TaskGraph(
+                tasks=tasks,
+                successors=[tuple(index[s] for s in graph.successors(t.id)) for t in tasks],
+                indegree=[graph.in_degree(t.id) for t in tasks],
+                index=index,
+            )
+            entry = self._templates[key] = (tuple(job.networks), template)
+        return entry[1]
+
+    def job_graph(self, job: Job) -> TaskGraph:
+        """``job``'s tasks (fresh objects, ids under ``job.id``) and dependencies."""
+        template = self._template(job)
+        cut, prefix = len(_TEMPLATE) + 1, job.id + "/"
+        tasks = []
+        for task in template.tasks:
+            fresh = copy.copy(task)  # fields are immutable values; no __post_init__ needed
+            fresh.id = prefix + task.id[cut:]
+            fresh.job = job.id
+            fresh.network = prefix + task.network[cut:]
+            fresh.releases = tuple(prefix + r[cut:] for r in task.releases)
+            fresh.job_seq = job.seq
+            tasks.append(fresh)
+        return TaskGraph(
+            tasks=tasks,
+            successors=template.successors,
+            indegree=template.indegree,
+            index={t.id: i for i, t in enumerate(tasks)},
+        )
+
+
+def parse_scheme(scheme: Scheme | str) -> Scheme:
+    try:
+        return Scheme(scheme)
+    except ValueError:
+        names = ", ".join(s.value for s in Scheme)
+        raise ScheduleError(f"unknown scheme {scheme!r}; choose one of: {names}") from None
+
+
+def tasks_of(graph: nx.DiGraph) -> list[Task]:
+    """The graph's tasks in insertion order."""
+    return [data["task"] for _, data in graph.nodes(data=True)]
+
+
+def count_orders(graph: nx.DiGraph, limit: int = 10**6) -> int:
+    """How many topological orders the graph has, counting up to ``limit`` (|T| in §4.1.2)."""
+    count = 0
+    for _ in nx.all_topological_sorts(graph):
+        count += 1
+        if count >= limit:
+            break
+    return count
+
+
+_COLOURS = {
+    TaskKind.INIT: "#9e9e9e",
+    TaskKind.LOAD: "#4e79a7",
+    TaskKind.EXEC: "#f28e2b",
+    TaskKind.UNLOAD: "#76b7b2",
+}
+
+
+def draw_graph(graph: nx.DiGraph, path: str | Path, title: str | None = None) -> Path:
+    """Draw the graph left to right by dependency depth (Appendix B) and save it as an image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layered = graph.copy()
+    for depth, nodes in enumerate(nx.topological_generations(layered)):
+        for node in nodes:
+            layered.nodes[node]["depth"] = depth
+    positions = nx.multipartite_layout(layered, subset_key="depth")
+    tasks = {node: data["task"] for node, data in graph.nodes(data=True)}
+    labels = {node: _short_label(task) for node, task in tasks.items()}
+    depth_count = 1 + max(nx.get_node_attributes(layered, "depth").values(), default=0)
+    width = max(6.0, 0.9 * depth_count)
+    height = max(4.0, 0.35 * max(len(g) for g in nx.topological_generations(graph)))
+    fig, ax = plt.subplots(figsize=(min(width, 60), min(height, 60)))
+    nx.draw_networkx_edges(
+        graph, positions, ax=ax, arrows=True, arrowsize=8, width=0.6, edge_color="#555555"
+    )
+    nx.draw_networkx_nodes(
+        graph,
+        positions,
+        ax=ax,
+        node_size=380,
+        node_color=[_COLOURS[tasks[n].kind] for n in graph.nodes],
+    )
+    nx.draw_networkx_labels(graph, positions, labels=labels, ax=ax, font_size=6)
+    ax.set_title(title or "task graph")
+    ax.axis("off")
+    path = Path(path)
+    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
+    fig.savefig(tmp, dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def _short_label(task: Task) -> str:
+    prefix = f"{task.network_index}." if task.network_index else ""
+    return prefix + (
+        task.kind.value if task.kind is TaskKind.INIT else f"{task.kind.value}{task.layer}"
+    )
+
+
+def edges_by_label(graph: nx.DiGraph) -> set[tuple[str, str]]:
+    """Edges as short labels (``("L0", "E0")``): handy for tests and printing."""
+    tasks = {node: data["task"] for node, data in graph.nodes(data=True)}
+    return {(_short_label(tasks[a]), _short_label(tasks[b])) for a, b in graph.edges}

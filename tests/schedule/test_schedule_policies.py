@@ -1,0 +1,193 @@
+"""Each policy on small hand-made cases with the order it must produce."""
+
+from __future__ import annotations
+
+import pytest
+from schedule_helpers import net, task
+
+from layerfit.errors import ScheduleError
+from layerfit.schedule.policies import POLICIES, make_policy, policy_names
+from layerfit.schedule.simulator import simulate
+from layerfit.schedule.tasks import Job, Pool, Scheme
+from layerfit.schedule.tasks import TaskKind as K
+
+BIG = 10**9
+
+
+def drain(policy, worker=0, free=BIG):
+    """Take tasks one by one, completing each, until the policy gives nothing."""
+    order = []
+    while (t := policy.next(worker, free)) is not None:
+        order.append(t.id)
+        policy.complete(t)
+    return order
+
+
+def test_registry_has_every_policy_by_name():
+    assert policy_names() == [
+        "masa",
+        "bulk",
+        "deepeye",
+        "fcfs",
+        "linear-fcfs",
+        "sjf",
+        "snf",
+        "round-robin",
+    ]
+    assert {POLICIES[n].scheme for n in POLICIES} == set(Scheme)
+    assert make_policy("Linear_FCFS").name == "linear-fcfs"
+    with pytest.raises(ScheduleError, match="unknown policy 'lifo'; choose one of: masa, bulk"):
+        make_policy("lifo")
+
+
+def test_masa_runs_execute_before_load_in_ascending_memory():
+    p = make_policy("masa")
+    for i, (name, kind, mem) in enumerate(
+        [
+            ("L9", K.LOAD, 9),
+            ("E5", K.EXEC, 5),
+            ("L2", K.LOAD, 2),
+            ("U", K.UNLOAD, 0),
+            ("E1", K.EXEC, 1),
+            ("I", K.INIT, 2),
+        ]
+    ):
+        p.add(task(name, kind, mem, seq=i))
+    assert drain(p) == ["U", "E1", "E5", "L2", "I", "L9"]  # ties (L2, I) in ready order
+
+
+def test_masa_memory_gate_and_progress_rule():
+    p = make_policy("masa")
+    p.add(task("E8", K.EXEC, 8, seq=0))
+    p.add(task("L3", K.LOAD, 3, seq=1))
+    p.add(task("L1", K.LOAD, 1, seq=2))
+    r1 = p.next(0, 4)
+    assert r1.id == "L1"  # no execute fits 4 bytes; the smallest load does
+    r2 = p.next(1, 3)
+    assert r2.id == "L3"  # another worker, 3 bytes free
+    assert p.next(2, 0) is None  # nothing fits while tasks run: wait
+    p.complete(r1)
+    p.complete(r2)
+    assert p.next(0, 0).id == "E8"  # nothing fits, nothing runs: the smallest execute alone
+
+
+def test_masa_progress_rule_falls_back_to_the_smallest_load():
+    p = make_policy("masa")
+    p.add(task("L9", K.LOAD, 9, seq=0))
+    p.add(task("L7", K.LOAD, 7, seq=1))
+    assert p.next(0, 5).id == "L7"
+
+
+def test_zero_memory_tasks_run_even_over_budget():
+    for name in policy_names():
+        p = make_policy(name)
+        p.add(task("U", K.UNLOAD, 0, seq=0))
+        p.running = 1  # someone else is running
+        assert p.next(0, -100).id == "U", name
+
+
+def test_fcfs_is_head_of_line_behind_the_shared_gate():
+    p = make_policy("fcfs")
+    p.add(task("a", memory=8, seq=0))
+    p.add(task("b", memory=2, seq=1))
+    p.add(task("c", memory=1, seq=2))
+    c = p.next(0, 5)
+    assert c.id == "c"  # head "a" does not fit and nothing runs: the smallest instead
+    assert p.next(1, 4) is None  # "a" still blocks the line while "c" runs, though "b" would fit
+    p.complete(c)
+    assert drain(p, free=5) == ["b", "a"]  # "a" at last by the progress rule
+
+
+def test_ungated_policies_ignore_the_budget_but_masa_never_does():
+    fcfs = make_policy("fcfs", gated=False)
+    fcfs.add(task("a", memory=8, seq=0))
+    fcfs.running = 3
+    assert fcfs.next(0, 1).id == "a"
+    masa = make_policy("masa", gated=False)
+    masa.add(task("a", memory=8, seq=0))
+    masa.running = 3
+    assert masa.gated and masa.next(0, 1) is None
+
+
+def test_sjf_takes_the_shortest_task_first():
+    p = make_policy("sjf")
+    for i, (name, d) in enumerate([("x", 3.0), ("y", 1.0), ("z", 2.0), ("w", 1.0)]):
+        p.add(task(name, duration=d, seq=i))
+    assert drain(p) == ["y", "w", "z", "x"]
+
+
+def test_snf_takes_the_shortest_network_first():
+    p = make_policy("snf")
+    p.add(task("a1", network="A", cost=5.0, seq=0))
+    p.add(task("b1", network="B", cost=2.0, seq=1))
+    p.add(task("b2", network="B", cost=2.0, seq=2))
+    p.add(task("a2", network="A", cost=5.0, seq=3))
+    assert drain(p) == ["b1", "b2", "a1", "a2"]
+
+
+def test_round_robin_alternates_between_networks():
+    p = make_policy("round-robin")
+    for i, (name, network) in enumerate(
+        [("a1", "A"), ("a2", "A"), ("a3", "A"), ("b1", "B"), ("b2", "B")]
+    ):
+        p.add(task(name, network=network, seq=i))
+    assert drain(p) == ["a1", "b1", "a2", "b2", "a3"]
+
+
+def test_deepeye_serves_the_conv_pool_and_the_fc_pool_with_separate_workers():
+    p = make_policy("deepeye")
+    p.bind(2)
+    p.add(task("c1", pool=Pool.CONV, seq=0))
+    p.add(task("f1", pool=Pool.FC, seq=1))
+    p.add(task("c2", pool=Pool.CONV, seq=2))
+    assert drain(p, worker=1) == ["f1"]
+    assert drain(p, worker=0) == ["c1", "c2"]
+    single = make_policy("deepeye")
+    single.bind(1)
+    for i, (name, pool) in enumerate([("f1", Pool.FC), ("c1", Pool.CONV), ("c2", Pool.CONV)]):
+        single.add(task(name, pool=pool, seq=i))
+    assert drain(single) == ["c1", "c2", "f1"]
+
+
+def test_bulk_and_linear_run_networks_one_at_a_time():
+    assert POLICIES["bulk"].scheme is Scheme.BULK and POLICIES["bulk"].serial_networks
+    assert (
+        POLICIES["linear-fcfs"].scheme is Scheme.LINEAR and POLICIES["linear-fcfs"].serial_networks
+    )
+    job = Job("j", (net("a", [2, 2]), net("b", [2, 2])))
+    for name in ("bulk", "linear-fcfs"):
+        report = simulate([job], name, memory=100, workers=3, paging=None)
+        first = [t for t in report.tasks if t.network.endswith("0.a")]
+        second = [t for t in report.tasks if t.network.endswith("1.b")]
+        assert min(t.start for t in second) >= max(t.end for t in first), name
+
+
+def test_discard_drops_a_jobs_ready_tasks():
+    for name in policy_names():
+        p = make_policy(name)
+        p.bind(2)
+        p.add(task("x1", job="x", seq=0))
+        p.add(task("y1", job="y", seq=1))
+        p.add(task("x2", job="x", seq=2))
+        assert sorted(t.id for t in p.discard("x")) == ["x1", "x2"], name
+        assert len(p) == 1 and not p.empty()
+        assert drain(p) == ["y1"] and p.empty()
+
+
+def test_masa_introduces_an_idle_period_rather_than_exceed_memory():
+    """Thesis Fig. 6.6: a 3-layer network on 2 workers; a worker waits for memory."""
+    job = Job("j", (net("n", [3, 3, 3], load=[1, 1, 1], execs=[2, 1, 1], exec_memory=[1, 1, 1]),))
+    report = simulate([job], "masa", memory=7, workers=2, paging=None)
+    starts = {t.task.split("/")[-1]: t.start for t in report.tasks}
+    assert {k: starts[k] for k in ("I", "L0", "L1", "E0", "E1", "L2", "E2")} == {
+        "I": 0,
+        "L0": 0,
+        "L1": 0,
+        "E0": 1,
+        "E1": 3,
+        "L2": 3,
+        "E2": 4,
+    }
+    busy_during_wait = [t for t in report.tasks if t.start < 3 and t.end > 1]
+    assert [t.task.split("/")[-1] for t in busy_during_wait] == ["E0"]  # L2 waits: it does not fit
+    assert report.makespan == 5 and report.progress_count == 0 and report.peak_memory == 7

@@ -1,0 +1,108 @@
+"""Profiles: the built-in thesis set, serialisation, validation, estimates from capture."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from layerfit.errors import ScheduleError
+from layerfit.schedule.profile import (
+    LayerProfile,
+    NetworkProfile,
+    ProfileSet,
+    load_profiles,
+    profile_from_graph,
+    resolve_network,
+)
+from layerfit.schedule.thesis import MIB, TABLE_6_1, thesis_profiles
+
+
+def test_thesis_profiles_match_table_6_1():
+    profiles = thesis_profiles()
+    assert profiles.names() == list(TABLE_6_1)
+    for name, (_, storage, memory, conv, fc, total, _) in TABLE_6_1.items():
+        p = profiles[name]
+        assert p.source == "thesis-derived"
+        assert len(p.layers) == total
+        assert sum(layer.kind == "conv" for layer in p.layers) == conv
+        assert sum(layer.kind == "fc" for layer in p.layers) == fc
+        assert p.bulk_peak == pytest.approx(memory * MIB, rel=1e-6)
+        assert p.notes["table_6_1"]["storage_mib"] == storage
+        assert p.min_budget < p.bulk_peak
+
+
+def test_round_trip_through_json_and_yaml(tmp_path):
+    profiles = thesis_profiles()
+    for suffix in (".json", ".yaml"):
+        path = tmp_path / f"set{suffix}"
+        profiles.save(path)
+        again = load_profiles(path)
+        assert again["agenet"] == profiles["agenet"] and len(again) == 9
+    single = tmp_path / "one.json"
+    ProfileSet([profiles["sos"]]).save(single)
+    assert resolve_network(str(single)).name == "sos"
+    assert resolve_network("SceneNet").name == "scenenet"
+
+
+def test_profile_validation_names_the_field():
+    with pytest.raises(ScheduleError, match=r"layers\[0\].kind: 'dense' is not one of"):
+        NetworkProfile("x", (LayerProfile("l", kind="dense"),))
+    with pytest.raises(
+        ScheduleError, match=r"layers\[0\].memory: expected a whole number of bytes"
+    ):
+        NetworkProfile("x", (LayerProfile("l", memory=-1),))
+    with pytest.raises(ScheduleError, match="needs at least one layer"):
+        NetworkProfile("x", ())
+    with pytest.raises(ScheduleError, match=r"p.layers\[0\]: unknown field\(s\) \['speed'\]"):
+        NetworkProfile.from_dict({"name": "x", "layers": [{"name": "l", "speed": 1}]}, "p")
+    with pytest.raises(ScheduleError, match="unknown network 'zzz'"):
+        thesis_profiles()["zzz"]
+
+
+def test_derived_quantities():
+    p = NetworkProfile(
+        "n",
+        (
+            LayerProfile("a", "conv", 1, 2, 10, load_memory=20, exec_memory=3),
+            LayerProfile("b", "fc", 1, 1, 30, exec_memory=1),
+        ),
+        init_time=0.5,
+        init_memory=5,
+    )
+    assert p.total_time == 5.5 and p.weight_bytes == 40 and p.fc_start == 1
+    assert p.largest_task_memory == 30 and p.min_budget == 5 + 31
+    assert p.bulk_peak == 5 + 10 + 30 + 3
+    scaled = p.scaled(memory_factor=2, time_factor=0.5)
+    assert scaled.layers[0].load_memory == 40 and scaled.total_time == pytest.approx(2.75)
+
+
+def test_profile_from_a_captured_graph():
+    # the fields of layerfit.capture's ModelGraph/UnitInfo that are read (no torch import here)
+    units = [
+        SimpleNamespace(
+            name="features.0",
+            module_type="Conv2d",
+            s=4000,
+            f=10**6,
+            calls=1,
+            output_shapes=((1, 8, 4, 4),),
+        ),
+        SimpleNamespace(
+            name="classifier",
+            module_type="Linear",
+            s=8000,
+            f=2 * 10**6,
+            calls=1,
+            output_shapes=((1, 10),),
+        ),
+    ]
+    graph = SimpleNamespace(model_type="Tiny", input_shape=(1, 3, 8, 8), units=units)
+    p = profile_from_graph(graph, "tiny", disk_bytes_per_s=1000, macs_per_s=10**6)
+    assert [layer.kind for layer in p.layers] == ["conv", "fc"]
+    assert (p.layers[0].load_time, p.layers[1].exec_time, p.layers[0].exec_memory) == (
+        4.0,
+        2.0,
+        8 * 16 * 4,
+    )
+    assert p.source == "capture-estimate"
