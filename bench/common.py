@@ -1,0 +1,101 @@
+"""Shared benchmark plumbing: isolated child runs, cgroup memory, result files.
+
+Each measured configuration runs in a fresh child process, so peak RSS belongs to that
+configuration alone. Where a memory cgroup (v1) can be created (as root), the child runs
+inside its own cgroup and ``cgroup_peak_bytes`` reports ``memory.max_usage_in_bytes``,
+which also counts the page cache the child caused. Nothing here asserts a timing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+RESULTS = Path(__file__).parent / "results"
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    import torch
+
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+class Cgroup:
+    """A temporary memory cgroup; ``None``-like (``available`` False) where not allowed."""
+
+    def __init__(self) -> None:
+        self.path = CGROUP_ROOT / f"layerfit-bench-{uuid.uuid4().hex[:8]}"
+        try:
+            self.path.mkdir()
+            self.available = True
+        except OSError:
+            self.available = False
+
+    def enter_fn(self):
+        if not self.available:
+            return None
+        procs = str(self.path / "cgroup.procs")
+
+        def enter() -> None:
+            with open(procs, "w") as fh:
+                fh.write(str(os.getpid()))
+
+        return enter
+
+    def peak_bytes(self) -> int | None:
+        if not self.available:
+            return None
+        return int((self.path / "memory.max_usage_in_bytes").read_text())
+
+    def remove(self) -> None:
+        if self.available:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
+
+
+def run_child(script: str, args: list[str], timeout: float = 1800) -> dict[str, Any]:
+    """Run ``python script --child ARGS`` in its own cgroup; its last stdout line is JSON."""
+    cg = Cgroup()
+    try:
+        proc = subprocess.run(
+            [sys.executable, script, "--child", *args],
+            capture_output=True, text=True, timeout=timeout, preexec_fn=cg.enter_fn(),
+        )
+        if proc.returncode != 0:
+            return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["failed"]}
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        result["cgroup_peak_bytes"] = cg.peak_bytes()
+        return result
+    finally:
+        cg.remove()
+
+
+def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path, Path]:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    js, md = RESULTS / f"{name}.json", RESULTS / f"{name}.md"
+    js.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    md.write_text(markdown)
+    return js, md
+
+
+def mb(n: float | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.1f}"

@@ -1,0 +1,59 @@
+"""Minimal-delay search: walks budgets from 2x the largest unit up, picks per phase 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from layerfit.cli import main
+from layerfit.engine import load
+from layerfit.errors import LayerfitError
+from layerfit.store import example_input, prepare
+from layerfit.tradeoff.delay import minimal_delay_search
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("d") / "tiny"
+    prepare("tinymodels:tiny_cnn", out, input_shape=(1, 3, 16, 16))
+    return out
+
+
+def test_search_covers_start_to_model_size_and_applies_phase_two(tiny: Path):
+    x = example_input((1, 3, 16, 16))
+    with load(tiny, pipeline="async") as engine:
+        curve = minimal_delay_search(engine, (x,), step=4096, repeats=2, warmup=0)
+        mem = engine.memory
+    budgets = [p.budget_bytes for p in curve.points]
+    assert budgets[0] == 2 * mem.largest_unit_bytes
+    assert budgets[-1] == mem.total_weight_bytes
+    assert budgets == sorted(budgets) and len(set(budgets)) == len(budgets)
+    for p in curve.points:
+        assert p.min_s <= p.median_s <= p.max_s
+        assert p.weights_peak_bytes <= p.budget_bytes
+    minimum = min(p.mean_s for p in curve.points)
+    first = next(p for p in curve.points if p.mean_s <= minimum * (1 + curve.tolerance))
+    assert curve.minimal == first
+
+
+def test_patience_stops_phase_one_early(tiny: Path):
+    x = example_input((1, 3, 16, 16))
+    with load(tiny, pipeline="async") as engine:
+        curve = minimal_delay_search(engine, (x,), step=4096, repeats=1, warmup=0, patience=0)
+    assert len(curve.points) == 1
+
+
+def test_search_refuses_fixed_buffer_pipelines(tiny: Path):
+    with load(tiny, pipeline="sync") as engine, pytest.raises(LayerfitError, match="async"):
+        minimal_delay_search(engine, (example_input((1, 3, 16, 16)),))
+
+
+def test_cli_writes_json_and_plot(tiny: Path, tmp_path: Path, capsys):
+    png = tmp_path / "curve.png"
+    assert main(["tradeoff", "delay", str(tiny), "--step", "16KiB", "--repeats", "1", "--warmup", "0", "--json", "--plot", str(png)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["minimal"]["budget_bytes"] in [p["budget_bytes"] for p in data["points"]]
+    assert data["preload_s"] > 0
+    assert png.stat().st_size > 1000
