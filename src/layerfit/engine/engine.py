@@ -22,9 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from layerfit.engine.binding import Binder, get_binder
 from layerfit.engine.policies import Policy, get_policy
 from layerfit.engine.ring import Cancelled, RingBuffer
 from layerfit.engine.skeleton import Binding, bind, build_skeleton, segment_bindings, unbind
+from layerfit.engine.source import UnitSource
 from layerfit.engine.trace import Event, Timeline
 from layerfit.engine.units import Block, make_blocks
 from layerfit.errors import BudgetError, CorruptStoreError, LayerfitError, ReadError
@@ -59,6 +61,7 @@ class _Run:
         self.t0 = time.perf_counter()
         self.events: list[Event] = []
         self.kernel_start: dict[int, float] = {}
+        self.source: UnitSource | None = None  # supplies the units instead of the reader thread
 
 
 class Engine:
@@ -67,7 +70,9 @@ class Engine:
     ``budget`` counts weight buffers (resident tensors plus the unit buffer); it must be
     at least the resident tensors plus the largest unit. ``pipeline`` is ``preload``,
     ``sequential``, ``sync`` or ``async``; ``units`` is ``layers``, ``blocks:N`` or a
-    list of partition points.
+    list of partition points. ``binding`` is ``reference`` (zero-copy, the default) or
+    one of the ablation modes of :mod:`layerfit.engine.binding` (``copy``,
+    ``instantiate``) that measure what binding by reference saves.
     """
 
     def __init__(
@@ -79,12 +84,15 @@ class Engine:
         units: str | list[int] = "layers",
         direct_io: bool = True,
         trace: bool = False,
+        binding: str = "reference",
     ) -> None:
         self.directory = Path(directory)
+        self.binder: Binder = get_binder(binding)
         self.manifest: Manifest = read_manifest(self.directory)
         self.policy: Policy = get_policy(pipeline)
         self.trace = trace
         self.model: nn.Module = build_skeleton(self.manifest)
+        self._modules: dict[str, nn.Module] = dict(self.model.named_modules(remove_duplicate=False))
         self.reader = SegmentReader(
             self.directory / self.manifest.weights_file, self.manifest.weights_size, direct=direct_io
         )
@@ -97,6 +105,7 @@ class Engine:
         self.ring: RingBuffer | None = None
         self._resident_buf = None
         self._bindings: list[list[Binding]] = []
+        self._preloaded = False  # every unit bound for good (preload policy)
         self._units_spec = units
         try:
             self._setup(budget, units)
@@ -138,46 +147,69 @@ class Engine:
             )
         capacity = self.policy.buffer_bytes(sizes, None if budget_bytes is None else budget_bytes - resident)
         bindings = [
-            [b for seg in blk.segments for b in segment_bindings(self.model, seg, seg.offset - blk.offset)]
+            [
+                b
+                for seg in blk.segments
+                for b in segment_bindings(self.model, seg, seg.offset - blk.offset, self._modules)
+            ]
             for blk in blocks
         ]
-        # Everything is validated: replace the old configuration.
-        self._release_configuration()
+        # Everything is validated: replace the old configuration, reusing the buffer's
+        # mapping when the new capacity fits it.
+        self._release_configuration(keep_ring=True)
         self.blocks: list[Block] = blocks
         self._bindings = bindings
         self._verified_blocks: set[int] = set()
         self.memory = MemoryPlan(resident, capacity, largest, m.total_bytes)
-        self.ring = RingBuffer(capacity) if capacity else None
-        if self.ring is not None:
-            self.ring._cond = self._cond  # one condition for buffer room and unit progress
+        if self.ring is None or not self.ring.reshape(capacity):
+            if self.ring is not None:
+                self.ring.close()
+            self.ring = RingBuffer(capacity) if capacity else None
+            if self.ring is not None:
+                self.ring._cond = self._cond  # one condition for buffer room and unit progress
         self._install_hooks()
-        if self.policy.name == "preload":
+        self._preloaded = self.policy.name == "preload"
+        if self._preloaded:
             for i, blk in enumerate(self.blocks):
                 off = self.ring.allocate(blk.nbytes)
                 self._read_block(i, blk, off)
                 bind(self._bindings[i], self.ring.bytes, off)
 
-    def reconfigure(self, *, budget: int | str | None = None, units: str | list[int] | None = None) -> float:
-        """Apply a new budget and/or unit partition between inferences; returns seconds.
+    def reconfigure(
+        self,
+        *,
+        budget: int | str | None = None,
+        units: str | list[int] | None = None,
+        pipeline: str | None = None,
+    ) -> float:
+        """Apply a new budget, unit partition and/or pipeline between inferences; seconds.
 
         The model is not reloaded: only the buffer and the unit grouping change. A
         budget below the minimum is refused and the old configuration keeps running.
         """
         t0 = time.perf_counter()
         with self._lock:
-            self._configure(budget, self._units_spec if units is None else units)
+            old_policy = self.policy
+            if pipeline is not None:
+                self.policy = get_policy(pipeline)
+            try:
+                self._configure(budget, self._units_spec if units is None else units)
+            except BaseException:
+                self.policy = old_policy
+                raise
             if units is not None:
                 self._units_spec = units
         return time.perf_counter() - t0
 
-    def _release_configuration(self) -> None:
+    def _release_configuration(self, keep_ring: bool = False) -> None:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        if self.ring is not None:
-            if self.policy.name == "preload":
-                for bindings in self._bindings:
-                    unbind(bindings)
+        if self._preloaded:
+            for bindings in self._bindings:
+                unbind(bindings)
+            self._preloaded = False
+        if self.ring is not None and not keep_ring:
             self.ring.close()
             self.ring = None
 
@@ -185,15 +217,21 @@ class Engine:
         for i, blk in enumerate(self.blocks):
             first = blk.segments[0].name
             last = blk.segments[-1].name
-            m_first = self.model.get_submodule(first) if first else self.model
-            m_last = self.model.get_submodule(last) if last else self.model
+            m_first, m_last = self._modules[first], self._modules[last]
             self._hooks.append(m_first.register_forward_pre_hook(self._pre_hook(i)))
             self._hooks.append(m_last.register_forward_hook(self._post_hook(i)))
 
     # --- the two threads ---------------------------------------------------------------
 
     def _read_block(self, i: int, blk: Block, off: int) -> None:
-        view = self.ring.view[off : off + blk.nbytes]
+        self.read_unit(i, self.ring.view[off : off + blk.nbytes])
+
+    def read_unit(self, i: int, into: memoryview) -> None:
+        """Read unit ``i`` into ``into`` (aligned, at least the unit's bytes) with this
+        engine's reader; the first read of a unit verifies its SHA-256. Unit sources
+        call it from their own threads, concurrently with the forward pass."""
+        blk = self.blocks[i]
+        view = into[: blk.nbytes]
         what = f"unit {i} ({blk.name or '<root>'})"
         self.reader.read_range(blk.offset, blk.nbytes, view, what)
         if i not in self._verified_blocks:
@@ -236,6 +274,12 @@ class Engine:
             run = self._run
             if run is None:
                 return
+            if run.source is not None:  # the unit source decides when the unit may run
+                buffer, off = run.source.acquire(i)
+                run.kernel_start[i] = time.perf_counter() - run.t0
+                self.binder.bind(self._bindings[i], buffer, off)
+                run.bound[i] = off
+                return
             if self.policy.name == "preload":
                 run.bound[i] = -1
                 run.kernel_start[i] = time.perf_counter() - run.t0
@@ -254,7 +298,7 @@ class Engine:
                 run.kernel_start[i] = time.perf_counter() - run.t0
                 run.started = i + 1
                 self._cond.notify_all()
-            bind(self._bindings[i], self.ring.bytes, off)
+            self.binder.bind(self._bindings[i], self.ring.bytes, off)
             run.bound[i] = off
 
         return hook
@@ -271,8 +315,11 @@ class Engine:
                         Event(i, self.blocks[i].name, "kernel", run.kernel_start[i], end, self.blocks[i].nbytes)
                     )
             off = run.bound.pop(i)
-            if self.policy.name != "preload":
-                unbind(self._bindings[i])
+            if run.source is not None:
+                self.binder.unbind(self._bindings[i])
+                run.source.release(i)
+            elif self.policy.name != "preload":
+                self.binder.unbind(self._bindings[i])
                 self.ring.release(off)
             with self._cond:
                 run.done = i + 1
@@ -282,13 +329,30 @@ class Engine:
 
     # --- inference ---------------------------------------------------------------------
 
-    @torch.no_grad()
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the model on ``args``; the engine's reader thread supplies the units."""
+        return self.run_from(None, *args, **kwargs)
+
+    @torch.no_grad()
+    def run_from(self, source: UnitSource | None, *args: Any, **kwargs: Any) -> Any:
+        """Run the model with the units supplied by ``source`` (None: the reader thread).
+
+        The same forward pass and hooks either way; a source (see
+        :mod:`layerfit.engine.source`) decides when each unit's bytes are there and when
+        its kernel may start — the multi-request scheduler drives engines this way.
+        """
+        if source is None and self.policy.name == "external":
+            raise LayerfitError(
+                "this engine has pipeline 'external': it runs only with a unit source "
+                "(Engine.run_from); load it with another pipeline to call it directly"
+            )
         with self._lock:
             self.reader.check_unchanged()
             run = _Run(len(self.blocks))
+            run.source = source
             self._run = run
-            streaming = self.policy.name != "preload" and self.blocks
+            self.binder.reset()
+            streaming = source is None and self.policy.name != "preload" and self.blocks
             thread = None
             if streaming:
                 self.ring.reset()
@@ -307,7 +371,11 @@ class Engine:
                     self.ring.cancel()
                     thread.join()
                     for i in list(run.bound):
-                        unbind(self._bindings[i])
+                        self.binder.unbind(self._bindings[i])
+                    run.bound.clear()
+                elif source is not None:
+                    for i in list(run.bound):
+                        self.binder.unbind(self._bindings[i])
                     run.bound.clear()
                 self._run = None
             if self.trace:
@@ -319,8 +387,20 @@ class Engine:
                     occupancy,
                     end - run.t0,
                 )
-            self.last_weights_peak = self.memory.resident_bytes + (self.ring.peak if self.ring else 0)
+            self.last_weights_peak = (
+                self.memory.resident_bytes + (self.ring.peak if self.ring else 0) + self.binder.peak_bytes
+            )
             return out
+
+    def share_verification(self, other: Engine) -> None:
+        """Trust the units ``other`` has verified (and share what either verifies from now
+        on) when both read the same weights file — same inode, size and modification
+        time — in the same units: a pool of engines of one model checks each unit once."""
+        if other.reader.identity == self.reader.identity and [b.offset for b in other.blocks] == [
+            b.offset for b in self.blocks
+        ]:
+            self._verified = other._verified
+            self._verified_blocks = other._verified_blocks
 
     @property
     def io_mode(self) -> str:

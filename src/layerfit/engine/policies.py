@@ -13,7 +13,9 @@ Layering, Section IV):
 after the previous kernel finished (one buffer of the largest unit). ``sync`` is the
 lock-step pipeline: unit ``i+1`` is read while kernel ``i`` runs and neither stage runs
 ahead (double buffers). ``async`` lets the reader run ahead as far as the circular buffer
-allows (Algorithm 1). On CPU the copy stage vanishes: weights are used where they were
+allows (Algorithm 1). ``external`` has no reader and no buffer: every inference gets its
+units from a unit source (:mod:`layerfit.engine.source`), e.g. the multi-request
+scheduler's load tasks. On CPU the copy stage vanishes: weights are used where they were
 read, the paper's two-stage zero-copy pipeline.
 """
 
@@ -42,6 +44,8 @@ class Policy:
 
     def buffer_bytes(self, unit_sizes: list[int], budget: int | None) -> int:
         """Buffer size for ``budget`` (default: the policy's natural size)."""
+        if self.name == "external":  # the unit source owns the units' memory
+            return 0
         total = sum(unit_sizes)
         largest = max(unit_sizes, default=0)
         if budget is None:
@@ -80,6 +84,7 @@ POLICIES: dict[str, Policy] = {
         Policy("sequential", "read then execute each unit, one buffer (paper: Seq)", 1),
         Policy("sync", "lock-step read/execute pipeline, double buffers (paper: Sync)", 2),
         Policy("async", "reads run ahead within a circular buffer (paper: Async)", 1),
+        Policy("external", "units come from a unit source per inference (the scheduler); no buffer", 0),
     )
 }
 

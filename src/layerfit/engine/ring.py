@@ -10,6 +10,7 @@ blocks on a condition until there is room; nothing spins.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import threading
 import time
 from collections import deque
@@ -30,8 +31,9 @@ class RingBuffer:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.mmap = aligned_buffer(capacity)
-        self.view = memoryview(self.mmap)[:capacity]
-        self.bytes = torch.frombuffer(self.mmap, dtype=torch.uint8)[:capacity]
+        self.mapped = len(self.mmap)
+        self.view = memoryview(self.mmap)
+        self.bytes = torch.frombuffer(self.mmap, dtype=torch.uint8)
         self._cond = threading.Condition()
         self._live: deque[tuple[int, int]] = deque()  # (start, end incl. skipped tail)
         self._head = 0  # next free offset
@@ -110,6 +112,29 @@ class RingBuffer:
             self.history.clear()
             self.peak = 0
             self._cond.notify_all()
+
+    def reshape(self, capacity: int) -> bool:
+        """Change the capacity in place when it fits the mapping; False if it does not.
+
+        Shrinking gives the pages beyond the new capacity back to the kernel
+        (``MADV_DONTNEED``), so memory really shrinks; growing within the mapping
+        pre-faults the pages it adds. Reusing the mapping makes run-time re-budgeting
+        cost microseconds instead of mapping and zeroing a new buffer. Only call between
+        inferences.
+        """
+        if capacity > self.mapped or capacity <= 0:
+            return False
+        with self._cond:
+            page = mmap.PAGESIZE
+            new_end = -(-capacity // page) * page
+            old_end = -(-self.capacity // page) * page
+            if new_end < old_end:
+                self.mmap.madvise(mmap.MADV_DONTNEED, new_end, old_end - new_end)
+            elif new_end > old_end:
+                self.bytes[old_end:new_end:page] = 0  # touch each added page once
+            self.capacity = capacity
+        self.reset()
+        return True
 
     def cancel(self) -> None:
         with self._cond:

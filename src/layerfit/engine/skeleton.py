@@ -40,19 +40,26 @@ def build_skeleton(manifest: Manifest) -> nn.Module:
     return model.eval()
 
 
-def segment_bindings(model: nn.Module, segment: Segment, base: int = 0) -> list[Binding]:
+def segment_bindings(
+    model: nn.Module, segment: Segment, base: int = 0, modules: dict[str, nn.Module] | None = None
+) -> list[Binding]:
     """Every place a segment's tensors are bound in ``model``.
 
     ``base`` is where the segment starts inside the buffer region it is read into (a
-    block of several segments is read as one range).
+    block of several segments is read as one range). ``modules`` is
+    ``dict(model.named_modules())``, passed by callers that bind often (re-partitioning
+    at run time) so each lookup is one dict access rather than a walk down the tree.
     """
     out = []
     for t in segment.tensors:
         for place in t.places:
             module_name, _, attr = place.rpartition(".")
             try:
-                module = model.get_submodule(module_name) if module_name else model
-            except AttributeError as exc:
+                if modules is not None:
+                    module = modules[module_name]
+                else:
+                    module = model.get_submodule(module_name) if module_name else model
+            except (AttributeError, KeyError) as exc:
                 raise ManifestError(f"the model has no module {module_name!r} for {t.name}") from exc
             holder = module._parameters if t.kind == "param" else module._buffers
             if attr not in holder:

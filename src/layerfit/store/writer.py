@@ -224,8 +224,14 @@ def prepare(
     force: bool = False,
     seed: int = 0,
     progress: Progress | None = None,
+    module: nn.Module | None = None,
 ) -> Manifest:
-    """Build, capture and pack ``model`` into ``out_dir``; returns the manifest."""
+    """Build, capture and pack ``model`` into ``out_dir``; returns the manifest.
+
+    ``module``, when given, is the already-built model whose weights are packed (it must
+    come from the same factory and arguments, which rebuild its skeleton later);
+    otherwise the spec builds it (seeded zoo weights, or the factory's own).
+    """
     spec = resolve(model) if isinstance(model, str) else model
     out = Path(out_dir)
     if out.exists() and not force:
@@ -233,7 +239,8 @@ def prepare(
     shape = tuple(input_shape or spec.input_shape or ())
     if not shape:
         raise InputError(f"{spec.name} has no default input shape: pass --input-shape, e.g. 1,3,224,224")
-    module = spec.build(seed=seed).eval()
+    was_training = module.training if module is not None else False
+    module = (module if module is not None else spec.build(seed=seed)).eval()
     x = example_input(shape, input_dtype, seed)
     graph = capture(module, x)
     if checkpoint is not None:
@@ -267,6 +274,8 @@ def prepare(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        module.train(was_training)
     return manifest
 
 

@@ -1,0 +1,83 @@
+"""Circular weight buffer: live units never overlap, the ledger never exceeds capacity."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from layerfit.engine.ring import RingBuffer
+from layerfit.errors import BudgetError
+
+PAGE = 4096
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    capacity_pages=st.integers(2, 40),
+    ops=st.lists(st.tuples(st.booleans(), st.integers(1, 12)), min_size=1, max_size=80),
+)
+def test_live_allocations_never_overlap_and_stay_within_capacity(capacity_pages, ops):
+    ring = RingBuffer(capacity_pages * PAGE)
+    live: deque[tuple[int, int]] = deque()
+    try:
+        for allocate, pages in ops:
+            nbytes = min(pages, capacity_pages) * PAGE
+            if allocate and ring._fits(nbytes) is not None:
+                start = ring.allocate(nbytes)
+                assert start % PAGE == 0 and start + nbytes <= ring.capacity
+                for a, b in live:
+                    assert start + nbytes <= a or b <= start, "overlapping live units"
+                live.append((start, start + nbytes))
+            elif live:
+                start, _ = live.popleft()
+                ring.release(start)
+            assert sum(b - a for a, b in live) <= ring.in_use <= ring.capacity
+            assert ring.peak <= ring.capacity
+        if not live:
+            assert ring.in_use == 0
+    finally:
+        ring.close()
+
+
+def test_a_unit_waits_until_the_oldest_is_released():
+    import threading
+
+    ring = RingBuffer(3 * PAGE)
+    first = ring.allocate(2 * PAGE)
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(ring.allocate(2 * PAGE)))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive() and not got  # no room: it waits on the condition
+    ring.release(first)
+    waiter.join(5)
+    assert got == [0]
+    ring.close()
+
+
+def test_oversized_unit_and_out_of_order_release_are_errors():
+    ring = RingBuffer(2 * PAGE)
+    with pytest.raises(BudgetError):
+        ring.allocate(3 * PAGE)
+    a = ring.allocate(PAGE)
+    ring.allocate(PAGE)
+    with pytest.raises(RuntimeError, match="out of order"):
+        ring.release(a + PAGE)
+    ring.close()
+
+
+def test_reshape_reuses_the_mapping_and_releases_pages():
+    ring = RingBuffer(64 * PAGE)
+    ring.bytes[:] = 1
+    assert ring.reshape(16 * PAGE)
+    assert ring.capacity == 16 * PAGE
+    assert int(ring.bytes[16 * PAGE :: PAGE].sum()) == 0  # pages beyond were given back
+    with pytest.raises(BudgetError):
+        ring.allocate(17 * PAGE)
+    assert ring.reshape(64 * PAGE)
+    assert ring.allocate(64 * PAGE) == 0
+    assert not ring.reshape(65 * PAGE)  # beyond the mapping: the caller maps anew
+    ring.close()

@@ -1,0 +1,32 @@
+"""Every zoo model, prepared and streamed, gives exactly ``model(x)`` (small inputs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from layerfit import zoo
+from layerfit.engine import flat_outputs, load
+from layerfit.store import example_input, prepare
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_zoo_model_streams_bit_identically(name: str, tmp_path: Path):
+    entry = zoo.get(name)
+    model = zoo.build(name)
+    x = example_input(entry.small_input_shape)
+    with torch.no_grad():
+        expected = flat_outputs(model(x))
+    m = prepare(name, tmp_path / name, input_shape=entry.small_input_shape, module=model)
+    del model
+    budget = m.resident_bytes + 2 * m.largest_unit_bytes
+    for pipeline, b in (("preload", None), ("async", budget)):
+        with load(tmp_path / name, pipeline=pipeline, budget=b) as engine:
+            got = flat_outputs(engine(x))
+            if pipeline == "async":
+                assert engine.last_weights_peak <= budget
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected, strict=True):
+            assert torch.equal(g, e), f"{name} {pipeline}: output differs from model(x)"
