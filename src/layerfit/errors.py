@@ -71,6 +71,20 @@ class JobRejectedError(ScheduleError):
         self.min_budget = min_budget
 
 
+class QueueFullError(ScheduleError):
+    """A request refused because the runtime already holds its limit of unfinished jobs;
+    retry later or raise the queue limit."""
+
+
+class ModelNotReadyError(ScheduleError):
+    """A request for a model that exists in the repository but is not loaded (never
+    loaded, unloaded, or failed to load: the message gives the reason)."""
+
+
+class JobTimeoutError(ScheduleError, TimeoutError):
+    """A job that did not finish within its timeout; it was cancelled and its memory freed."""
+
+
 class TradeoffError(LayerfitError):
     """A memory-throughput trade-off input that is malformed (application file, layer list,
     partition, constraint) or a model that cannot be processed by parts as asked."""

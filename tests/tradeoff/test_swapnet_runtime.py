@@ -1,0 +1,245 @@
+"""SwapNet at run time: profile, partitioned runs, adaptation, several models, CLI.
+
+Every mode must give exactly ``model(x)``; every run must stay within its budget as
+the budget counts it (weights ledger + reserve).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import tinymodels
+import torch
+
+from layerfit.cli import main
+from layerfit.errors import BudgetError, PartitionError, ProfileWarning
+from layerfit.multi import ModelTask, MultiRunner
+from layerfit.store import ModelSpec, example_input, prepare
+from layerfit.tradeoff.partition import SwapNetPlan
+from layerfit.tradeoff.swapnet import SwapNet
+from layerfit.tradeoff.swapnet_profile import (
+    device_fingerprint,
+    load_profile,
+    model_key,
+    profile_for,
+    profile_models,
+)
+
+WIDTHS = [64, 256, 32, 200, 48, 128, 16]
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("swapnet") / "chain"
+    prepare(ModelSpec("factory", "tinymodels:chain", {"widths": WIDTHS}), out, input_shape=(2, WIDTHS[0]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("swapnet") / "tiny"
+    prepare("tinymodels:tiny_cnn", out, input_shape=(1, 3, 16, 16))
+    return out
+
+
+@pytest.fixture(scope="module")
+def profile(chain: Path, tiny: Path):
+    return profile_models([chain, tiny], repeats=1, warmup=0)
+
+
+@pytest.fixture(scope="module")
+def profile_file(profile, tmp_path_factory) -> Path:
+    return profile.save(tmp_path_factory.mktemp("profile") / "device-profile.json")
+
+
+def chain_reference():
+    x = example_input((2, WIDTHS[0]))
+    with torch.no_grad():
+        return x, tinymodels.chain(WIDTHS).eval()(x)
+
+
+def tiny_reference():
+    x = example_input((1, 3, 16, 16))
+    with torch.no_grad():
+        return x, tinymodels.tiny_cnn().eval()(x)
+
+
+# --- profile ---------------------------------------------------------------------------
+
+
+def test_profile_fits_every_coefficient_and_round_trips(profile, profile_file: Path):
+    for c in (profile.alpha, profile.beta, profile.gamma, profile.eta, profile.kappa_read, profile.kappa_exec):
+        assert c >= 0
+    assert set(profile.fits) == {"t_in", "t_in_paper", "t_ex", "t_out"}
+    assert profile.fits["t_in"].samples == 6 + 6  # six layers in each model
+    assert len(profile.models) == 2
+    again = load_profile(profile_file)
+    assert again.alpha == profile.alpha and again.kappa_exec == profile.kappa_exec
+    assert again.device == device_fingerprint()
+    times = next(iter(again.models.values()))
+    assert len(times.kernel_s) == len(times.read_s) == len(times.bind_s) == len(times.glue_s)
+
+
+def _rewrite(path: Path, target: Path, **change) -> Path:
+    data = json.loads(path.read_text())
+    for key, value in change.items():
+        if key == "cpu":
+            data["device"]["cpu"] = value
+        else:
+            data[key] = value
+    target.write_text(json.dumps(data))
+    return target
+
+
+def test_profile_from_another_device_warns_and_measures(chain: Path, profile_file: Path, tmp_path: Path):
+    other = _rewrite(profile_file, tmp_path / "other.json", cpu="Some Other CPU")
+    with pytest.warns(ProfileWarning, match="another device"):
+        prof = profile_for(chain, other, repeats=1)
+    assert prof.device == device_fingerprint()
+    assert list(prof.models) == [model_key(SwapNetPlan.build(chain, prof).manifest)]
+
+
+def test_profile_of_another_format_version_or_missing_warns(chain: Path, profile_file: Path, tmp_path: Path):
+    old = _rewrite(profile_file, tmp_path / "old.json", version=99)
+    with pytest.warns(ProfileWarning, match="format version 99"):
+        profile_for(chain, old, repeats=1)
+    with pytest.warns(ProfileWarning, match="no device profile"):
+        profile_for(chain, tmp_path / "missing.json", repeats=1)
+
+
+def test_profiled_model_uses_measured_times_others_the_regression(chain: Path, tiny: Path, profile, tmp_path: Path):
+    assert SwapNetPlan.build(chain, profile).costs.exec_source == "measured"
+    other = tmp_path / "tiny32"
+    prepare("tinymodels:tiny_cnn", other, input_shape=(1, 3, 32, 32))
+    assert SwapNetPlan.build(other, profile).costs.exec_source == "regression"
+
+
+# --- partition ---------------------------------------------------------------------------
+
+
+def test_every_budget_runs_bit_identical_within_budget(chain: Path, profile):
+    x, y = chain_reference()
+    plan = SwapNetPlan.build(chain, profile)
+    low, high = plan.minimum_budget, plan.demand
+    streamed = 0
+    for budget in (low, low + 4096, (low + high) // 2, high - 1, high):
+        with SwapNet(chain, budget, plan=plan) as model:
+            for _ in range(2):
+                assert torch.equal(model(x), y)
+            assert model.accounted_peak_bytes <= budget
+            assert (model.decision.pipeline == "preload") == (budget >= high)
+            if model.decision.pipeline == "async":
+                streamed += 1
+                assert model.decision.choice.blocks >= 2
+                assert model.decision.choice.max_pair_bytes <= model.decision.capacity
+    assert streamed >= 3
+
+
+def test_infeasible_budget_names_the_layer_and_the_minimum(chain: Path, profile):
+    plan = SwapNetPlan.build(chain, profile)
+    with pytest.raises(PartitionError) as info:
+        SwapNet(chain, plan.minimum_budget - 1, plan=plan)
+    err = info.value
+    assert isinstance(err, BudgetError)
+    assert err.minimum_budget == plan.minimum_budget
+    assert err.layer in plan.costs.names
+    assert f"{plan.minimum_budget} bytes" in str(err) and repr(err.layer) in str(err)
+    # the named layer is the larger of the heaviest adjacent pair
+    s = plan.costs.nbytes
+    pair = int((s[:-1] + s[1:]).argmax())
+    assert err.layer == plan.costs.names[pair if s[pair] >= s[pair + 1] else pair + 1]
+
+
+@pytest.mark.parametrize("binding", ["copy", "instantiate"])
+def test_ablation_binding_modes_are_bit_identical_and_cost_memory(chain: Path, profile, binding: str):
+    x, y = chain_reference()
+    plan = SwapNetPlan.build(chain, profile)
+    budget = (plan.minimum_budget + plan.demand) // 2
+    with SwapNet(chain, budget, plan=plan) as ref, SwapNet(chain, budget, plan=plan, binding=binding) as ablated:
+        assert torch.equal(ablated(x), y) and torch.equal(ref(x), y)
+        assert ablated.engine.last_weights_peak > ref.engine.last_weights_peak
+
+
+# --- adaptation --------------------------------------------------------------------------
+
+
+def test_adaptation_respects_the_budget_before_and_after(chain: Path, profile):
+    x, y = chain_reference()
+    plan = SwapNetPlan.build(chain, profile)
+    first = plan.demand - 4096
+    second = plan.minimum_budget + 4096
+    with SwapNet(chain, first, plan=plan) as model:
+        assert torch.equal(model(x), y)
+        assert model.accounted_peak_bytes <= first
+        before = model.decision
+        change = model.set_budget(second)
+        assert change.previous == before and change.current.budget == second
+        assert change.seconds > 0 and change.lookup_s < change.seconds
+        assert torch.equal(model(x), y)
+        assert model.accounted_peak_bytes <= second
+        # below the minimum: refused, the old partition keeps running within its budget
+        with pytest.raises(PartitionError, match="minimum"):
+            model.set_budget(plan.minimum_budget - 4096)
+        assert model.decision == change.current
+        assert torch.equal(model(x), y)
+        assert model.accounted_peak_bytes <= second
+        # and back up to everything resident
+        model.set_budget(plan.demand)
+        assert model.decision.pipeline == "preload"
+        assert torch.equal(model(x), y)
+
+
+# --- several models ----------------------------------------------------------------------
+
+
+def test_multi_runs_models_concurrently_within_the_split(chain: Path, tiny: Path, profile):
+    (xc, yc), (xt, yt) = chain_reference(), tiny_reference()
+    tasks = [ModelTask(chain, urgency=2.0), ModelTask(tiny, cpus=(0,))]
+    plans = [SwapNetPlan.build(t.directory, profile) for t in tasks]
+    total = sum(p.minimum_budget for p in plans) + 3 * 4096
+    with MultiRunner(tasks, total, profile=profile) as runner:
+        assert sum(runner.budgets) == total
+        for budget, plan in zip(runner.budgets, plans, strict=True):
+            assert plan.minimum_budget <= budget <= plan.demand
+        runs = runner.run(iterations=2, warmup=0, inputs=[(xc,), (xt,)])
+        assert torch.equal(runs[0].output, yc) and torch.equal(runs[1].output, yt)
+        for run in runs:
+            assert len(run.latencies_s) == 2 and run.accounted_peak_bytes <= run.budget
+        # a larger total: demands that fit are given in full
+        runner.set_total_budget(sum(p.demand for p in plans))
+        assert runner.budgets == [p.demand for p in plans]
+        runs = runner.run(iterations=1, warmup=0, inputs=[(xc,), (xt,)])
+        assert torch.equal(runs[0].output, yc) and torch.equal(runs[1].output, yt)
+        # a total below the minimums is refused and nothing changes
+        with pytest.raises(BudgetError):
+            runner.set_total_budget(total // 2)
+        assert runner.budgets == [p.demand for p in plans]
+
+
+# --- command line ------------------------------------------------------------------------
+
+
+def test_cli_profile_partition_and_run(chain: Path, tmp_path: Path, capsys, monkeypatch):
+    prof = tmp_path / "p.json"
+    assert main(["profile", str(chain), "--profile", str(prof), "--repeats", "1", "--warmup", "0", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"t_in", "t_ex", "t_out"} <= set(data["fits"]) and prof.is_file()
+    plan = SwapNetPlan.build(chain, load_profile(prof))
+    budget = str((plan.minimum_budget + plan.demand) // 2)
+    assert main(["partition", str(chain), "--budget", budget, "--profile", str(prof), "--repeats", "1", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["decision"]["pipeline"] == "async" and rep["dp"]["predicted_s"] <= rep["decision"]["predicted_s"] + 1e-12
+    assert rep["measured"]["chosen"]["accounted_peak_bytes"] <= int(budget)
+    assert main(["partition", str(chain), "--budget", "1kB", "--profile", str(prof), "--no-measure"]) == 2
+    err = capsys.readouterr().err
+    assert "minimum budget" in err and str(plan.minimum_budget) in err
+    # run --units swapnet reads the default profile: point it at a fresh cache
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert main(["run", str(chain), "--units", "swapnet", "--budget", budget, "--repeats", "1", "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["pipeline"] == "async"
+    assert "warning: no device profile" in out.err  # measured instead, and said so
+    assert main(["run", str(chain), "--units", "swapnet"]) == 2
+    assert "--budget" in capsys.readouterr().err
