@@ -5,6 +5,8 @@ Public entry points (imported lazily, so ``import layerfit`` stays cheap):
 * ``layerfit.capture(model, example_input) -> ModelGraph``
 * ``layerfit.prepare(MODEL, DIR)`` — pack a model for streaming
 * ``layerfit.load(DIR, budget=..., pipeline=...)`` — an engine you call like the model
+* ``layerfit.Runtime(REPO, budget, workers, policy)`` — many requests over many prepared
+  models within one memory budget (``submit(layerfit.Job(...)) -> Future``)
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from layerfit.errors import LayerfitError
 
-__all__ = ["LayerfitError", "capture", "load", "prepare"]
+__all__ = ["InferenceJob", "Job", "LayerfitError", "Runtime", "capture", "load", "prepare"]
 __version__ = "0.1.0"
 
 
@@ -26,6 +28,10 @@ def __getattr__(name: str) -> Any:
         from layerfit.store import prepare
 
         return prepare
+    if name in ("Runtime", "InferenceJob", "Job"):
+        from layerfit.schedule import runtime
+
+        return getattr(runtime, name)
     if name == "capture":
         import layerfit.capture as capture_package
 

@@ -270,8 +270,25 @@ def run_command(
     no_paging: bool = typer.Option(False, "--no-paging", help="no page-fault slowdown"),
     profiles: str = typer.Option(None, "--profiles", help="profile set (default: the workload's)"),
     trace: bool = typer.Option(False, "--trace", help="with --json: every task's start and end"),
+    repository: str = typer.Option(
+        None, "--repository", help="real run: prepared models, one sub-folder per network name"
+    ),
+    zoo_cache: str = typer.Option(
+        None, "--zoo-cache", help="real run: prepare the thesis networks from the zoo into DIR"
+    ),
+    resolution: int = typer.Option(
+        64, "--resolution", min=32, help="input size for --zoo-cache where the network allows"
+    ),
+    estimates: str = typer.Option(
+        "capture", "--estimates", help="real run: memory/time estimates, capture or profile (statm)"
+    ),
+    compare_simulator: bool = typer.Option(
+        False, "--compare-simulator", help="real run: also simulate it and report the difference"
+    ),
 ) -> None:
-    """Run a workload under a policy and report response times, deadlines, memory, utilisation."""
+    """Run a workload under a policy and report response times, deadlines, memory, utilisation.
+
+    Without --simulate the real executor runs prepared models (--repository or --zoo-cache)."""
     from layerfit.schedule.policies import make_policy
     from layerfit.schedule.profile import resolve_profiles
     from layerfit.schedule.workload import load_workload
@@ -282,29 +299,41 @@ def run_command(
     make_policy(policy)  # fail early on an unknown name
     if oversize not in ("reject", "alone"):
         raise ScheduleError(f"--oversize must be 'reject' or 'alone', got {oversize!r}")
+    extra: dict[str, Any] = {}
     if not simulate:
-        raise ScheduleError(
-            "running real prepared models needs the streaming engine's executor, which is not wired "
-            "into `schedule run` yet; pass --simulate to simulate the workload from its profiles"
-        )
-    known = resolve_profiles(profiles) if profiles else None
-    loaded = load_workload(workload, known)
-    from layerfit.schedule.penalty import PagingModel
-    from layerfit.schedule.simulator import simulate as run_simulation
+        from layerfit.schedule.realrun import run_real
 
-    report = run_simulation(
-        loaded,
-        policy,
-        memory=budget,
-        workers=workers,
-        physical_memory=physical,
-        paging=None if no_paging else PagingModel(),
-        estimate_factor=estimate_factor,
-        oversize=oversize,
-        gated=not ungated,
-        profiles=known,
-        trace=True,  # type: ignore[arg-type]
-    )
+        report, loaded, extra = run_real(
+            workload,
+            policy=policy,
+            memory=budget,
+            workers=workers,
+            repository=repository,
+            zoo_cache=zoo_cache,
+            resolution=resolution,
+            estimates=estimates,
+            estimate_factor=estimate_factor,
+            compare=compare_simulator,
+        )
+    else:
+        known = resolve_profiles(profiles) if profiles else None
+        loaded = load_workload(workload, known)
+        from layerfit.schedule.penalty import PagingModel
+        from layerfit.schedule.simulator import simulate as run_simulation
+
+        report = run_simulation(
+            loaded,
+            policy,
+            memory=budget,
+            workers=workers,
+            physical_memory=physical,
+            paging=None if no_paging else PagingModel(),
+            estimate_factor=estimate_factor,
+            oversize=oversize,
+            gated=not ungated,
+            profiles=known,
+            trace=True,  # type: ignore[arg-type]
+        )
     image = None
     if plot:
         from layerfit.schedule.plot import plot_run
@@ -314,13 +343,14 @@ def run_command(
         data = report.to_dict(trace=trace)
         if image is not None:
             data["plot"] = str(image)
+        data.update(extra)
         _print_json(data)
         return
     summary = report.summary()
     stats = summary["response_time_s"]
     lines = [
         f"{loaded.name}: {summary['jobs']} jobs, policy {report.policy}, {workers} workers, "
-        f"budget {format_bytes(budget)} (simulated)",
+        f"budget {format_bytes(budget)} ({'simulated' if simulate else 'real executor'})",
         f"response time: mean {stats['mean']:.3f} s, p50 {stats['p50']:.3f} s, p95 {stats['p95']:.3f} s, "
         f"max {stats['max']:.3f} s",
         f"jobs: {summary['jobs_by_status']}; deadline misses: {summary['deadline_misses']}",
@@ -333,6 +363,17 @@ def run_command(
     for job in report.jobs:
         if job.status == "rejected":
             lines.append(f"[yellow]rejected[/] {job.error}")
+    comparison = extra.get("simulator_comparison")
+    if comparison:
+        real_mean = comparison["real"]["mean_response_s"]
+        for key in ("simulated_profiled_durations", "simulated_measured_durations"):
+            sim = comparison[key]
+            diff = sim["difference"]["mean_response_s"]
+            lines.append(
+                f"simulator ({key.split('_')[1]} durations): mean response {sim['mean_response_s']:.3f} s "
+                f"vs real {real_mean:.3f} s"
+                + (f" ({diff:+.0%})" if diff is not None else "")
+            )
     if image is not None:
         lines.append(f"plot written to {image}")
     for line in lines:

@@ -252,12 +252,22 @@ class Dispatcher:
             self.ledger.condition.notify_all()
             return state
 
-    def cancel(self, job_id: str, error: BaseException, now: float | None = None) -> JobState:
-        """Stop a job: drop its ready tasks and free its memory; running tasks finish alone."""
+    def cancel(
+        self,
+        job_id: str,
+        error: BaseException,
+        now: float | None = None,
+        *,
+        status: JobStatus = JobStatus.CANCELLED,
+    ) -> JobState:
+        """Stop a job: drop its ready tasks and free its memory; running tasks finish alone.
+
+        ``status`` is ``CANCELLED`` (its caller gave up) or ``FAILED`` (work of the job
+        raised outside any task, e.g. in the real executor's forward thread)."""
         with self.ledger.condition:
             state = self.jobs[job_id]
             if not state.resolved:
-                self._resolve(state, JobStatus.CANCELLED, error, now)
+                self._resolve(state, status, error, now)
             self.ledger.condition.notify_all()
             return state
 

@@ -205,6 +205,15 @@ class MemoryLedger:
                 )
             )
 
+    def reset_history(self) -> None:
+        """Start the history, the peak and the counters afresh from what is reserved now
+        (the real executor after a warm-up job)."""
+        with self.condition:
+            self.progress_count = self.overcommit_count = 0
+            self.peak = self.used
+            self.history.clear()
+            self._sample()
+
     def check(self) -> None:
         """Raise if the ledger was ever above budget without a progress/over-commit reservation."""
         for sample in self.history:

@@ -1,0 +1,482 @@
+"""MASA against Bulk, DeepEye and the other policies: real executor and simulator (thesis Ch. 7).
+
+The thesis's networks are mapped to zoo architectures (AgeNet/GenderNet, AlexNet-style
+FaceNet/SoS/MemNet/SceneNet, VGG-S EmotionNet, GoogLeNet, Tiny-YOLOv2; see
+``layerfit.schedule.thesis_zoo``) and prepared at a small input resolution where the
+architecture allows it. Each prepared model is profiled once on this machine with the
+``/proc/self/statm`` profiler (thesis §5.3): those profiles are what the real executor's
+scheduler is told, what the stochastic workloads' arrival rates are derived from, and
+what the simulator simulates.
+
+Scenarios: batch ``small-3`` (AgeNet, GenderNet, TinyYOLO) and ``mixed-3`` (AgeNet,
+EmotionNet, FaceNet), closed (each image arrives when the previous one is analysed);
+stochastic I ``random-arrivals`` (one of the nine networks per image) and III
+``all-random`` (1..``--max-networks`` networks per image), normal inter-arrival times at
+traffic intensity ρ. Budgets are the sum of the scenario's networks' bulk peaks × 0.25,
+0.5 and 1.0, raised to the largest single task where that is more (else every job
+would be rejected; the table says so).
+
+1. **Real executor** (``layerfit.Runtime``, 2 workers), every (scenario, budget, policy)
+   in its own child process: MASA, Bulk and DeepEye everywhere, the other five policies
+   on small-3 at the tightest budget. Each child also simulates its own workload with the
+   same profiles and no paging (the real executor keeps the budget) and reports the
+   difference.
+2. **Simulator** on longer workloads (``--sim-count`` images, ρ = 0.8 / 1.0 / 1.2), all
+   eight policies, with the thesis's paging model (physical memory = budget).
+3. **Sensitivity** (thesis §7.6): the scheduler's memory estimates × 0.5 … 1.5, in the
+   simulator (paging model) for MASA/Bulk/DeepEye, and for MASA in the real executor on
+   small-3 at the tightest budget (where an under-estimate shows as unit buffers above
+   the budget, this machine having the RAM to absorb it).
+
+Targets (issue 6), reported, not asserted: MASA's mean response time at the tightest
+budget ≤ 0.5 × the best of Bulk and DeepEye (simulator and real), and never more than
+10 % above Bulk's at the loosest budget.
+
+Writes ``bench/results/masa.{json,md}``. Run from the repository root on a quiet machine:
+
+    .venv/bin/python bench/masa.py            # full run (about 12 min on 2 quiet cores)
+    .venv/bin/python bench/masa.py --quick    # smoke: small-3, 3 images, 2 budgets
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import machine, run_child, write_results  # noqa: E402
+
+CACHE = Path(__file__).parent / ".cache"
+MAIN = ("masa", "bulk", "deepeye")
+FRACTIONS = (0.25, 0.5, 1.0)
+FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5)
+BATCH = {
+    "small-3": ("agenet", "gendernet", "tinyyolo"),
+    "mixed-3": ("agenet", "emotionnet", "facenet"),
+}
+STOCHASTIC = ("random-arrivals", "all-random")
+UNGATED = ("bulk-ungated", "deepeye-ungated")  # the thesis's baselines: no memory management
+
+
+# --- child processes ----------------------------------------------------------------
+
+
+def child_real(args: argparse.Namespace) -> None:
+    """Real runs of one workload, one per configuration (policy, budget, estimate factor),
+    each on a fresh runtime after a warm-up job; prints a JSON list, one summary each."""
+    from layerfit.engine.osmem import peak_rss_bytes, reset_peak_rss
+    from layerfit.schedule.profile import load_profiles
+    from layerfit.schedule.realrun import compare_with_simulator, run_workload
+    from layerfit.schedule.runtime import Runtime
+    from layerfit.schedule.workload import load_workload
+
+    profiles = load_profiles(args.profiles)
+    workload = load_workload(args.workload, profiles)
+    names = sorted({n for a in workload.arrivals for n in a.networks})
+    results = []
+    for config in json.loads(args.configs):
+        reset_peak_rss()
+        t0 = time.perf_counter()
+        with Runtime(
+            args.repository,
+            config["memory"],
+            workers=args.workers,
+            policy=config["policy"],
+            profiles={n: profiles[n] for n in names},
+            estimate_factor=config["factor"],
+            trace=True,
+            load=False,
+        ) as runtime:
+            for name in names:
+                runtime.load_model(name)
+            report = run_workload(runtime, workload, warmup=True)
+            stats = runtime.stats()
+        out = report.summary()
+        out.update(config)
+        out["wall_s"] = time.perf_counter() - t0
+        out["unit_buffer_peak_bytes"] = stats["unit_buffer_peak_bytes"]
+        out["tasks_started"] = stats["tasks_started"]
+        out["rss_peak_bytes"] = peak_rss_bytes()
+        out["simulator"] = compare_with_simulator(
+            report, workload, profiles, memory=config["memory"], workers=args.workers,
+            estimate_factor=config["factor"],
+        )
+        results.append(out)
+    print(json.dumps({"runs": results}, default=_json_number))
+
+
+def child_profile(args: argparse.Namespace) -> None:
+    """Profile the prepared models with the statm profiler; writes a profile set."""
+    from layerfit.schedule.profile import ProfileSet
+    from layerfit.schedule.profiler import measure_profile
+
+    names = args.networks.split(",")
+    profiles = [measure_profile(Path(args.repository) / n, n, repeats=3) for n in names]
+    ProfileSet(profiles, label="measured").save(args.profiles)
+    print(json.dumps({"profiled": names}))
+
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)
+
+
+# --- the parent -----------------------------------------------------------------------
+
+
+def budgets(profiles: Any, networks: tuple[str, ...], fractions: tuple[float, ...]) -> list[dict[str, Any]]:
+    """Sum of bulk peaks × fraction, raised to the largest task where needed."""
+    total = sum(profiles[n].bulk_peak for n in networks)
+    largest = max(profiles[n].largest_task_memory for n in networks)
+    out = []
+    for fraction in fractions:
+        wanted = int(total * fraction)
+        out.append(
+            {
+                "fraction": fraction,
+                "bulk_peak_sum_bytes": total,
+                "bytes": max(wanted, largest),
+                "raised_to_largest_task": wanted < largest,
+            }
+        )
+    return out
+
+
+def make_workloads(args: argparse.Namespace, profiles: Any, directory: Path) -> dict[str, dict[str, Any]]:
+    """The scenarios' workload files (real runs and longer simulator runs)."""
+    from layerfit.schedule.generate import batch_workload, stochastic_workload
+
+    directory.mkdir(parents=True, exist_ok=True)
+    scenarios: dict[str, dict[str, Any]] = {}
+    for name, networks in BATCH.items():
+        if args.quick and name != "small-3":
+            continue
+        real = batch_workload(networks, args.batch_count if name == "small-3" else max(2, args.batch_count // 2), None, name=name)
+        sim = batch_workload(networks, args.sim_count, None, name=name)
+        scenarios[name] = {"networks": networks, "real": real, "sim": {1.0: sim}}
+    if not args.quick:
+        candidates = tuple(profiles.names())
+        for name in STOCHASTIC:
+            top = 1 if name == "random-arrivals" else args.max_networks
+
+            def make(count: int, rho: float, name: str = name, top: int = top) -> Any:
+                return stochastic_workload(
+                    name, profiles, count=count, intensity=rho, seed=0, candidates=candidates,
+                    max_networks=top, profiles_spec=None,
+                )
+
+            scenarios[name] = {
+                "networks": candidates,
+                "real": make(args.stochastic_count, 1.0),
+                "sim": {rho: make(args.sim_count, rho) for rho in (0.8, 1.0, 1.2)},
+            }
+    for name, scenario in scenarios.items():
+        path = directory / f"{name}.yaml"
+        scenario["real"].save(path)
+        scenario["path"] = path
+    return scenarios
+
+
+def sensitivity_budget(profiles: Any, networks: tuple[str, ...]) -> int:
+    total = sum(profiles[n].bulk_peak for n in networks)
+    largest = max(profiles[n].largest_task_memory for n in networks)
+    return max(int(0.5 * total), int(1.5 * largest) + 1)
+
+
+def simulate_one(workload: Any, policy: str, budget: int, profiles: Any, factor: float = 1.0, paging: bool = True) -> dict[str, Any]:
+    """One simulated run; ``policy-ungated`` runs a memory-oblivious policy without the budget gate."""
+    from layerfit.schedule.penalty import PagingModel
+    from layerfit.schedule.simulator import simulate
+
+    gated = not policy.endswith("-ungated")
+    report = simulate(
+        workload, policy.removesuffix("-ungated"), memory=budget, workers=2,
+        paging=PagingModel() if paging else None, estimate_factor=factor, profiles=profiles,
+        trace=False, gated=gated,
+    )
+    summary = report.summary()
+    return {
+        "mean_response_s": summary["response_time_s"]["mean"],
+        "p95_response_s": summary["response_time_s"]["p95"],
+        "makespan_s": summary["makespan_s"],
+        "jobs_by_status": summary["jobs_by_status"],
+        "progress_rule_fired": summary["progress_rule_fired"],
+        "slowed_tasks": summary["slowed_tasks"],
+        "peak_resident_bytes": summary["peak_resident_bytes"],
+    }
+
+
+def real_many(args: argparse.Namespace, scenario: dict[str, Any], configs: list[dict[str, Any]], repository: Path, profiles_path: Path) -> list[dict[str, Any]]:
+    """Run ``configs`` on the scenario's workload in one child process."""
+    t0 = time.perf_counter()
+    result = run_child(
+        __file__,
+        ["--real", "--workload", str(scenario["path"]), "--configs", json.dumps(configs),
+         "--repository", str(repository), "--profiles", str(profiles_path), "--workers", "2"],
+        timeout=args.child_timeout,
+    )
+    if "error" in result:
+        print(f"  real {scenario['real'].name}: ERROR {result['error']}", flush=True)
+        return [{"error": result["error"], **config} for config in configs]
+    runs = result["runs"]
+    for run in runs:
+        mean = run["response_time_s"]["mean"]
+        print(f"  real {scenario['real'].name} {run['policy']} {run['memory'] / 1e6:.0f} MB x{run['factor']:g}: "
+              f"{run['wall_s']:.0f} s, mean response {mean if mean is None else round(mean, 3)} s", flush=True)
+    print(f"  ({time.perf_counter() - t0:.0f} s with the child's start)", flush=True)
+    return runs
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
+
+
+def mean_of(result: dict[str, Any]) -> float | None:
+    if "response_time_s" in result:
+        value = result["response_time_s"].get("mean")
+    else:
+        value = result.get("mean_response_s")
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+def targets(table: dict[str, dict[str, dict[str, Any]]], tight: str, loose: str) -> dict[str, Any]:
+    """Per scenario: MASA / best(Bulk, DeepEye) at the tightest budget, MASA / Bulk at the loosest."""
+    out = {}
+    for scenario, by_budget in table.items():
+        t, loose_row = by_budget.get(tight, {}), by_budget.get(loose, {})
+        best = min((m for m in (mean_of(t.get("bulk", {})), mean_of(t.get("deepeye", {}))) if m), default=None)
+        tight_ratio = ratio(mean_of(t.get("masa", {})), best)
+        loose_ratio = ratio(mean_of(loose_row.get("masa", {})), mean_of(loose_row.get("bulk", {})))
+        out[scenario] = {
+            "masa_over_best_baseline_at_tightest": tight_ratio,
+            "tight_target_met (<= 0.5)": None if tight_ratio is None else tight_ratio <= 0.5,
+            "masa_over_bulk_at_loosest": loose_ratio,
+            "loose_target_met (<= 1.1)": None if loose_ratio is None else loose_ratio <= 1.1,
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--real", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--workload", help=argparse.SUPPRESS)
+    ap.add_argument("--policy", help=argparse.SUPPRESS)
+    ap.add_argument("--memory", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--repository", help=argparse.SUPPRESS)
+    ap.add_argument("--profiles", help=argparse.SUPPRESS)
+    ap.add_argument("--networks", help=argparse.SUPPRESS)
+    ap.add_argument("--workers", type=int, default=2, help=argparse.SUPPRESS)
+    ap.add_argument("--configs", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="smoke run: small-3, 3 images, 2 budgets")
+    ap.add_argument("--resolution", type=int, default=64, help="input size where the network allows it")
+    ap.add_argument("--batch-count", type=int, default=8, help="images per batch scenario (real)")
+    ap.add_argument("--stochastic-count", type=int, default=12, help="images per stochastic scenario (real)")
+    ap.add_argument("--sim-count", type=int, default=60,
+                    help="images per simulated scenario (the thesis: 150; slower)")
+    ap.add_argument("--max-networks", type=int, default=3, help="most networks per image in all-random")
+    ap.add_argument("--reprofile", action="store_true", help="measure the profiles again")
+    ap.add_argument("--child-timeout", type=float, default=600)
+    ap.add_argument("--output", default="masa")
+    args = ap.parse_args()
+    if args.child:
+        if args.real:
+            child_real(args)
+        else:
+            child_profile(args)
+        return
+
+    from layerfit.schedule.policies import policy_names
+    from layerfit.schedule.profile import load_profiles
+    from layerfit.schedule.thesis_zoo import THESIS_ZOO, prepare_thesis_models
+    from layerfit.schedule.workload import load_workload
+
+    if args.quick:
+        args.batch_count, args.sim_count = 3, min(args.sim_count, 20)
+    fractions = (0.25, 1.0) if args.quick else FRACTIONS
+    tight, loose = f"{fractions[0]:g}", f"{fractions[-1]:g}"
+    started = time.perf_counter()
+    networks = BATCH["small-3"] if args.quick else tuple(THESIS_ZOO)
+    repository = CACHE / f"masa-{args.resolution}"
+    t0 = time.perf_counter()
+    prepare_thesis_models(repository, networks, resolution=args.resolution)
+    print(f"prepared {len(networks)} networks in {repository} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    profiles_path = repository / ("profiles-quick.json" if args.quick else "profiles.json")
+    if args.reprofile or not profiles_path.exists():
+        t0 = time.perf_counter()
+        result = run_child(__file__, ["--repository", str(repository), "--profiles", str(profiles_path),
+                                      "--networks", ",".join(networks)], timeout=args.child_timeout)
+        if "error" in result:
+            raise SystemExit(f"profiling failed: {result['error']}")
+        print(f"profiled in {time.perf_counter() - t0:.0f} s", flush=True)
+    profiles = load_profiles(profiles_path)
+    scenarios = make_workloads(args, profiles, repository / "workloads")
+
+    real: dict[str, dict[str, dict[str, Any]]] = {}
+    sim: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    budget_rows: dict[str, list[dict[str, Any]]] = {}
+    sim_policies = [*policy_names(), *UNGATED]
+    for name, scenario in scenarios.items():
+        rows = budgets(profiles, scenario["networks"], fractions)
+        budget_rows[name] = rows
+        real[name] = {}
+        print(f"{name}: budgets {[round(r['bytes'] / 1e6, 1) for r in rows]} MB", flush=True)
+        scenario["real"] = load_workload(scenario["path"], profiles)
+        for row in rows:
+            key = f"{row['fraction']:g}"
+            policies = list(MAIN)
+            if name == "small-3" and key == tight:
+                policies += [p for p in policy_names() if p not in MAIN]
+            configs = [{"policy": p, "memory": row["bytes"], "factor": 1.0} for p in policies]
+            runs = real_many(args, scenario, configs, repository, profiles_path)
+            real[name][key] = {run["policy"]: run for run in runs}
+        sim[name] = {}
+        for rho, workload in scenario["sim"].items():
+            label = f"rho={rho:g}" if name in STOCHASTIC else "closed"
+            sim[name][label] = {
+                f"{row['fraction']:g}": {
+                    p: simulate_one(workload, p, row["bytes"], profiles) for p in sim_policies
+                }
+                for row in rows
+            }
+        print(f"{name}: simulated ({time.perf_counter() - started:.0f} s so far)", flush=True)
+
+    # Sensitivity at a budget where even over-estimated tasks fit: max(0.5 x bulk peaks, 1.5 x largest task)
+    sensitivity: dict[str, Any] = {"budgets": {}, "simulator": {}, "real": {}}
+    for name, scenario in scenarios.items():
+        budget = sensitivity_budget(profiles, scenario["networks"])
+        sensitivity["budgets"][name] = budget
+        workload = scenario["sim"][1.0]
+        sensitivity["simulator"][name] = {
+            f"{factor:g}": {p: simulate_one(workload, p, budget, profiles, factor) for p in MAIN}
+            for factor in FACTORS
+        }
+    budget = sensitivity["budgets"]["small-3"]
+    configs = [{"policy": "masa", "memory": budget, "factor": f} for f in (0.5, 1.0, 1.5)]
+    for run in real_many(args, scenarios["small-3"], configs, repository, profiles_path):
+        sensitivity["real"][f"{run['factor']:g}"] = run
+
+    sim_closed_or_rho1 = {
+        name: by_label.get("closed") or by_label.get("rho=1") for name, by_label in sim.items()
+    }
+    data = {
+        "machine": machine(),
+        "quick": args.quick,
+        "resolution": args.resolution,
+        "repository": str(repository),
+        "profiles": {p.name: {"bulk_peak_bytes": p.bulk_peak, "largest_task_bytes": p.largest_task_memory,
+                              "serial_time_s": p.total_time, "layers": len(p.layers),
+                              "architecture": p.architecture} for p in profiles.values()},
+        "budgets": budget_rows,
+        "real": real,
+        "simulator": sim,
+        "sensitivity": sensitivity,
+        "targets": {
+            "real": targets(real, tight, loose),
+            "simulator (closed / rho=1, paging)": targets(sim_closed_or_rho1, tight, loose),
+            "simulator, memory-oblivious baselines (thesis setting)": targets(
+                {
+                    name: {
+                        key: {"masa": row["masa"], "bulk": row["bulk-ungated"], "deepeye": row["deepeye-ungated"]}
+                        for key, row in by_budget.items()
+                    }
+                    for name, by_budget in sim_closed_or_rho1.items()
+                },
+                tight,
+                loose,
+            ),
+        },
+        "wall_s": time.perf_counter() - started,
+    }
+    js, md = write_results(args.output, data, markdown(data, tight, loose))
+    print(f"wrote {js} and {md} in {data['wall_s']:.0f} s")
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(data: dict[str, Any], tight: str, loose: str) -> str:
+    m = data["machine"]
+    lines = [
+        "# MASA vs Bulk vs DeepEye — real executor and simulator",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), "
+        f"load average at start {', '.join(f'{x:.1f}' for x in m['load_average_at_start'])}. "
+        f"{'Quick smoke run. ' if data['quick'] else ''}2 workers. Inputs at {data['resolution']} px where the "
+        "architecture allows. Mean response time per job in seconds (lower is better); budgets are the sum of "
+        "the scenario's networks' bulk peaks × fraction (raised to the largest task where marked *).",
+        "",
+        "## Networks (statm profiles on this machine)",
+        "",
+        "| network | architecture | units | bulk peak MB | largest task MB | serial time s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for name, p in data["profiles"].items():
+        lines.append(f"| {name} | {p['architecture']} | {p['layers']} | {p['bulk_peak_bytes'] / 1e6:.1f} | "
+                     f"{p['largest_task_bytes'] / 1e6:.1f} | {p['serial_time_s']:.3f} |")
+    lines += ["", "## Real executor", ""]
+    for name, by_budget in data["real"].items():
+        rows = {f"{r['fraction']:g}": r for r in data["budgets"][name]}
+        policies = sorted({p for results in by_budget.values() for p in results},
+                          key=lambda p: (p not in MAIN, MAIN.index(p) if p in MAIN else 0, p))
+        lines += [f"### {name}", "", "| budget | " + " | ".join(policies) + " | progress rule (masa/bulk/deepeye) | sim vs real (masa, profiled durations) |",
+                  "|---|" + "---:|" * len(policies) + "---|---|"]
+        for key, results in by_budget.items():
+            row = rows[key]
+            label = f"{key} × = {row['bytes'] / 1e6:.1f} MB{'*' if row['raised_to_largest_task'] else ''}"
+            cells = [_fmt(mean_of(results[p])) if p in results else "" for p in policies]
+            progress = "/".join(str(results.get(p, {}).get("progress_rule_fired", "-")) for p in MAIN)
+            simdiff = (((results.get("masa") or {}).get("simulator") or {}).get("simulated_profiled_durations") or {})
+            diff = (simdiff.get("difference") or {}).get("mean_response_s")
+            lines.append(f"| {label} | " + " | ".join(cells) + f" | {progress} | "
+                         f"{'-' if diff is None else f'{diff:+.0%}'} |")
+        lines.append("")
+    lines += ["## Simulator (thesis paging model, physical memory = budget)", "",
+              "`*-ungated`: the memory-oblivious baselines of the thesis (no budget gate: they over-commit "
+              "and page); the others keep the budget like the real executor.", ""]
+    for name, by_label in data["simulator"].items():
+        for label, by_budget in by_label.items():
+            policies = list(next(iter(by_budget.values())))
+            lines += [f"### {name} ({label})", "", "| budget | " + " | ".join(policies) + " |",
+                      "|---|" + "---:|" * len(policies)]
+            for key, results in by_budget.items():
+                lines.append(f"| {key} × | " + " | ".join(_fmt(mean_of(results[p])) for p in policies) + " |")
+            lines.append("")
+    lines += ["## Sensitivity to memory estimates", "",
+              "Budget per scenario: max(0.5 × bulk peaks, 1.5 × largest task) so over-estimated tasks "
+              "still fit: " + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in data["sensitivity"]["budgets"].items()) + ".", "",
+              "Simulator, mean response s (MASA / Bulk / DeepEye):", "",
+              "| scenario | " + " | ".join(f"× {f:g}" for f in FACTORS) + " |",
+              "|---|" + "---:|" * len(FACTORS)]
+    for name, by_factor in data["sensitivity"]["simulator"].items():
+        cells = ["/".join(_fmt(mean_of(by_factor[f"{f:g}"][p]), 2) for p in MAIN) for f in FACTORS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "Real executor, MASA on small-3: mean response s, peak unit buffers MB (budget "
+              f"{data['sensitivity']['budgets']['small-3'] / 1e6:.1f} MB):", ""]
+    for key, result in sorted(data["sensitivity"]["real"].items(), key=lambda kv: float(kv[0])):
+        peak = result.get("unit_buffer_peak_bytes")
+        lines.append(f"- × {key}: {_fmt(mean_of(result))} s, {'-' if peak is None else f'{peak / 1e6:.1f}'} MB")
+    lines += ["", "## Targets", "",
+              f"MASA / best of (Bulk, DeepEye) at the tightest budget ({tight} ×, target ≤ 0.5) and "
+              f"MASA / Bulk at the loosest ({loose} ×, target ≤ 1.1):", "",
+              "| executor | scenario | tightest ratio | met | loosest ratio | met |", "|---|---|---:|---|---:|---|"]
+    for executor, by_scenario in data["targets"].items():
+        for name, t in by_scenario.items():
+            lines.append(f"| {executor} | {name} | {_fmt(t['masa_over_best_baseline_at_tightest'], 2)} | "
+                         f"{t['tight_target_met (<= 0.5)']} | {_fmt(t['masa_over_bulk_at_loosest'], 2)} | "
+                         f"{t['loose_target_met (<= 1.1)']} |")
+    lines += ["", f"Wall time {data['wall_s']:.0f} s.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""A workload file run by the real executor, and the simulator run on the same workload.
+
+:func:`run_workload` releases a :class:`~layerfit.schedule.workload.Workload`'s
+arrivals into a :class:`~layerfit.schedule.runtime.Runtime` — open workloads at their
+arrival times (the driver sleeps until each one), closed workloads one after the other
+— and returns the same :class:`~layerfit.schedule.report.RunReport` the simulator
+returns (``executor = "real"``). Network names are model folders of the runtime's
+repository; every network gets the deterministic example input of its prepared model.
+
+:func:`compare_with_simulator` runs the simulator on the same workload, policy, budget
+and workers with the runtime's profiles (no paging: the real executor keeps the
+budget), and again with every task's duration replaced by the median of what the real
+run measured for it; it reports both against the real run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from collections import defaultdict
+from concurrent.futures import Future, wait
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from layerfit.errors import LayerfitError
+from layerfit.schedule.profile import NetworkProfile, ProfileSet
+from layerfit.schedule.report import RunReport
+from layerfit.schedule.runtime import InferenceJob, Runtime
+from layerfit.schedule.workload import Workload
+
+
+def run_workload(runtime: Runtime, workload: Workload, *, warmup: bool = False) -> RunReport:
+    """Run ``workload`` on ``runtime`` (created with ``trace=True``) and report it.
+
+    With ``warmup``, every network of the workload runs once first, alone, and is not
+    reported (first reads verify checksums; PyTorch sets up its kernels).
+    """
+    jobs = workload.jobs(runtime.profile_set())
+    inputs = {name: runtime.example_input(name) for job in jobs for name in _names(job)}
+    if warmup:
+        for name, x in inputs.items():
+            with contextlib.suppress(LayerfitError):  # e.g. too large: the run reports it
+                runtime.infer(name, x).result()
+        runtime.clear_trace()
+    futures: list[Future] = []
+    start = time.monotonic()
+    for job in jobs:
+        spec = InferenceJob(
+            _names(job),
+            {name: inputs[name] for name in _names(job)},
+            deadline=job.deadline,
+            tag=job.input,
+        )
+        if workload.mode == "open":
+            delay = start + job.arrival - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)  # the next arrival is in the future: nothing to do until then
+            futures.append(runtime.submit(spec))
+        else:
+            future = runtime.submit(spec)
+            wait([future])
+            futures.append(future)
+    wait(futures)
+    return runtime.run_report(workload.name)
+
+
+def _names(job: Any) -> tuple[str, ...]:
+    return tuple(profile.name for profile in job.networks)
+
+
+def measured_profiles(report: RunReport, profiles: ProfileSet) -> ProfileSet:
+    """``profiles`` with each layer's load/execute time replaced by the run's median."""
+    samples: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    for record in report.tasks:
+        name = record.network.rsplit("/", 1)[-1].split(".", 1)[-1]
+        samples[(name, record.kind, record.layer)].append(record.end - record.start)
+
+    def median(name: str, kind: str, layer: int, default: float) -> float:
+        values = samples.get((name, kind, layer))
+        return statistics.median(values) if values else default
+
+    out: list[NetworkProfile] = []
+    for profile in profiles.values():
+        layers = tuple(
+            replace(
+                layer,
+                load_time=median(profile.name, "LOAD", i, layer.load_time),
+                exec_time=median(profile.name, "EXEC", i, layer.exec_time),
+            )
+            for i, layer in enumerate(profile.layers)
+        )
+        out.append(
+            replace(
+                profile,
+                layers=layers,
+                init_time=median(profile.name, "INIT", -1, profile.init_time),
+                unload_time=statistics.median(
+                    [
+                        median(profile.name, "UNLOAD", i, profile.unload_time)
+                        for i in range(len(profile.layers))
+                    ]
+                ),
+                source="measured-in-run",
+            )
+        )
+    return ProfileSet(out, label=f"{profiles.label} (durations of the real run)")
+
+
+def compare_with_simulator(
+    real: RunReport, workload: Workload, profiles: ProfileSet, *, memory: int, workers: int,
+    estimate_factor: float = 1.0,
+) -> dict[str, Any]:
+    """The simulator on the same run, with profiled and with measured durations, vs real."""
+    from layerfit.schedule.simulator import simulate
+
+    out: dict[str, Any] = {"real": _headline(real)}
+    for label, used in (("profiled", profiles), ("measured", measured_profiles(real, profiles))):
+        sim = simulate(
+            workload,
+            real.policy,
+            memory=memory,
+            workers=workers,
+            paging=None,
+            estimate_factor=estimate_factor,
+            profiles=used,
+            trace=False,
+        )
+        headline = _headline(sim)
+        headline["difference"] = {
+            key: _relative(headline[key], out["real"][key])
+            for key in ("mean_response_s", "p95_response_s", "makespan_s")
+        }
+        out[f"simulated_{label}_durations"] = headline
+    return out
+
+
+def run_real(
+    workload_path: str | Path,
+    *,
+    policy: str,
+    memory: int,
+    workers: int,
+    repository: str | Path | None = None,
+    zoo_cache: str | Path | None = None,
+    resolution: int = 64,
+    estimates: str = "capture",
+    estimate_factor: float = 1.0,
+    compare: bool = False,
+) -> tuple[RunReport, Workload, dict[str, Any]]:
+    """``layerfit schedule run`` without ``--simulate``: the workload on real prepared models.
+
+    Networks are the model folders of ``repository``, or thesis networks prepared from
+    the zoo into ``zoo_cache`` at ``resolution`` (:mod:`layerfit.schedule.thesis_zoo`).
+    Returns the report, the workload and extra facts (runtime stats, model states and,
+    with ``compare``, the simulator's view of the same run).
+    """
+    from layerfit.errors import ScheduleError, WorkloadError
+    from layerfit.schedule.thesis_zoo import THESIS_ZOO, prepare_thesis_models
+    from layerfit.schedule.workload import load_workload
+
+    if (repository is None) == (zoo_cache is None):
+        raise ScheduleError(
+            "running real models needs exactly one of --repository DIR (prepared models, one "
+            "per sub-folder named as in the workload) and --zoo-cache DIR (prepare the thesis "
+            "networks from the zoo); or pass --simulate"
+        )
+    if zoo_cache is not None:
+        names = {n for arrival in load_workload(workload_path).arrivals for n in arrival.networks}
+        unknown = sorted(n for n in names if n not in THESIS_ZOO)
+        if unknown:
+            raise ScheduleError(
+                f"--zoo-cache prepares the thesis networks ({', '.join(THESIS_ZOO)}); the workload "
+                f"also names {', '.join(unknown)}: prepare those into a --repository instead"
+            )
+        repository = prepare_thesis_models(zoo_cache, sorted(names), resolution=resolution)
+    assert repository is not None
+    with Runtime(
+        repository,
+        memory,
+        workers,
+        policy,
+        estimates=estimates,
+        estimate_factor=estimate_factor,
+        trace=True,
+    ) as runtime:
+        index = runtime.index()
+        try:
+            workload = load_workload(workload_path, runtime.profile_set())
+        except WorkloadError as exc:
+            unavailable = [f"{m['name']} ({m['reason']})" for m in index if m["state"] != "READY"]
+            if not unavailable:
+                raise
+            raise WorkloadError(f"{exc}; unavailable models: {'; '.join(unavailable)}") from None
+        report = run_workload(runtime, workload)
+        extra: dict[str, Any] = {"runtime": runtime.stats(), "models": index}
+        profiles = runtime.profile_set()
+    if compare:
+        extra["simulator_comparison"] = compare_with_simulator(
+            report, workload, profiles, memory=memory, workers=workers,
+            estimate_factor=estimate_factor,
+        )
+    return report, workload, extra
+
+
+def _headline(report: RunReport) -> dict[str, Any]:
+    stats = report.response_stats()
+    return {
+        "mean_response_s": stats["mean"],
+        "p95_response_s": stats["p95"],
+        "makespan_s": report.makespan,
+        "progress_rule_fired": report.progress_count,
+        "peak_ledger_bytes": report.peak_memory,
+        "jobs_done": len(report.completed),
+    }
+
+
+def _relative(simulated: float, real: float) -> float | None:
+    """(simulated - real) / real; None where undefined."""
+    if real is None or simulated is None or not math.isfinite(real) or real == 0:
+        return None
+    return (simulated - real) / real
+
+
+__all__ = ["compare_with_simulator", "measured_profiles", "run_real", "run_workload"]

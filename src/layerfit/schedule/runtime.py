@@ -1,0 +1,820 @@
+"""The real multi-request executor: prepared models, N workers, one memory budget.
+
+``Runtime(repository, memory_budget, workers, policy)`` serves *jobs* — one input
+analysed by a set of networks (thesis §7.1) — over the prepared models in the
+sub-folders of ``repository`` (:mod:`layerfit.schedule.repository`)::
+
+    with Runtime("models/", "512MB", workers=2, policy="masa") as rt:
+        future = rt.submit(Job(("agenet", "gendernet"), image))
+        outputs = future.result()          # {"agenet": tensor, "gendernet": tensor}
+        logits = rt.infer("agenet", image).result()
+
+How a job runs. :meth:`Runtime.submit` turns the job into init/load/execute/unload
+tasks under the policy's dependency scheme (:class:`~layerfit.schedule.Dispatcher`,
+the same object the simulator drives). ``workers`` threads each take the task the
+policy picks for them, with its memory reserved in the
+:class:`~layerfit.schedule.MemoryLedger`:
+
+- **init** checks an engine of the model out of its pool (a meta-device skeleton; no
+  weights) and starts the network's forward thread, which runs the model's own
+  ``forward`` through :meth:`layerfit.engine.Engine.run_from` with a
+  :class:`~layerfit.schedule.network_run.NetworkRun` as its unit source;
+- **load** reads one unit through the engine's reader into a buffer of exactly the
+  unit's bytes — the bytes the ledger reserved for it;
+- **execute** lets the forward thread run that unit and holds the worker until it has,
+  so at most ``workers`` tasks run at any moment;
+- **unload** frees the buffer.
+
+Memory estimates per task come from the capture (default) or from the ``/proc/self/statm``
+profiler (``estimates="profile"``, thesis §5.3), see :mod:`layerfit.schedule.profiler`.
+The ledger never exceeds the budget except through the progress rule (when nothing
+runs, the smallest ready task may run alone), counted in ``stats()["progress_rule_fired"]``.
+A job whose largest task cannot fit the budget even alone is rejected
+(:class:`~layerfit.errors.JobRejectedError` with the minimum budget).
+
+Threads: ``workers`` worker threads, one timer thread (timeouts), one forward thread
+per network in flight. All of them wait on conditions sharing one lock; none polls.
+Futures stay cancellable until they resolve: :meth:`Future.cancel`, a timeout or
+``shutdown(cancel_pending=True)`` drops the job's queued tasks, abandons its forward
+threads and returns its reserved memory to the ledger at once (running tasks return
+theirs when they finish).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from layerfit.engine.engine import Engine
+from layerfit.errors import (
+    InputError,
+    JobTimeoutError,
+    LayerfitError,
+    QueueFullError,
+    ScheduleError,
+    UnknownModelError,
+)
+from layerfit.schedule.dispatch import Dispatcher, JobState, JobStatus
+from layerfit.schedule.ledger import MemoryLedger
+from layerfit.schedule.network_run import Abandoned, NetworkRun
+from layerfit.schedule.policies import make_policy
+from layerfit.schedule.profile import NetworkProfile, ProfileSet
+from layerfit.schedule.profiler import estimate_profile, measure_profile
+from layerfit.schedule.report import JobResult, RunReport, TaskRecord
+from layerfit.schedule.repository import (
+    EnginePool,
+    ModelInfo,
+    check_name,
+    model_directory,
+    scan,
+)
+from layerfit.schedule.tasks import Job as ScheduledJob
+from layerfit.schedule.tasks import TaskKind
+from layerfit.sizes import parse_bytes
+from layerfit.store.manifest import DTYPES, Manifest
+
+ESTIMATES = ("capture", "profile")
+
+
+@dataclass(frozen=True)
+class InferenceJob:
+    """One input analysed by a set of networks (model names of the repository).
+
+    ``input`` is the model input — a tensor, or a tuple of positional arguments — given
+    to every network, or a mapping from model name to its own input (networks of one
+    job may expect different resolutions). ``timeout`` (seconds from submission)
+    cancels the job if it has not finished by then; ``deadline`` (seconds) is only
+    reported. ``tag`` is carried through for the caller (e.g. an image file name).
+    """
+
+    networks: tuple[str, ...]
+    input: Any
+    deadline: float | None = None
+    timeout: float | None = None
+    tag: str | None = None
+
+    def __post_init__(self) -> None:
+        networks = (self.networks,) if isinstance(self.networks, str) else tuple(self.networks)
+        object.__setattr__(self, "networks", networks)
+
+
+Job = InferenceJob  # the name the runtime's API uses: ``rt.submit(Job(...))``
+
+
+Delivery = tuple[Future, bool, Any] | None  # (future, is result, value)
+
+
+@dataclass(eq=False)
+class _JobRun:
+    """The runtime's side of a submitted job."""
+
+    id: str
+    spec: InferenceJob
+    future: Future
+    models: dict[str, str]  # network uid -> model name
+    inputs: dict[str, tuple[Any, ...]]  # network uid -> forward arguments, until its init
+    unwrap: str | None = None  # infer(): resolve with this model's output alone
+    expires: float | None = None
+    resolved: bool = False
+    outcome: str = ""  # done, failed, rejected, cancelled, timed_out
+    networks: list[NetworkRun] = field(default_factory=list)
+
+
+class Runtime:
+    """Serve jobs over a repository of prepared models within one memory budget.
+
+    ``memory_budget`` is bytes or a size (``"512MB"``); ``policy`` any of
+    :func:`layerfit.schedule.policy_names`. Keyword options:
+
+    - ``queue_limit`` — most unfinished jobs at once; beyond it ``submit`` raises
+      :class:`~layerfit.errors.QueueFullError`;
+    - ``estimates`` — ``"capture"`` (default) or ``"profile"`` (statm profiler, runs
+      each model a few times when it loads); ``profiles`` — precomputed profiles by
+      model name, used instead where given;
+    - ``estimate_factor`` — scales every memory estimate the scheduler is told
+      (sensitivity analysis, thesis §7.6); the real allocations do not change;
+    - ``trace`` — keep every task's start and end, the ledger's history and every job's
+      result for :meth:`run_report` (memory grows with the number of tasks);
+    - ``load`` — load every model of the repository now (else call :meth:`load_model`);
+    - ``direct_io`` — read units with ``O_DIRECT`` where the filesystem allows it.
+
+    Call :meth:`shutdown` (or use it as a context manager): its threads wait for work
+    until then.
+    """
+
+    def __init__(
+        self,
+        repository: str | Path,
+        memory_budget: int | str,
+        workers: int = 2,
+        policy: str = "masa",
+        *,
+        queue_limit: int | None = None,
+        estimates: str = "capture",
+        profiles: Mapping[str, NetworkProfile] | None = None,
+        estimate_factor: float = 1.0,
+        trace: bool = False,
+        load: bool = True,
+        direct_io: bool = True,
+    ) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ScheduleError(f"need at least one worker, got {workers!r}")
+        if queue_limit is not None and (
+            isinstance(queue_limit, bool) or not isinstance(queue_limit, int) or queue_limit < 1
+        ):
+            raise ScheduleError(f"queue_limit must be a positive whole number, got {queue_limit!r}")
+        if estimates not in ESTIMATES:
+            raise ScheduleError(f"estimates must be one of {', '.join(ESTIMATES)}, got {estimates!r}")
+        self.repository = Path(repository)
+        self.workers = workers
+        self.queue_limit = queue_limit
+        self.estimates = estimates
+        self.trace = trace
+        self._profiles = dict(profiles or {})
+        self._direct_io = direct_io
+        self._lock = threading.RLock()
+        self._t0 = time.monotonic()
+        budget = parse_bytes(memory_budget)
+        self._ledger = MemoryLedger(budget, clock=self._clock, record=trace, lock=self._lock)
+        self._work = self._ledger.condition  # notified by every ledger and dispatcher change
+        self._timer_cond = threading.Condition(self._lock)
+        self._policy = make_policy(policy)
+        self._dispatcher = Dispatcher(
+            self._policy, self._ledger, workers, estimate_factor=estimate_factor
+        )
+        self.policy = self._policy.name
+        self.models: dict[str, ModelInfo] = {
+            name: ModelInfo(name, self.repository / name) for name in scan(self.repository)
+        }
+        self._jobs: dict[str, _JobRun] = {}  # unresolved jobs
+        self._nets: dict[str, NetworkRun] = {}  # networks with a forward thread or buffers
+        self._net_pools: dict[str, EnginePool] = {}
+        self._expiries: list[tuple[float, int, str]] = []
+        self._seq = 0
+        self._closing = False
+        self._crashed: BaseException | None = None
+        self._started = dict.fromkeys(TaskKind, 0)
+        self._outcomes = dict.fromkeys(
+            ("submitted", "done", "failed", "rejected", "cancelled", "timed_out"), 0
+        )
+        self._records: list[TaskRecord] = []
+        self._results: list[JobResult] = []
+        self._busy = [0.0] * workers
+        self._forward_threads: list[threading.Thread] = []
+        self._peak_buffers = 0
+        if load:
+            for name in list(self.models):
+                with contextlib.suppress(LayerfitError):  # recorded as UNAVAILABLE with the reason
+                    self.load_model(name)
+        self._threads = [
+            threading.Thread(
+                target=self._worker_loop, args=(i,), name=f"layerfit-worker-{i}", daemon=True
+            )
+            for i in range(workers)
+        ]
+        self._threads.append(
+            threading.Thread(target=self._timer_loop, name="layerfit-timer", daemon=True)
+        )
+        for thread in self._threads:
+            thread.start()
+
+    def _clock(self) -> float:
+        return time.monotonic() - self._t0
+
+    # --- the repository ---------------------------------------------------------------
+
+    def index(self) -> list[dict[str, str]]:
+        """Every model folder of the repository: ``name``, ``state`` (READY/UNAVAILABLE), ``reason``.
+
+        Folders added since the runtime started are listed too (UNAVAILABLE until loaded).
+        """
+        with contextlib.suppress(LayerfitError):
+            names = scan(self.repository)
+            with self._lock:
+                for name in names:
+                    if name not in self.models:
+                        self.models[name] = ModelInfo(name, self.repository / name)
+        with self._lock:
+            return [self.models[name].index_entry() for name in sorted(self.models)]
+
+    def load_model(self, name: str) -> ModelInfo:
+        """(Re)load model ``name``: validate its folder, open it, fix its profile.
+
+        A folder that cannot be loaded raises a :class:`~layerfit.errors.LayerfitError`
+        and is marked UNAVAILABLE with the reason; other models are not affected.
+        """
+        directory = model_directory(self.repository, name)
+        with self._lock:
+            info = self.models.get(name)
+            if info is None:
+                if not directory.is_dir():
+                    raise UnknownModelError(
+                        f"no model {name!r} in {self.repository}: known models are "
+                        f"{', '.join(sorted(self.models)) or 'none'}"
+                    )
+                info = self.models[name] = ModelInfo(name, directory)
+            old_pool, info.pool = info.pool, None
+            info.loaded, info.reason = False, "loading"
+        if old_pool is not None:
+            old_pool.close()
+        engine: Engine | None = None
+        try:
+            engine = self._new_engine(directory)
+            profile = self._profile(name, directory, engine.manifest)
+        except Exception as exc:
+            if engine is not None:
+                engine.close()
+            error = exc if isinstance(exc, LayerfitError) else LayerfitError(
+                f"cannot load model {name!r} from {directory}: {type(exc).__name__}: {exc}"
+            )
+            with self._lock:
+                info.reason = str(error)
+            if error is exc:
+                raise
+            raise error from exc
+        with self._lock:
+            info.manifest = engine.manifest
+            info.profile = profile
+            info.pool = EnginePool(partial(self._new_engine, directory), engine)
+            info.loaded, info.reason = True, ""
+        return info
+
+    def unload_model(self, name: str) -> None:
+        """Stop serving model ``name``: new jobs naming it are refused; jobs in flight finish."""
+        check_name(name)
+        with self._lock:
+            info = self.models.get(name)
+            if info is None:
+                raise UnknownModelError(f"no model {name!r} in {self.repository}")
+            pool, info.pool = info.pool, None
+            info.loaded, info.reason = False, "unloaded"
+        if pool is not None:
+            pool.close()
+
+    def _new_engine(self, directory: Path) -> Engine:
+        return Engine(directory, pipeline="external", direct_io=self._direct_io)
+
+    def _profile(self, name: str, directory: Path, manifest: Manifest) -> NetworkProfile:
+        profile = self._profiles.get(name)
+        if profile is None:
+            if self.estimates == "profile":
+                profile = measure_profile(directory, name)
+            else:
+                profile = estimate_profile(manifest, name)
+        if profile.name != name:
+            profile = NetworkProfile(
+                name=name,
+                layers=profile.layers,
+                init_time=profile.init_time,
+                init_memory=profile.init_memory,
+                unload_time=profile.unload_time,
+                architecture=profile.architecture,
+                source=profile.source,
+                notes=dict(profile.notes),
+            )
+        if len(profile.layers) != len(manifest.units):
+            raise ScheduleError(
+                f"the profile of {name!r} has {len(profile.layers)} layers but the prepared "
+                f"model has {len(manifest.units)} units: profile this prepared model"
+            )
+        return profile
+
+    def profile_set(self, *, ready_only: bool = True) -> ProfileSet:
+        """The scheduler's profiles of the loaded models (for workloads and the simulator);
+        with ``ready_only=False`` also of models unloaded since (e.g. after shutdown)."""
+        with self._lock:
+            profiles = [
+                i.profile
+                for i in self.models.values()
+                if i.profile is not None and (i.loaded or not ready_only)
+            ]
+        return ProfileSet(profiles, label=f"models of {self.repository}")
+
+    def example_input(self, name: str, seed: int | None = None) -> torch.Tensor:
+        """A deterministic input of the shape and dtype model ``name`` was prepared for."""
+        from layerfit.store import example_input
+
+        manifest = self._ready(name)[1]
+        return example_input(
+            manifest.input_shape, manifest.input_dtype, manifest.seed if seed is None else seed
+        )
+
+    def _ready(self, name: str) -> tuple[NetworkProfile, Manifest]:
+        check_name(name)
+        with self._lock:
+            info = self.models.get(name)
+            if info is None:
+                raise UnknownModelError(
+                    f"no model {name!r} in {self.repository}: known models are "
+                    f"{', '.join(sorted(self.models)) or 'none'}"
+                )
+            profile = info.require_ready()
+            assert info.manifest is not None
+            return profile, info.manifest
+
+    # --- submitting -------------------------------------------------------------------
+
+    def submit(self, job: InferenceJob) -> Future:
+        """Queue ``job``; the future resolves to ``{model name: output}``.
+
+        Raises at once for bad requests (unknown or unloaded model, wrong input, full
+        queue, shut down); a job too large for the budget resolves with
+        :class:`~layerfit.errors.JobRejectedError`, one whose task raised with that error.
+        """
+        return self._submit(job, unwrap=None)
+
+    def infer(self, model: str, x: Any, *, timeout: float | None = None) -> Future:
+        """One network on one input; the future resolves to that model's output."""
+        return self._submit(InferenceJob((model,), x, timeout=timeout), unwrap=model)
+
+    def _submit(self, spec: InferenceJob, unwrap: str | None) -> Future:
+        if not isinstance(spec, InferenceJob):
+            raise ScheduleError(f"submit() takes a layerfit Job, got {type(spec).__name__}")
+        if not spec.networks:
+            raise ScheduleError("a job needs at least one network")
+        if len(set(spec.networks)) != len(spec.networks):
+            raise ScheduleError(f"a job names each network once, got {list(spec.networks)}")
+        for key in ("timeout", "deadline"):
+            value = getattr(spec, key)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+            ):
+                raise ScheduleError(f"a job's {key} must be a number of seconds > 0, got {value!r}")
+        profiles, inputs = [], []
+        for name in spec.networks:
+            profile, manifest = self._ready(name)
+            profiles.append(profile)
+            inputs.append(_forward_args(spec, name, manifest))
+        future: Future = Future()
+        deliveries: list[Delivery] = []
+        with self._lock:
+            if self._closing:
+                raise ScheduleError("the runtime is shut down: it takes no new jobs")
+            if self.queue_limit is not None and len(self._jobs) >= self.queue_limit:
+                raise QueueFullError(
+                    f"the queue is full ({len(self._jobs)} unfinished jobs, limit "
+                    f"{self.queue_limit}): retry later"
+                )
+            seq = self._seq
+            self._seq += 1
+            job_id = f"j{seq}"
+            now = self._clock()
+            uids = [f"{job_id}/{i}.{p.name}" for i, p in enumerate(profiles)]
+            run = _JobRun(
+                id=job_id,
+                spec=spec,
+                future=future,
+                models=dict(zip(uids, spec.networks, strict=True)),
+                inputs=dict(zip(uids, inputs, strict=True)),
+                unwrap=unwrap,
+                expires=None if spec.timeout is None else now + spec.timeout,
+            )
+            scheduled = ScheduledJob(
+                id=job_id,
+                networks=tuple(profiles),
+                arrival=now,
+                deadline=spec.deadline,
+                input=spec.tag,
+                seq=seq,
+            )
+            state = self._dispatcher.submit(scheduled, now)
+            self._jobs[job_id] = run
+            self._outcomes["submitted"] += 1
+            if state.resolved:
+                deliveries.append(self._resolve_locked(run, state))
+            elif run.expires is not None:
+                heapq.heappush(self._expiries, (run.expires, seq, job_id))
+                self._timer_cond.notify_all()
+        future.add_done_callback(partial(self._on_future_done, job_id))
+        _deliver(deliveries)
+        return future
+
+    def _on_future_done(self, job_id: str, future: Future) -> None:
+        """A caller cancelled the future: cancel the job and free its memory."""
+        if not future.cancelled():
+            return
+        with self._lock:
+            run = self._jobs.get(job_id)
+            if run is not None:
+                self._cancel_locked(run, ScheduleError(f"job {job_id} was cancelled"), "cancelled")
+
+    # --- resolution -------------------------------------------------------------------
+
+    def _cancel_locked(self, run: _JobRun, error: BaseException, outcome: str) -> Delivery:
+        run.outcome = outcome
+        state = self._dispatcher.cancel(run.id, error, self._clock())
+        return self._resolve_locked(run, state)
+
+    def _resolve_locked(self, run: _JobRun, state: JobState) -> Delivery:
+        """``run``'s job is resolved in the dispatcher: settle the runtime's side."""
+        if run.resolved:
+            return None
+        run.resolved = True
+        self._jobs.pop(run.id, None)
+        if not run.outcome:
+            run.outcome = {
+                JobStatus.DONE: "done",
+                JobStatus.REJECTED: "rejected",
+                JobStatus.CANCELLED: "cancelled",
+            }.get(state.status, "failed")
+        self._outcomes[run.outcome] += 1
+        if self.trace:
+            self._results.append(JobResult.from_state(state))
+        delivery: Delivery
+        if state.status is JobStatus.DONE:
+            outputs = {}
+            for net in run.networks:
+                outputs[net.model] = net.output
+                net.output = None
+            delivery = (run.future, True, outputs[run.unwrap] if run.unwrap else outputs)
+        else:
+            for net in run.networks:
+                net.abandon()
+            error = state.error or ScheduleError(f"job {run.id} {state.status.value}")
+            if run.outcome == "timed_out":
+                error = JobTimeoutError(
+                    f"job {run.id} did not finish within its timeout of {run.spec.timeout:g} s; "
+                    "it was cancelled and its memory freed"
+                )
+            delivery = None if run.future.cancelled() else (run.future, False, error)
+        run.inputs.clear()
+        for net in run.networks:
+            self._retire_network_locked(net)
+        self._prune_locked(run.id)
+        self._work.notify_all()
+        self._timer_cond.notify_all()
+        return delivery
+
+    def _retire_network_locked(self, net: NetworkRun) -> None:
+        """Forget a network once its job is over and its forward thread has left the model."""
+        if net.exited and net.job_id not in self._jobs:
+            net.free_all()
+            self._nets.pop(net.uid, None)
+
+    def _prune_locked(self, job_id: str) -> None:
+        """Drop a resolved job from the dispatcher once none of its tasks runs."""
+        state = self._dispatcher.jobs.get(job_id)
+        if state is None or not state.resolved:
+            return
+        if any(task.job == job_id for task in self._dispatcher.running.values()):
+            return
+        del self._dispatcher.jobs[job_id]
+
+    # --- workers ----------------------------------------------------------------------
+
+    def _worker_loop(self, index: int) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while True:
+                        if self._closing and not self._jobs:
+                            return
+                        assignment = self._dispatcher.assign(index, self._clock())
+                        if assignment is not None:
+                            break
+                        self._work.wait()
+                    task, admission = assignment
+                    self._started[task.kind] += 1
+                    start = self._clock()
+                error: BaseException | None = None
+                try:
+                    self._execute(task)
+                except BaseException as exc:  # the task's job fails with it
+                    error = exc
+                deliveries: list[Delivery] = []
+                with self._lock:
+                    end = self._clock()
+                    if error is None:
+                        self._dispatcher.complete(task, end)
+                    else:
+                        self._dispatcher.fail(task, error, end)
+                    self._busy[index] += end - start
+                    if self.trace:
+                        self._records.append(
+                            TaskRecord(
+                                task.id,
+                                task.job,
+                                task.network,
+                                task.kind.name,
+                                task.layer,
+                                index,
+                                start,
+                                end,
+                                1.0,
+                                admission.value,
+                                task.memory,
+                            )
+                        )
+                    run = self._jobs.get(task.job)
+                    state = self._dispatcher.jobs.get(task.job)
+                    if run is not None and state is not None and state.resolved:
+                        deliveries.append(self._resolve_locked(run, state))
+                    self._prune_locked(task.job)
+                _deliver(deliveries)
+        except BaseException as exc:  # a bug in the scheduling core: fail every job, loudly
+            self._crash(exc)
+
+    def _execute(self, task: Any) -> None:
+        """Run one task on the calling worker thread (outside the lock)."""
+        if task.kind is TaskKind.INIT:
+            self._init_network(task)
+            return
+        with self._lock:
+            net = self._nets.get(task.network)
+        if net is None:
+            raise Abandoned(f"network {task.network} is gone (its job ended)")
+        if task.kind is TaskKind.LOAD:
+            net.load(task.layer)
+            with self._lock:
+                self._peak_buffers = max(self._peak_buffers, self._buffer_bytes_locked())
+        elif task.kind is TaskKind.EXEC:
+            net.execute(task.layer)
+        else:
+            net.unload(task.layer)
+
+    def _init_network(self, task: Any) -> None:
+        with self._lock:
+            run = self._jobs.get(task.job)
+            if run is None or run.resolved:
+                raise Abandoned(f"job {task.job} ended before network {task.network} started")
+            model = run.models[task.network]
+            info = self.models[model]
+            pool = info.pool
+            if pool is None:
+                raise ScheduleError(f"model {model!r} was unloaded while job {task.job} waited")
+            args = run.inputs.pop(task.network)
+        engine = pool.checkout()
+        net = NetworkRun(task.network, task.job, model, engine, args, self._lock, self._network_exited)
+        with self._lock:
+            if run.resolved:
+                pool.checkin(engine)
+                raise Abandoned(f"job {task.job} ended while network {task.network} started")
+            self._nets[net.uid] = net
+            self._net_pools[net.uid] = pool
+            run.networks.append(net)
+            self._forward_threads = [t for t in self._forward_threads if t.is_alive()]
+            self._forward_threads.append(net.thread)
+            net.start()
+
+    def _network_exited(self, net: NetworkRun) -> None:
+        """Called by a forward thread as it leaves: return the engine, fail the job on error."""
+        deliveries: list[Delivery] = []
+        with self._lock:
+            net.exited = True
+            pool = self._net_pools.pop(net.uid, None)
+            run = self._jobs.get(net.job_id)
+            if run is not None and net.error is not None and not isinstance(net.error, Abandoned):
+                run.outcome = "failed"
+                state = self._dispatcher.cancel(
+                    run.id, net.error, self._clock(), status=JobStatus.FAILED
+                )
+                deliveries.append(self._resolve_locked(run, state))
+            self._retire_network_locked(net)
+        if pool is not None:
+            pool.checkin(net.engine)
+        _deliver(deliveries)
+
+    def _buffer_bytes_locked(self) -> int:
+        return sum(net.held_bytes for net in self._nets.values())
+
+    # --- timeouts ---------------------------------------------------------------------
+
+    def _timer_loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while True:
+                        if self._closing and not self._jobs:
+                            return
+                        now = self._clock()
+                        due = []
+                        while self._expiries and self._expiries[0][0] <= now:
+                            _, _, job_id = heapq.heappop(self._expiries)
+                            if job_id in self._jobs:
+                                due.append(self._jobs[job_id])
+                        if due:
+                            break
+                        while self._expiries and self._expiries[0][2] not in self._jobs:
+                            heapq.heappop(self._expiries)
+                        wait = self._expiries[0][0] - now if self._expiries else None
+                        self._timer_cond.wait(wait)
+                    deliveries = [
+                        self._cancel_locked(
+                            run, ScheduleError(f"job {run.id} timed out"), "timed_out"
+                        )
+                        for run in due
+                    ]
+                _deliver(deliveries)
+        except BaseException as exc:
+            self._crash(exc)
+
+    def _crash(self, exc: BaseException) -> None:
+        """An internal error stopped a runtime thread: fail every job instead of hanging."""
+        error = ScheduleError(f"the runtime stopped after an internal error: {type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        deliveries = []
+        with self._lock:
+            self._crashed = error
+            self._closing = True
+            for run in list(self._jobs.values()):
+                deliveries.append(self._cancel_locked(run, error, "failed"))
+            self._work.notify_all()
+            self._timer_cond.notify_all()
+        _deliver(deliveries)
+
+    # --- observing --------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The ledger, the tasks started by kind, the progress rule, the queue and the jobs."""
+        with self._lock:
+            return {
+                "policy": self.policy,
+                "workers": self.workers,
+                "budget_bytes": self._ledger.budget,
+                "in_use_bytes": self._ledger.used,
+                "peak_bytes": self._ledger.peak,
+                "free_bytes": self._ledger.free,
+                "progress_rule_fired": self._ledger.progress_count,
+                "overcommits": self._ledger.overcommit_count,
+                "tasks_started": {kind.name.lower(): n for kind, n in self._started.items()},
+                "tasks_running": len(self._dispatcher.running),
+                "tasks_ready": len(self._policy),
+                "queue_length": len(self._jobs),
+                "queue_limit": self.queue_limit,
+                "jobs": dict(self._outcomes),
+                "networks_in_flight": len(self._nets),
+                "unit_buffer_bytes": self._buffer_bytes_locked(),
+                "unit_buffer_peak_bytes": self._peak_buffers,
+                "estimates": self.estimates,
+                "estimate_factor": self._dispatcher.estimate_factor,
+            }
+
+    def clear_trace(self) -> None:
+        """Forget the tasks, jobs, ledger history and counters recorded so far (after a
+        warm-up), keeping what is reserved now."""
+        with self._lock:
+            self._records.clear()
+            self._results.clear()
+            self._busy = [0.0] * self.workers
+            self._started = dict.fromkeys(TaskKind, 0)
+            self._outcomes = dict.fromkeys(self._outcomes, 0)
+            self._peak_buffers = self._buffer_bytes_locked()
+            self._ledger.reset_history()
+
+    def check_ledger(self) -> None:
+        """Raise if the ledger ever exceeded the budget outside the progress rule (needs ``trace``)."""
+        with self._lock:
+            self._ledger.check()
+
+    def run_report(self, workload: str = "") -> RunReport:
+        """What the run so far looks like in the simulator's terms (needs ``trace=True``)."""
+        if not self.trace:
+            raise ScheduleError("run_report() needs a Runtime created with trace=True")
+        with self._lock:
+            history = list(self._ledger.history)
+            return RunReport(
+                policy=self.policy,
+                workers=self.workers,
+                budget=self._ledger.budget,
+                physical_memory=self._ledger.budget,
+                executor="real",
+                jobs=sorted(self._results, key=lambda j: (j.arrival, j.id)),
+                tasks=list(self._records),
+                memory=[(s.time, s.used) for s in history],
+                busy_time=list(self._busy),
+                progress_count=self._ledger.progress_count,
+                overcommit_count=self._ledger.overcommit_count,
+                peak_memory=self._ledger.peak,
+                peak_resident=self._peak_buffers,
+                estimate_factor=self._dispatcher.estimate_factor,
+                workload=workload,
+                ledger_history=history,
+            )
+
+    # --- shutting down ----------------------------------------------------------------
+
+    def shutdown(self, wait: bool = True, cancel_pending: bool = False) -> None:
+        """Take no new jobs; finish (or, with ``cancel_pending``, cancel) the ones queued.
+
+        With ``wait`` this returns when every future is resolved and every thread of the
+        runtime has ended; without it, the threads end by themselves once the last job
+        is resolved.
+        """
+        with self._lock:
+            self._closing = True
+            futures = [run.future for run in self._jobs.values()]
+            self._work.notify_all()
+            self._timer_cond.notify_all()
+        if cancel_pending:
+            for future in futures:
+                future.cancel()
+        if not wait:
+            return
+        with self._lock:
+            self._work.wait_for(lambda: not self._jobs)
+            forward = list(self._forward_threads)
+        me = threading.current_thread()  # e.g. a future's callback running on a worker
+        for thread in [*self._threads, *forward]:
+            if thread is not me:
+                thread.join()
+        with self._lock:
+            pools = [info.pool for info in self.models.values() if info.pool is not None]
+            for info in self.models.values():
+                info.pool = None
+                if info.loaded:
+                    info.loaded, info.reason = False, "the runtime is shut down"
+        for pool in pools:
+            pool.close()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown(wait=True, cancel_pending=exc[0] is not None)
+
+
+def _forward_args(spec: InferenceJob, name: str, manifest: Manifest) -> tuple[Any, ...]:
+    """The positional arguments of model ``name``'s forward pass, checked against its manifest."""
+    value = spec.input
+    if isinstance(value, Mapping):
+        if name not in value:
+            raise InputError(f"the job gives no input for model {name!r} (inputs for: {', '.join(map(str, value))})")
+        value = value[name]
+    args = tuple(value) if isinstance(value, Sequence) and not isinstance(value, str) else (value,)
+    if not args or not isinstance(args[0], torch.Tensor):
+        raise InputError(f"model {name!r} takes a tensor input, got {type(args[0] if args else None).__name__}")
+    x = args[0]
+    expected = tuple(manifest.input_shape)
+    dtype = DTYPES.get(manifest.input_dtype)
+    if x.dim() != len(expected) or tuple(x.shape[1:]) != expected[1:] or x.dtype != dtype:
+        raise InputError(
+            f"model {name!r} expects input of shape (N, {', '.join(map(str, expected[1:]))}) and dtype "
+            f"{manifest.input_dtype}, got shape {tuple(x.shape)} and dtype {str(x.dtype).removeprefix('torch.')}"
+        )
+    return args
+
+
+def _deliver(deliveries: Sequence[Delivery]) -> None:
+    """Resolve futures outside the runtime's lock (their callbacks may call back in)."""
+    for delivery in deliveries:
+        if delivery is None:
+            continue
+        future, ok, value = delivery
+        with contextlib.suppress(InvalidStateError):  # cancelled by its caller meanwhile
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+
+__all__ = ["InferenceJob", "Job", "Runtime"]

@@ -1,0 +1,83 @@
+"""``layerfit schedule run`` without --simulate: the real executor over prepared models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from runtime_helpers import prepare_models, runtime_threads
+
+from layerfit.cli import main
+from layerfit.errors import WorkloadError
+from layerfit.schedule.realrun import run_workload
+from layerfit.schedule.runtime import Runtime
+from layerfit.schedule.workload import load_workload
+
+WORKLOAD = """\
+name: two-models
+mode: open
+arrivals:
+  - at: 0.0
+    networks: [tiny, chain]
+  - at: 0.02
+    networks: [chain]
+  - at: 0.04
+    networks: [tiny]
+    deadline: 30
+"""
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return prepare_models(tmp_path_factory.mktemp("repo"), ["tiny", "chain"])
+
+
+def test_real_run_reports_like_the_simulator_and_compares(repo, tmp_path, capsys):
+    workload = tmp_path / "w.yaml"
+    workload.write_text(WORKLOAD)
+    args = ["schedule", "run", "--workload", str(workload), "--memory", "150KB", "--workers", "2"]
+    code = main([*args, "--repository", str(repo), "--json", "--compare-simulator", "--trace"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["executor"] == "real" and data["jobs_by_status"] == {"done": 3}
+    assert set(data["response_time_s"]) == {"mean", "p50", "p95", "max"}
+    assert data["budget_violations"] == 0 and data["peak_ledger_bytes"] > 0
+    assert len(data["worker_utilisation"]) == 2 and data["task_trace"]
+    comparison = data["simulator_comparison"]
+    for key in ("simulated_profiled_durations", "simulated_measured_durations"):
+        assert comparison[key]["jobs_done"] == 3
+        assert "mean_response_s" in comparison[key]["difference"]
+    assert data["runtime"]["jobs"]["done"] == 3
+    assert main([*args, "--repository", str(repo)]) == 0
+    out = capsys.readouterr().out
+    assert "(real executor)" in out and "response time: mean" in out
+    assert runtime_threads() == []
+
+
+def test_workload_naming_an_unknown_network(repo, tmp_path, capsys):
+    workload = tmp_path / "w.yaml"
+    workload.write_text("arrivals:\n  - at: 0\n    networks: [tiny, alexnet]\n")
+    code = main(
+        ["schedule", "run", "--workload", str(workload), "--memory", "1MB", "--repository", str(repo)]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "line 3: arrivals[0].networks[1]: unknown network 'alexnet'; known: chain, tiny" in err
+    with Runtime(repo, "1MB") as rt, pytest.raises(WorkloadError, match="unknown network 'alexnet'"):
+        load_workload(workload, rt.profile_set())
+    code = main(["schedule", "run", "--workload", str(workload), "--memory", "1MB"])
+    assert code == 2 and "--repository DIR" in capsys.readouterr().err
+
+
+def test_closed_workload_runs_one_job_after_the_other(repo, tmp_path):
+    workload = tmp_path / "w.yaml"
+    workload.write_text("mode: closed\narrivals:\n" + "  - networks: [chain, tiny]\n" * 3)
+    with Runtime(repo, "150KB", trace=True) as rt:
+        report = run_workload(rt, load_workload(workload, rt.profile_set()), warmup=True)
+        assert rt.stats()["jobs"]["done"] == 3  # the two warm-up jobs are not counted
+    jobs = report.jobs
+    assert [j.status for j in jobs] == ["done"] * 3
+    assert {t.job for t in report.tasks} == {j.id for j in jobs}
+    assert report.budget_violations == 0 and report.ledger_history[0].used == 0
+    for before, after in zip(jobs, jobs[1:], strict=False):
+        assert after.arrival >= before.finished

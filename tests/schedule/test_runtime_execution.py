@@ -1,0 +1,175 @@
+"""The real executor: outputs equal model(x) under every policy, the budget holds except by
+the progress rule, precedence holds, at most ``workers`` tasks run at once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from runtime_helpers import model_input, prepare_models, reference, runtime_threads
+
+import layerfit
+from layerfit.engine.engine import Engine
+from layerfit.errors import LayerfitError
+from layerfit.schedule.graph import build_graph
+from layerfit.schedule.policies import POLICIES, policy_names
+from layerfit.schedule.profiler import StatmSampler, estimate_profile, measure_profile
+from layerfit.schedule.runtime import Job, Runtime
+
+NAMES = ["tiny", "chain", "big"]
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return prepare_models(tmp_path_factory.mktemp("repo"), NAMES)
+
+
+@pytest.fixture(scope="module")
+def refs():
+    inputs = {name: model_input(name) for name in NAMES}
+    return inputs, {name: reference(name, x) for name, x in inputs.items()}
+
+
+def check_trace(rt: Runtime, workers: int) -> None:
+    """Ledger within budget except the progress rule; at most ``workers`` tasks at once;
+    every job's precedence constraints respected."""
+    report = rt.run_report()
+    assert report.budget_violations == 0
+    for sample in report.ledger_history:
+        assert sample.used - sample.progress_held <= report.budget
+    if report.progress_count == 0:
+        assert report.peak_memory <= report.budget
+    events = sorted([(t.start, 1) for t in report.tasks] + [(t.end, -1) for t in report.tasks])
+    running = 0
+    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
+        running += delta
+        assert running <= workers
+    by_task = {t.task: t for t in report.tasks}
+    profiles = rt.profile_set(ready_only=False)
+    scheme = POLICIES[rt.policy].scheme
+    for job in report.jobs:
+        if job.status != "done":
+            continue
+        graph = build_graph([profiles[n] for n in job.networks], scheme, job=job.id)
+        for a, b in graph.edges:
+            assert by_task[a].end <= by_task[b].start, (rt.policy, a, b)
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_every_policy_gives_exactly_model_outputs(repo, refs, policy):
+    inputs, expected = refs
+    rt = Runtime(repo, "128KB", workers=2, policy=policy, trace=True)
+    try:
+        jobs = [rt.submit(Job(("tiny", "chain"), inputs)) for _ in range(4)]
+        single = rt.infer("chain", inputs["chain"])
+        for future in jobs:
+            out = future.result(timeout=60)
+            assert set(out) == {"tiny", "chain"}
+            assert torch.equal(out["tiny"], expected["tiny"])
+            assert torch.equal(out["chain"], expected["chain"])
+        assert torch.equal(single.result(timeout=60), expected["chain"])
+    finally:
+        rt.shutdown()
+    check_trace(rt, 2)
+    stats = rt.stats()
+    assert stats["jobs"]["done"] == 5 and stats["queue_length"] == 0
+    units = {name: len(rt.models[name].profile.layers) for name in ("tiny", "chain")}
+    assert stats["tasks_started"]["exec"] == 4 * (units["tiny"] + units["chain"]) + units["chain"]
+    assert stats["tasks_started"]["init"] == 4 * 2 + 1
+    assert stats["in_use_bytes"] == 0 and stats["unit_buffer_bytes"] == 0
+    assert runtime_threads() == []
+
+
+jobs_strategy = st.lists(
+    st.lists(st.sampled_from(NAMES), min_size=1, max_size=3, unique=True), min_size=1, max_size=4
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(
+    jobs=jobs_strategy,
+    budget_kb=st.integers(8, 200),
+    workers=st.integers(1, 3),
+    policy=st.sampled_from(policy_names()),
+)
+def test_random_jobs_complete_within_budget(repo, refs, jobs, budget_kb, workers, policy):
+    inputs, expected = refs
+    rt = Runtime(repo, budget_kb * 1024, workers=workers, policy=policy, trace=True)
+    try:
+        futures = [rt.submit(Job(tuple(names), inputs)) for names in jobs]
+        for names, future in zip(jobs, futures, strict=True):
+            largest = max(rt.models[n].profile.largest_task_memory for n in names)
+            if largest > budget_kb * 1024:
+                error = future.exception(timeout=60)
+                assert isinstance(error, layerfit.errors.JobRejectedError)
+                assert error.min_budget >= largest
+                continue
+            out = future.result(timeout=60)
+            for name in names:
+                assert torch.equal(out[name], expected[name])
+    finally:
+        rt.shutdown()
+    check_trace(rt, workers)
+    assert rt.stats()["in_use_bytes"] == 0
+    assert runtime_threads() == []
+
+
+def test_per_network_inputs_batches_and_repeated_models(repo, refs):
+    inputs, expected = refs
+    batch = torch.cat([inputs["chain"], model_input("chain", seed=5)])
+    # the reference first: the test factory reseeds torch's global RNG, and the runtime
+    # calls it (on the meta device) whenever a busy model's engine pool grows
+    ref = reference("chain", batch)
+    with Runtime(repo, "1MB", workers=3) as rt:
+        futures = [rt.infer("chain", batch) for _ in range(6)]
+        assert all(torch.equal(f.result(timeout=60), ref) for f in futures)
+        assert rt.stats()["tasks_started"]["init"] == 6
+
+
+def test_index_stats_and_profiles(repo):
+    with Runtime(repo, "1MB", workers=1, estimates="profile") as rt:
+        index = rt.index()
+        assert [m["name"] for m in index] == sorted(NAMES) and {m["state"] for m in index} == {"READY"}
+        assert set(rt.models) == set(NAMES)
+        info = rt.models["tiny"]
+        assert info.loaded and info.manifest is not None and info.directory == repo / "tiny"
+        profile = info.profile
+        assert profile.source == "profiled" and len(profile.layers) == len(info.manifest.units)
+        for layer, segment in zip(profile.layers, info.manifest.units, strict=True):
+            assert layer.memory == segment.nbytes and layer.load_peak >= segment.nbytes
+            assert layer.load_time > 0 and layer.exec_time > 0
+        stats = rt.stats()
+        for key in (
+            "budget_bytes", "in_use_bytes", "tasks_started", "progress_rule_fired",
+            "queue_length", "jobs",
+        ):
+            assert key in stats
+        assert stats["budget_bytes"] == 1_000_000
+
+
+def test_capture_estimates_reserve_unit_bytes_and_activations(repo):
+    manifest = Engine(repo / "tiny", pipeline="external").manifest
+    profile = estimate_profile(manifest, "tiny")
+    assert [layer.memory for layer in profile.layers] == [u.nbytes for u in manifest.units]
+    assert profile.init_memory > 0  # the activations of one forward pass
+    measured = measure_profile(repo / "chain", repeats=1, warmup=0)
+    assert measured.name == "chain" and measured.notes["estimates"] == "statm"
+
+
+def test_statm_sampler_sees_an_allocation():
+    sampler = StatmSampler(interval=1e-4).start()
+    block = torch.ones(4 * 1024 * 1024, dtype=torch.uint8)  # 4 MiB, touched
+    grown = sampler.stop()
+    sampler.close()
+    del block
+    assert grown >= 3 * 1024 * 1024
+
+
+def test_external_engine_runs_only_with_a_source(repo, refs):
+    inputs, _ = refs
+    with (
+        Engine(repo / "tiny", pipeline="external") as engine,
+        pytest.raises(LayerfitError, match="unit source"),
+    ):
+        engine(inputs["tiny"])

@@ -1,0 +1,222 @@
+"""The real executor under bad input and faults: rejected, failing, cancelled, timed-out
+and shut-down jobs resolve their futures, return their memory and leave no thread."""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import CancelledError
+
+import pytest
+import tinymodels
+import torch
+from runtime_helpers import model_input, prepare_models, reference, runtime_threads
+
+from layerfit.errors import (
+    CorruptStoreError,
+    InputError,
+    JobRejectedError,
+    JobTimeoutError,
+    LayerfitError,
+    ManifestError,
+    ModelNotReadyError,
+    QueueFullError,
+    ScheduleError,
+    UnknownModelError,
+)
+from layerfit.schedule.runtime import Job, Runtime
+from layerfit.store import read_manifest
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    directory = prepare_models(tmp_path_factory.mktemp("repo"))
+    shutil.copytree(directory / "tiny", directory / "tinybad")
+    unit = read_manifest(directory / "tinybad").units[2]
+    with open(directory / "tinybad" / "weights.safetensors", "r+b") as fh:
+        fh.seek(unit.offset + 8)
+        byte = fh.read(1)
+        fh.seek(unit.offset + 8)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    (directory / "garbage").mkdir()
+    (directory / "garbage" / "manifest.json").write_text("{not json")
+    return directory
+
+
+@pytest.fixture
+def x():
+    return {name: model_input(name) for name in ("tiny", "chain", "slow", "big")}
+
+
+@pytest.fixture(scope="module")
+def refs():
+    """model(x) of each model, computed before any runtime runs: the test factories reseed
+    torch's global RNG, and a runtime calls them (on the meta device) as its pools grow."""
+    return {name: reference(name, model_input(name)) for name in ("tiny", "chain", "slow")}
+
+
+def settle(rt: Runtime) -> dict:
+    """Shut down (waiting), check nothing is left, return the final stats."""
+    rt.shutdown(wait=True)
+    stats = rt.stats()
+    assert stats["in_use_bytes"] == 0, stats
+    assert stats["unit_buffer_bytes"] == 0 and stats["networks_in_flight"] == 0
+    assert stats["queue_length"] == 0
+    assert runtime_threads() == []
+    return stats
+
+
+def test_job_too_large_for_the_budget_is_rejected_with_the_minimum(repo, x, refs):
+    rt = Runtime(repo, "32KB", workers=2, trace=True)
+    largest = rt.models["big"].profile.largest_task_memory
+    assert largest > 32_000 >= rt.models["chain"].profile.largest_task_memory
+    big = rt.submit(Job(("chain", "big"), x))
+    small = [rt.infer("chain", x["chain"]) for _ in range(3)]
+    with pytest.raises(JobRejectedError, match="needs a budget of at least") as info:
+        big.result(timeout=60)
+    assert info.value.min_budget == largest
+    assert all(torch.equal(f.result(timeout=60), refs["chain"]) for f in small)
+    stats = settle(rt)
+    assert stats["jobs"]["rejected"] == 1 and stats["jobs"]["done"] == 3
+
+
+def test_failing_load_fails_its_job_returns_memory_others_complete(repo, x, refs):
+    rt = Runtime(repo, "200KB", workers=2)
+    bad = rt.infer("tinybad", x["tiny"])
+    good = [rt.submit(Job(("tiny", "chain"), x)) for _ in range(3)]
+    with pytest.raises(CorruptStoreError, match="checksum mismatch in unit 2"):
+        bad.result(timeout=60)
+    for future in good:
+        assert torch.equal(future.result(timeout=60)["chain"], refs["chain"])
+    stats = settle(rt)
+    assert stats["jobs"]["failed"] == 1 and stats["jobs"]["done"] == 3
+
+
+def test_failing_execution_fails_its_job_with_the_error(repo, x, refs, monkeypatch):
+    original = tinymodels.SlowLinear.forward
+
+    def forward(self, inp):
+        if inp.abs().max() > 1000:
+            raise RuntimeError("poisoned input")
+        return original(self, inp)
+
+    monkeypatch.setattr(tinymodels.SlowLinear, "forward", forward)
+    rt = Runtime(repo, "200KB", workers=2)
+    poisoned = rt.infer("chain", x["chain"] * 1e6)
+    good = [rt.infer("chain", x["chain"]) for _ in range(3)]
+    with pytest.raises(RuntimeError, match="poisoned input"):
+        poisoned.result(timeout=60)
+    assert all(torch.equal(f.result(timeout=60), refs["chain"]) for f in good)
+    stats = settle(rt)
+    assert stats["jobs"]["failed"] == 1 and stats["jobs"]["done"] == 3
+
+
+@pytest.mark.parametrize("cancel_pending", [False, True])
+def test_shutdown_with_jobs_in_flight_resolves_every_future(repo, x, refs, cancel_pending):
+    rt = Runtime(repo, "200KB", workers=2)
+    futures = [rt.submit(Job(("slow", "tiny"), x)) for _ in range(4)]
+    rt.shutdown(wait=True, cancel_pending=cancel_pending)
+    assert all(f.done() for f in futures)
+    if not cancel_pending:
+        assert all(torch.equal(f.result()["slow"], refs["slow"]) for f in futures)
+    else:
+        assert any(f.cancelled() for f in futures)
+    settle(rt)
+    with pytest.raises(ScheduleError, match="shut down"):
+        rt.infer("tiny", x["tiny"])
+
+
+def test_cancel_queued_and_running_jobs_frees_their_memory(repo, x, refs):
+    rt = Runtime(repo, "200KB", workers=1)
+    running = rt.infer("slow", x["slow"])
+    queued = [rt.infer("slow", x["slow"]) for _ in range(3)]
+    assert queued[-1].cancel() and queued[-1].cancelled()
+    assert running.cancel()
+    with pytest.raises(CancelledError):
+        running.result(timeout=60)
+    for future in queued[:-1]:
+        assert torch.equal(future.result(timeout=60), refs["slow"])
+    stats = settle(rt)
+    assert stats["jobs"]["cancelled"] == 2 and stats["jobs"]["done"] == 2
+
+
+def test_timeout_cancels_the_job_and_frees_its_memory(repo, x, refs):
+    rt = Runtime(repo, "200KB", workers=2)
+    late = rt.infer("slow", x["slow"], timeout=0.05)
+    on_time = rt.infer("tiny", x["tiny"], timeout=60)
+    with pytest.raises(JobTimeoutError, match="timeout of 0.05 s") as info:
+        late.result(timeout=60)
+    assert isinstance(info.value, TimeoutError)
+    assert torch.equal(on_time.result(timeout=60), refs["tiny"])
+    stats = settle(rt)
+    assert stats["jobs"]["timed_out"] == 1 and stats["jobs"]["done"] == 1
+
+
+def test_queue_full_is_refused_then_accepted_again(repo, x, refs):
+    rt = Runtime(repo, "200KB", workers=1, queue_limit=2)
+    first = [rt.infer("slow", x["slow"]) for _ in range(2)]
+    with pytest.raises(QueueFullError, match="limit 2"):
+        rt.infer("slow", x["slow"])
+    first[0].result(timeout=60)
+    first[1].result(timeout=60)
+    assert torch.equal(rt.infer("tiny", x["tiny"]).result(timeout=60), refs["tiny"])
+    assert settle(rt)["jobs"]["done"] == 3
+
+
+def test_repository_index_names_and_model_states(repo, x, refs):
+    rt = Runtime(repo, "200KB", workers=1)
+    try:
+        states = {m["name"]: m for m in rt.index()}
+        assert states["garbage"]["state"] == "UNAVAILABLE"
+        assert "not valid JSON" in states["garbage"]["reason"]
+        assert states["tiny"]["state"] == "READY" and states["tiny"]["reason"] == ""
+        with pytest.raises(ManifestError, match="not valid JSON"):
+            rt.load_model("garbage")
+        for bad in ("../tiny", "a/b", "", ".hidden", "tiny/../chain", 3):
+            with pytest.raises(UnknownModelError, match="invalid model name"):
+                rt.infer(bad, x["tiny"])
+            with pytest.raises(UnknownModelError):
+                rt.load_model(bad)
+        with pytest.raises(UnknownModelError, match="no model 'nothere'"):
+            rt.infer("nothere", x["tiny"])
+        with pytest.raises(ModelNotReadyError, match="not ready"):
+            rt.infer("garbage", x["tiny"])
+        rt.unload_model("tiny")
+        assert {m["name"]: m["state"] for m in rt.index()}["tiny"] == "UNAVAILABLE"
+        with pytest.raises(ModelNotReadyError, match="unloaded"):
+            rt.infer("tiny", x["tiny"])
+        assert torch.equal(rt.infer("chain", x["chain"]).result(timeout=60), refs["chain"])
+        rt.load_model("tiny")
+        assert torch.equal(rt.infer("tiny", x["tiny"]).result(timeout=60), refs["tiny"])
+    finally:
+        settle(rt)
+
+
+def test_bad_requests_raise_at_submit(repo, x):
+    rt = Runtime(repo, "200KB", workers=1)
+    try:
+        with pytest.raises(InputError, match=r"expects input of shape \(N, 3, 16, 16\)"):
+            rt.infer("tiny", torch.zeros(1, 3, 8, 8))
+        with pytest.raises(InputError, match="dtype float32"):
+            rt.infer("tiny", torch.zeros(1, 3, 16, 16, dtype=torch.float64))
+        with pytest.raises(InputError, match="no input for model 'chain'"):
+            rt.submit(Job(("tiny", "chain"), {"tiny": x["tiny"]}))
+        with pytest.raises(ScheduleError, match="each network once"):
+            rt.submit(Job(("tiny", "tiny"), x["tiny"]))
+        with pytest.raises(ScheduleError, match="at least one network"):
+            rt.submit(Job((), x["tiny"]))
+        with pytest.raises(ScheduleError, match="timeout must be"):
+            rt.infer("tiny", x["tiny"], timeout=-1)
+        assert rt.stats()["jobs"]["submitted"] == 0
+    finally:
+        settle(rt)
+
+
+def test_constructor_rejects_bad_settings(repo, tmp_path):
+    with pytest.raises(LayerfitError, match="is not a folder"):
+        Runtime(tmp_path / "missing", "1MB")
+    with pytest.raises(ScheduleError, match="unknown policy"):
+        Runtime(repo, "1MB", policy="lifo", load=False)
+    with pytest.raises(LayerfitError, match="cannot read"):
+        Runtime(repo, "lots", load=False)
+    with pytest.raises(ScheduleError, match="at least one worker"):
+        Runtime(repo, "1MB", workers=0, load=False)
