@@ -55,6 +55,143 @@ def main(argv: list[str] | None = None) -> int:
 # --- commands -------------------------------------------------------------------------
 # Each command block below belongs to one layer of the package; keep them thin.
 
+# --- serve (Open Inference Protocol / KServe v2 server over the runtime) ----------------
+
+
+@app.command("serve")
+def serve_command(
+    repository: str = typer.Option(..., "--repository", help="folder of prepared models, one sub-folder each"),
+    memory_budget: str = typer.Option("512MB", "--memory-budget", help="memory budget of the runtime, e.g. 512MB"),
+    workers: int = typer.Option(2, "--workers", min=1, help="worker threads of the runtime"),
+    policy: str = typer.Option("masa", "--policy", help="scheduling policy: masa, bulk, deepeye, fcfs, ..."),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="port to listen on (0: a free one)"),
+    queue_limit: int = typer.Option(64, "--queue-limit", min=1, help="most inference requests held at once; more get 429"),
+    max_body: str = typer.Option("64MB", "--max-body", help="largest request body; larger ones get 413"),
+    timeout: float = typer.Option(60.0, "--timeout", help="seconds before a request is cancelled (503)"),
+    shutdown_grace: float = typer.Option(30.0, "--shutdown-grace", help="seconds requests may finish after SIGTERM"),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level"),
+) -> None:
+    """Serve the repository's models over the Open Inference Protocol (KServe v2 REST)."""
+    from layerfit.serve.server import ServeSettings, serve
+
+    settings = ServeSettings(
+        repository=repository, memory_budget=memory_budget, workers=workers, policy=policy, host=host,
+        port=port, queue_limit=queue_limit, max_body=max_body, timeout=timeout,
+        shutdown_grace=shutdown_grace, log_level=log_level, access_log=log_level in ("debug", "trace"),
+    )
+
+    def ready(url: str, built: Any) -> None:
+        index = built.registry.index()
+        loaded = sum(row["state"] == "READY" for row in index)
+        console.print(f"layerfit serving {loaded} of {len(index)} models at {url}/v2 (SIGTERM drains and stops)",
+                      highlight=False, soft_wrap=True)
+        for name, message in built.load_errors.items():
+            console.print(f"[yellow]model {name} not loaded:[/] {message}", highlight=False, soft_wrap=True)
+
+    serve(settings, on_ready=ready)
+
+# --- zoo (the papers' networks) -------------------------------------------------------
+
+
+@app.command("zoo")
+def zoo_command(
+    as_json: bool = typer.Option(False, "--json", help="print the table as JSON"),
+) -> None:
+    """List the built-in models: name, parameters, parameter MB, default input shape."""
+    from rich.table import Table
+
+    from layerfit.zoo import table
+
+    rows = table()
+    if as_json:
+        print_json(rows)
+        return
+    out = Table(title="layerfit model zoo", title_justify="left")
+    for col, justify in (("name", "left"), ("params", "right"), ("param MB", "right"),
+                         ("input shape", "left"), ("published", "right")):
+        out.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for r in rows:
+        pub = r["published_params_m"]
+        out.add_row(r["name"], f"{r['params']:,}", f"{r['param_mb']:.1f}",
+                    "x".join(str(d) for d in r["input_shape"]), f"{pub} M" if pub else "-")
+    console.print(out)
+
+# --- memory (Pisarchyk & Lee: activation memory planning) -------------------------------
+
+
+@app.command("plan")
+def plan_activations(
+    model: str | None = typer.Argument(None, help="zoo model name, planned at its paper resolution"),
+    records: str | None = typer.Option(
+        None, "--records", help='JSON list of {"id", "first_op", "last_op", "size"} instead of MODEL'
+    ),
+    approach: str | None = typer.Option(None, "--approach", help="objects or offsets (default: both)"),
+    strategy: str = typer.Option("all", "--strategy", help="a strategy name, a comma list, or all"),
+    align: int = typer.Option(64, "--align", help="round tensor sizes up to this many bytes"),
+    order: str = typer.Option("captured", "--order", help="MODEL only: captured or searched operator order"),
+    time_limit: float = typer.Option(10.0, "--time-limit", help="seconds for each exact CP-SAT model"),
+    as_json: bool = typer.Option(False, "--json", help="totals, bounds and every tensor's assignment as JSON"),
+) -> None:
+    """Plan activation memory: every strategy's total next to the lower bound and naive total."""
+    from rich.table import Table
+
+    from layerfit.errors import PlanError
+    from layerfit.memory import load_records
+    from layerfit.memory.report import MIB, plan_report
+
+    if (model is None) == (records is None):
+        raise PlanError("give either a zoo MODEL name or --records FILE.json (not both)")
+    if order not in ("captured", "searched"):
+        raise PlanError(f"--order must be captured or searched, not {order!r}")
+    extra: dict[str, Any] = {}
+    if records is not None:
+        recs = load_records(records, alignment=align)
+    else:
+        from layerfit.memory.from_graph import records_from_graph
+        from layerfit.memory.operator_order import search_operator_order
+        from layerfit.memory.zoo_records import capture_zoo_model
+
+        graph = capture_zoo_model(model)
+        chosen = None
+        if order == "searched":
+            found = search_operator_order(graph, alignment=align)
+            chosen = found.order
+            extra["order_search"] = {k: v for k, v in found.to_dict().items() if k != "order"}
+        converted = records_from_graph(graph, chosen, alignment=align)
+        recs = converted.records
+        if as_json:  # tensors folded into a buffer (views, in-place) take that buffer's place
+            extra["buffer_of_tensor"] = {str(t): b for t, b in sorted(converted.record_of.items())}
+    approaches = ("objects", "offsets") if approach is None else (approach,)
+    names = "all" if strategy == "all" else [s.strip() for s in strategy.split(",") if s.strip()]
+    report = plan_report(recs, approaches, names, time_limit=time_limit, assignments=as_json)
+    report.update(extra)
+    if as_json:
+        print_json(report)
+        return
+    for name, part in report["approaches"].items():
+        table = Table(title=f"{name} — {report['tensors']} buffers (MiB = the paper's MB)")
+        for column in ("strategy", "MiB", "bytes", "vs bound", "status", "ms"):
+            table.add_column(column, justify="left" if column in ("strategy", "status") else "right", no_wrap=True)
+        notes = []
+        for row in part["strategies"]:
+            values = (f"{row['total'] / MIB:.3f}", str(row["total"]), f"{100 * row['vs_lower_bound']:+.1f}%")
+            table.add_row(row["strategy"], *values, row["status"], f"{1000 * row['seconds']:.1f}")
+            if row["note"]:
+                notes.append(f"{row['strategy']}: {row['note']}")
+        for label in ("lower_bound", "naive"):
+            table.add_row(label.replace("_", " "), f"{part[label] / MIB:.3f}", str(part[label]), "", "", "")
+        console.print(table)
+        for note in notes:
+            console.print(f"  {note}", highlight=False)
+    if "order_search" in extra:
+        s = extra["order_search"]
+        console.print(
+            f"operator order search: offsets bound {s['captured_peak'] / MIB:.3f} → {s['peak'] / MIB:.3f} MiB "
+            f"({100 * s['saving']:.1f}% saved, {'exact' if s['exact'] else 'beam'})"
+        )
+
+
 # --- schedule (MASA / EdgeCaffe: task graphs, policies, simulator, exact optimum) -------
 from layerfit.schedule.cli import app as schedule_app  # noqa: E402
 
@@ -111,10 +248,136 @@ def tradeoff_parts(
         for line in lines:
             console.print(line, highlight=False)
     if not result.feasible:
-        raise typer.Exit(1)
+        from layerfit.errors import TradeoffError
+
+        raise TradeoffError("; ".join(v.message() for v in result.violations))
 
 
 # --- store and engine (prepare, inspect, verify, run, plot-trace) ----------------------
+
+
+# --- SwapNet (profile, partition): delay model, block partition under a budget ----------
+
+
+def _print_profile_warnings(caught: list) -> None:
+    for w in caught:
+        Console(stderr=True).print(f"[yellow]warning:[/] {w.message}", highlight=False, soft_wrap=True)
+
+
+@app.command("profile")
+def profile_command(
+    directories: list[str] = typer.Argument(..., help="prepared model directories to profile"),  # noqa: B008
+    repeats: int = typer.Option(5, "--repeats", min=1, help="timed runs per measurement (medians)"),
+    warmup: int = typer.Option(1, "--warmup", min=0),
+    profile: str = typer.Option(None, "--profile", help="device profile file (default ~/.cache/layerfit/device-profile.json)"),
+    replace: bool = typer.Option(False, "--replace", help="forget models profiled before instead of adding to them"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Measure per-layer read/bind/kernel/unbind times and fit SwapNet's delay model."""
+    import warnings
+
+    from layerfit.tradeoff.swapnet_profile import (
+        default_profile_path,
+        previous_profile,
+        profile_models,
+    )
+
+    path = profile or default_profile_path()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        previous = None if replace else previous_profile(path)
+    _print_profile_warnings(caught)
+    result = profile_models(
+        directories, repeats=repeats, warmup=warmup, previous=previous,
+        progress=None if as_json else lambda t: console.print(
+            f"  {t.name} {tuple(t.input_shape)}: {len(t.nbytes)} layers, resident run "
+            f"{t.latency_s * 1e3:.1f} ms, streamed {t.stream_latency_s * 1e3:.1f} ms", highlight=False),
+    )
+    written = result.save(path)
+    summary = result.summary()
+    summary["path"] = str(written)
+    if as_json:
+        print_json(summary)
+        return
+    f = result.fits
+    console.print(
+        f"device profile written to {written} ({len(result.models)} models)\n"
+        f"  t_in  = alpha*s + beta*d + kappa: alpha {result.alpha:.3e} s/B, beta {result.beta:.3e} s/tensor, "
+        f"kappa {result.kappa_read:.3e} s/block   R2 {f['t_in'].r2:.3f} "
+        f"(paper's form without kappa: R2 {f['t_in_paper'].r2:.3f})\n"
+        f"  t_ex  = gamma*f: gamma {result.gamma:.3e} s/MAC   R2 {f['t_ex'].r2:.3f}  (glue ratio {result.glue_ratio:.3f})\n"
+        f"  t_out = eta*d: eta {result.eta:.3e} s/tensor   R2 {f['t_out'].r2:.3f}\n"
+        f"  block hand-over {result.kappa_exec * 1e3:.3f} ms/block; profiled models are predicted from "
+        "their measured per-layer times, others from the regression",
+        highlight=False,
+    )
+
+
+@app.command("partition")
+def partition_command(
+    directory: str = typer.Argument(..., help="prepared model directory"),
+    budget: str = typer.Option(..., "--budget", help="memory budget of the model in all, e.g. 100MB"),
+    profile: str = typer.Option(None, "--profile", help="device profile file (default ~/.cache/layerfit/device-profile.json)"),
+    measure_latency: bool = typer.Option(True, "--measure/--no-measure", help="run the chosen partition"),
+    repeats: int = typer.Option(3, "--repeats", min=1),
+    warmup: int = typer.Option(1, "--warmup", min=0),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Choose SwapNet's block partition for a budget: lookup tables and exact optimum."""
+    import warnings
+
+    from layerfit.sizes import format_bytes
+    from layerfit.tradeoff.swapnet import partition_report
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            rep = partition_report(
+                directory, budget, profile_path=profile, measure_latency=measure_latency, repeats=repeats, warmup=warmup
+            )
+        finally:
+            _print_profile_warnings(caught)
+    if as_json:
+        print_json(rep)
+        return
+    d, r = rep["decision"], rep["reserve"]
+    lines = [
+        f"[bold]{rep['model']}[/]: budget {format_bytes(d['budget_bytes'])}, reserve {format_bytes(r['total_bytes'])} "
+        f"(delta {d['delta']:.1%}: skeleton {format_bytes(r['skeleton_bytes'])}, activations "
+        f"{format_bytes(r['activation_bytes'])}, tables {format_bytes(r['table_bytes'])}, resident "
+        f"{format_bytes(r['resident_bytes'])}); two blocks may hold {format_bytes(d['capacity_bytes'])}; "
+        f"minimum budget {format_bytes(rep['minimum_budget_bytes'])}; execution times {rep['exec_source']}",
+    ]
+    if d["pipeline"] == "preload":
+        lines.append(f"the model fits ({format_bytes(rep['demand_bytes'])} with the reserve): every weight resident, "
+                     f"predicted {d['predicted_s'] * 1e3:.1f} ms")
+    else:
+        rows = sum(t["rows"] for t in rep["tables"])
+        lines.append(
+            f"lookup tables: {len(rep['tables'])} block counts, {rows} rows, "
+            f"{format_bytes(sum(t['bytes'] for t in rep['tables']))}, built in {rep['tables_build_s']:.2f} s; "
+            f"paper's n = ceil(2s/b) = {d['paper_blocks']}"
+        )
+        lines.append(
+            f"  table choice: {d['blocks']} blocks at {d['points']}, largest pair {format_bytes(d['max_pair_bytes'])}, "
+            f"predicted {d['predicted_s'] * 1e3:.1f} ms (lookup {d['lookup_s'] * 1e3:.2f} ms)"
+        )
+        dp = rep["dp"]
+        lines.append(
+            f"  exact DP:     {dp['blocks']} blocks at {dp['points']}, largest pair {format_bytes(dp['max_pair_bytes'])}, "
+            f"predicted {dp['predicted_s'] * 1e3:.1f} ms ({dp['seconds']:.2f} s)"
+        )
+    for key, label in (("chosen", "chosen partition"), ("dp", "DP partition"), ("direct", "all weights resident")):
+        m = rep.get("measured", {}).get(key)
+        if m is None:
+            continue
+        pred = {"chosen": d["predicted_s"], "dp": (rep["dp"] or {}).get("predicted_s"), "direct": m.get("predicted_s")}[key]
+        lines.append(
+            f"  measured {label}: {m['latency_s'] * 1e3:.1f} ms (predicted {pred * 1e3:.1f} ms, "
+            f"{m['latency_s'] / pred - 1:+.1%}), peak {format_bytes(m['accounted_peak_bytes'])} accounted"
+        )
+    for line in lines:
+        console.print(line, highlight=False)
 
 
 def _parse_shape(text: str | None) -> tuple[int, ...] | None:
@@ -212,6 +475,7 @@ def inspect(
         "macs": m.graph.total_macs,
         "ops": len(m.graph.ops),
         "activation_tensors": len(m.graph.tensors),
+        **_activation_info(m),
         "units": units,
     }
     if as_json:
@@ -222,12 +486,21 @@ def inspect(
         f"{len(m.units)} units, {format_bytes(m.total_bytes)} weights, largest unit "
         f"{format_bytes(m.largest_unit_bytes)}, resident {format_bytes(m.resident_bytes)}, "
         f"{m.graph.total_macs / 1e9:.2f} GMACs, minimum budget "
-        f"{format_bytes(info['minimum_budget_bytes'])}"
+        f"{format_bytes(info['minimum_budget_bytes'])}\n"
+        f"activation arena {format_bytes(info['activation_arena_bytes'])} (offsets plan, best); planned "
+        f"total at the minimum budget {format_bytes(info['planned_total_bytes'])}"
     )
     table = Table("#", "unit", "type", "bytes", "offset", "d", "MMACs")
     for u in m.units:
         table.add_row(str(u.index), u.name, u.module_type, format_bytes(u.nbytes), str(u.offset), str(u.d), f"{u.f / 1e6:.1f}")
     console.print(table)
+
+
+def _activation_info(m) -> dict[str, Any]:
+    """The planned activation arena next to the minimum weight budget (Pisarchyk & Lee)."""
+    from layerfit.engine.arena import memory_summary, plan_activations
+
+    return memory_summary(plan_activations(m.graph), m.largest_unit_bytes + m.resident_bytes)
 
 
 @app.command()
@@ -289,20 +562,35 @@ def run(
     directory: str = typer.Argument(..., help="prepared model directory"),
     pipeline: str = typer.Option("preload", "--pipeline", help="preload, sequential, sync or async"),
     budget: str = typer.Option(None, "--budget", help="weight memory, e.g. 24MB (default: the pipeline's own)"),
-    units: str = typer.Option("layers", "--units", help="layers or blocks:N"),
+    units: str = typer.Option("layers", "--units", help="layers, blocks:N or swapnet (SwapNet partition for --budget)"),
     input_path: str = typer.Option(None, "--input", help="input .npy (default: seeded random)"),
     output_path: str = typer.Option(None, "--output", help="save the output to .npy/.npz"),
     repeats: int = typer.Option(3, "--repeats", min=1),
     warmup: int = typer.Option(1, "--warmup", min=0),
     trace: str = typer.Option(None, "--trace", help="write a Chrome trace of the median run"),
     direct_io: bool = typer.Option(True, "--direct-io/--buffered-io"),
+    activations: str = typer.Option(
+        "default", "--activations", help="default (PyTorch allocates) or planned (one arena laid out by the planner)"
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Execute a prepared model under a weight budget and report latency and memory."""
     from layerfit.engine import load, measure
     from layerfit.sizes import format_bytes
 
-    with load(directory, budget=budget, pipeline=pipeline, units=units, direct_io=direct_io, trace=trace is not None) as engine:
+    options = {"budget": budget, "pipeline": pipeline, "units": units}
+    if units == "swapnet":
+        import warnings
+
+        from layerfit.tradeoff.swapnet import swapnet_engine_options
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                options = swapnet_engine_options(directory, budget)
+            finally:
+                _print_profile_warnings(caught)
+    with load(directory, **options, direct_io=direct_io, trace=trace is not None, activations=activations) as engine:
         x = _load_input(input_path, engine.manifest)
         out, report = measure(engine, (x,), repeats=repeats, warmup=warmup)
         if trace:
@@ -319,6 +607,8 @@ def run(
         f"latency {report['latency_s'] * 1e3:.1f} ms (median of {repeats}), weights peak "
         f"{format_bytes(report['weights_peak_bytes'])} of {format_bytes(report['weights_total_bytes'])}, "
         f"peak RSS {format_bytes(report['rss_peak_bytes'])}\n"
+        f"activations {report['activations']}: planned arena {format_bytes(report['activation_arena_bytes'])}, "
+        f"planned total {format_bytes(report['planned_total_bytes'])} (weight buffers + arena)\n"
         f"output {report['output_shape']} sha256 {report['output_sha256'][:16]}"
     )
 
@@ -334,6 +624,57 @@ def plot_trace(
 
     plot_timeline(load_timeline(trace_file), output)
     console.print(f"wrote {output}")
+
+
+@tradeoff_app.command("delay")
+def tradeoff_delay(
+    directory: str = typer.Argument(..., help="prepared model directory"),
+    pipeline: str = typer.Option("async", "--pipeline", help="a pipeline whose buffer can grow: async"),
+    step: str = typer.Option("1MB", "--step", help="budget increment per point"),
+    repeats: int = typer.Option(3, "--repeats", min=1),
+    warmup: int = typer.Option(1, "--warmup", min=0),
+    until: str = typer.Option(None, "--until", help="stop phase 1 at this budget (default: model size)"),
+    patience: int = typer.Option(None, "--patience", help="stop phase 1 after N points without a new minimum"),
+    tolerance: float = typer.Option(0.01, "--tolerance", help="relative slack when matching the minimum"),
+    as_json: bool = typer.Option(False, "--json"),
+    plot: str = typer.Option(None, "--plot", help="write the delay-memory curve (Fig. 13) here"),
+) -> None:
+    """Find the minimal-delay buffer size by growing the budget (Demand Layering V-D)."""
+    from layerfit.engine import load
+    from layerfit.sizes import format_bytes, parse_bytes
+    from layerfit.tradeoff.delay import minimal_delay_search, plot_delay_curve
+
+    with load(directory, pipeline=pipeline) as engine:
+        x = _load_input(None, engine.manifest)
+        curve = minimal_delay_search(
+            engine, (x,), step=parse_bytes(step), repeats=repeats, warmup=warmup,
+            until=None if until is None else parse_bytes(until), patience=patience, tolerance=tolerance,
+            progress=None if as_json else lambda p: console.print(
+                f"  {format_bytes(p.budget_bytes):>10}  {p.mean_s * 1e3:9.1f} ms  "
+                f"[{p.min_s * 1e3:.1f} - {p.max_s * 1e3:.1f}]", highlight=False),
+        )
+    with load(directory, pipeline="preload") as pre:
+        times = [_time_call(pre, x) for _ in range(repeats + warmup)][warmup:]
+        curve.preload_s = sorted(times)[len(times) // 2]
+    if plot:
+        plot_delay_curve(curve, plot, title=f"{engine.manifest.model['name']}: minimal-delay search")
+    if as_json:
+        print_json(curve.to_dict())
+        return
+    md = curve.minimal
+    console.print(
+        f"minimal delay: {md.mean_s * 1e3:.1f} ms at {format_bytes(md.budget_bytes)} "
+        f"(start {curve.points[0].mean_s * 1e3:.1f} ms at {format_bytes(curve.points[0].budget_bytes)}; "
+        f"preload {curve.preload_s * 1e3:.1f} ms)"
+    )
+
+
+def _time_call(engine, x) -> float:
+    import time
+
+    t0 = time.perf_counter()
+    engine(x)
+    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

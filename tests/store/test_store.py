@@ -193,3 +193,11 @@ def test_failed_write_leaves_nothing(tmp_path: Path, monkeypatch):
         prepare(TINY, tmp_path / "out", input_shape=(1, 3, 8, 8))
     assert list(tmp_path.iterdir()) == []
     assert os.path.exists(tmp_path)
+
+
+def test_unknown_model_lists_close_matches_and_writes_nothing(tmp_path: Path, capsys):
+    assert main(["prepare", "resnet15", "-o", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'resnet15'" in err and "resnet152" in err
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,150 @@
+"""The HTTP layer: Open Inference Protocol (KServe v2) REST routes on FastAPI.
+
+Routes are thin — they take bytes, headers and path parameters to the
+:class:`~layerfit.serve.dataplane.DataPlane` and return what it gives back. Every error,
+whether raised by the data plane, the runtime underneath, the router (unknown path,
+wrong method) or the body limit, leaves as ``{"error": "<message>"}`` with the status
+from :func:`~layerfit.serve.errors.status_of`.
+
+Endpoints::
+
+    GET  /v2/health/live                    GET  /v2/health/ready
+    GET  /v2                                (server metadata and extensions)
+    GET  /v2/models/{name}[/versions/{v}]   (model metadata)
+    GET  /v2/models/{name}[/versions/{v}]/ready
+    POST /v2/models/{name}[/versions/{v}]/infer   (JSON or binary tensor data)
+    POST /v2/repository/index
+    POST /v2/repository/models/{name}/load  POST /v2/repository/models/{name}/unload
+    GET  /metrics                           (Prometheus text format)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+
+from layerfit.errors import LayerfitError
+from layerfit.serve.codec import HEADER_LENGTH, describe_validation_error, parse_json
+from layerfit.serve.dataplane import DataPlane
+from layerfit.serve.errors import BadRequestError, status_of
+from layerfit.serve.metrics import ServerMetrics
+from layerfit.serve.middleware import BodyLimitMiddleware, MetricsMiddleware
+from layerfit.serve.types import RepositoryIndexRequest, RepositoryLoadRequest
+
+log = logging.getLogger("layerfit.serve")
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+async def _body_model(request: Request, model: type[BaseModel]) -> Any:
+    """An optional JSON body validated into ``model`` (an empty body means defaults)."""
+    body = await request.body()
+    data = parse_json(body) if body.strip() else {}
+    if not isinstance(data, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise BadRequestError(f"invalid request: {describe_validation_error(exc)}") from None
+
+
+def create_app(dataplane: DataPlane, metrics: ServerMetrics, *, max_body: int) -> Any:
+    """The ASGI application: routes, error handlers, body limit and metrics middleware."""
+    app = FastAPI(title="layerfit", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(LayerfitError)
+    async def _layerfit_error(_: Request, exc: LayerfitError) -> JSONResponse:
+        return error_response(status_of(exc), str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404:
+            message = f"no such endpoint: {message.lower()} (see GET /v2 and the Open Inference Protocol)"
+        return error_response(exc.status_code, message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(400, f"invalid request: {exc.errors()}")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return error_response(500, f"internal server error: {type(exc).__name__}: {exc}")
+
+    # --- health and metadata ------------------------------------------------------
+
+    @app.get("/v2/health/live")
+    async def live() -> JSONResponse:
+        return JSONResponse({"live": dataplane.live()})
+
+    @app.get("/v2/health/ready")
+    async def ready() -> JSONResponse:
+        if not dataplane.ready():
+            return error_response(503, "the server is shutting down")
+        return JSONResponse({"ready": True})
+
+    @app.get("/v2")
+    async def server_metadata() -> JSONResponse:
+        return JSONResponse(dataplane.server_metadata())
+
+    @app.get("/v2/models/{name}")
+    @app.get("/v2/models/{name}/versions/{version}")
+    async def model_metadata(name: str, version: str | None = None) -> JSONResponse:
+        return JSONResponse(dataplane.model_metadata(name, version))
+
+    @app.get("/v2/models/{name}/ready")
+    @app.get("/v2/models/{name}/versions/{version}/ready")
+    async def model_ready(name: str, version: str | None = None) -> JSONResponse:
+        if not dataplane.model_ready(name, version):
+            return error_response(503, f"model {name!r} is not ready (see POST /v2/repository/index)")
+        return JSONResponse({"name": name, "ready": True})
+
+    # --- inference --------------------------------------------------------------------
+
+    @app.post("/v2/models/{name}/infer")
+    @app.post("/v2/models/{name}/versions/{version}/infer")
+    async def infer(name: str, request: Request, version: str | None = None) -> Response:
+        dataplane.check_inference(name, version)  # 4xx/503 before reading the body
+        with dataplane.admit():
+            body = await request.body()
+            content, headers = await dataplane.infer(name, version, body, request.headers.get(HEADER_LENGTH))
+        return Response(content=content, headers=headers)
+
+    # --- model repository extension -------------------------------------------------
+
+    @app.post("/v2/repository/index")
+    async def repository_index(request: Request) -> JSONResponse:
+        query = await _body_model(request, RepositoryIndexRequest)
+        return JSONResponse(dataplane.index(query.ready))
+
+    @app.post("/v2/repository/models/{name}/load")
+    async def repository_load(name: str, request: Request) -> JSONResponse:
+        await _body_model(request, RepositoryLoadRequest)
+        await dataplane.load(name)
+        return JSONResponse({})
+
+    @app.post("/v2/repository/models/{name}/unload")
+    async def repository_unload(name: str, request: Request) -> JSONResponse:
+        await _body_model(request, RepositoryLoadRequest)
+        await dataplane.unload(name)
+        return JSONResponse({})
+
+    # --- metrics ------------------------------------------------------------------------
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        content, media_type = metrics.render()
+        return Response(content=content, media_type=media_type)
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body)
+    app.add_middleware(MetricsMiddleware, observe=metrics.observe_request)
+    return app

@@ -1,0 +1,279 @@
+"""Tensors in and out of Open Inference Protocol messages: JSON and binary data.
+
+A request body is either one JSON object, or — with the binary tensor data extension —
+a JSON object of ``Inference-Header-Content-Length`` bytes followed by the raw bytes of
+every input that declares ``parameters.binary_data_size``, in input order (little-endian,
+row-major, no padding). Responses mirror that: an output goes as binary data when its
+``parameters.binary_data`` says so, else when the request's ``binary_data_output`` does.
+
+Decoding is strict, because a model prepared for ``FP32 [1, 3, 224, 224]`` runs on
+nothing else: the datatype and shape must equal the model's, and the message of every
+refusal names the input and what the model expects. Nothing is converted silently.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import ValidationError
+
+from layerfit.serve.datatypes import datatype_of, itemsize, torch_dtype
+from layerfit.serve.errors import BadRequestError
+from layerfit.serve.types import InferenceRequest, RequestInput
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+JSON_TYPE = "application/json"
+BINARY_TYPE = "application/octet-stream"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, protocol datatype and exact shape of one model input or output."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def describe(self) -> str:
+        return f"{self.datatype} with shape {list(self.shape)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+# --- request ------------------------------------------------------------------------
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
+    """The JSON part and the binary part of a request body.
+
+    Without the header the whole body is JSON. The header must be a whole number no
+    larger than the body: a header that claims more bytes than arrived is a client bug
+    (or a truncated upload) and is refused rather than read past.
+    """
+    if header_length is None:
+        return body, memoryview(b"")
+    try:
+        n = int(header_length)
+    except ValueError:
+        raise BadRequestError(
+            f"{HEADER_LENGTH} must be a whole number of bytes, not {header_length!r}"
+        ) from None
+    if n < 0 or n > len(body):
+        raise BadRequestError(
+            f"{HEADER_LENGTH} is {n} but the request body has only {len(body)} bytes: the "
+            "header must give the length of the JSON part, which precedes the binary data"
+        )
+    return body[:n], memoryview(body)[n:]
+
+
+def parse_json(data: bytes, what: str = "the request body") -> Any:
+    """Parse JSON bytes; a 400 that quotes the parser's complaint if they are not JSON."""
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadRequestError(f"{what} is not valid JSON: {exc}") from None
+
+
+def describe_validation_error(exc: ValidationError, limit: int = 5) -> str:
+    """``field.path: problem`` for the first ``limit`` problems pydantic found."""
+    parts = []
+    for err in exc.errors()[:limit]:
+        loc = ".".join(str(p) for p in err["loc"]) or "body"
+        parts.append(f"{loc}: {err['msg']}")
+    more = len(exc.errors()) - limit
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def parse_request(body: bytes, header_length: str | None) -> tuple[InferenceRequest, list[memoryview | None]]:
+    """Validate an inference request and cut its binary part into one chunk per input.
+
+    Returns the request and, for every input in order, its binary bytes or None when
+    the input carries JSON ``data``. Sizes must add up exactly: a declared size beyond
+    the end of the body, or bytes left over, are refused.
+    """
+    header, binary = split_body(body, header_length)
+    try:
+        obj = json.loads(header)
+    except (UnicodeDecodeError, ValueError) as exc:
+        hint = ""
+        if header_length is None and "Extra data" in str(exc):
+            hint = f" (binary tensor data after the JSON needs the {HEADER_LENGTH} header)"
+        raise BadRequestError(f"the request body is not valid JSON: {exc}{hint}") from None
+    if not isinstance(obj, dict):
+        raise BadRequestError("the request body must be a JSON object (an $inference_request)")
+    try:
+        request = InferenceRequest.model_validate(obj)
+    except ValidationError as exc:
+        raise BadRequestError(f"invalid inference request: {describe_validation_error(exc)}") from None
+    chunks: list[memoryview | None] = []
+    offset = 0
+    for tensor in request.inputs:
+        size = tensor.binary_size()
+        if size is None:
+            if tensor.data is None:
+                raise BadRequestError(
+                    f"input {tensor.name!r} has neither data nor parameters.binary_data_size"
+                )
+            chunks.append(None)
+            continue
+        if header_length is None:
+            raise BadRequestError(
+                f"input {tensor.name!r} declares binary_data_size but the request has no "
+                f"{HEADER_LENGTH} header giving the length of its JSON part"
+            )
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise BadRequestError(
+                f"input {tensor.name!r}: binary_data_size must be a whole number of bytes, not {size!r}"
+            )
+        if offset + size > len(binary):
+            raise BadRequestError(
+                f"input {tensor.name!r} declares binary_data_size {size} but only "
+                f"{len(binary) - offset} bytes of binary data remain in the body"
+            )
+        chunks.append(binary[offset : offset + size])
+        offset += size
+    if offset != len(binary):
+        raise BadRequestError(
+            f"the body has {len(binary) - offset} bytes of binary data beyond what the inputs' "
+            f"binary_data_size declare ({offset} bytes)"
+        )
+    return request, chunks
+
+
+def decode_input(tensor: RequestInput, raw: memoryview | None, spec: TensorSpec, model: str) -> torch.Tensor:
+    """The request tensor as a torch tensor of ``spec``'s dtype and shape, or a 400.
+
+    The datatype and shape must equal the model's exactly; the message names the input
+    and the expected datatype and shape.
+    """
+    dtype = torch_dtype(tensor.datatype, tensor=tensor.name)
+    if tensor.datatype != spec.datatype or tuple(tensor.shape) != spec.shape:
+        raise BadRequestError(
+            f"input {tensor.name!r} of model {model!r} must be {spec.describe()}; "
+            f"the request sent {tensor.datatype} with shape {list(tensor.shape)}"
+        )
+    count = math.prod(spec.shape)
+    if raw is not None:
+        return _from_binary(tensor.name, raw, dtype, spec, count)
+    return _from_json(tensor.name, tensor.data, dtype, spec, count)
+
+
+def _from_binary(name: str, raw: memoryview, dtype: torch.dtype, spec: TensorSpec, count: int) -> torch.Tensor:
+    expected = count * itemsize(spec.datatype)
+    if len(raw) != expected:
+        raise BadRequestError(
+            f"input {name!r}: binary_data_size is {len(raw)} bytes but {spec.describe()} "
+            f"takes {expected} bytes"
+        )
+    if dtype == torch.bool and expected and max(raw) > 1:
+        raise BadRequestError(f"input {name!r}: BOOL binary data must be bytes 0 or 1")
+    if expected == 0:
+        return torch.empty(spec.shape, dtype=dtype)
+    # bytearray copies once: the tensor owns writable memory independent of the body.
+    return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(spec.shape)
+
+
+_KINDS = {"bool": "b", "int": "iu", "float": "iuf"}
+
+
+def _from_json(name: str, data: Any, dtype: torch.dtype, spec: TensorSpec, count: int) -> torch.Tensor:
+    if not isinstance(data, list):
+        raise BadRequestError(
+            f"input {name!r}: data must be a JSON array of {count} values "
+            f"(row-major, flat or nested) for {spec.describe()}"
+        )
+    try:
+        array = np.asarray(data)
+    except ValueError:
+        array = np.asarray([], dtype=object)
+    if array.dtype == object:
+        raise BadRequestError(f"input {name!r}: data must be numbers in nested arrays of equal length")
+    if array.size != count:
+        raise BadRequestError(
+            f"input {name!r}: data has {array.size} values but {spec.describe()} takes {count}"
+        )
+    family = "bool" if dtype == torch.bool else "float" if dtype.is_floating_point else "int"
+    if count and array.dtype.kind not in _KINDS[family]:
+        wanted = {"bool": "true/false", "int": "integers", "float": "numbers"}[family]
+        raise BadRequestError(f"input {name!r}: {spec.datatype} data must be {wanted}")
+    if family == "int" and count:
+        info = torch.iinfo(dtype)
+        low, high = array.min(), array.max()
+        if low < info.min or high > info.max:
+            raise BadRequestError(
+                f"input {name!r}: values from {low} to {high} do not fit {spec.datatype}"
+            )
+    array = np.ascontiguousarray(array.reshape(spec.shape))
+    if family == "int" and array.dtype == np.uint64 and dtype != torch.uint64:
+        array = array.astype(np.int64)
+    return torch.from_numpy(array).to(dtype)
+
+
+# --- response -----------------------------------------------------------------------
+
+
+def _wants_binary(parameters: dict[str, Any] | None, default: bool) -> bool:
+    value = (parameters or {}).get("binary_data", default)
+    if not isinstance(value, bool):
+        raise BadRequestError(f"parameters.binary_data must be true or false, not {value!r}")
+    return value
+
+
+def encode_response(
+    request: InferenceRequest,
+    model: str,
+    version: str,
+    outputs: list[torch.Tensor],
+    names: list[str],
+) -> tuple[bytes, dict[str, str]]:
+    """The response body and headers for ``outputs`` (named ``names``).
+
+    Outputs the request lists are returned in its order (an unknown name is a 400);
+    without a list, every output is returned. Binary outputs follow the JSON header.
+    """
+    default = (request.parameters or {}).get("binary_data_output", False)
+    if not isinstance(default, bool):
+        raise BadRequestError(f"parameters.binary_data_output must be true or false, not {default!r}")
+    by_name = dict(zip(names, outputs, strict=True))
+    if request.outputs:
+        chosen = []
+        for wanted in request.outputs:
+            if wanted.name not in by_name:
+                raise BadRequestError(
+                    f"model {model!r} has no output {wanted.name!r}; its outputs are "
+                    f"{', '.join(repr(n) for n in names)}"
+                )
+            chosen.append((wanted.name, _wants_binary(wanted.parameters, default)))
+    else:
+        chosen = [(name, default) for name in names]
+    entries: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for name, binary in chosen:
+        tensor = by_name[name].detach().cpu().contiguous()
+        entry: dict[str, Any] = {
+            "name": name,
+            "datatype": datatype_of(tensor.dtype),
+            "shape": list(tensor.shape),
+        }
+        flat = tensor.reshape(-1)
+        if binary:
+            raw = flat.view(torch.uint8).numpy().tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            entry["data"] = flat.tolist()
+        entries.append(entry)
+    header: dict[str, Any] = {"model_name": model, "model_version": version}
+    if request.id is not None:
+        header["id"] = request.id
+    header["outputs"] = entries
+    head = json.dumps(header, separators=(",", ":")).encode()
+    if not blobs:
+        return head, {"content-type": JSON_TYPE}
+    return head + b"".join(blobs), {"content-type": BINARY_TYPE, HEADER_LENGTH: str(len(head))}

@@ -1,0 +1,232 @@
+"""The data plane: what every endpoint does, independent of HTTP.
+
+Seldon MLServer's middle layer: the HTTP layer (:mod:`layerfit.serve.app`) only moves
+bytes and headers in and out; this class validates, decodes, submits to the
+:class:`~layerfit.Runtime`, waits and encodes. It also owns the two pieces of state the
+server needs for robustness:
+
+* **admission** — at most ``max_inflight`` inference requests are held at once (the
+  runtime's queue limit: unfinished jobs, queued or running); the next one is answered
+  429 before its body is read, so memory stays bounded whatever the clients do;
+* **draining** — after SIGTERM new inference is answered 503, and :meth:`drain` waits
+  for the admitted requests; when the grace period runs out it cancels the runtime's
+  pending work, whose requests are then answered 503 too. Every admitted request gets a
+  response.
+
+Waiting never blocks the event loop: the runtime's ``concurrent.futures.Future`` wakes
+an asyncio future through ``call_soon_threadsafe``; decoding and encoding (numpy work
+on possibly large tensors) run in the thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from starlette.concurrency import run_in_threadpool
+
+from layerfit.engine import flat_outputs
+from layerfit.errors import JobTimeoutError, LayerfitError
+from layerfit.serve.codec import decode_input, encode_response, parse_request
+from layerfit.serve.errors import BadRequestError, ServerBusyError, ShuttingDownError
+from layerfit.serve.registry import VERSION, ModelRegistry, Signature
+from layerfit.serve.types import InferenceRequest
+
+SERVER_NAME = "layerfit"
+EXTENSIONS = ["binary_tensor_data", "model_repository"]
+
+
+class DataPlane:
+    """Health, metadata, inference and repository operations over one runtime."""
+
+    def __init__(
+        self,
+        runtime: Any,
+        registry: ModelRegistry,
+        *,
+        timeout: float,
+        max_inflight: int,
+        metrics: Any = None,
+    ) -> None:
+        from layerfit import __version__
+
+        self.runtime = runtime
+        self.registry = registry
+        self.timeout = timeout
+        self.max_inflight = max_inflight
+        self.metrics = metrics
+        self.version = __version__
+        self.draining = False
+        self.inflight = 0
+        self._idle: asyncio.Event | None = None
+
+    # --- health and metadata ------------------------------------------------------
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        """Ready for inference: not draining (models may still be loading or unloaded)."""
+        return not self.draining
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": self.version, "extensions": list(EXTENSIONS)}
+
+    def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
+        return self.registry.metadata(name, version)
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        return self.registry.is_ready(name, version) and not self.draining
+
+    # --- admission and draining -----------------------------------------------------
+
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        """Hold one inference slot for the duration of the block, or refuse (429/503)."""
+        if self.draining:
+            raise ShuttingDownError("the server is shutting down and accepts no new inference")
+        if self.inflight >= self.max_inflight:
+            raise ServerBusyError(
+                f"the queue is full: the server already holds {self.inflight} inference requests "
+                "(its --queue-limit): retry later, or start the server with a larger --queue-limit"
+            )
+        self.inflight += 1
+        if self._idle is not None:
+            self._idle.clear()
+        try:
+            yield
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0 and self._idle is not None:
+                self._idle.set()
+
+    def begin_drain(self) -> None:
+        """Stop admitting inference (called on SIGTERM)."""
+        self.draining = True
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no inference is in flight, at most ``timeout`` seconds; True if idle."""
+        if self.inflight == 0:
+            return True
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+        return self.inflight == 0
+
+    async def drain(self, grace: float) -> None:
+        """Finish or fail every admitted request, then stop the runtime.
+
+        Admitted requests get ``grace`` seconds to finish; then every unfinished job is
+        cancelled and its request answered 503 (a task already running ends in the
+        background and returns its memory); then the runtime's threads are joined.
+        """
+        self.begin_drain()
+        if not await self.wait_idle(grace):
+            await run_in_threadpool(self.runtime.shutdown, wait=False, cancel_pending=True)
+            await self.wait_idle(self.timeout + 5.0)
+        await run_in_threadpool(self.runtime.shutdown, wait=True)
+
+    # --- inference -------------------------------------------------------------------
+
+    def check_inference(self, name: str, version: str | None = None) -> Signature:
+        """Everything that can be refused before the body is read: name, version, readiness."""
+        if self.draining:
+            raise ShuttingDownError("the server is shutting down and accepts no new inference")
+        return self.registry.require_ready(name, version)
+
+    async def infer(
+        self, name: str, version: str | None, body: bytes, header_length: str | None
+    ) -> tuple[bytes, dict[str, str]]:
+        """Run one inference request; returns the response body and its headers."""
+        signature = self.check_inference(name, version)
+        request, x = await run_in_threadpool(self._decode, name, signature, body, header_length)
+        timeout = self._timeout_of(request)
+        submitted = time.perf_counter()
+        future = self.runtime.infer(name, x, timeout=timeout)
+        out = await self._wait(future, timeout)
+        if self.metrics is not None:
+            self.metrics.observe_inference(name, time.perf_counter() - submitted, future)
+        outputs = flat_outputs(out)
+        names = signature.output_names if len(outputs) == len(signature.outputs) else (
+            [f"output_{i}" for i in range(len(outputs))] if len(outputs) > 1 else ["output"]
+        )
+        return await run_in_threadpool(encode_response, request, name, VERSION, outputs, names)
+
+    def _decode(
+        self, name: str, signature: Signature, body: bytes, header_length: str | None
+    ) -> tuple[InferenceRequest, torch.Tensor]:
+        request, chunks = parse_request(body, header_length)
+        spec = signature.inputs[0]
+        if len(request.inputs) != 1 or request.inputs[0].name != spec.name:
+            sent = ", ".join(repr(i.name) for i in request.inputs)
+            raise BadRequestError(
+                f"model {name!r} takes one input, {spec.name!r} ({spec.describe()}); "
+                f"the request has {sent}"
+            )
+        return request, decode_input(request.inputs[0], chunks[0], spec, name)
+
+    def _timeout_of(self, request: InferenceRequest) -> float:
+        """The server's timeout, shortened by the request's ``timeout`` parameter (µs)."""
+        value = (request.parameters or {}).get("timeout")
+        if value is None:
+            return self.timeout
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or math.isinf(value):
+            raise BadRequestError(f"parameters.timeout must be a positive number of microseconds, not {value!r}")
+        return min(self.timeout, value / 1e6)
+
+    async def _wait(self, future: concurrent.futures.Future, timeout: float) -> Any:
+        """The runtime's result, without blocking the loop; cancelled work becomes a 503.
+
+        The runtime enforces ``timeout`` itself (cancelling queued work and freeing its
+        memory); the wait here allows a little more, as a safety net only.
+        """
+        loop = asyncio.get_running_loop()
+        woken = loop.create_future()
+
+        def wake(_: concurrent.futures.Future) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+                loop.call_soon_threadsafe(lambda: woken.done() or woken.set_result(None))
+
+        future.add_done_callback(wake)
+        try:
+            async with asyncio.timeout(timeout + 5.0):
+                await woken
+        except TimeoutError:
+            future.cancel()
+            raise JobTimeoutError(f"inference did not finish within {timeout:g} s and was cancelled") from None
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        if future.cancelled():
+            if self.draining:
+                raise ShuttingDownError("the server shut down before this request ran; it was cancelled")
+            raise JobTimeoutError("the inference was cancelled before it ran")
+        exc = future.exception()
+        if exc is None:
+            return future.result()
+        if isinstance(exc, LayerfitError):
+            raise exc
+        if isinstance(exc, TimeoutError | concurrent.futures.TimeoutError):
+            raise JobTimeoutError(f"inference did not finish within {timeout:g} s: {exc}") from exc
+        raise exc
+
+    # --- model repository ------------------------------------------------------------
+
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        return self.registry.index(ready_only)
+
+    async def load(self, name: str) -> None:
+        self.registry.info(name)
+        await run_in_threadpool(self.registry.load, name)
+
+    async def unload(self, name: str) -> None:
+        self.registry.info(name)
+        await run_in_threadpool(self.registry.unload, name)

@@ -1,0 +1,70 @@
+"""Errors of the inference server, each carrying the HTTP status it is answered with.
+
+As in Seldon MLServer, there is one error type: every failure the server reports is a
+:class:`~layerfit.errors.LayerfitError` and becomes ``{"error": "<message>"}`` with the
+status from :func:`status_of`. The errors below are the server's own; errors raised by
+the layers underneath (the runtime, the store) are mapped by their class, so a corrupt
+model folder is a 400, a full runtime queue a 429, a model that is not loaded or a job
+that timed out a 503, without the server re-wrapping them.
+"""
+
+from __future__ import annotations
+
+from layerfit.errors import (
+    JobTimeoutError,
+    LayerfitError,
+    ModelNotReadyError,
+    QueueFullError,
+    UnknownModelError,
+)
+
+
+class ServeError(LayerfitError):
+    """A request the server refuses; ``status_code`` is the HTTP status of the answer."""
+
+    status_code = 400
+
+
+class BadRequestError(ServeError):
+    """A malformed request: bad JSON, wrong datatype or shape, inconsistent binary data."""
+
+    status_code = 400
+
+
+class ModelNotFoundError(ServeError):
+    """A model name (or version) that is not in the repository."""
+
+    status_code = 404
+
+
+class PayloadTooLargeError(ServeError):
+    """A request body larger than the server's ``--max-body`` limit."""
+
+    status_code = 413
+
+
+class ServerBusyError(ServeError):
+    """Every admission slot is taken (the request queue is full): try again later."""
+
+    status_code = 429
+
+
+class ShuttingDownError(ServeError):
+    """The server is draining after SIGTERM and accepts no new inference."""
+
+    status_code = 503
+
+
+def status_of(exc: BaseException) -> int:
+    """The HTTP status a failure is answered with (500 for anything unexpected)."""
+    if isinstance(exc, ServeError):
+        return exc.status_code
+    if isinstance(exc, UnknownModelError):
+        return 404
+    if isinstance(exc, QueueFullError):
+        return 429
+    if isinstance(exc, ModelNotReadyError | JobTimeoutError):
+        return 503
+    if isinstance(exc, LayerfitError):
+        return 400
+    return 500

@@ -1,0 +1,131 @@
+"""Prometheus metrics of the server and of the runtime underneath it.
+
+Every server has its own :class:`prometheus_client.CollectorRegistry` (no global state:
+two servers in one process do not share counters). Request metrics are observed by the
+HTTP middleware; inference metrics by the data plane; the runtime's ledger, tasks and
+queue are read from ``Runtime.stats()`` at scrape time, so they are never stale.
+
+``layerfit_queue_seconds`` (submission to the job's first task) is observed from the
+runtime's future when it carries ``queue_seconds``; the runtime does not set it yet, so
+until it does only ``layerfit_inference_duration_seconds`` (submission to result) and
+the queue length gauge describe queueing.
+
+Labels are bounded: ``endpoint`` is the route template (``/v2/models/{name}/infer``,
+not the URL), and ``model`` is a model of the repository or ``""`` — a client cannot
+create new time series by inventing model names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class RuntimeCollector(Collector):
+    """Gauges read from ``Runtime.stats()`` and the data plane at each scrape."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]], inflight: Callable[[], int]) -> None:
+        self.stats = stats
+        self.inflight = inflight
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "layerfit_inflight_requests", "Inference requests admitted and not yet answered",
+            value=self.inflight(),
+        )
+        try:
+            stats = self.stats()
+        except Exception:  # a scrape must not fail because the runtime is shutting down
+            return
+        yield from runtime_families(stats)
+
+
+def runtime_families(stats: dict[str, Any]) -> Iterator[Metric]:
+    """Metric families of one ``Runtime.stats()`` snapshot."""
+    memory = GaugeMetricFamily(
+        "layerfit_memory_bytes",
+        "Memory ledger of the runtime: bytes reserved now (in_use), the budget, the peak "
+        "reservation, and bytes of unit buffers actually held",
+        labels=["kind"],
+    )
+    for kind, key in (("in_use", "in_use_bytes"), ("budget", "budget_bytes"), ("peak", "peak_bytes"),
+                      ("unit_buffers", "unit_buffer_bytes")):
+        memory.add_metric([kind], float(stats.get(key) or 0))
+    yield memory
+    tasks = CounterMetricFamily("layerfit_tasks", "Runtime tasks started, by type", labels=["type"])
+    for kind, count in sorted(stats.get("tasks_started", {}).items()):
+        tasks.add_metric([str(kind)], float(count))
+    yield tasks
+    yield GaugeMetricFamily("layerfit_tasks_running", "Runtime tasks running now",
+                            value=float(stats.get("tasks_running") or 0))
+    yield GaugeMetricFamily("layerfit_queue_length", "Unfinished jobs in the runtime (queued or running)",
+                            value=float(stats.get("queue_length") or 0))
+    if stats.get("queue_limit") is not None:
+        yield GaugeMetricFamily("layerfit_queue_limit", "Most unfinished jobs the runtime takes",
+                                value=float(stats["queue_limit"]))
+    jobs = CounterMetricFamily("layerfit_jobs", "Runtime jobs by outcome", labels=["outcome"])
+    for outcome, count in sorted(stats.get("jobs", {}).items()):
+        jobs.add_metric([str(outcome)], float(count))
+    yield jobs
+    yield CounterMetricFamily(
+        "layerfit_progress_rule", "Tasks admitted alone beyond the budget by the progress rule",
+        value=float(stats.get("progress_rule_fired") or 0),
+    )
+
+
+class ServerMetrics:
+    """The server's metrics registry: request, inference and runtime metrics."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.models: Callable[[], Any] = dict
+        self.requests = Counter(
+            "layerfit_requests", "HTTP requests answered, by endpoint, model and status",
+            ["endpoint", "model", "status"], registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            "layerfit_request_duration_seconds", "Time to answer an HTTP request",
+            ["endpoint", "model"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.inference_seconds = Histogram(
+            "layerfit_inference_duration_seconds", "Time from submission to the runtime to the result",
+            ["model"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.queue_seconds = Histogram(
+            "layerfit_queue_seconds", "Time an inference waited in the runtime queue before it started",
+            ["model"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+
+    def attach(self, runtime: Any, inflight: Callable[[], int]) -> None:
+        """Read the runtime's models and stats, and the data plane's in-flight count."""
+        self.models = lambda: runtime.models
+        self.registry.register(RuntimeCollector(runtime.stats, inflight))
+
+    def _model_label(self, name: str | None) -> str:
+        if name is None:
+            return ""
+        return name if name in self.models() else "<unknown>"
+
+    def observe_request(self, scope: MutableMapping[str, Any], status: int, seconds: float) -> None:
+        route = scope.get("route")
+        endpoint = getattr(route, "path", None) or "<unmatched>"
+        model = self._model_label(scope.get("path_params", {}).get("name"))
+        self.requests.labels(endpoint, model, str(status)).inc()
+        self.request_seconds.labels(endpoint, model).observe(seconds)
+
+    def observe_inference(self, model: str, seconds: float, future: Any) -> None:
+        self.inference_seconds.labels(model).observe(seconds)
+        queued = getattr(future, "queue_seconds", None)
+        if queued is not None:
+            self.queue_seconds.labels(model).observe(queued)
+
+    def render(self) -> tuple[bytes, str]:
+        """The Prometheus text exposition and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

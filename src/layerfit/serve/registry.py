@@ -1,0 +1,214 @@
+"""The model repository as the server sees it: names, versions, signatures, readiness.
+
+The :class:`~layerfit.Runtime` owns the models; this registry is the server's view of
+it (MLServer's "model registry" layer). It is where a name from a URL is checked before
+anything touches the disk: a name must look like a folder name (no separators, no
+``..``) *and* be a model the runtime found in the repository, so no request can name a
+path outside it. It also refuses to load a model whose weights are not a safetensors
+file — weights are never unpickled.
+
+Each model has one version, ``"1"``. Its one input is called ``input``; its outputs
+``output`` (one) or ``output_0``, ``output_1``, … (several), with the shapes captured
+when the model was prepared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from layerfit.errors import LayerfitError, ModelNotReadyError
+from layerfit.schedule.repository import NAME_PATTERN
+from layerfit.serve.codec import TensorSpec
+from layerfit.serve.datatypes import datatype_of
+from layerfit.serve.errors import BadRequestError, ModelNotFoundError
+from layerfit.store import read_manifest
+
+VERSION = "1"
+PLATFORM = "layerfit"
+INPUT_NAME = "input"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The inputs and outputs of a model, as the protocol's metadata describes them."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.outputs]
+
+
+def output_names(count: int) -> list[str]:
+    """``["output"]`` for one output, ``["output_0", "output_1", ...]`` for several."""
+    return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+
+
+def signature_of(manifest: Any) -> Signature:
+    """Input and output specs from a prepared model's manifest.
+
+    The manifest records output shapes but not output dtypes; each output's datatype is
+    the dtype of the last captured activation of that shape (the tensor the model
+    returned), falling back to the input dtype, or FP32 for integer inputs.
+    """
+    inputs = (TensorSpec(INPUT_NAME, datatype_of(manifest.input_dtype), tuple(manifest.input_shape)),)
+    graph = manifest.graph
+    fallback = manifest.input_dtype if inputs[0].datatype.startswith(("FP", "BF")) else "float32"
+    shapes = [tuple(s) for s in graph.output_shapes]
+    outputs = []
+    for name, shape in zip(output_names(len(shapes)), shapes, strict=True):
+        dtype = next((t.dtype for t in reversed(graph.tensors) if tuple(t.shape) == shape), fallback)
+        outputs.append(TensorSpec(name, datatype_of(dtype), shape))
+    return Signature(inputs, tuple(outputs))
+
+
+def check_name(name: str) -> None:
+    """Refuse names that are not plain folder names (path separators, ``..``, oddities)."""
+    if not NAME_PATTERN.fullmatch(name):
+        raise BadRequestError(
+            f"invalid model name {name!r}: a model name is the name of a folder in the "
+            "repository (letters, digits, '.', '_', '-', starting with a letter or digit; "
+            "at most 128 characters)"
+        )
+
+
+class ModelRegistry:
+    """Names, versions, metadata and readiness of the runtime's models."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime = runtime
+        self.load_errors: dict[str, str] = {}
+        self._signatures: dict[str, tuple[Any, Signature]] = {}
+
+    def names(self) -> list[str]:
+        return sorted(self.runtime.models)
+
+    def info(self, name: str, version: str | None = None) -> Any:
+        """The runtime's ModelInfo of ``name``: 400 for a bad name, 404 if not in the repository."""
+        check_name(name)
+        info = self.runtime.models.get(name)
+        if info is None:
+            self.runtime.index()  # rescans the repository: folders added since start count
+            info = self.runtime.models.get(name)
+        if info is None:
+            known = ", ".join(self.names()) or "none"
+            raise ModelNotFoundError(
+                f"model {name!r} is not in the repository (models: {known}); "
+                "POST /v2/repository/index lists them"
+            )
+        if version not in (None, "", VERSION):
+            raise ModelNotFoundError(f"model {name!r} has no version {version!r} (its only version is {VERSION})")
+        return info
+
+    def manifest(self, name: str) -> Any:
+        """The manifest of ``name``: the runtime's once loaded, else read from its folder.
+
+        Reading a manifest is JSON only (no weights), so metadata of a model that is not
+        loaded is still available; a folder whose manifest is unreadable is a 503 with
+        the store's message.
+        """
+        info = self.info(name)
+        if info.manifest is not None:
+            return info.manifest
+        try:
+            return read_manifest(info.directory)
+        except LayerfitError as exc:
+            raise ModelNotReadyError(f"model {name!r} is unavailable: {exc}") from None
+
+    def signature(self, name: str) -> Signature:
+        """Input and output specs of ``name`` (503 if its manifest cannot be read)."""
+        manifest = self.manifest(name)
+        cached = self._signatures.get(name)
+        if cached is None or cached[0] is not manifest:
+            cached = (manifest, signature_of(manifest))
+            if self.info(name).manifest is manifest:  # cache only the runtime's manifest
+                self._signatures[name] = cached
+        return cached[1]
+
+    def metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """``$metadata_model_response`` of ``name``."""
+        self.info(name, version)
+        sig = self.signature(name)
+        return {
+            "name": name,
+            "versions": [VERSION],
+            "platform": PLATFORM,
+            "inputs": [s.to_dict() for s in sig.inputs],
+            "outputs": [s.to_dict() for s in sig.outputs],
+        }
+
+    def is_ready(self, name: str, version: str | None = None) -> bool:
+        return bool(self.info(name, version).loaded)
+
+    def require_ready(self, name: str, version: str | None = None) -> Signature:
+        """The signature of a loaded model; 503 with what to do if it is not loaded."""
+        if not self.is_ready(name, version):
+            raise ModelNotReadyError(
+                f"model {name!r} is not loaded ({self._reason(name)}): "
+                f"POST /v2/repository/models/{name}/load loads it"
+            )
+        return self.signature(name)
+
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """``$repository_index_response``: every model with its state and reason."""
+        rows = []
+        for row in self.runtime.index():
+            if ready_only and row.get("state") != "READY":
+                continue
+            reason = row.get("reason") or ""
+            if row.get("state") != "READY" and row["name"] in self.load_errors:
+                reason = self.load_errors[row["name"]]
+            rows.append({"name": row["name"], "version": VERSION, "state": row["state"], "reason": reason})
+        return rows
+
+    def check_loadable(self, name: str) -> None:
+        """Refuse a model whose weights file is not safetensors (weights are never unpickled)."""
+        info = self.info(name)
+        try:
+            manifest = read_manifest(info.directory)
+        except LayerfitError:
+            return  # the runtime's load reports the unreadable manifest itself
+        if not str(manifest.weights_file).endswith(".safetensors"):
+            raise BadRequestError(
+                f"model {name!r} names weights file {manifest.weights_file!r}: layerfit only "
+                "reads safetensors weights (prepare the model again with `layerfit prepare`)"
+            )
+
+    def load(self, name: str) -> None:
+        """Check and (re)load ``name`` in the runtime; a failure is remembered for the index.
+
+        Any failure is a 400 naming the model: the folder exists (else 404), so what
+        went wrong is its content, and the other models keep serving.
+        """
+        self.info(name)
+        try:
+            self.check_loadable(name)
+            self.runtime.load_model(name)
+        except LayerfitError as exc:
+            self.load_errors[name] = str(exc)
+            if isinstance(exc, BadRequestError):
+                raise
+            raise BadRequestError(f"cannot load model {name!r}: {exc}") from exc
+        self.load_errors.pop(name, None)
+
+    def load_all(self) -> dict[str, str]:
+        """Load every model of the repository; returns the failures by name."""
+        failures = {}
+        for name in self.names():
+            try:
+                self.load(name)
+            except LayerfitError as exc:
+                failures[name] = str(exc)
+        return failures
+
+    def unload(self, name: str) -> None:
+        self.info(name)
+        self.runtime.unload_model(name)
+
+    def _reason(self, name: str) -> str:
+        if name in self.load_errors:
+            return self.load_errors[name]
+        info = self.info(name)
+        return str(getattr(info, "reason", "") or "not loaded")

@@ -1,0 +1,240 @@
+"""Start and stop the inference server: settings, uvicorn, graceful shutdown.
+
+:func:`build` wires the layers — runtime → registry → data plane → FastAPI app — and
+:class:`Server` runs them on uvicorn. On SIGTERM (or :meth:`ServerThread.stop`) the
+server drains before uvicorn closes any connection: new inference is answered 503, the
+admitted requests get ``shutdown_grace`` seconds to finish, then the runtime's pending
+work is cancelled and answered 503 as well; only then are connections closed and the
+runtime stopped. No admitted request is left without a response.
+
+:func:`serve` is what ``layerfit serve`` runs; :class:`ServerThread` runs the same server
+on a background thread (for embedding and for tests) on a given or free loopback port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from layerfit.errors import LayerfitError
+from layerfit.serve.dataplane import DataPlane
+from layerfit.serve.metrics import ServerMetrics
+from layerfit.serve.registry import ModelRegistry
+from layerfit.sizes import parse_bytes
+
+
+@dataclass
+class ServeSettings:
+    """Everything ``layerfit serve`` takes; see the command's help for each option."""
+
+    repository: str | Path
+    memory_budget: str | int = "512MB"
+    workers: int = 2
+    policy: str = "masa"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    queue_limit: int = 64
+    max_body: str | int = "64MB"
+    timeout: float = 60.0
+    shutdown_grace: float = 30.0
+    load_models: bool = True
+    log_level: str = "warning"
+    access_log: bool = False
+
+    def validate(self) -> None:
+        """Refuse settings that cannot work, with the option to change."""
+        if self.workers < 1:
+            raise LayerfitError(f"--workers must be at least 1, not {self.workers}")
+        if self.queue_limit < 1:
+            raise LayerfitError(f"--queue-limit must be at least 1, not {self.queue_limit}")
+        if not self.timeout > 0:
+            raise LayerfitError(f"--timeout must be a positive number of seconds, not {self.timeout}")
+        if parse_bytes(self.max_body) < 1:
+            raise LayerfitError("--max-body must be at least one byte")
+        if not Path(self.repository).is_dir():
+            raise LayerfitError(
+                f"model repository {self.repository} is not a directory: give a folder of "
+                "prepared models (one sub-folder each, made by `layerfit prepare`)"
+            )
+
+
+@dataclass
+class Built:
+    """The wired layers of one server."""
+
+    runtime: Any
+    registry: ModelRegistry
+    dataplane: DataPlane
+    metrics: ServerMetrics
+    app: Any
+    load_errors: dict[str, str]
+
+
+def build(settings: ServeSettings) -> Built:
+    """Create the runtime over the repository, load its models and wire the app.
+
+    A model that fails to load is reported (``load_errors``, and UNAVAILABLE in the
+    repository index) while the others serve.
+    """
+    from layerfit.schedule.runtime import Runtime
+    from layerfit.serve.app import create_app
+
+    settings.validate()
+    runtime = Runtime(
+        str(settings.repository), parse_bytes(settings.memory_budget), workers=settings.workers,
+        policy=settings.policy, queue_limit=settings.queue_limit, load=False,
+    )
+    try:
+        registry = ModelRegistry(runtime)
+        load_errors = registry.load_all() if settings.load_models else {}
+        metrics = ServerMetrics()
+        dataplane = DataPlane(
+            runtime, registry, timeout=settings.timeout,
+            max_inflight=settings.queue_limit, metrics=metrics,
+        )
+        metrics.attach(runtime, lambda: dataplane.inflight)
+        app = create_app(dataplane, metrics, max_body=parse_bytes(settings.max_body))
+    except BaseException:
+        runtime.shutdown(wait=True, cancel_pending=True)
+        raise
+    return Built(runtime, registry, dataplane, metrics, app, load_errors)
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server with a drain before it closes connections."""
+
+    def __init__(self, config: uvicorn.Config, dataplane: DataPlane, grace: float) -> None:
+        super().__init__(config)
+        self.dataplane = dataplane
+        self.grace = grace
+        self.started_event = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        self.started_event.set()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await self.dataplane.drain(self.grace)
+        finally:
+            await super().shutdown(sockets=sockets)
+
+
+def make_server(settings: ServeSettings, built: Built) -> Server:
+    config = uvicorn.Config(
+        built.app, host=settings.host, port=settings.port, log_level=settings.log_level,
+        access_log=settings.access_log, lifespan="off",
+        # uvicorn's own graceful timeout only backs up the drain, which comes first.
+        timeout_graceful_shutdown=settings.shutdown_grace + settings.timeout + 10.0,
+    )
+    return Server(config, built.dataplane, settings.shutdown_grace)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (port 0: a free one), so the caller knows the port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise LayerfitError(f"cannot listen on {host}:{port}: {exc.strerror} (choose another --port)") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(settings: ServeSettings, *, on_ready: Any = None) -> None:
+    """Run the server in the foreground until SIGTERM or SIGINT, then drain and stop.
+
+    ``on_ready(url, built)`` is called once the socket listens.
+    """
+    built = build(settings)
+    try:
+        sock = bind(settings.host, settings.port)
+    except BaseException:
+        built.runtime.shutdown(wait=True, cancel_pending=True)
+        raise
+    host, port = sock.getsockname()[:2]
+    server = make_server(settings, built)
+    if on_ready is not None:
+
+        def announce() -> None:
+            server.started_event.wait()
+            if server.started:
+                on_ready(_url(host, port), built)
+
+        threading.Thread(target=announce, name="layerfit-serve-ready", daemon=True).start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        built.runtime.shutdown(wait=True, cancel_pending=True)
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class ServerThread:
+    """The server on a background thread; ``port=0`` picks a free port.
+
+    Use as a context manager: entering starts the server and waits until it listens;
+    leaving drains and stops it like SIGTERM does.
+    """
+
+    def __init__(self, settings: ServeSettings, start_timeout: float = 60.0) -> None:
+        self.settings = settings
+        self.start_timeout = start_timeout
+        self.built: Built | None = None
+        self.server: Server | None = None
+        self.url = ""
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self) -> ServerThread:
+        self.built = build(self.settings)
+        try:
+            sock = bind(self.settings.host, self.settings.port)
+        except BaseException:
+            self.built.runtime.shutdown(wait=True, cancel_pending=True)
+            raise
+        host, port = sock.getsockname()[:2]
+        self.url = _url(host, port)
+        self.server = make_server(self.settings, self.built)
+
+        def run() -> None:
+            try:
+                asyncio.run(self.server.serve(sockets=[sock]))
+            except BaseException as exc:  # reported by start() or stop()
+                self._error = exc
+            finally:
+                self.server.started_event.set()
+
+        self._thread = threading.Thread(target=run, name="layerfit-serve", daemon=True)
+        self._thread.start()
+        if not self.server.started_event.wait(self.start_timeout) or self._error is not None:
+            self.stop()
+            raise LayerfitError(f"the server did not start: {self._error}")
+        return self
+
+    def stop(self, timeout: float = 120.0) -> None:
+        """Drain and stop, as on SIGTERM; waits at most ``timeout`` seconds."""
+        if self.server is not None:
+            self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self.built is not None:
+            self.built.runtime.shutdown(wait=True, cancel_pending=True)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
