@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from layerfit.engine.arena import PlannedActivations, make_activations
 from layerfit.engine.binding import Binder, get_binder
 from layerfit.engine.policies import Policy, get_policy
 from layerfit.engine.ring import Cancelled, RingBuffer
@@ -72,7 +73,9 @@ class Engine:
     ``sequential``, ``sync`` or ``async``; ``units`` is ``layers``, ``blocks:N`` or a
     list of partition points. ``binding`` is ``reference`` (zero-copy, the default) or
     one of the ablation modes of :mod:`layerfit.engine.binding` (``copy``,
-    ``instantiate``) that measure what binding by reference saves.
+    ``instantiate``) that measure what binding by reference saves. ``activations`` is
+    ``default`` (PyTorch allocates) or ``planned`` (one arena laid out by the memory
+    planner, see :mod:`layerfit.engine.arena`).
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class Engine:
         direct_io: bool = True,
         trace: bool = False,
         binding: str = "reference",
+        activations: str = "default",
     ) -> None:
         self.directory = Path(directory)
         self.binder: Binder = get_binder(binding)
@@ -107,7 +111,10 @@ class Engine:
         self._bindings: list[list[Binding]] = []
         self._preloaded = False  # every unit bound for good (preload policy)
         self._units_spec = units
+        # activations="planned": one pre-allocated arena laid out by the memory planner
+        self.arena: PlannedActivations | None = None
         try:
+            self.arena = make_activations(activations, self.manifest)
             self._setup(budget, units)
         except BaseException:
             self.close()
@@ -359,7 +366,10 @@ class Engine:
                 thread = threading.Thread(target=self._reader_loop, args=(run,), name="layerfit-reader", daemon=True)
                 thread.start()
             try:
-                out = self.model(*args, **kwargs)
+                if self.arena is None:
+                    out = self.model(*args, **kwargs)
+                else:
+                    out = self.arena.run(self.model, args, kwargs)
                 if run.done != len(self.blocks):
                     raise LayerfitError(
                         f"the forward pass ran {run.done} of {len(self.blocks)} units: the model's "

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from layerfit.engine.arena import engine_activation_report
 from layerfit.engine.engine import Engine
 from layerfit.engine.osmem import peak_rss_bytes, reset_peak_rss
 
@@ -73,6 +74,7 @@ def measure(engine: Engine, inputs: tuple, *, repeats: int = 3, warmup: int = 1)
         "output_shape": [list(t.shape) for t in outs] if len(outs) != 1 else list(outs[0].shape),
         "output_sha256": output_digest(out),
     }
+    report.update(engine_activation_report(engine))
     if timelines:
         median_tl = sorted(timelines, key=lambda t: t.latency_s)[len(timelines) // 2]
         report["read_s"] = median_tl.stage_total("read")
