@@ -158,11 +158,18 @@ def test_capture_estimates_reserve_unit_bytes_and_activations(repo):
 
 
 def test_statm_sampler_sees_an_allocation():
+    import mmap
+
+    import numpy as np
+
     sampler = StatmSampler(interval=1e-4).start()
-    block = torch.ones(4 * 1024 * 1024, dtype=torch.uint8)  # 4 MiB, touched
+    # A fresh anonymous mapping, every page touched: unlike a tensor, it cannot be
+    # served from memory the allocator already holds from earlier tests.
+    block = mmap.mmap(-1, 4 * 1024 * 1024)
+    np.frombuffer(block, dtype=np.uint8)[:] = 1
     grown = sampler.stop()
     sampler.close()
-    del block
+    block.close()
     assert grown >= 3 * 1024 * 1024
 
 
