@@ -221,14 +221,23 @@ def tradeoff_parts(
     population: int = typer.Option(40, "--population", min=4, help="GA population size."),
     seed: int = typer.Option(0, "--seed", help="GA seed."),
     select: str = typer.Option("throughput", "--select", help="Among feasible points: throughput or memory."),
+    threads: int | None = typer.Option(
+        None, "--threads", min=1, help="PyTorch intra-op threads while measuring (default: PyTorch's)."
+    ),
+    phase_rows: int = typer.Option(1, "--phase-rows", min=1, help="Rows per phase of by-parts layers (paper: 1)."),
 ) -> None:
     """Choose which layers process by parts so the application fits (Algorithm 2)."""
     from pathlib import Path
 
     from layerfit.tradeoff.cli_support import run_parts_command
 
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
     result, lines, rows = run_parts_command(
-        app_file, memory, throughput or [], model_throughput, generations, population, seed, select
+        app_file, memory, throughput or [], model_throughput, generations, population, seed, select, phase_rows
     )
     if plot:
         from layerfit.tradeoff.report import plot_pareto

@@ -1,0 +1,220 @@
+"""Application files: a CNN-based application and its constraints in YAML.
+
+Example::
+
+    name: adaptive-classification
+    precision: fp32            # fp32 | fp16 (par_bytes = data_bytes)
+    fanout: tensor             # tensor (one edge per produced tensor) | edge (per consumer, as the paper)
+    cnns:
+      - name: mobilenet
+        model: mobilenet_v2    # a zoo model, traced at `input` (default: the zoo's input shape)
+        input: [1, 3, 224, 224]
+        partitions: 2          # pipeline stages of about equal MACs, or [[first, last], ...] inclusive
+      - name: tiny
+        layers:                # or hand-written layers; each reads the previous one unless `inputs`
+          - {name: data, op: input, shape: [1, 3, 32, 32]}
+          - {name: conv1, op: conv, shape: [1, 8, 32, 32], kernel: 5, padding: 2, params: [[8, 3, 5, 5], [8]]}
+          - {name: fc, op: fc, shape: [1, 10], params: 81930}
+    parallel: [[mobilenet.p0, mobilenet.p1]]   # optional; default: the stages of each split CNN
+    schedules: {tiny.p0: [[data], [conv1], [fc]]}   # optional; default: one layer per step
+    constraints: {memory: 15MB, throughput: {mobilenet: 40}}   # optional; the CLI can override
+
+Every malformed field raises :class:`~layerfit.errors.TradeoffError` naming the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from layerfit.errors import BudgetError, LayerfitError, TradeoffError
+from layerfit.sizes import parse_bytes
+from layerfit.tradeoff.application import (
+    BYTES_PER_ELEMENT,
+    Application,
+    Partition,
+    split_partitions,
+)
+from layerfit.tradeoff.cnn import CNN, cnn_from_module, layers_from_dicts
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """``M^c`` in bytes (None: no memory constraint) and ``T^c_n`` in frames per second."""
+
+    memory: int | None = None
+    throughput: dict[str, float] = field(default_factory=dict)
+
+
+def load_application(path: str | Path) -> tuple[Application, Constraints]:
+    """Read an application file; raise TradeoffError naming any malformed field."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise TradeoffError(f"cannot read application file {path}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise TradeoffError(f"{path}: not valid YAML: {exc}") from exc
+    try:
+        return application_from_dict(data)
+    except TradeoffError as exc:
+        raise TradeoffError(f"{path}: {exc}") from exc
+
+
+def application_from_dict(data: Any) -> tuple[Application, Constraints]:
+    """Build the application and constraints from parsed YAML."""
+    if not isinstance(data, dict):
+        raise TradeoffError("the application file must be a mapping with a `cnns` list")
+    known = {"name", "precision", "fanout", "cnns", "parallel", "schedules", "constraints"}
+    unknown = set(data) - known
+    if unknown:
+        raise TradeoffError(f"unknown top-level field(s) {sorted(unknown)} (known: {sorted(known)})")
+    name = data.get("name", "application")
+    if not isinstance(name, str):
+        raise TradeoffError(f"name: expected a string, got {name!r}")
+    precision = data.get("precision", "fp32")
+    if precision not in BYTES_PER_ELEMENT:
+        raise TradeoffError(f"precision: expected one of {sorted(BYTES_PER_ELEMENT)}, got {precision!r}")
+    fanout = data.get("fanout", "tensor")
+    if fanout not in ("tensor", "edge"):
+        raise TradeoffError(f"fanout: expected 'tensor' or 'edge', got {fanout!r}")
+    items = data.get("cnns")
+    if not isinstance(items, list) or not items:
+        raise TradeoffError("cnns: expected a non-empty list of CNNs")
+    cnns: list[CNN] = []
+    partitions: list[Partition] = []
+    for k, item in enumerate(items):
+        cnn, parts = _cnn_from_item(item, f"cnns[{k}]")
+        cnns.append(cnn)
+        partitions.extend(parts)
+    parallel = data.get("parallel")
+    if parallel is not None and (
+        not isinstance(parallel, list)
+        or not all(isinstance(j, list) and all(isinstance(p, str) for p in j) for j in parallel)
+    ):
+        raise TradeoffError(f"parallel: expected a list of lists of partition names, got {parallel!r}")
+    schedules = data.get("schedules")
+    if schedules is not None:
+        if not isinstance(schedules, dict):
+            raise TradeoffError(f"schedules: expected a mapping partition -> list of steps, got {schedules!r}")
+        for key, steps in schedules.items():
+            if not isinstance(steps, list) or not all(
+                isinstance(s, str) or (isinstance(s, list) and all(isinstance(x, str) for x in s)) for s in steps
+            ):
+                raise TradeoffError(f"schedules[{key}]: expected a list of steps (layer names or lists of them)")
+    app = Application(cnns, partitions, parallel, schedules, precision=precision, fanout=fanout, name=name)
+    return app, _constraints(data.get("constraints"), {c.name for c in cnns})
+
+
+def _cnn_from_item(item: Any, where: str) -> tuple[CNN, list[Partition]]:
+    if not isinstance(item, dict):
+        raise TradeoffError(f"{where}: expected a mapping with name and model or layers")
+    known = {"name", "model", "input", "layers", "partitions", "seed"}
+    unknown = set(item) - known
+    if unknown:
+        raise TradeoffError(f"{where}: unknown field(s) {sorted(unknown)} (known: {sorted(known)})")
+    name = item.get("name")
+    if not isinstance(name, str) or not name or "." in name or ":" in name:
+        raise TradeoffError(f"{where}.name: expected a non-empty string without '.' or ':', got {name!r}")
+    if ("model" in item) == ("layers" in item):
+        raise TradeoffError(f"{where}: give exactly one of `model` (a zoo name) or `layers`")
+    if "model" in item:
+        cnn = _zoo_cnn(name, item, where)
+    else:
+        layers = layers_from_dicts(item["layers"], f"{where}.layers")
+        try:
+            cnn = CNN(name, layers)
+        except TradeoffError as exc:
+            raise TradeoffError(f"{where}.layers: {exc}") from exc
+    return cnn, _partitions(cnn, item.get("partitions", 1), f"{where}.partitions")
+
+
+def _zoo_cnn(name: str, item: dict[str, Any], where: str) -> CNN:
+    import torch
+
+    from layerfit import zoo
+
+    model = item["model"]
+    if not isinstance(model, str):
+        raise TradeoffError(f"{where}.model: expected a zoo model name, got {model!r}")
+    try:
+        entry = zoo.get(model)
+    except LayerfitError as exc:
+        raise TradeoffError(f"{where}.model: {exc}") from exc
+    shape = item.get("input", list(entry.input_shape))
+    if not isinstance(shape, list) or len(shape) != 4 or not all(isinstance(s, int) and s > 0 for s in shape):
+        raise TradeoffError(f"{where}.input: expected [batch, channels, height, width], got {shape!r}")
+    seed = item.get("seed", 0)
+    if not isinstance(seed, int):
+        raise TradeoffError(f"{where}.seed: expected an integer, got {seed!r}")
+    module = zoo.build(model, seed=seed)
+    example = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    return cnn_from_module(name, module, example)
+
+
+def _partitions(cnn: CNN, spec: Any, where: str) -> list[Partition]:
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        if spec < 1:
+            raise TradeoffError(f"{where}: expected a positive number of partitions, got {spec}")
+        return split_partitions(cnn, spec)
+    if not isinstance(spec, list) or not spec:
+        raise TradeoffError(f"{where}: expected a count or a list of [first, last] layer ranges, got {spec!r}")
+    result = []
+    for k, rng in enumerate(spec):
+        if not isinstance(rng, list) or len(rng) != 2:
+            raise TradeoffError(f"{where}[{k}]: expected [first, last] (layer names or indices), got {rng!r}")
+        bounds = []
+        for end in rng:
+            if isinstance(end, bool) or not isinstance(end, (int, str)):
+                raise TradeoffError(f"{where}[{k}]: expected a layer name or index, got {end!r}")
+            try:
+                index = cnn.index(end) if isinstance(end, str) else end
+            except TradeoffError as exc:
+                raise TradeoffError(f"{where}[{k}]: {exc}") from exc
+            if not 0 <= index < len(cnn.layers):
+                raise TradeoffError(f"{where}[{k}]: layer index {index} out of range [0, {len(cnn.layers)})")
+            bounds.append(index)
+        result.append(Partition(f"{cnn.name}.p{k}", cnn.name, bounds[0], bounds[1] + 1))
+    return result
+
+
+def _constraints(data: Any, cnn_names: set[str]) -> Constraints:
+    if data is None:
+        return Constraints()
+    if not isinstance(data, dict):
+        raise TradeoffError(f"constraints: expected a mapping with memory and throughput, got {data!r}")
+    unknown = set(data) - {"memory", "throughput"}
+    if unknown:
+        raise TradeoffError(f"constraints: unknown field(s) {sorted(unknown)}")
+    memory = None
+    if data.get("memory") is not None:
+        try:
+            memory = parse_bytes(data["memory"])
+        except BudgetError as exc:
+            raise TradeoffError(f"constraints.memory: {exc}") from exc
+    return Constraints(memory, parse_throughput(data.get("throughput"), cnn_names, "constraints.throughput"))
+
+
+def parse_throughput(value: Any, cnn_names: set[str], where: str) -> dict[str, float]:
+    """``T^c``: one number for every CNN, or a mapping CNN name -> frames per second."""
+    if value is None:
+        return {}
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value < 0:
+            raise TradeoffError(f"{where}: expected a non-negative number of frames per second, got {value}")
+        return dict.fromkeys(sorted(cnn_names), float(value))
+    if isinstance(value, dict):
+        result = {}
+        for key, fps in value.items():
+            if key not in cnn_names:
+                raise TradeoffError(f"{where}.{key}: unknown CNN (have {sorted(cnn_names)})")
+            if not isinstance(fps, (int, float)) or isinstance(fps, bool) or fps < 0:
+                raise TradeoffError(f"{where}.{key}: expected a non-negative number, got {fps!r}")
+            result[key] = float(fps)
+        return result
+    raise TradeoffError(f"{where}: expected a number or a mapping CNN -> fps, got {value!r}")

@@ -1,0 +1,480 @@
+"""The CNN-based application model of Minakova & Stefanov (Sections 2.3-2.4).
+
+An application is ``({CNN^1..CNN^N}, B, P, J, {schedule_1..schedule_|P|})``:
+
+* ``CNN^n`` — networks as layer lists (:class:`~layerfit.tradeoff.cnn.CNN`);
+* ``P`` — partitions, each a contiguous range of one CNN's layers;
+* ``J`` — sets of partitions that run in parallel (pipeline stages, or CNNs on
+  different processors). The partitions of a CNN split in several must all be pipeline
+  stages of one another;
+* ``schedule_m`` — steps of partition ``m``; each step runs one or more layers (the
+  default: one layer per step, in order);
+* ``B`` — buffers, each storing one or more edges (Algorithm 1 decides which).
+
+Edges carry data between layers. With ``fanout="edge"`` every (producer, consumer)
+pair is an edge of its own, exactly as the paper's Table 1 counts them; with
+``fanout="tensor"`` (default) the data a layer produces is one edge read by all its
+consumers, and CNN outputs are edges too, as in tensor-based memory planners. Data
+crossing from one pipeline stage to another is *double buffered*: one copy in the
+producing partition (live until the end of its schedule) and one in each consuming
+partition (live from its first step), as the paper's ``e^(1)``/``e^(2)``.
+
+The memory cost is Eq. 1-4: ``M = M^par + M^buf``, ``M^par = sum |par_ik| * par_bytes``,
+``M^buf = sum B_k.size * data_bytes`` with ``B_k.size = max |e.data|`` over its edges.
+:meth:`Application.derive` applies a chromosome (which layers process by parts) to
+give the reduced edges, schedules and phases (Algorithm 2's
+``DeriveApplicationWithReducedBufs``) and their buffers after Algorithm 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from layerfit.errors import TradeoffError
+from layerfit.tradeoff.cnn import CNN
+from layerfit.tradeoff.flow import FlowGraph, FlowNode, RowPlan, plan_rows
+from layerfit.tradeoff.reuse import (
+    ReuseOrder,
+    SharedBuffer,
+    naive_buffers,
+    reuse_buffers,
+    total_elems,
+)
+from layerfit.tradeoff.rows import RowMap
+
+Precision = Literal["fp32", "fp16"]
+BYTES_PER_ELEMENT: dict[str, int] = {"fp32": 4, "fp16": 2}
+Fanout = Literal["tensor", "edge"]
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Layers ``[start, stop)`` of CNN ``cnn``, executed by one processor."""
+
+    name: str
+    cnn: str
+    start: int
+    stop: int
+
+    def __contains__(self, layer: int) -> bool:
+        return self.start <= layer < self.stop
+
+
+@dataclass(frozen=True)
+class AppEdge:
+    """An edge (or a copy of one) stored in the buffers of one partition.
+
+    ``copy`` is 0 for an edge inside one partition, 1 for the producer-side copy of data
+    crossing to another pipeline stage and 2 for a consumer-side copy. ``elems`` is the
+    buffer size the edge needs (reduced when its layers process by parts);
+    ``full_elems`` is ``|e.data|``. ``start``/``end`` are the first and last steps of
+    the partition's schedule in which the edge holds data.
+    """
+
+    cnn: str
+    producer: str
+    consumers: tuple[str, ...]
+    partition: str
+    copy: int
+    elems: int
+    full_elems: int
+    start: int
+    end: int
+
+    @property
+    def label(self) -> str:
+        target = ",".join(self.consumers) if self.consumers else "out"
+        suffix = f"({self.copy})" if self.copy else ""
+        return f"{self.cnn}:{self.producer}->{target}{suffix}"
+
+
+@dataclass(frozen=True)
+class MemoryCost:
+    """Eq. 1: ``M = M^par + M^buf``, in bytes."""
+
+    params: int
+    buffers: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.buffers
+
+
+@dataclass
+class PartitionPlan:
+    """A partition's schedule after choosing which layers process by parts.
+
+    ``steps`` lists the layers run at each step (a by-parts layer appears once per
+    phase); ``phases`` is ``Phi`` per layer; ``row_plan`` is the row-level analysis
+    (None when no layer of the partition processes by parts).
+    """
+
+    partition: Partition
+    steps: tuple[tuple[str, ...], ...]
+    phases: dict[str, int]
+    by_parts: tuple[bool, ...]
+    row_plan: RowPlan | None
+    edges: tuple[AppEdge, ...]
+
+
+@dataclass
+class DerivedApplication:
+    """An application with a chromosome applied: edges, schedules, phases and buffers."""
+
+    app: Application
+    bits: tuple[bool, ...]
+    plans: dict[str, PartitionPlan]
+    edges: list[AppEdge]
+    buffers: list[SharedBuffer] = field(default_factory=list)
+
+    @property
+    def phases(self) -> dict[tuple[str, str], int]:
+        """``Phi``: phases of every layer, keyed by (cnn, layer)."""
+        result = {}
+        for plan in self.plans.values():
+            for name, count in plan.phases.items():
+                result[(plan.partition.cnn, name)] = count
+        return result
+
+    def memory(self, precision: Precision | None = None) -> MemoryCost:
+        """Eq. 1-4 for this application's buffers at ``precision`` (default: the app's)."""
+        return self.app.memory_of(self.buffers, precision)
+
+
+class Application:
+    """One or more CNNs, their partitions, parallel sets and schedules (Section 2.3)."""
+
+    def __init__(
+        self,
+        cnns: Sequence[CNN],
+        partitions: Sequence[Partition] | None = None,
+        parallel: Iterable[Iterable[str]] | None = None,
+        schedules: Mapping[str, Sequence[Sequence[str]]] | None = None,
+        precision: Precision = "fp32",
+        fanout: Fanout = "tensor",
+        name: str = "application",
+    ) -> None:
+        if not cnns:
+            raise TradeoffError("an application needs at least one CNN")
+        if precision not in BYTES_PER_ELEMENT:
+            raise TradeoffError(f"precision: expected one of {sorted(BYTES_PER_ELEMENT)}, got {precision!r}")
+        if fanout not in ("tensor", "edge"):
+            raise TradeoffError(f"fanout: expected 'tensor' or 'edge', got {fanout!r}")
+        self.name = name
+        self.cnns = tuple(cnns)
+        self.precision: Precision = precision
+        self.fanout: Fanout = fanout
+        self._cnn = {}
+        for cnn in self.cnns:
+            if cnn.name in self._cnn:
+                raise TradeoffError(f"two CNNs are named {cnn.name!r}")
+            self._cnn[cnn.name] = cnn
+        if partitions is None:
+            partitions = [Partition(f"{c.name}.p0", c.name, 0, len(c.layers)) for c in self.cnns]
+        self.partitions = tuple(partitions)
+        self._check_partitions()
+        if parallel is None:
+            parallel = [
+                [p.name for p in self.partitions_of(c.name)]
+                for c in self.cnns
+                if len(self.partitions_of(c.name)) > 1
+            ]
+        self.parallel = tuple(frozenset(j) for j in parallel)
+        self._check_parallel()
+        self.schedules = {p.name: self._schedule(p, (schedules or {}).get(p.name)) for p in self.partitions}
+        unknown = set(schedules or {}) - {p.name for p in self.partitions}
+        if unknown:
+            raise TradeoffError(f"schedules: unknown partition(s) {sorted(unknown)}")
+        self.offsets: dict[str, int] = {}
+        offset = 0
+        for cnn in self.cnns:
+            self.offsets[cnn.name] = offset
+            offset += len(cnn.layers)
+        self.n_layers = offset
+        self._cache: dict[tuple[str, tuple[bool, ...], int], PartitionPlan] = {}
+
+    # --- structure ---------------------------------------------------------------------
+
+    def cnn(self, name: str) -> CNN:
+        try:
+            return self._cnn[name]
+        except KeyError:
+            raise TradeoffError(f"no CNN named {name!r} (have {sorted(self._cnn)})") from None
+
+    def partitions_of(self, cnn: str) -> list[Partition]:
+        return [p for p in self.partitions if p.cnn == cnn]
+
+    def partition_of(self, cnn: str, layer: int) -> Partition:
+        for p in self.partitions:
+            if p.cnn == cnn and layer in p:
+                return p
+        raise TradeoffError(f"layer {layer} of {cnn!r} is in no partition")
+
+    def is_parallel(self, a: str, b: str) -> bool:
+        """Do partitions ``a`` and ``b`` run in parallel (some ``J_r`` holds both)?"""
+        return a != b and any(a in j and b in j for j in self.parallel)
+
+    def tileable_mask(self) -> list[bool]:
+        """Per gene of the chromosome: can that layer process by parts?"""
+        return [cnn.tileable(i) for cnn in self.cnns for i in range(len(cnn.layers))]
+
+    def layer_names(self) -> list[str]:
+        """``cnn:layer`` for every gene of the chromosome, in order."""
+        return [f"{cnn.name}:{layer.name}" for cnn in self.cnns for layer in cnn.layers]
+
+    def param_bytes(self, precision: Precision | None = None) -> int:
+        """Eq. 2: parameters of every layer of every CNN times ``par_bytes``."""
+        return sum(c.param_count for c in self.cnns) * BYTES_PER_ELEMENT[precision or self.precision]
+
+    def memory_of(self, buffers: Sequence[SharedBuffer], precision: Precision | None = None) -> MemoryCost:
+        """Eq. 1-4 for the given buffers."""
+        size = BYTES_PER_ELEMENT[precision or self.precision]
+        return MemoryCost(self.param_bytes(precision), total_elems(buffers) * size)
+
+    def _check_partitions(self) -> None:
+        names = set()
+        for cnn in self.cnns:
+            parts = sorted(self.partitions_of(cnn.name), key=lambda p: p.start)
+            if not parts:
+                raise TradeoffError(f"partitions: CNN {cnn.name!r} has no partition")
+            expect = 0
+            for p in parts:
+                if p.start != expect or p.stop <= p.start:
+                    raise TradeoffError(
+                        f"partitions of {cnn.name!r}: {p.name!r} covers layers [{p.start}, {p.stop}) "
+                        f"but the next partition must start at layer {expect} and be non-empty"
+                    )
+                expect = p.stop
+            if expect != len(cnn.layers):
+                raise TradeoffError(
+                    f"partitions of {cnn.name!r} cover layers [0, {expect}) of {len(cnn.layers)}"
+                )
+        for p in self.partitions:
+            if p.cnn not in self._cnn:
+                raise TradeoffError(f"partition {p.name!r}: unknown CNN {p.cnn!r}")
+            if p.name in names:
+                raise TradeoffError(f"two partitions are named {p.name!r}")
+            names.add(p.name)
+
+    def _check_parallel(self) -> None:
+        known = {p.name for p in self.partitions}
+        for k, j in enumerate(self.parallel):
+            unknown = j - known
+            if unknown:
+                raise TradeoffError(f"parallel[{k}]: unknown partition(s) {sorted(unknown)} (have {sorted(known)})")
+        for cnn in self.cnns:
+            parts = self.partitions_of(cnn.name)
+            for a in parts:
+                for b in parts:
+                    if a is not b and not self.is_parallel(a.name, b.name):
+                        raise TradeoffError(
+                            f"parallel: partitions {a.name!r} and {b.name!r} of {cnn.name!r} must be "
+                            "pipeline stages of one another (list them in one parallel set)"
+                        )
+
+    def _schedule(self, p: Partition, steps: Sequence[Sequence[str]] | None) -> tuple[tuple[int, ...], ...]:
+        """Steps of layer indices; checks the schedule covers the partition in dependency order."""
+        cnn = self.cnn(p.cnn)
+        if steps is None:
+            return tuple((i,) for i in range(p.start, p.stop))
+        where = f"schedules[{p.name}]"
+        seen: dict[int, int] = {}
+        result = []
+        for k, step in enumerate(steps):
+            if isinstance(step, str):
+                step = [step]
+            indices = []
+            for name in step:
+                i = cnn.index(name)
+                if i not in p:
+                    raise TradeoffError(f"{where}[{k}]: layer {name!r} is not in partition {p.name!r}")
+                if i in seen:
+                    raise TradeoffError(f"{where}[{k}]: layer {name!r} is scheduled twice")
+                indices.append(i)
+            for i in indices:
+                for j in cnn.inputs_of(i):
+                    if j in p and seen.get(j, k) >= k:
+                        raise TradeoffError(
+                            f"{where}[{k}]: layer {cnn.layers[i].name!r} runs before or with its input "
+                            f"{cnn.layers[j].name!r}"
+                        )
+            for i in indices:
+                seen[i] = k
+            result.append(tuple(indices))
+        missing = [cnn.layers[i].name for i in range(p.start, p.stop) if i not in seen]
+        if missing:
+            raise TradeoffError(f"{where}: layers {missing} are not scheduled")
+        return tuple(result)
+
+    # --- derivation --------------------------------------------------------------------
+
+    def bits_of(self, bits: Sequence[bool] | None) -> tuple[bool, ...]:
+        """A full chromosome (``None`` = no layer by parts), untileable genes cleared."""
+        if bits is None:
+            return (False,) * self.n_layers
+        if len(bits) != self.n_layers:
+            raise TradeoffError(f"chromosome has {len(bits)} genes, the application {self.n_layers} layers")
+        mask = self.tileable_mask()
+        return tuple(bool(b) and m for b, m in zip(bits, mask, strict=True))
+
+    def derive(
+        self,
+        bits: Sequence[bool] | None = None,
+        reuse: bool = True,
+        order: ReuseOrder = "best",
+        phase_rows: int = 1,
+    ) -> DerivedApplication:
+        """Apply chromosome ``bits`` and (unless ``reuse=False``) Algorithm 1.
+
+        ``reuse=False`` gives the naive allocation (every edge its own buffer), which
+        with all layers by parts is the earlier methodology [17].
+        """
+        chromosome = self.bits_of(bits)
+        plans = {}
+        edges: list[AppEdge] = []
+        for p in self.partitions:
+            offset = self.offsets[p.cnn]
+            local = chromosome[offset + p.start : offset + p.stop]
+            key = (p.name, local, phase_rows)
+            plan = self._cache.get(key)
+            if plan is None:
+                plan = self._plan_partition(p, local, phase_rows)
+                if len(self._cache) > 4096:
+                    self._cache.clear()
+                self._cache[key] = plan
+            plans[p.name] = plan
+            edges.extend(plan.edges)
+        buffers = reuse_buffers(edges, self.is_parallel, order) if reuse else naive_buffers(edges)
+        return DerivedApplication(self, chromosome, plans, edges, buffers)
+
+    def memory(self, bits: Sequence[bool] | None = None, reuse: bool = True, precision: Precision | None = None) -> MemoryCost:
+        """Memory cost of the application under chromosome ``bits``."""
+        return self.derive(bits, reuse).memory(precision)
+
+    def _plan_partition(self, p: Partition, parts: tuple[bool, ...], phase_rows: int) -> PartitionPlan:
+        cnn = self.cnn(p.cnn)
+        consumers = cnn.consumers()
+        inside = range(p.start, p.stop)
+        ext = sorted({j for i in inside for j in cnn.inputs_of(i) if j < p.start})
+        members = ext + list(inside)
+        local = {g: k for k, g in enumerate(members)}
+        remote = {i: sorted({self.partition_of(p.cnn, c).name for c in consumers[i] if c not in p}) for i in inside}
+        is_output = {i: bool(remote[i]) or not consumers[i] for i in inside}
+        schedule = self.schedules[p.name]
+
+        if any(parts):
+            nodes = [FlowNode(cnn.layers[g].name, (), (), cnn.layers[g].rows, cnn.layers[g].row_elems, False) for g in ext]
+            for i in inside:
+                layer = cnn.layers[i]
+                nodes.append(
+                    FlowNode(
+                        layer.name,
+                        tuple(local[j] for j in cnn.inputs_of(i)),
+                        cnn.maps(i)
+                        if cnn.tileable(i)
+                        else tuple(RowMap("all", cnn.layers[j].rows) for j in cnn.inputs_of(i)),
+                        layer.rows,
+                        layer.row_elems,
+                        cnn.tileable(i),
+                    )
+                )
+            order = tuple(range(len(ext))) + tuple(local[i] for step in schedule for i in step)
+            graph = FlowGraph(tuple(nodes), tuple(local[i] for i in inside if is_output[i]), order)
+            row_plan: RowPlan | None = plan_rows(graph, (False,) * len(ext) + parts, phase_rows)
+            assert row_plan is not None
+            step_names = tuple((cnn.layers[members[n]].name,) for n, _, _ in row_plan.steps)
+            first = {members[n]: row_plan.first_step[n] for n in range(len(members))}
+            last = {members[n]: row_plan.last_step[n] for n in range(len(members))}
+            read_end = {members[n]: row_plan.last_read[n] for n in range(len(members))}
+            counts = row_plan.phases
+            phases = {cnn.layers[i].name: max(1, counts[local[i]]) for i in inside}
+            n_steps = len(row_plan.steps)
+        else:
+            row_plan = None
+            step_of = {i: k for k, step in enumerate(schedule) for i in step}
+            step_names = tuple(tuple(cnn.layers[i].name for i in step) for step in schedule)
+            first = dict(step_of)
+            last = dict(step_of)
+            read_end = {}
+            for i in members:
+                reads = [step_of[c] for c in consumers[i] if c in p]
+                read_end[i] = max(reads) if reads else -1
+            phases = {cnn.layers[i].name: 1 for i in inside}
+            n_steps = len(schedule)
+        end = n_steps - 1
+
+        def size(i: int, consumer: int | None) -> int:
+            layer = cnn.layers[i]
+            if row_plan is None:
+                return layer.elems
+            n = local[i]
+            if consumer is None:
+                return row_plan.buffer_rows[n] * layer.row_elems
+            return row_plan.edge_rows.get((n, local[consumer]), layer.rows) * layer.row_elems
+
+        edges: list[AppEdge] = []
+        names = [layer.name for layer in cnn.layers]
+        for g in ext:  # consumer-side copies of data produced by an earlier stage
+            readers = [c for c in consumers[g] if c in p]
+            if not cnn.layers[g].elems:
+                continue
+            if self.fanout == "tensor":
+                end_g = read_end[g] if row_plan is None else max(row_plan.last_read[local[g]], 0)
+                edges.append(AppEdge(p.cnn, names[g], tuple(names[c] for c in readers), p.name, 2,
+                                     cnn.layers[g].elems, cnn.layers[g].elems, 0, max(end_g, 0)))
+            else:
+                for c in readers:
+                    edges.append(AppEdge(p.cnn, names[g], (names[c],), p.name, 2, cnn.layers[g].elems,
+                                         cnn.layers[g].elems, 0, max(last[c], 0)))
+        for i in inside:
+            layer = cnn.layers[i]
+            if not layer.elems or first.get(i, -1) < 0:
+                continue
+            readers = [c for c in consumers[i] if c in p]
+            crossing = bool(remote[i])
+            if self.fanout == "tensor":
+                if crossing or not consumers[i]:
+                    edges.append(AppEdge(p.cnn, layer.name, tuple(names[c] for c in consumers[i]), p.name,
+                                         1 if crossing else 0, layer.elems, layer.elems, first[i], end))
+                else:
+                    stop = read_end[i] if read_end[i] >= 0 else first[i]
+                    edges.append(AppEdge(p.cnn, layer.name, tuple(names[c] for c in readers), p.name, 0,
+                                         size(i, None), layer.elems, first[i], max(stop, first[i])))
+            else:
+                for c in readers:
+                    edges.append(AppEdge(p.cnn, layer.name, (names[c],), p.name, 0, size(i, c), layer.elems,
+                                         first[i], max(last[c], first[i])))
+                for c in consumers[i]:
+                    if c not in p:
+                        edges.append(AppEdge(p.cnn, layer.name, (names[c],), p.name, 1, layer.elems,
+                                             layer.elems, first[i], end))
+        return PartitionPlan(p, step_names, phases, parts, row_plan, tuple(edges))
+
+
+def split_partitions(
+    cnn: CNN, count: int, prefix: str | None = None, weights: Sequence[float] | None = None
+) -> list[Partition]:
+    """Split ``cnn`` into ``count`` contiguous partitions of about equal weight.
+
+    The weight of a layer is its MACs unless ``weights`` (e.g. measured seconds) is given.
+    """
+    n = len(cnn.layers)
+    if not 1 <= count <= n:
+        raise TradeoffError(f"cannot split {cnn.name!r} ({n} layers) into {count} partitions")
+    if weights is not None and len(weights) != n:
+        raise TradeoffError(f"{len(weights)} weights for {n} layers of {cnn.name!r}")
+    weights = [max(layer.macs, 1) for layer in cnn.layers] if weights is None else [max(w, 1e-12) for w in weights]
+    total = sum(weights)
+    cuts = [0]
+    acc = 0
+    for i, w in enumerate(weights):
+        acc += w
+        if len(cuts) < count and acc >= total * len(cuts) / count and i + 1 < n and n - (i + 1) >= count - len(cuts):
+            cuts.append(i + 1)
+    while len(cuts) < count:  # degenerate weights: cut at the end
+        cuts.append(cuts[-1] + 1)
+    cuts.append(n)
+    prefix = prefix or cnn.name
+    return [Partition(f"{prefix}.p{k}", cnn.name, cuts[k], cuts[k + 1]) for k in range(count)]

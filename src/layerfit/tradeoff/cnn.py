@@ -1,0 +1,401 @@
+"""Per-layer records of a CNN, as the application model needs them.
+
+A :class:`Layer` is the paper's ``l_i = (op_i, hyp_i, par_i)`` reduced to what the
+memory-throughput trade-off needs: the operator kind, the hyper-parameters that decide
+which input rows an output row reads (kernel, stride, padding, dilation along the
+height), the layers it reads, the shape of the data it produces, its number of
+parameters and its MACs. Layers come from hand-written lists (tests, YAML application
+files) or from a traced module (:func:`cnn_from_module`, :func:`cnn_from_traced`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from layerfit.errors import TradeoffError
+from layerfit.tradeoff.rows import RowMap, window_extent
+
+# Operators that can process data by parts (Table 2): windows and row-wise operators.
+WINDOW_OPS = frozenset({"conv", "pool"})
+POINTWISE_OPS = frozenset({"bn", "act", "add", "mul", "concat"})
+TILEABLE_OPS = WINDOW_OPS | POINTWISE_OPS | {"input"}
+LAYER_OPS = TILEABLE_OPS | {"global_pool", "fc", "flatten", "softmax", "other"}
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer: operator, hyper-parameters along the height, inputs, output data shape.
+
+    ``shape`` is the shape of the data the layer produces (``[batch, ch, H, W]`` for
+    feature maps). ``params`` is the number of parameter elements (Eq. 2 sums them).
+    ``tileable`` overrides the operator's default ability to process by parts.
+    """
+
+    name: str
+    op: str
+    inputs: tuple[str, ...] = ()
+    shape: tuple[int, ...] = ()
+    kernel: int = 1
+    stride: int = 1
+    padding: int = 0
+    dilation: int = 1
+    params: int = 0
+    macs: int = 0
+    tileable: bool | None = None
+    reason: str = ""
+
+    @property
+    def is_spatial(self) -> bool:
+        return len(self.shape) == 4
+
+    @property
+    def rows(self) -> int:
+        """Height of the output data (1 for data without a height)."""
+        return self.shape[2] if self.is_spatial else 1
+
+    @property
+    def elems(self) -> int:
+        """``|e.data|``: elements of the output data."""
+        return math.prod(self.shape) if self.shape else 0
+
+    @property
+    def row_elems(self) -> int:
+        return self.elems // self.rows
+
+
+@dataclass
+class CNN:
+    """A CNN as a list of layers in topological (execution) order.
+
+    ``runner`` optionally keeps what is needed to execute it for real (a :class:`Runner`),
+    used to measure throughput and to run its partitions.
+    """
+
+    name: str
+    layers: tuple[Layer, ...]
+    runner: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.layers = tuple(self.layers)
+        self._index = {}
+        for i, layer in enumerate(self.layers):
+            where = f"cnn {self.name!r} layer {i} ({layer.name!r})"
+            if layer.name in self._index:
+                raise TradeoffError(f"{where}: duplicate layer name")
+            if layer.op not in LAYER_OPS:
+                raise TradeoffError(f"{where}: unknown op {layer.op!r} (expected one of {sorted(LAYER_OPS)})")
+            for name in layer.inputs:
+                if name not in self._index:
+                    raise TradeoffError(f"{where}: input {name!r} is not an earlier layer")
+            if any(not isinstance(s, int) or s < 1 for s in layer.shape):
+                raise TradeoffError(f"{where}: shape must be positive integers, got {list(layer.shape)}")
+            self._index[layer.name] = i
+        self._inputs = [tuple(self._index[n] for n in layer.inputs) for layer in self.layers]
+        self._consumers: list[list[int]] = [[] for _ in self.layers]
+        for c, ins in enumerate(self._inputs):
+            for i in dict.fromkeys(ins):
+                self._consumers[i].append(c)
+        self._maps = [self._row_maps(i) for i in range(len(self.layers))]
+
+    def index(self, name: str) -> int:
+        try:
+            return self._index[name]
+        except KeyError:
+            raise TradeoffError(f"cnn {self.name!r} has no layer {name!r}") from None
+
+    def inputs_of(self, i: int) -> tuple[int, ...]:
+        """Indices of the layers layer ``i`` reads, in argument order."""
+        return self._inputs[i]
+
+    def consumers(self) -> list[list[int]]:
+        """For each layer, the layers reading its output (each listed once)."""
+        return [list(c) for c in self._consumers]
+
+    def maps(self, i: int) -> tuple[RowMap, ...]:
+        """How layer ``i`` reads each of its inputs."""
+        return self._maps[i][0]
+
+    def tileable(self, i: int) -> bool:
+        """Can layer ``i`` process data by parts?"""
+        return self._maps[i][1]
+
+    def tiling_reason(self, i: int) -> str:
+        return self._maps[i][2]
+
+    def _row_maps(self, i: int) -> tuple[tuple[RowMap, ...], bool, str]:
+        layer = self.layers[i]
+        srcs = [self.layers[self._index[n]] for n in layer.inputs]
+        all_maps = tuple(RowMap("all", s.rows) for s in srcs)
+        if layer.tileable is False:
+            return all_maps, False, layer.reason or "marked not tileable"
+        if layer.op not in TILEABLE_OPS:
+            return all_maps, False, layer.reason or f"{layer.op} reads the full height"
+        if not layer.is_spatial:
+            return all_maps, False, "output has no height"
+        if layer.op == "input":
+            return (), True, ""
+        if layer.op in WINDOW_OPS:
+            if len(srcs) != 1 or not srcs[0].is_spatial:
+                return all_maps, False, f"{layer.op} needs one [N, C, H, W] input"
+            extent = window_extent(layer.kernel, layer.dilation)
+            return (RowMap("window", srcs[0].rows, extent, layer.stride, layer.padding),), True, ""
+        maps = []
+        for s in srcs:
+            if s.is_spatial and s.rows == layer.rows:
+                maps.append(RowMap.identity(s.rows))
+            elif s.rows == 1:
+                maps.append(RowMap("broadcast", 1))
+            else:
+                return all_maps, False, "inputs of different heights"
+        return tuple(maps), True, ""
+
+    @property
+    def param_count(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+
+@dataclass(frozen=True)
+class Runner:
+    """What it takes to run a CNN for real: its traced graph, an example input, and the
+    traced node of every layer (layers skip constant nodes)."""
+
+    traced: Any
+    example: tuple[Any, ...]
+    layer_nodes: tuple[int, ...]
+
+    def node_range(self, start: int, stop: int) -> tuple[int, int]:
+        """Traced nodes ``[first, stop)`` covering layers ``[start, stop)``."""
+        first = self.layer_nodes[start - 1] + 1 if start > 0 else 0
+        last = self.layer_nodes[stop - 1] + 1 if stop < len(self.layer_nodes) else len(self.traced.nodes)
+        return first, last
+
+
+def cnn_from_traced(name: str, traced: Any, example: tuple[Any, ...] | None = None) -> CNN:
+    """Layers of a :class:`~layerfit.tradeoff.torchgraph.TracedGraph` (constants folded).
+
+    Constants (``get_attr`` nodes) become parameters of the layers that read them rather
+    than layers of their own.
+    """
+    layers: list[Layer] = []
+    const_params: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for i, node in enumerate(traced.nodes):
+        if node.op == "const":
+            const_params[i] = node.numel
+            continue
+        inputs = tuple(names[j] for j in node.inputs if j in names)
+        extra = sum(const_params.pop(j, 0) for j in node.inputs if j in const_params)
+        geometry = node.geometry
+        layers.append(
+            Layer(
+                name=node.name,
+                op=node.op,
+                inputs=inputs,
+                shape=tuple(node.shape) if node.shape is not None else (),
+                kernel=geometry.get("kernel", 1),
+                stride=geometry.get("stride", 1),
+                padding=geometry.get("padding", 0),
+                dilation=geometry.get("dilation", 1),
+                params=sum(math.prod(s) for s in node.params) + extra,
+                macs=node.macs,
+                tileable=node.tileable,
+                reason=node.reason,
+            )
+        )
+        names[i] = node.name
+    runner = None
+    if example is not None:
+        runner = Runner(traced, tuple(example), tuple(i for i in range(len(traced.nodes)) if i in names))
+    return CNN(name, tuple(layers), runner=runner)
+
+
+def cnn_from_module(name: str, module: Any, *example: Any) -> CNN:
+    """Trace ``module`` (in eval mode) at ``example`` and return its layers.
+
+    The traced graph and example are kept as the CNN's runner so throughput can be
+    measured by running it.
+    """
+    from layerfit.tradeoff.torchgraph import trace_module
+
+    traced = trace_module(module, *example)
+    return cnn_from_traced(name, traced, tuple(example))
+
+
+def layer_from_dict(data: Any, where: str, previous: str | None) -> Layer:
+    """A :class:`Layer` from an application-file mapping; errors name the field."""
+    if not isinstance(data, dict):
+        raise TradeoffError(f"{where}: expected a mapping with name, op, shape, got {type(data).__name__}")
+    known = {"name", "op", "inputs", "shape", "kernel", "stride", "padding", "dilation", "params", "macs", "tileable"}
+    unknown = set(data) - known
+    if unknown:
+        raise TradeoffError(f"{where}: unknown field(s) {sorted(unknown)} (known: {sorted(known)})")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise TradeoffError(f"{where}.name: expected a non-empty string, got {name!r}")
+    op = data.get("op")
+    if op not in LAYER_OPS:
+        raise TradeoffError(f"{where}.op: expected one of {sorted(LAYER_OPS)}, got {op!r}")
+    inputs = data.get("inputs", [previous] if previous is not None and op != "input" else [])
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not isinstance(inputs, list) or not all(isinstance(x, str) for x in inputs):
+        raise TradeoffError(f"{where}.inputs: expected a list of layer names, got {inputs!r}")
+    shape = data.get("shape")
+    if not isinstance(shape, list) or not shape or not all(_is_pos_int(s) for s in shape):
+        raise TradeoffError(f"{where}.shape: expected a list of positive integers, got {shape!r}")
+    ints = {}
+    for key, default, minimum in (("kernel", 1, 1), ("stride", 1, 1), ("padding", 0, 0), ("dilation", 1, 1), ("macs", 0, 0)):
+        value = data.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise TradeoffError(f"{where}.{key}: expected an integer >= {minimum}, got {value!r}")
+        ints[key] = value
+    params = data.get("params", 0)
+    params = _param_count(params, f"{where}.params")
+    tileable = data.get("tileable")
+    if tileable is not None and not isinstance(tileable, bool):
+        raise TradeoffError(f"{where}.tileable: expected true or false, got {tileable!r}")
+    return Layer(name=name, op=op, inputs=tuple(inputs), shape=tuple(shape), params=params, tileable=tileable, **ints)
+
+
+def _is_pos_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _param_count(value: Any, where: str) -> int:
+    """Parameters as a count or as a list of tensor shapes (``[[8, 3, 5, 5], [8]]``)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, list) and all(
+        isinstance(s, list) and all(_is_pos_int(d) for d in s) for s in value
+    ):
+        return sum(math.prod(s) for s in value)
+    raise TradeoffError(f"{where}: expected a count or a list of tensor shapes, got {value!r}")
+
+
+def layers_from_dicts(items: Sequence[Any], where: str) -> tuple[Layer, ...]:
+    """Layers from a list of mappings; each layer reads the previous one unless told."""
+    if not isinstance(items, list) or not items:
+        raise TradeoffError(f"{where}: expected a non-empty list of layers")
+    layers: list[Layer] = []
+    for i, item in enumerate(items):
+        layers.append(layer_from_dict(item, f"{where}[{i}]", layers[-1].name if layers else None))
+    return tuple(layers)
+
+
+def describe_module(module: Any) -> tuple[str, dict[str, int], bool, str]:
+    """Layer kind, height geometry, tileability and reason for a ``torch.nn`` module."""
+    from torch import nn
+
+    from layerfit.tradeoff.torchgraph import POINTWISE_MODULES
+
+    def pair(v: Any) -> int:
+        return int(v[0]) if isinstance(v, (tuple, list)) else int(v)
+
+    if isinstance(module, nn.Conv2d):
+        kh, dh, sh = module.kernel_size[0], module.dilation[0], module.stride[0]
+        if isinstance(module.padding, str):
+            total = dh * (kh - 1) if module.padding == "same" else 0
+            ph = total // 2
+            ok = total % 2 == 0 and dh * (module.kernel_size[1] - 1) % 2 == 0
+        else:
+            ph, ok = module.padding[0], True
+        ok = ok and module.padding_mode == "zeros"
+        return "conv", dict(kernel=kh, stride=sh, padding=ph, dilation=dh), ok, "" if ok else "padding not zeros/symmetric"
+    if isinstance(module, nn.MaxPool2d):
+        geometry = dict(
+            kernel=pair(module.kernel_size),
+            stride=pair(module.stride if module.stride is not None else module.kernel_size),
+            padding=pair(module.padding),
+            dilation=pair(module.dilation),
+        )
+        ok = not module.return_indices
+        return "pool", geometry, ok, "" if ok else "pooling returns indices"
+    if isinstance(module, nn.AvgPool2d):
+        geometry = dict(
+            kernel=pair(module.kernel_size),
+            stride=pair(module.stride if module.stride is not None else module.kernel_size),
+            padding=pair(module.padding),
+        )
+        return "pool", geometry, True, ""
+    if isinstance(module, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
+        return "global_pool", {}, False, "adaptive pooling reads the full height"
+    if isinstance(module, nn.Linear):
+        return "fc", {}, False, "fully connected reads the full input"
+    if isinstance(module, nn.Flatten):
+        return "flatten", {}, False, "flatten mixes rows"
+    if isinstance(module, nn.BatchNorm2d):
+        return "bn", {}, not module.training, "" if not module.training else "batch statistics in training mode"
+    if isinstance(module, POINTWISE_MODULES):
+        return "act", {}, True, ""
+    return "other", {}, False, f"{type(module).__name__} is not known to work by parts"
+
+
+_FUNCTION_OPS = {
+    "add": "add", "iadd": "add", "sub": "add", "isub": "add",
+    "mul": "mul", "imul": "mul", "truediv": "mul", "div": "mul", "itruediv": "mul",
+    "cat": "concat",
+    "relu": "act", "relu_": "act", "relu6": "act", "silu": "act", "hardswish": "act", "hardsigmoid": "act",
+    "sigmoid": "act", "tanh": "act", "gelu": "act", "leaky_relu": "act", "elu": "act", "mish": "act",
+    "dropout": "act", "clamp": "act",
+    "flatten": "flatten", "view": "flatten", "reshape": "flatten",
+    "adaptive_avg_pool2d": "global_pool", "adaptive_max_pool2d": "global_pool", "mean": "global_pool",
+}
+
+
+def cnn_from_graph(name: str, graph: Any, model: Any) -> CNN:
+    """Layers from a :class:`~layerfit.capture.graph.ModelGraph` captured with torch.fx.
+
+    Every op becomes a layer (graph inputs become ``input`` layers); the data shape comes
+    from the op's first output tensor, operator kinds and kernel geometry from ``model``'s
+    modules (``call_module`` ops) or the function name, parameters from the modules.
+    Channel concatenations are recognised by their output having the inputs' height.
+    """
+    import math as _math
+
+    if graph.method != "fx":
+        raise TradeoffError(
+            f"the graph of {name!r} was captured with {graph.method}: processing by parts needs "
+            "every operator (residual adds included), which only an fx capture records"
+        )
+    tensors = {t.id: t for t in graph.tensors}
+    producer: dict[int, str] = {}
+    layers: list[Layer] = []
+    used_inputs: set[int] = set()
+    for op in graph.ops:
+        for tid in op.inputs:
+            if tid not in producer and tid not in used_inputs and tensors[tid].first_op <= op.index:
+                used_inputs.add(tid)
+                layer_name = f"input{len(used_inputs) - 1}"
+                layers.append(Layer(layer_name, "input", (), tuple(tensors[tid].shape)))
+                producer[tid] = layer_name
+        shape = tuple(tensors[op.outputs[0]].shape) if op.outputs else ()
+        inputs = tuple(dict.fromkeys(producer[t] for t in op.inputs if t in producer))
+        geometry: dict[str, int] = {}
+        params = macs = 0
+        if op.kind == "call_module":
+            module = model.get_submodule(op.target)
+            kind, geometry, ok, reason = describe_module(module)
+            params = sum(p.numel() for p in module.parameters(recurse=False)) + sum(
+                b.numel() for b in module.buffers(recurse=False)
+            )
+            if kind == "conv" and shape:
+                macs = _math.prod(shape) * module.in_channels // module.groups * _math.prod(module.kernel_size)
+            elif kind == "fc" and shape:
+                macs = _math.prod(shape[:-1]) * module.in_features * module.out_features
+        else:
+            kind = _FUNCTION_OPS.get(op.target, "other")
+            ok, reason = kind not in ("flatten", "global_pool", "other"), ""
+            if kind == "concat" and (len(shape) != 4 or any(len(tensors[t].shape) != 4 for t in op.inputs)):
+                kind, ok = "other", False
+            if not ok:
+                reason = f"{op.target} is not known to work by parts"
+        for tid in op.outputs:
+            producer[tid] = op.name
+        layers.append(
+            Layer(op.name, kind, inputs, shape, params=params, macs=macs, tileable=None if ok else False,
+                  reason=reason, **geometry)
+        )
+    return CNN(name, tuple(layers))

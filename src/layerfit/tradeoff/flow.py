@@ -1,0 +1,358 @@
+"""Minimum edge-buffer sizes and a phase schedule for processing by parts.
+
+The paper converts a CNN partition to a cyclo-static dataflow graph and asks SDF3 for
+the minimum buffer sizes and a schedule (Section 2.5, Algorithm 2 lines 31-32). We
+compute the same quantities directly, by simulating a *demand-driven* schedule at the
+granularity of rows:
+
+1. A :class:`FlowGraph` lists the layers of one partition in topological order. Each
+   layer produces one tensor of ``rows`` rows and reads its inputs through
+   :class:`~layerfit.tradeoff.rows.RowMap`\\ s.
+2. A layer that processes by parts runs ``ceil(rows / phase_rows)`` phases, each
+   producing the next ``phase_rows`` rows (the paper's ``Phi_i = H``: one row per
+   phase). Any other layer runs one phase producing all its rows, so it needs every
+   row of its inputs at once.
+3. Layers are visited in the partition's order. A whole layer is run when reached,
+   after *pulling* the rows it needs: pulling row ``r`` of a tensor runs the next
+   phase of its producer until row ``r`` exists, recursively pulling the rows that
+   phase reads. A by-parts layer is run only when a consumer pulls it (or, if nothing
+   inside the partition reads it, when it is reached). Rows are produced as late as
+   possible and released as soon as no consumer's next phase can read them.
+4. The buffer of a tensor must hold the contiguous window from the oldest row a
+   consumer may still read to the newest row produced; its size is the maximum of
+   that window over the schedule. Each per-consumer window is recorded too (the
+   paper's per-edge buffers).
+
+Producing late and releasing early makes every window the smallest any valid
+schedule can achieve for a chain (including skip connections inside it); the tests
+check this against an exhaustive search over all interleavings of phases on small
+graphs. The schedule is also what the executor in :mod:`layerfit.tradeoff.parts`
+runs, so the sizes computed here are the buffers it allocates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from layerfit.tradeoff.rows import RowMap
+
+
+@dataclass(frozen=True)
+class FlowNode:
+    """One layer of a partition as the row analysis sees it.
+
+    ``inputs`` are indices of earlier nodes, ``maps[k]`` says how input ``k`` is read.
+    ``rows`` is the output height (1 for tensors without a height, e.g. FC outputs) and
+    ``row_elems`` the number of elements in one output row. ``tileable`` is false for
+    layers that cannot process data by parts (global pooling, fully connected, flatten,
+    anything with a full-height receptive field); such layers always run whole.
+    """
+
+    name: str
+    inputs: tuple[int, ...]
+    maps: tuple[RowMap, ...]
+    rows: int
+    row_elems: int
+    tileable: bool
+
+    def __post_init__(self) -> None:
+        if len(self.inputs) != len(self.maps):
+            raise ValueError(f"node {self.name!r}: {len(self.inputs)} inputs, {len(self.maps)} maps")
+        if self.rows < 1:
+            raise ValueError(f"node {self.name!r}: rows must be >= 1")
+
+    @property
+    def elems(self) -> int:
+        """Elements of the whole output tensor."""
+        return self.rows * self.row_elems
+
+
+@dataclass(frozen=True)
+class FlowGraph:
+    """Layers of one partition in topological order.
+
+    ``outputs`` are nodes whose tensors leave the partition (to another partition or
+    as results); they are stored whole outside the analysed buffers. ``order`` is the
+    order in which whole layers are visited (the partition's schedule); by default the
+    node order.
+    """
+
+    nodes: tuple[FlowNode, ...]
+    outputs: tuple[int, ...]
+    order: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for i, node in enumerate(self.nodes):
+            for j in node.inputs:
+                if not 0 <= j < i:
+                    raise ValueError(f"node {node.name!r} reads node {j}, not an earlier node")
+        if self.order is not None and sorted(self.order) != list(range(len(self.nodes))):
+            raise ValueError("order must be a permutation of the node indices")
+
+    def consumers(self) -> list[list[tuple[int, int]]]:
+        """For each node, the ``(consumer, input slot)`` pairs reading its tensor."""
+        result: list[list[tuple[int, int]]] = [[] for _ in self.nodes]
+        for c, node in enumerate(self.nodes):
+            for slot, i in enumerate(node.inputs):
+                result[i].append((c, slot))
+        return result
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """The schedule and minimum buffers of one partition under one choice of by-parts layers.
+
+    ``steps[k] = (node, first_row, last_row)``: step ``k`` runs the phase of ``node`` that
+    produces those rows. ``buffer_rows[n]`` is the minimum size (in rows) of the buffer
+    holding node ``n``'s tensor for the consumers inside the partition (0 when none);
+    ``edge_rows[(n, c)]`` the same for the single edge from ``n`` to consumer ``c``.
+    ``first_step``/``last_step`` bound the phases of each node and ``last_read`` is the
+    last step at which a consumer reads its tensor (-1 when none does).
+    """
+
+    graph: FlowGraph
+    by_parts: tuple[bool, ...]
+    phase_rows: int
+    steps: tuple[tuple[int, int, int], ...]
+    buffer_rows: tuple[int, ...]
+    edge_rows: dict[tuple[int, int], int] = field(repr=False)
+    first_step: tuple[int, ...] = field(repr=False)
+    last_step: tuple[int, ...] = field(repr=False)
+    last_read: tuple[int, ...] = field(repr=False)
+    phase_counts: tuple[int, ...] = field(repr=False, default=())
+
+    @property
+    def phases(self) -> tuple[int, ...]:
+        """Number of phases each node runs (the paper's ``Phi``)."""
+        return self.phase_counts
+
+    def buffer_elems(self, node: int) -> int:
+        """Elements of node ``node``'s minimum buffer."""
+        return self.buffer_rows[node] * self.graph.nodes[node].row_elems
+
+    def total_buffer_elems(self) -> int:
+        """Sum of all minimum buffers (no reuse between them)."""
+        return sum(self.buffer_elems(n) for n in range(len(self.graph.nodes)))
+
+
+def phase_range(node: FlowNode, by_parts: bool, phase_rows: int, k: int) -> tuple[int, int]:
+    """Output rows ``[a, b]`` produced by phase ``k`` of ``node``."""
+    if not by_parts:
+        return 0, node.rows - 1
+    a = k * phase_rows
+    return a, min(a + phase_rows, node.rows) - 1
+
+
+def phase_reads(node: FlowNode, by_parts: bool, slot: int, a: int, b: int) -> tuple[int, int]:
+    """Rows ``[lo, hi]`` of input ``slot`` read by the phase producing rows ``a..b``.
+
+    A layer run whole reads its whole input (the operator needs the full tensor), even
+    rows its outputs do not depend on.
+    """
+    rmap = node.maps[slot]
+    if by_parts or rmap.kind != "window":
+        return rmap.needs(a, b)
+    return 0, rmap.in_rows - 1
+
+
+def release_point(node: FlowNode, by_parts: bool, slot: int, produced: int) -> int:
+    """Rows of input ``slot`` below this index are no longer read by ``node``.
+
+    ``produced`` is how many output rows ``node`` has produced so far.
+    """
+    rmap = node.maps[slot]
+    if produced >= node.rows:
+        return rmap.in_rows
+    if not by_parts:
+        return 0
+    return rmap.oldest(produced)
+
+
+def effective_parts(graph: FlowGraph, parts: Sequence[bool]) -> tuple[bool, ...]:
+    """``parts`` restricted to tileable nodes (others always run whole)."""
+    if len(parts) != len(graph.nodes):
+        raise ValueError(f"{len(parts)} by-parts flags for {len(graph.nodes)} nodes")
+    return tuple(bool(p) and n.tileable for p, n in zip(parts, graph.nodes, strict=True))
+
+
+def needed_rows(
+    graph: FlowGraph, by_parts: Sequence[bool], phase_rows: int
+) -> list[tuple[int, int] | None]:
+    """For each node, the range of its rows that the outputs depend on (None: none).
+
+    A backward pass from the outputs: a node whose rows nobody reads (e.g. a branch
+    that only feeds padding) is never run.
+    """
+    nodes = graph.nodes
+    needed: list[tuple[int, int] | None] = [None] * len(nodes)
+    for o in graph.outputs:
+        needed[o] = (0, nodes[o].rows - 1)
+    for n in range(len(nodes) - 1, -1, -1):
+        rng = needed[n]
+        if rng is None:
+            continue
+        node = nodes[n]
+        if by_parts[n]:
+            a = phase_range(node, True, phase_rows, rng[0] // phase_rows)[0]
+            b = phase_range(node, True, phase_rows, rng[1] // phase_rows)[1]
+        else:
+            a, b = 0, node.rows - 1
+        for slot, i in enumerate(node.inputs):
+            lo, hi = phase_reads(node, by_parts[n], slot, a, b)
+            if lo > hi:
+                continue
+            old = needed[i]
+            needed[i] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+    return needed
+
+
+def plan_rows(graph: FlowGraph, parts: Sequence[bool], phase_rows: int = 1) -> RowPlan:
+    """Simulate the demand-driven schedule and return its steps and minimum buffers."""
+    if phase_rows < 1:
+        raise ValueError("phase_rows must be >= 1")
+    nodes = graph.nodes
+    count = len(nodes)
+    by_parts = effective_parts(graph, parts)
+    consumers = graph.consumers()
+    produced = [0] * count
+    next_phase = [0] * count
+    window = [0] * count
+    edge_window: dict[tuple[int, int], int] = {}
+    first_step = [-1] * count
+    last_step = [-1] * count
+    last_read = [-1] * count
+    steps: list[tuple[int, int, int]] = []
+
+    rows = [node.rows for node in nodes]
+    # Per input slot: (input, code, extent, stride, pad_top, in_rows, first reading row);
+    # code 1 = read a window by parts, 0 = read every row at once, 2 = broadcast row 0.
+    # This is phase_reads/release_point unrolled, for speed in the genetic search.
+    slots: list[list[tuple[int, int, int, int, int, int, int]]] = []
+    for n, node in enumerate(nodes):
+        info = []
+        for i, m in zip(node.inputs, node.maps, strict=True):
+            code = 2 if m.kind == "broadcast" else (1 if by_parts[n] and m.kind == "window" else 0)
+            skip = -(-(m.pad_top - m.extent + 1) // m.stride)
+            info.append((i, code, m.extent, m.stride, m.pad_top, m.in_rows, skip))
+        slots.append(info)
+    readers: list[list[tuple[int, tuple[int, int, int, int, int, int, int]]]] = [[] for _ in nodes]
+    for c in range(count):
+        for info in slots[c]:
+            readers[info[0]].append((c, info))
+
+    def execute(n: int, a: int, b: int) -> None:
+        step = len(steps)
+        steps.append((n, a, b))
+        if first_step[n] < 0:
+            first_step[n] = step
+        last_step[n] = step
+        for i, code, extent, stride, pad, in_rows, _ in slots[n]:
+            if code == 1:
+                if a * stride - pad <= in_rows - 1 and b * stride - pad + extent - 1 >= 0:
+                    last_read[i] = step
+            else:
+                last_read[i] = step
+        done = b + 1
+        produced[n] = done
+        next_phase[n] += 1
+        # The window of n grows only now; measure it against its consumers' positions.
+        oldest_all = done
+        for c, (_, code, _, stride, pad, in_rows, skip) in readers[n]:
+            pc = produced[c]
+            if pc >= rows[c]:
+                oldest = in_rows
+            elif code != 1:
+                oldest = 0
+            else:
+                f = pc if pc > skip else skip
+                oldest = f * stride - pad
+                oldest = 0 if oldest < 0 else (in_rows if oldest > in_rows else oldest)
+            if oldest < oldest_all:
+                oldest_all = oldest
+            key = (n, c)
+            span = done - (oldest if oldest < done else done)
+            if span > edge_window.get(key, 0):
+                edge_window[key] = span
+        if done - oldest_all > window[n]:
+            window[n] = done - oldest_all
+
+    def pull(target: int, row: int) -> None:
+        stack = [(target, row)]
+        while stack:
+            n, r = stack[-1]
+            if produced[n] > r:
+                stack.pop()
+                continue
+            if by_parts[n]:
+                a = next_phase[n] * phase_rows
+                b = min(a + phase_rows, rows[n]) - 1
+            else:
+                a, b = 0, rows[n] - 1
+            for i, code, extent, stride, pad, in_rows, _ in slots[n]:
+                if code == 1:
+                    lo = a * stride - pad
+                    hi = b * stride - pad + extent - 1
+                    if hi > in_rows - 1:
+                        hi = in_rows - 1
+                    if lo > hi or hi < 0:
+                        continue
+                elif code == 2:
+                    hi = 0
+                else:
+                    hi = in_rows - 1
+                if produced[i] <= hi:
+                    stack.append((i, hi))
+                    break
+            else:
+                execute(n, a, b)
+
+    needed = needed_rows(graph, by_parts, phase_rows)
+    order = graph.order if graph.order is not None else range(count)
+    for n in order:
+        if needed[n] is not None and (not by_parts[n] or not consumers[n]):
+            pull(n, needed[n][1])
+    for n in graph.outputs:
+        pull(n, nodes[n].rows - 1)
+
+    buffer_rows = tuple(window[n] if consumers[n] else 0 for n in range(count))
+    return RowPlan(
+        graph=graph,
+        by_parts=by_parts,
+        phase_rows=phase_rows,
+        steps=tuple(steps),
+        buffer_rows=buffer_rows,
+        edge_rows=edge_window,
+        first_step=tuple(first_step),
+        last_step=tuple(last_step),
+        last_read=tuple(last_read),
+        phase_counts=tuple(next_phase),
+    )
+
+
+def format_schedule(plan: RowPlan, limit: int = 12) -> str:
+    """The schedule in the paper's run-length notation, e.g. ``[conv1]x5, [conv2]``.
+
+    Repeated single steps become ``[name]xN`` and a repeated alternation of several
+    layers ``[a, b]xN``; at most ``limit`` groups are shown.
+    """
+    names = [plan.graph.nodes[n].name for n, _, _ in plan.steps]
+    groups: list[tuple[tuple[str, ...], int]] = []
+    i = 0
+    while i < len(names):
+        best = ((names[i],), 1)
+        for width in range(1, 5):
+            unit = tuple(names[i : i + width])
+            if len(unit) < width:
+                break
+            reps = 1
+            while tuple(names[i + reps * width : i + (reps + 1) * width]) == unit:
+                reps += 1
+            if reps > 1 and reps * width > best[1] * len(best[0]):
+                best = (unit, reps)
+        groups.append(best)
+        i += len(best[0]) * best[1]
+    text = [f"[{', '.join(u)}]" + (f"x{r}" if r > 1 else "") for u, r in groups[:limit]]
+    if len(groups) > limit:
+        text.append(f"... ({len(groups) - limit} more)")
+    return ", ".join(text)

@@ -1,0 +1,498 @@
+"""Processing by parts, for real: run a network in horizontal row stripes.
+
+:class:`PartsExecutor` runs a traced module (or a contiguous range of its layers, a
+pipeline stage) following the schedule of :func:`~layerfit.tradeoff.flow.plan_rows`.
+A layer chosen to process by parts produces its output ``phase_rows`` rows at a time
+(one row by default, Table 2) from the few input rows it needs, and the tensor between
+two such layers lives in a :class:`RowBuffer` holding only the rows a consumer may
+still read. A layer that cannot or need not be tiled runs whole on whole tensors.
+
+The output equals running the module (same operators, same weights, same padding
+semantics) within fp32 rounding: a stripe is computed by the same operator on fewer rows,
+and PyTorch may then pick another kernel or blocking (oneDNN convolutions choose by
+tensor height; vectorised transcendental activations round tail elements differently),
+so sums can be ordered differently. Pooling, batch norm, ReLU-like activations and adds
+are element-for-element the same; whole networks are often bit-exact when oneDNN is
+disabled, never off by more than ``TOLERANCE``.
+
+Memory is accounted in a ledger: every edge buffer (row buffers at capacity, whole
+intermediate tensors at full size) counts from allocation until its last reader has
+run. Graph inputs and outputs belong to the caller and are not counted; the transient
+one-phase result and the padded stripes of border phases are not counted either.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from layerfit.errors import TradeoffError
+from layerfit.tradeoff.flow import FlowGraph, FlowNode, RowPlan, plan_rows
+from layerfit.tradeoff.rows import RowMap
+from layerfit.tradeoff.torchgraph import TracedGraph, TracedNode, substitute, trace_module
+
+# Agreement with the untiled module: |out - ref| <= rtol * |ref| + atol * max(1, max|ref|)
+# with (rtol, atol) below. Observed: a few ulps per layer (<= 1.2e-7 on unit-scale random
+# chains; 5e-6 to 2e-5 on MobileNet v2 / EfficientNet-B0 / ResNet-50 outputs of magnitude
+# 4 to 13 at 224x224).
+TOLERANCE = (1e-5, 1e-5)
+
+PartsSpec = str | Sequence[bool] | Collection[str]
+
+
+class RowBuffer:
+    """A buffer of ``capacity`` rows holding a contiguous window of a tensor's rows.
+
+    Rows are appended in order and released from the front; the window is kept
+    contiguous in memory (shifted to the front when it reaches the end) so a consumer
+    always receives a view, never a gathered copy.
+    """
+
+    def __init__(self, capacity: int, like: torch.Tensor) -> None:
+        n, c, _, w = like.shape
+        self.capacity = capacity
+        self.storage = like.new_empty((n, c, capacity, w))
+        self.lo = 0  # first row held
+        self.hi = 0  # one past the last row written
+        self.phys = 0  # storage row of row ``lo``
+        self.keep_from = 0  # rows below this are released (and not stored when written)
+        self.high_water = 0  # most rows ever held at once
+
+    @property
+    def nbytes(self) -> int:
+        return self.storage.numel() * self.storage.element_size()
+
+    def release(self, row: int) -> None:
+        """Rows below ``row`` will not be read again."""
+        if row <= self.keep_from:
+            return
+        self.keep_from = row
+        new_lo = min(max(self.lo, row), self.hi)
+        self.phys += new_lo - self.lo
+        self.lo = new_lo
+        if self.lo == self.hi:
+            self.phys = 0
+
+    def write(self, first: int, data: torch.Tensor) -> None:
+        """Append rows ``first .. first + data.shape[2] - 1`` (``first`` is the next row)."""
+        if first != self.hi:
+            raise RuntimeError(f"rows must be written in order: expected row {self.hi}, got {first}")
+        rows = data.shape[2]
+        skip = self.keep_from - first
+        if skip > 0:  # leading rows nobody reads: do not store them
+            skip = min(skip, rows)
+            self.hi += skip
+            self.lo = max(self.lo, min(self.keep_from, self.hi))
+            if self.lo == self.hi:
+                self.phys = 0
+            rows -= skip
+            if rows == 0:
+                return
+            data = data.narrow(2, skip, rows)
+        held = self.hi - self.lo
+        if held + rows > self.capacity:
+            raise RuntimeError(
+                f"row buffer overflow: {held} rows held + {rows} new > capacity {self.capacity}"
+            )
+        if self.phys + held + rows > self.capacity:
+            self._compact()
+        self.storage.narrow(2, self.phys + held, rows).copy_(data)
+        self.hi += rows
+        if held + rows > self.high_water:
+            self.high_water = held + rows
+
+    def skip_to(self, row: int) -> None:
+        """Rows below ``row`` were never produced because no consumer reads them."""
+        if self.hi < row:  # then every held row is below the release point too
+            self.release(row)
+            self.lo = self.hi = row
+            self.phys = 0
+
+    def _compact(self) -> None:
+        held, shift = self.hi - self.lo, self.phys
+        for start in range(0, held, shift):  # chunks no longer than the shift never overlap
+            stop = min(start + shift, held)
+            self.storage[:, :, start:stop].copy_(self.storage[:, :, start + shift : stop + shift])
+        self.phys = 0
+
+    def view(self, lo: int, hi: int) -> torch.Tensor:
+        """Rows ``lo..hi`` (inclusive) as a view; an empty view when ``lo > hi``."""
+        if lo > hi:
+            return self.storage[:, :, 0:0]
+        if lo < self.lo or hi >= self.hi:
+            raise RuntimeError(f"rows {lo}..{hi} not held (holding {self.lo}..{self.hi - 1})")
+        return self.storage.narrow(2, self.phys + lo - self.lo, hi - lo + 1)
+
+
+@dataclass
+class Ledger:
+    """Bytes of edge buffers alive, and the peak over a run."""
+
+    live: int = 0
+    peak: int = 0
+
+    def add(self, nbytes: int) -> None:
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+
+    def remove(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+
+@dataclass
+class RunStats:
+    """What one run held and did.
+
+    ``peak_bytes``: ledger peak of edge buffers; ``buffer_bytes``: bytes allocated per
+    buffered tensor (row buffers at capacity, whole tensors at full size);
+    ``high_water_rows``: most rows each row buffer held; ``node_seconds``: time spent in
+    each node's phases (filled when profiling).
+    """
+
+    peak_bytes: int = 0
+    buffer_bytes: dict[str, int] = field(default_factory=dict)
+    high_water_rows: dict[str, int] = field(default_factory=dict)
+    node_seconds: dict[str, float] = field(default_factory=dict)
+    phases: int = 0
+
+
+def resolve_parts(traced: TracedGraph, parts: PartsSpec) -> list[bool]:
+    """Per traced node: should it process by parts? (``all``, ``none``, flags or names)."""
+    if isinstance(parts, str):
+        if parts not in ("all", "none"):
+            raise TradeoffError(f"parts must be 'all', 'none', flags or node names, got {parts!r}")
+        return [parts == "all" and node.tileable for node in traced.nodes]
+    items = list(parts)
+    if items and all(isinstance(p, bool) for p in items):
+        if len(items) != len(traced.nodes):
+            raise TradeoffError(f"{len(items)} by-parts flags for {len(traced.nodes)} nodes")
+        return [p and node.tileable for p, node in zip(items, traced.nodes, strict=True)]
+    names = set(items)
+    unknown = names - {node.name for node in traced.nodes}
+    if unknown:
+        raise TradeoffError(f"unknown node names {sorted(unknown)}")
+    return [node.name in names and node.tileable for node in traced.nodes]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A contiguous range of traced nodes with the tensors crossing its boundary."""
+
+    first: int
+    stop: int
+    inputs: tuple[int, ...]  # traced nodes before ``first`` read inside the stage
+    outputs: tuple[int, ...]  # traced nodes of the stage read after it (or results)
+
+
+def stage_of(traced: TracedGraph, first: int, stop: int) -> Stage:
+    """The stage of nodes ``[first, stop)``: which tensors enter and leave it."""
+    if not 0 <= first < stop <= len(traced.nodes):
+        raise TradeoffError(f"invalid node range [{first}, {stop}) of {len(traced.nodes)} nodes")
+    inside = range(first, stop)
+    ins: dict[int, None] = {}
+    for n in inside:
+        for i in traced.nodes[n].inputs:
+            if i < first:
+                ins[i] = None
+    if first == 0:
+        for p in traced.placeholders:
+            ins.setdefault(p, None)
+    outs: dict[int, None] = {}
+    for n in range(stop, len(traced.nodes)):
+        for i in traced.nodes[n].inputs:
+            if first <= i < stop:
+                outs[i] = None
+    for o in traced.outputs:
+        if first <= o < stop:
+            outs[o] = None
+    return Stage(first, stop, tuple(sorted(ins)), tuple(sorted(outs)))
+
+
+def flow_graph_of(traced: TracedGraph, stage: Stage) -> tuple[FlowGraph, list[int]]:
+    """The FlowGraph of a stage and, per flow node, the traced node it stands for."""
+    members = list(stage.inputs) + [n for n in range(stage.first, stage.stop) if n not in stage.inputs]
+    local = {t: k for k, t in enumerate(members)}
+    flow_nodes = []
+    for k, t in enumerate(members):
+        node = traced.nodes[t]
+        if k < len(stage.inputs) or node.op in ("input", "const"):
+            flow_nodes.append(FlowNode(node.name, (), (), node.rows, node.row_elems, False))
+            continue
+        flow_nodes.append(
+            FlowNode(
+                node.name,
+                tuple(local[i] for i in node.inputs),
+                node.maps,
+                node.rows,
+                node.row_elems,
+                node.tileable,
+            )
+        )
+    outputs = tuple(local[o] for o in stage.outputs)
+    return FlowGraph(tuple(flow_nodes), outputs), members
+
+
+class PartsExecutor:
+    """Runs a traced module (or a stage of it) with the chosen layers processing by parts.
+
+    ``parts`` selects the layers: ``"all"`` (every tileable layer), ``"none"`` (plain
+    layer-by-layer execution, the untiled reference), per-node flags, or node names.
+    ``phase_rows`` rows are produced per phase (1 reproduces the paper's minimum heights).
+    """
+
+    def __init__(
+        self,
+        traced: TracedGraph,
+        parts: PartsSpec = "all",
+        phase_rows: int = 1,
+        stage: Stage | None = None,
+    ) -> None:
+        self.traced = traced
+        self.stage = stage or stage_of(traced, 0, len(traced.nodes))
+        self.flow, self.members = flow_graph_of(traced, self.stage)
+        flags = resolve_parts(traced, parts)
+        self.plan: RowPlan = plan_rows(self.flow, [flags[t] for t in self.members], phase_rows)
+        self._consumers = self.flow.consumers()
+        self._is_output = [False] * len(self.members)
+        for o in self.flow.outputs:
+            self._is_output[o] = True
+        self.last_stats = RunStats()
+        self._build_tables()
+
+    def _build_tables(self) -> None:
+        """Per node, what a phase reads and who releases what: phase_reads and
+        release_point unrolled so the per-phase bookkeeping stays cheap."""
+        by_parts = self.plan.by_parts
+        nodes = self.flow.nodes
+        # reads[k]: (input, code, extent, stride, pad, in_rows); code 1 window, 2 whole value
+        self._reads: list[list[tuple[int, int, int, int, int, int]]] = []
+        for node in nodes:
+            reads = []
+            for i, m in zip(node.inputs, node.maps, strict=True):
+                code = 2 if (m.kind == "broadcast" or nodes[i].rows == 1) else 1
+                reads.append((i, code, m.extent, m.stride, m.pad_top, m.in_rows))
+            self._reads.append(reads)
+        # releasers[i]: (consumer, by parts?, stride, pad, in_rows, first reading row)
+        self._releasers: list[list[tuple[int, bool, int, int, int, int]]] = [[] for _ in nodes]
+        for c, node in enumerate(nodes):
+            for i, m in zip(node.inputs, node.maps, strict=True):
+                window = by_parts[c] and m.kind == "window"
+                skip = -(-(m.pad_top - m.extent + 1) // m.stride)
+                self._releasers[i].append((c, window, m.stride, m.pad_top, m.in_rows, skip))
+        self._unique_inputs = [tuple(dict.fromkeys(node.inputs)) for node in nodes]
+        self._keeps = [
+            not self._external(k) and not self._is_output[k] and bool(self._consumers[k]) for k in range(len(nodes))
+        ]
+
+    @classmethod
+    def from_module(
+        cls, module: torch.nn.Module, example: torch.Tensor, parts: PartsSpec = "all", phase_rows: int = 1
+    ) -> PartsExecutor:
+        """Trace ``module`` at ``example``'s shape and build an executor for all of it."""
+        return cls(trace_module(module, example), parts, phase_rows)
+
+    def node(self, k: int) -> TracedNode:
+        return self.traced.nodes[self.members[k]]
+
+    def buffer_bytes(self) -> dict[str, int]:
+        """Planned bytes per buffered tensor (row buffers at minimum size, whole tensors full)."""
+        result = {}
+        for k, flow_node in enumerate(self.flow.nodes):
+            node = self.node(k)
+            if self._external(k) or self._is_output[k] or not self._consumers[k] or node.shape is None:
+                continue
+            rows = self.plan.buffer_rows[k] if self.plan.by_parts[k] else flow_node.rows
+            result[node.name] = rows * flow_node.row_elems * node.itemsize
+        return result
+
+    def _external(self, k: int) -> bool:
+        return k < len(self.stage.inputs) or self.node(k).op in ("input", "const")
+
+    def __call__(self, *inputs: Any, out: Sequence[torch.Tensor] | None = None) -> Any:
+        return self.run(*inputs, out=out)
+
+    @torch.no_grad()
+    def run(self, *inputs: Any, out: Sequence[torch.Tensor] | None = None, profile: bool = False) -> Any:
+        """Run on ``inputs`` (the stage's input tensors, in order) and return the result.
+
+        For the whole module the result has the module's output structure; for a stage it
+        is the tuple of the stage's output tensors. ``out`` optionally supplies tensors to
+        write the stage outputs into (the pipeline's double buffers).
+        """
+        n_in = len(self.stage.inputs)
+        if len(inputs) != n_in:
+            raise TradeoffError(f"expected {n_in} input tensor(s), got {len(inputs)}")
+        if out is not None and len(out) != len(self.flow.outputs):
+            raise TradeoffError(f"expected {len(self.flow.outputs)} output tensor(s), got {len(out)}")
+        nodes = self.flow.nodes
+        count = len(nodes)
+        plan = self.plan
+        by_parts = plan.by_parts
+        last_read = plan.last_read
+        values: list[Any] = [None] * count  # whole values (inputs, whole outputs, result tensors)
+        buffers: list[RowBuffer | None] = [None] * count
+        produced = [0] * count
+        held = [0] * count  # bytes counted in the ledger for this tensor
+        ledger = Ledger()
+        stats = RunStats()
+        out_slot = {o: j for j, o in enumerate(self.flow.outputs)}
+        for k, value in enumerate(inputs):
+            values[k] = value
+            produced[k] = nodes[k].rows
+        timers: dict[int, float] = {}
+        device = next((v.device for v in inputs if isinstance(v, torch.Tensor)), torch.device("cpu"))
+        traced_nodes = [self.node(k) for k in range(count)]
+        reads_of, releasers, unique_inputs, keeps = self._reads, self._releasers, self._unique_inputs, self._keeps
+        is_output = self._is_output
+
+        def rows_of(i: int, lo: int, hi: int) -> Any:
+            if lo > hi:  # a phase reading only padding: an empty stripe of the right shape
+                shape = traced_nodes[i].shape
+                assert shape is not None
+                return torch.empty((shape[0], shape[1], 0, shape[3]), dtype=traced_nodes[i].dtype, device=device)
+            buf = buffers[i]
+            if buf is not None:
+                return buf.view(lo, hi)
+            return values[i].narrow(2, lo, hi - lo + 1)
+
+        def oldest(i: int) -> int:
+            """First row of ``i`` a consumer may still read (beyond the rows produced when
+            the next rows are gaps no consumer reads; very large when all are done)."""
+            low = 1 << 62
+            for c, window, stride, pad, _, skip in releasers[i]:
+                pc = produced[c]
+                if pc >= nodes[c].rows:
+                    continue  # done: reads nothing more
+                if not window:
+                    return 0
+                row = (pc if pc > skip else skip) * stride - pad
+                if row < low:
+                    low = row if row > 0 else 0
+            return low
+
+        for step, (k, a, b) in enumerate(plan.steps):
+            if k < n_in:
+                continue
+            node = traced_nodes[k]
+            start = time.perf_counter() if profile else 0.0
+            if not by_parts[k]:
+                args = [values[i] if buffers[i] is None else rows_of(i, 0, nodes[i].rows - 1) for i in nodes[k].inputs]
+                result = node.whole(args)
+                if is_output[k] and out is not None:
+                    out[out_slot[k]].copy_(result)
+                    result = out[out_slot[k]]
+                values[k] = result
+                if keeps[k] and isinstance(result, torch.Tensor):
+                    held[k] = result.numel() * result.element_size()
+                    stats.buffer_bytes[node.name] = held[k]
+                    ledger.add(held[k])
+            elif is_output[k] or b >= oldest(k):
+                args = []
+                for i, code, extent, stride, pad, in_rows in reads_of[k]:
+                    if code == 2:
+                        args.append(values[i] if buffers[i] is None else rows_of(i, 0, 0))
+                        continue
+                    lo = a * stride - pad
+                    hi = b * stride - pad + extent - 1
+                    args.append(rows_of(i, lo if lo > 0 else 0, hi if hi < in_rows else in_rows - 1))
+                rows = node.stripe(args, a, b)  # type: ignore[misc]
+                self._store(k, a, rows, values, buffers, held, stats, ledger, out, out_slot)
+            elif buffers[k] is not None:
+                buffers[k].skip_to(b + 1)  # type: ignore[union-attr]
+            produced[k] = b + 1
+            if profile:
+                timers[k] = timers.get(k, 0.0) + time.perf_counter() - start
+            # Release what no consumer reads any more; free tensors after their last read.
+            for i in unique_inputs[k]:
+                buf = buffers[i]
+                if buf is not None:
+                    buf.release(oldest(i))
+                if last_read[i] == step and held[i]:
+                    ledger.remove(held[i])
+                    held[i] = 0
+                    if buf is not None:
+                        stats.high_water_rows[traced_nodes[i].name] = buf.high_water
+                        buffers[i] = None
+                    if not is_output[i]:
+                        values[i] = None
+        stats.peak_bytes = ledger.peak
+        stats.phases = len(plan.steps)
+        stats.node_seconds = {self.node(k).name: t for k, t in timers.items()}
+        self.last_stats = stats
+        results = {o: values[o] for o in self.flow.outputs}
+        if self.stage.first == 0 and self.stage.stop == len(self.traced.nodes):
+            local = {t: k for k, t in enumerate(self.members)}
+            return substitute(self.traced.output_arg, lambda t: results[local[t]])
+        return tuple(results[o] for o in self.flow.outputs)
+
+    def _store(
+        self,
+        k: int,
+        first: int,
+        rows: torch.Tensor,
+        values: list[Any],
+        buffers: list[RowBuffer | None],
+        held: list[int],
+        stats: RunStats,
+        ledger: Ledger,
+        out: Sequence[torch.Tensor] | None,
+        out_slot: dict[int, int],
+    ) -> None:
+        """Write output rows of node ``k``: into its result tensor or its row buffer."""
+        if self._is_output[k]:
+            if values[k] is None:
+                shape = self.node(k).shape
+                values[k] = out[out_slot[k]] if out is not None else rows.new_empty(shape)
+            values[k][:, :, first : first + rows.shape[2]].copy_(rows)
+            return
+        buf = buffers[k]
+        if buf is None:
+            buf = RowBuffer(self.plan.buffer_rows[k], rows)
+            buffers[k] = buf
+            held[k] = buf.nbytes
+            stats.buffer_bytes[self.node(k).name] = buf.nbytes
+            ledger.add(buf.nbytes)
+        buf.skip_to(first)  # rows nobody reads may have been skipped
+        buf.write(first, rows)
+
+
+def untiled_peak_bytes(traced: TracedGraph, example: Sequence[torch.Tensor]) -> int:
+    """Ledger peak of plain layer-by-layer execution (every tensor whole until last read)."""
+    executor = PartsExecutor(traced, "none")
+    executor.run(*example)
+    return executor.last_stats.peak_bytes
+
+
+def describe_tiling(traced: TracedGraph) -> list[dict[str, Any]]:
+    """Per node: kind, output shape, whether it can process by parts, and why not."""
+    return [
+        {
+            "name": n.name,
+            "op": n.op,
+            "shape": n.shape,
+            "tileable": n.tileable,
+            "min_height": max((m.min_height for m in n.maps), default=0) if n.tileable else None,
+            "reason": "" if n.tileable else n.reason,
+        }
+        for n in traced.nodes
+    ]
+
+
+__all__ = [
+    "TOLERANCE",
+    "Ledger",
+    "PartsExecutor",
+    "RowBuffer",
+    "RowMap",
+    "RunStats",
+    "Stage",
+    "describe_tiling",
+    "flow_graph_of",
+    "resolve_parts",
+    "stage_of",
+    "untiled_peak_bytes",
+]

@@ -1,0 +1,188 @@
+"""Pipelined execution: a CNN split in two partitions runs as a two-stage pipeline.
+
+Section 2.2: partition ``P_a`` processes frame ``i+1`` while partition ``P_b`` processes
+frame ``i``. The data crossing the cut is *double buffered*: two preallocated slots,
+one written by the first stage while the second stage reads the other, so the stages
+never wait for each other's buffer (only for each other's pace). Each stage runs on its
+own thread; the threads hand slots over through two queues (free slots, full slots) and
+block on them - no polling. Either stage may process some of its layers by parts.
+
+:func:`measure_pipeline` times the same frames run sequentially (both stages on one
+thread, one after the other) and pipelined, and checks both give identical outputs.
+"""
+
+from __future__ import annotations
+
+import queue
+import statistics
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from layerfit.errors import TradeoffError
+from layerfit.tradeoff.parts import PartsExecutor, PartsSpec, stage_of
+from layerfit.tradeoff.torchgraph import TracedGraph, substitute
+
+_DONE = object()
+
+
+@dataclass
+class _Failure:
+    error: BaseException
+
+
+class TwoStagePipeline:
+    """Two pipeline stages of one traced CNN, cut before traced node ``cut``.
+
+    ``parts`` selects by-parts layers for both stages (node names, ``all`` or ``none``).
+    """
+
+    def __init__(self, traced: TracedGraph, cut: int | str, parts: PartsSpec = "none", phase_rows: int = 1) -> None:
+        index = traced.index(cut) if isinstance(cut, str) else cut
+        if not 0 < index < len(traced.nodes):
+            raise TradeoffError(f"cut must be a node index in (0, {len(traced.nodes)}), got {cut!r}")
+        self.traced = traced
+        self.first = PartsExecutor(traced, parts, phase_rows, stage_of(traced, 0, index))
+        self.second = PartsExecutor(traced, parts, phase_rows, stage_of(traced, index, len(traced.nodes)))
+        first_out = self.first.stage.outputs
+        second_in = self.second.stage.inputs
+        # The second stage reads the first stage's outputs and possibly the graph inputs.
+        self._from_first = [first_out.index(i) if i in first_out else None for i in second_in]
+        self._from_input = [traced.placeholders.index(i) if i in traced.placeholders else None for i in second_in]
+        self._slot_nodes = [traced.nodes[i] for i in first_out]
+        if any(n.shape is None for n in self._slot_nodes):
+            raise TradeoffError("the cut must only cross tensors (move it past non-tensor values)")
+
+    def edge_bytes(self) -> int:
+        """Bytes of one slot of the double-buffered edge (the pipeline holds two)."""
+        return sum(n.numel * n.itemsize for n in self._slot_nodes)
+
+    def _new_slot(self, like: torch.Tensor) -> list[torch.Tensor]:
+        return [like.new_empty(n.shape, dtype=n.dtype) for n in self._slot_nodes]
+
+    def _second_inputs(self, frame: Sequence[torch.Tensor], slot: Sequence[torch.Tensor]) -> list[Any]:
+        args = []
+        for k, (f, p) in enumerate(zip(self._from_first, self._from_input, strict=True)):
+            if f is not None:
+                args.append(slot[f])
+            elif p is not None:
+                args.append(frame[p])
+            else:  # a constant produced before the cut
+                args.append(self.traced.nodes[self.second.stage.inputs[k]].whole([]))
+        return args
+
+    def run_sequential(self, frames: Iterable[torch.Tensor | Sequence[torch.Tensor]]) -> list[Any]:
+        """Both stages on the calling thread, frame after frame (the reference)."""
+        results = []
+        slot: list[torch.Tensor] | None = None
+        for frame in frames:
+            frame = _as_tuple(frame)
+            if slot is None:
+                slot = self._new_slot(frame[0])
+            self.first.run(*frame, out=slot)
+            results.append(self._finish(self.second.run(*self._second_inputs(frame, slot)), slot))
+        return results
+
+    def run(self, frames: Iterable[torch.Tensor | Sequence[torch.Tensor]]) -> list[Any]:
+        """Stage one on a worker thread, stage two on the calling thread; outputs in order."""
+        free: queue.Queue[list[torch.Tensor]] = queue.Queue()
+        full: queue.Queue[Any] = queue.Queue()
+        iterator = iter(frames)
+        stop = threading.Event()
+
+        def producer() -> None:
+            slots_made = 0
+            try:
+                for frame in iterator:
+                    frame = _as_tuple(frame)
+                    if slots_made < 2:  # the two buffers of the double-buffered edge
+                        free.put(self._new_slot(frame[0]))
+                        slots_made += 1
+                    slot = free.get()
+                    if stop.is_set():
+                        return
+                    self.first.run(*frame, out=slot)
+                    full.put((frame, slot))
+            except BaseException as exc:  # hand the failure to the consumer thread
+                full.put(_Failure(exc))
+                return
+            full.put(_DONE)
+
+        worker = threading.Thread(target=producer, name="layerfit-pipeline-stage1", daemon=True)
+        worker.start()
+        results = []
+        try:
+            while True:
+                item = full.get()
+                if item is _DONE:
+                    break
+                if isinstance(item, _Failure):
+                    raise item.error
+                frame, slot = item
+                results.append(self._finish(self.second.run(*self._second_inputs(frame, slot)), slot))
+                free.put(slot)
+        finally:
+            stop.set()
+            free.put([])  # wake the producer if it waits for a slot
+            worker.join()
+        return results
+
+    def _finish(self, outputs: tuple[Any, ...], slot: Sequence[torch.Tensor]) -> Any:
+        """The module's output structure from the second stage's outputs (and copies of
+        any result already produced by the first stage, whose slot will be reused)."""
+        local = dict(zip(self.second.stage.outputs, outputs, strict=True))
+        for i, value in zip(self.first.stage.outputs, slot, strict=True):
+            if i not in local:
+                local[i] = value.clone()
+        return substitute(self.traced.output_arg, lambda i: local[i])
+
+
+def _as_tuple(frame: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    return (frame,) if isinstance(frame, torch.Tensor) else tuple(frame)
+
+
+@dataclass
+class PipelineReport:
+    """Frames per second sequential vs pipelined (median of repeats) and output equality."""
+
+    frames: int
+    sequential_fps: float
+    pipelined_fps: float
+    identical: bool
+    edge_bytes: int  # one slot; the pipeline allocates two
+
+    @property
+    def speedup(self) -> float:
+        return self.pipelined_fps / self.sequential_fps
+
+
+def measure_pipeline(pipeline: TwoStagePipeline, frames: Sequence[torch.Tensor], repeats: int = 3) -> PipelineReport:
+    """Time ``frames`` through the pipeline and sequentially; compare their outputs."""
+    pipeline.run_sequential(frames[:1])  # warm up both stages
+    seq_times, pipe_times = [], []
+    reference: list[Any] = []
+    piped: list[Any] = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        reference = pipeline.run_sequential(frames)
+        seq_times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        piped = pipeline.run(frames)
+        pipe_times.append(time.perf_counter() - start)
+    identical = all(_equal(a, b) for a, b in zip(reference, piped, strict=True))
+    n = len(frames)
+    return PipelineReport(n, n / statistics.median(seq_times), n / statistics.median(pipe_times), identical, pipeline.edge_bytes())
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    return a == b

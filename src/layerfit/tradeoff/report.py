@@ -1,0 +1,92 @@
+"""Tables and plots of a trade-off result (for the CLI and the benchmark)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from layerfit.sizes import format_bytes
+from layerfit.tradeoff.search import Evaluation, TradeoffResult
+
+
+def summary_rows(result: TradeoffResult) -> list[dict[str, Any]]:
+    """One row per configuration: the baselines and the chosen one."""
+    labels = {
+        "no_reduction": "no reduction",
+        "reuse_only": "buffer reuse only",
+        "all_parts": "all layers by parts, no reuse [17]",
+        "all_parts_reuse": "all layers by parts + reuse",
+    }
+    rows = [_row(labels[k], e) for k, e in result.baselines.items()]
+    rows.append(_row("chosen" + (" (early exit)" if result.early_exit else ""), result.chosen))
+    return rows
+
+
+def _row(label: str, e: Evaluation) -> dict[str, Any]:
+    return {
+        "configuration": label,
+        "memory": format_bytes(e.memory.total),
+        "buffers": format_bytes(e.memory.buffers),
+        "throughput": ", ".join(f"{c} {t:.1f} fps" for c, t in e.throughput.items()),
+        "by_parts": e.parts,
+    }
+
+
+def plot_pareto(result: TradeoffResult, path: str | Path) -> Path:
+    """Memory vs throughput of every Pareto point, baselines and constraints, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    path = Path(path)
+    cnns = list(result.chosen.throughput)
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.add_subplot()
+    for cnn in cnns:
+        xs = [e.memory.total / 1e6 for e in result.pareto]
+        ys = [e.throughput[cnn] for e in result.pareto]
+        ax.plot(xs, ys, "o-", ms=4, label=f"Pareto front ({cnn})" if len(cnns) > 1 else "Pareto front")
+        ax.plot([result.chosen.memory.total / 1e6], [result.chosen.throughput[cnn]], "*", ms=14, color="C3")
+    for key, marker in (("no_reduction", "s"), ("reuse_only", "^"), ("all_parts", "v")):
+        e = result.baselines[key]
+        ax.plot([e.memory.total / 1e6], [e.throughput[cnns[0]]], marker, ms=7, label=key.replace("_", " "))
+    if result.constraints.memory is not None:
+        ax.axvline(result.constraints.memory / 1e6, color="grey", ls="--", lw=1, label="memory constraint")
+    for fps in result.constraints.throughput.values():
+        if fps > 0:
+            ax.axhline(fps, color="grey", ls=":", lw=1)
+    ax.set_xlabel("memory (MB)")
+    ax.set_ylabel("throughput (fps)")
+    ax.set_title(f"{result.derived.app.name}: memory vs throughput (chosen: *)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent if str(path.parent) else ".")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.chmod(tmp, 0o644)  # mkstemp creates the file private
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def describe(result: TradeoffResult) -> list[str]:
+    """Plain sentences: what was chosen, and which constraints fail by how much."""
+    lines = []
+    chosen = result.chosen
+    if result.early_exit:
+        lines.append(f"buffer reuse alone fits: {format_bytes(chosen.memory.total)}, no layer processes by parts")
+    elif result.feasible:
+        lines.append(
+            f"{chosen.parts} layer(s) process by parts: {format_bytes(chosen.memory.total)} "
+            f"({result.evaluations} configurations evaluated)"
+        )
+    else:
+        lines.append(f"constraints cannot all be met; least-memory Pareto point: {format_bytes(chosen.memory.total)}")
+        lines.extend(v.message() for v in result.violations)
+    return lines

@@ -1,0 +1,97 @@
+"""Which input rows an output row needs: the geometry of processing by parts.
+
+Minakova & Stefanov (Section 2.5, Table 2) process a layer in *phases*: each phase
+reads a horizontal stripe of the input and writes a stripe of the output. A convolution
+or pooling window of kernel ``k``, dilation ``d``, stride ``s`` and top padding ``p``
+makes output row ``o`` read input rows ``o*s - p .. o*s - p + d*(k-1)`` (the *extent*
+``K = d*(k-1)+1`` is Table 2's ``H_min^in``; the paper writes ``ks`` for ``d = 1``).
+Activations, batch norm and elementwise operators read the same row (``K = 1``);
+operators with a full-height receptive field (global pooling, fully connected) read all
+rows and cannot be processed by parts.
+
+:class:`RowMap` captures one such dependency and answers "which input rows does a
+phase producing output rows ``a..b`` read?"; every later analysis builds on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+RowMapKind = Literal["window", "all", "broadcast"]
+
+
+@dataclass(frozen=True)
+class RowMap:
+    """How the rows of one input are read to produce output rows.
+
+    ``window``: output row ``o`` reads rows ``[o*stride - pad_top, o*stride - pad_top +
+    extent - 1]`` clipped to ``[0, in_rows)``; rows outside the input are padding.
+    ``all``: every output row reads every input row (full-height receptive field).
+    ``broadcast``: the input has one row that every output row reads (a per-channel
+    gate ``[N, C, 1, 1]`` multiplied into a feature map).
+    """
+
+    kind: RowMapKind
+    in_rows: int
+    extent: int = 1
+    stride: int = 1
+    pad_top: int = 0
+
+    def __post_init__(self) -> None:
+        if self.in_rows < 1 or self.extent < 1 or self.stride < 1 or self.pad_top < 0:
+            raise ValueError(f"invalid row map {self}")
+
+    @classmethod
+    def identity(cls, in_rows: int) -> RowMap:
+        """Pointwise operators: output row ``o`` reads input row ``o``."""
+        return cls("window", in_rows)
+
+    def unclipped(self, first: int, last: int) -> tuple[int, int]:
+        """Rows ``[lo, hi]`` that output rows ``first..last`` read, padding included."""
+        if self.kind == "all":
+            return 0, self.in_rows - 1
+        if self.kind == "broadcast":
+            return 0, 0
+        lo = first * self.stride - self.pad_top
+        return lo, last * self.stride - self.pad_top + self.extent - 1
+
+    def needs(self, first: int, last: int) -> tuple[int, int]:
+        """Real input rows ``[lo, hi]`` read by output rows ``first..last``.
+
+        Empty (``lo > hi``) when the window lies entirely in padding.
+        """
+        lo, hi = self.unclipped(first, last)
+        return max(lo, 0), min(hi, self.in_rows - 1)
+
+    def oldest(self, first: int) -> int:
+        """Lowest input row that output row ``first`` or any later row may read.
+
+        Rows below it can be released once the phase producing ``first - 1`` is done.
+        Lies in ``[0, in_rows]``; ``in_rows`` means "nothing more is read".
+        """
+        if self.kind != "window":
+            return 0
+        # Output rows whose window lies wholly in the top padding read nothing; the
+        # first row that reads a real row is ceil((pad_top - extent + 1) / stride).
+        first = max(first, -(-(self.pad_top - self.extent + 1) // self.stride))
+        return min(max(first * self.stride - self.pad_top, 0), self.in_rows)
+
+    @property
+    def min_height(self) -> int:
+        """Table 2's ``H_min^in``: rows one output row needs (``in_rows`` for FC-like)."""
+        if self.kind == "all":
+            return self.in_rows
+        if self.kind == "broadcast":
+            return 1
+        return min(self.extent, self.in_rows)
+
+
+def window_extent(kernel: int, dilation: int = 1) -> int:
+    """Rows spanned by a kernel of ``kernel`` taps spaced ``dilation`` apart."""
+    return dilation * (kernel - 1) + 1
+
+
+def edge_part_height(producer_out_min: int, consumer: RowMap) -> int:
+    """Eq. 5: ``H' = max(H_min^out(l_i), H_min^in(l_j))`` rows exchanged by two layers."""
+    return max(producer_out_min, consumer.min_height)

@@ -1,0 +1,256 @@
+"""Throughput of the CNNs of an application under a choice of by-parts layers.
+
+Algorithm 2's ``EvalThroughput`` estimates ``T_n`` "using measurements on the platform
+or a third-party throughput evaluation tool". Three estimators share one signature
+(``throughput(app, derived) -> {cnn: frames per second}``):
+
+* :class:`ProfiledThroughput` (default for CNNs built from modules): each CNN is run
+  twice on this machine - every layer whole, then every tileable layer by parts - and
+  the time of every layer in both modes is recorded (median of repeats). A chromosome's
+  time is the sum of its layers' times in their chosen modes; cached per CNN.
+* :class:`MeasuredThroughput`: every configuration is executed for real, partition by
+  partition, and cached per configuration (exact but slow; for final checks).
+* :class:`AnalyticThroughput` (``--model-throughput``): a delay model, ``overhead +
+  MACs / rate`` per layer plus a per-phase overhead for by-parts layers, with constants
+  calibrated on this machine or given.
+
+A CNN split into pipeline stages runs at the pace of its slowest stage (``1 / max``),
+otherwise at ``1 / sum`` of its layer times. CNNs are timed on their own: an
+application running several CNNs on one processor shares it among them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from layerfit.errors import TradeoffError
+from layerfit.tradeoff.application import Application, DerivedApplication
+from layerfit.tradeoff.cnn import CNN
+
+
+class ThroughputEstimator(Protocol):
+    """Frames per second of every CNN of ``derived``."""
+
+    def throughput(self, app: Application, derived: DerivedApplication) -> dict[str, float]: ...
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Seconds per frame of every layer of a CNN, run whole and run by parts."""
+
+    whole: tuple[float, ...]
+    parts: tuple[float, ...]
+
+
+def stage_seconds(app: Application, derived: DerivedApplication, times: dict[str, LayerTimes]) -> dict[str, float]:
+    """Seconds per frame of every partition, from per-layer times."""
+    result = {}
+    for p in app.partitions:
+        t = times[p.cnn]
+        offset = app.offsets[p.cnn]
+        result[p.name] = sum(
+            t.parts[i] if derived.bits[offset + i] else t.whole[i] for i in range(p.start, p.stop)
+        )
+    return result
+
+
+def throughput_of_stages(app: Application, seconds: dict[str, float]) -> dict[str, float]:
+    """``T_n``: 1 / slowest stage for pipelined CNNs, 1 / total otherwise."""
+    result = {}
+    for cnn in app.cnns:
+        parts = [seconds[p.name] for p in app.partitions_of(cnn.name)]
+        bottleneck = max(parts) if len(parts) > 1 else sum(parts)
+        result[cnn.name] = 1.0 / bottleneck if bottleneck > 0 else float("inf")
+    return result
+
+
+@dataclass
+class AnalyticThroughput:
+    """Delay model: a layer costs ``layer_overhead_s + macs / macs_per_s``; by parts it
+    costs ``phases * phase_overhead_s + macs / macs_per_s`` instead."""
+
+    macs_per_s: float = 2e10
+    layer_overhead_s: float = 20e-6
+    phase_overhead_s: float = 25e-6
+    elementwise_per_s: float = 1e9  # elements per second for layers without MACs
+
+    def layer_times(self, cnn: CNN, phase_rows: int = 1) -> LayerTimes:
+        whole, parts = [], []
+        for i, layer in enumerate(cnn.layers):
+            work = layer.macs / self.macs_per_s if layer.macs else layer.elems / self.elementwise_per_s
+            whole.append(self.layer_overhead_s + work)
+            phases = -(-layer.rows // phase_rows) if cnn.tileable(i) else 1
+            parts.append(phases * self.phase_overhead_s + work)
+        return LayerTimes(tuple(whole), tuple(parts))
+
+    def throughput(self, app: Application, derived: DerivedApplication) -> dict[str, float]:
+        times = {c.name: self.layer_times(c) for c in app.cnns}
+        return throughput_of_stages(app, stage_seconds(app, derived, times))
+
+    @classmethod
+    def calibrate(cls, repeats: int = 5) -> AnalyticThroughput:
+        """Measure the MAC rate, per-call and per-phase overheads on this machine (~0.1 s)."""
+        x = torch.randn(1, 64, 56, 56)
+        conv = torch.nn.Conv2d(64, 64, 3, padding=1).eval()
+        macs = 56 * 56 * 64 * 64 * 9
+        small = torch.randn(1, 8, 3, 8)
+        relu = torch.nn.ReLU()
+        with torch.no_grad():
+            conv(x)
+            t_conv = _median(lambda: conv(x), repeats)
+            t_call = _median(lambda: relu(small), repeats * 20)
+            row = x[:, :, :3]
+            t_row = _median(lambda: torch.nn.functional.conv2d(row, conv.weight, conv.bias, 1, (0, 1)), repeats * 20)
+        rate = macs / max(t_conv - t_call, 1e-9)
+        return cls(
+            macs_per_s=rate,
+            layer_overhead_s=t_call,
+            phase_overhead_s=max(t_row - 56 * 64 * 64 * 9 / rate, t_call) + 5e-6,
+        )
+
+
+def _median(fn, repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+@dataclass
+class ProfiledThroughput:
+    """Per-layer times measured on this machine (whole and by parts), cached per CNN.
+
+    Each layer's time is the median over ``repeats`` runs (after ``warmup``), the two
+    modes alternating run by run.
+    """
+
+    repeats: int = 5
+    warmup: int = 1
+    phase_rows: int = 1
+    cache: dict[str, LayerTimes] = field(default_factory=dict)
+
+    def layer_times(self, cnn: CNN) -> LayerTimes:
+        if cnn.name not in self.cache:
+            self.cache[cnn.name] = self._measure(cnn)
+        return self.cache[cnn.name]
+
+    def _measure(self, cnn: CNN) -> LayerTimes:
+        from layerfit.tradeoff.parts import PartsExecutor
+
+        runner = _runner(cnn)
+        executors = {mode: PartsExecutor(runner.traced, mode, self.phase_rows) for mode in ("none", "all")}
+        for executor in executors.values():
+            for _ in range(self.warmup):
+                executor.run(*runner.example)
+        samples: dict[str, dict[str, list[float]]] = {mode: {} for mode in executors}
+        for _ in range(self.repeats):  # alternate the modes so interference hits both alike
+            for mode, executor in executors.items():
+                executor.run(*runner.example, profile=True)
+                for name, seconds in executor.last_stats.node_seconds.items():
+                    samples[mode].setdefault(name, []).append(seconds)
+        medians = {mode: {n: statistics.median(v) for n, v in per.items()} for mode, per in samples.items()}
+        whole = tuple(medians["none"].get(layer.name, 0.0) for layer in cnn.layers)
+        parts = tuple(
+            medians["all"].get(layer.name, 0.0) if cnn.tileable(i) else whole[i] for i, layer in enumerate(cnn.layers)
+        )
+        return LayerTimes(whole, parts)
+
+    def throughput(self, app: Application, derived: DerivedApplication) -> dict[str, float]:
+        times = {c.name: self.layer_times(c) for c in app.cnns}
+        return throughput_of_stages(app, stage_seconds(app, derived, times))
+
+
+@dataclass
+class MeasuredThroughput:
+    """Runs every configuration for real (stage by stage) and caches it per configuration."""
+
+    repeats: int = 3
+    warmup: int = 1
+    phase_rows: int = 1
+    cache: dict[tuple[str, tuple[bool, ...]], dict[str, float]] = field(default_factory=dict)
+
+    def stage_seconds(self, app: Application, derived: DerivedApplication, cnn: CNN) -> dict[str, float]:
+        """Median seconds per frame of each partition of ``cnn`` under ``derived``."""
+        from layerfit.tradeoff.parts import PartsExecutor, stage_of
+
+        offset = app.offsets[cnn.name]
+        bits = derived.bits[offset : offset + len(cnn.layers)]
+        key = (cnn.name, bits)
+        if key in self.cache:
+            return self.cache[key]
+        runner = _runner(cnn)
+        names = [layer.name for layer, b in zip(cnn.layers, bits, strict=True) if b]
+        values = dict(zip(runner.traced.placeholders, runner.example, strict=True))
+        result = {}
+        for p in app.partitions_of(cnn.name):
+            first, stop = runner.node_range(p.start, p.stop)
+            stage = stage_of(runner.traced, first, stop)
+            executor = PartsExecutor(runner.traced, names, self.phase_rows, stage)
+            inputs = [
+                values[i] if i in values else runner.traced.nodes[i].whole([]) for i in stage.inputs
+            ]
+            for _ in range(self.warmup):
+                outputs = executor.run(*inputs)
+            samples = []
+            for _ in range(self.repeats):
+                start = time.perf_counter()
+                outputs = executor.run(*inputs)
+                samples.append(time.perf_counter() - start)
+            result[p.name] = statistics.median(samples)
+            if stop < len(runner.traced.nodes):
+                values.update(zip(stage.outputs, outputs, strict=True))
+        self.cache[key] = result
+        return result
+
+    def throughput(self, app: Application, derived: DerivedApplication) -> dict[str, float]:
+        seconds: dict[str, float] = {}
+        for cnn in app.cnns:
+            seconds.update(self.stage_seconds(app, derived, cnn))
+        return throughput_of_stages(app, seconds)
+
+
+def _runner(cnn: CNN):
+    if cnn.runner is None:
+        raise TradeoffError(
+            f"CNN {cnn.name!r} was given as a layer list, so it cannot be run to measure its "
+            "throughput: use the analytic model (--model-throughput) or give it as a zoo model"
+        )
+    return cnn.runner
+
+
+def estimator_for(app: Application, model: bool = False, phase_rows: int = 1) -> ThroughputEstimator:
+    """Profiled measurement when every CNN can run, else (or if ``model``) the delay model."""
+    if model or any(c.runner is None for c in app.cnns):
+        return _AnalyticRows(phase_rows=phase_rows)
+    return ProfiledThroughput(phase_rows=phase_rows)
+
+
+@dataclass
+class _AnalyticRows(AnalyticThroughput):
+    """The delay model with by-parts layers producing ``phase_rows`` rows per phase."""
+
+    phase_rows: int = 1
+
+    def throughput(self, app: Application, derived: DerivedApplication) -> dict[str, float]:
+        times = {c.name: self.layer_times(c, self.phase_rows) for c in app.cnns}
+        return throughput_of_stages(app, stage_seconds(app, derived, times))
+
+
+__all__: Sequence[str] = [
+    "AnalyticThroughput",
+    "LayerTimes",
+    "MeasuredThroughput",
+    "ProfiledThroughput",
+    "ThroughputEstimator",
+    "estimator_for",
+    "stage_seconds",
+    "throughput_of_stages",
+]

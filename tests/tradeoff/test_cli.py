@@ -1,0 +1,87 @@
+"""`layerfit tradeoff parts`: constraints from the command line, JSON, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from layerfit.cli import main
+
+from .single_thread import single_thread  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+APP = """
+name: small
+cnns:
+  - name: net
+    layers:
+      - {name: x, op: input, shape: [1, 3, 32, 32]}
+      - {name: c1, op: conv, shape: [1, 16, 32, 32], kernel: 3, padding: 1, params: 448, macs: 442368}
+      - {name: r1, op: act, shape: [1, 16, 32, 32]}
+      - {name: c2, op: conv, shape: [1, 16, 32, 32], kernel: 3, padding: 1, params: 2320, macs: 2359296}
+      - {name: r2, op: act, shape: [1, 16, 32, 32]}
+      - {name: gap, op: global_pool, shape: [1, 16, 1, 1]}
+      - {name: fc, op: fc, shape: [1, 10], params: 170}
+"""
+
+ARGS = ["--model-throughput", "--generations", "5", "--population", "8"]
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_parts_command_json(tmp_path, capsys):
+    path = tmp_path / "app.yaml"
+    path.write_text(APP)
+    code, out, _ = run(capsys, "tradeoff", "parts", str(path), "--memory", "120kB", "--json", *ARGS)
+    assert code == 0
+    data = json.loads(out)
+    assert data["feasible"] and not data["early_exit"]
+    assert data["chosen"]["memory_bytes"] <= 120_000 and data["chosen"]["by_parts"]
+    assert set(data["baselines"]) == {"no_reduction", "reuse_only", "all_parts", "all_parts_reuse"}
+    # taller phases: fewer, larger steps - more buffer memory, less per-phase overhead
+    code, out, _ = run(capsys, "tradeoff", "parts", str(path), "--memory", "10MB", "--json", "--phase-rows", "4", *ARGS)
+    tall = json.loads(out)["baselines"]["all_parts"]
+    assert code == 0 and tall["buffer_bytes"] > data["baselines"]["all_parts"]["buffer_bytes"]
+    assert tall["throughput_fps"]["net"] > data["baselines"]["all_parts"]["throughput_fps"]["net"]
+
+
+def test_parts_command_table_early_exit_and_plot(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "app.yaml"
+    path.write_text(APP)
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run(capsys, "tradeoff", "parts", str(path), "--memory", "10MB", "--plot", *ARGS)
+    assert code == 0 and "buffer reuse alone fits" in out
+    assert (tmp_path / "app-pareto.png").stat().st_size > 0
+
+
+def test_unsatisfiable_constraints_print_the_front_and_fail(tmp_path, capsys):
+    path = tmp_path / "app.yaml"
+    path.write_text(APP)
+    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "1kB", "--json", *ARGS)
+    assert code == 2
+    data = json.loads(out)
+    assert not data["feasible"] and data["pareto"]
+    assert data["violations"][0]["constraint"] == "memory" and data["violations"][0]["gap"] > 0
+    assert "memory <= 1.0 kB cannot be met" in err and "over" in err
+    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "1MB", "--throughput", "1e9", *ARGS)
+    assert code == 2 and "throughput of net >= 1000000000.0 fps cannot be met" in err
+
+
+def test_bad_input_is_a_clean_error(tmp_path, capsys):
+    path = tmp_path / "app.yaml"
+    path.write_text(APP.replace("kernel: 3, padding: 1, params: 448", "kernel: three, padding: 1, params: 448"))
+    code, _, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "1MB", *ARGS)
+    assert code == 2 and "cnns[0].layers[1].kernel" in err
+    path.write_text(APP)
+    code, _, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "lots", *ARGS)
+    assert code == 2 and "--memory" in err
+    code, _, err = run(capsys, "tradeoff", "parts", str(path), *ARGS)
+    assert code == 2 and "no memory constraint" in err
+    code, _, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "1MB", "--throughput", "x=3", *ARGS)
+    assert code == 2 and "unknown CNN" in err
