@@ -110,7 +110,13 @@ def flow_graphs(draw):
         extent = window_extent(kernel, dilation)
         pad = draw(st.integers(0, extent // 2 + 1))
         h_out = (h_in + 2 * pad - extent) // stride + 1
-        if h_out < 1:
+        # Every output row's window must touch a real input row: a row computed from
+        # padding alone needs no input, so "minimum buffers" is meaningless there (and
+        # PyTorch's pooling refuses such padding).
+        touches = all(
+            r * stride - pad <= h_in - 1 and r * stride - pad + extent - 1 >= 0 for r in range(max(h_out, 0))
+        )
+        if h_out < 1 or not touches:
             nodes.append(FlowNode(f"p{k}", (prev,), (RowMap.identity(h_in),), h_in, 1, True))
             continue
         rmap = RowMap("window", h_in, extent, stride, pad)
