@@ -99,3 +99,21 @@ def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path,
 
 def mb(n: float | None) -> str:
     return "-" if n is None else f"{n / 1e6:.1f}"
+
+
+def prepared_zoo_model(name: str, resolution: int, cache: Path) -> Path:
+    """A zoo model prepared at ``resolution`` x ``resolution`` under ``cache`` (reused)."""
+    from layerfit import zoo
+    from layerfit.errors import LayerfitError
+    from layerfit.store import prepare, read_manifest
+
+    entry = zoo.get(name)
+    shape = (*entry.input_shape[:-2], resolution, resolution)
+    out = cache / f"{name}-{resolution}"
+    try:
+        if read_manifest(out).input_shape == shape:
+            return out
+    except LayerfitError:
+        pass  # missing or stale: prepare it again
+    prepare(name, out, input_shape=shape, force=True)
+    return out

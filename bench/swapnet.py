@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine, mb, run_child, write_results  # noqa: E402
+from common import machine, mb, prepared_zoo_model, run_child, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache"
 PROFILE = CACHE / "swapnet-profile.json"
@@ -333,19 +333,7 @@ def child_adapt(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def prepare_model(name: str, resolution: int) -> Path:
-    from layerfit import zoo
-    from layerfit.store import prepare, read_manifest
-
-    entry = zoo.get(name)
-    shape = (*entry.input_shape[:-2], resolution, resolution)
-    out = CACHE / f"{name}-{resolution}"
-    try:
-        if read_manifest(out).input_shape == shape:
-            return out
-    except Exception:
-        pass
-    prepare(name, out, input_shape=shape, force=True)
-    return out
+    return prepared_zoo_model(name, resolution, CACHE)
 
 
 def _child(config: str, repeats: int, **kw: str) -> dict[str, Any]:

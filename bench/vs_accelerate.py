@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine, mb, run_child, write_results  # noqa: E402
+from common import machine, mb, prepared_zoo_model, run_child, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache"
 
@@ -98,18 +98,12 @@ def main() -> None:
         print(json.dumps(result))
         return
 
-    from layerfit.store import prepare, read_manifest
+    from layerfit.store import read_manifest
     from layerfit.zoo import get
 
     entry = get(args.model)
     shape = (*entry.input_shape[:-2], args.resolution, args.resolution)
-    prepared = CACHE / f"{args.model}-{args.resolution}"
-    try:
-        ok = read_manifest(prepared).input_shape == shape
-    except Exception:
-        ok = False
-    if not ok:
-        prepare(args.model, prepared, input_shape=shape, force=True)
+    prepared = prepared_zoo_model(args.model, args.resolution, CACHE)
     offload = offload_folder(args.model, args.resolution)
     common = ["--model", args.model, "--resolution", str(args.resolution), "--repeats", str(args.repeats)]
 
