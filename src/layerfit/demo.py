@@ -8,32 +8,33 @@ the Gantt chart of the streamed run. Everything lands in ``demo-out/``.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 from rich.table import Table
 
 from layerfit.engine import load, measure
 from layerfit.engine.plot import plot_timeline
 from layerfit.errors import LayerfitError
 from layerfit.sizes import format_bytes
-from layerfit.store import example_input, prepare
+from layerfit.store import example_input, read_manifest
 
 
 def main(model: str = "resnet152", out: str = "demo-out") -> int:
     console = Console()
     out_dir = Path(out)
     prepared = out_dir / model
-    with Progress(
-        TextColumn(f"[bold]preparing {model}[/]"), BarColumn(), DownloadColumn(), console=console
-    ) as bar:
-        task = bar.add_task("prepare", total=None)
-        manifest = prepare(
-            model, prepared, force=True,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )
+    # Prepare in a child process (with the CLI's progress bar) so that building and
+    # capturing the model leave nothing behind in the process whose peak RSS we report.
+    done = subprocess.run(
+        [sys.executable, "-m", "layerfit.cli", "prepare", model, "-o", str(prepared), "--force"],
+        check=False,
+    )
+    if done.returncode != 0:
+        return done.returncode
+    manifest = read_manifest(prepared)
     budget = manifest.resident_bytes + 2 * manifest.largest_unit_bytes
     x = example_input(manifest.input_shape, manifest.input_dtype, manifest.seed)
     console.print(
