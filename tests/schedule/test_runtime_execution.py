@@ -125,6 +125,8 @@ def test_per_network_inputs_batches_and_repeated_models(repo, refs):
         futures = [rt.infer("chain", batch) for _ in range(6)]
         assert all(torch.equal(f.result(timeout=60), ref) for f in futures)
         assert rt.stats()["tasks_started"]["init"] == 6
+        # the time each job waited for its first task, for the server's queue metric
+        assert all(0 <= f.queue_seconds < 60 for f in futures)
 
 
 def test_index_stats_and_profiles(repo):

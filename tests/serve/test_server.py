@@ -112,7 +112,8 @@ def test_health_endpoints_and_metrics(http: httpx.Client) -> None:
     for name in ('layerfit_requests_total{endpoint="/v2/models/{name}/infer",model="chain",status="200"}',
                  "layerfit_request_duration_seconds_bucket", "layerfit_inference_duration_seconds_count",
                  'layerfit_memory_bytes{kind="in_use"}', 'layerfit_memory_bytes{kind="budget"} 4e+06',
-                 'layerfit_tasks_total{type="load"}', "layerfit_queue_length", "layerfit_inflight_requests"):
+                 'layerfit_tasks_total{type="load"}', "layerfit_queue_length", "layerfit_inflight_requests",
+                 'layerfit_queue_seconds_count{model="chain"}'):
         assert name in text, name
 
 

@@ -125,6 +125,7 @@ class _JobRun:
     inputs: dict[str, tuple[Any, ...]]  # network uid -> forward arguments, until its init
     unwrap: str | None = None  # infer(): resolve with this model's output alone
     expires: float | None = None
+    submitted: float = 0.0  # runtime clock at submit, for the queue time
     resolved: bool = False
     outcome: str = ""  # done, failed, rejected, cancelled, timed_out
     networks: list[NetworkRun] = field(default_factory=list)
@@ -418,6 +419,7 @@ class Runtime:
                 inputs=dict(zip(uids, inputs, strict=True)),
                 unwrap=unwrap,
                 expires=None if spec.timeout is None else now + spec.timeout,
+                submitted=now,
             )
             scheduled = ScheduledJob(
                 id=job_id,
@@ -526,6 +528,11 @@ class Runtime:
                     task, admission = assignment
                     self._started[task.kind] += 1
                     start = self._clock()
+                    job = self._jobs.get(task.job)
+                    if job is not None and not hasattr(job.future, "queue_seconds"):
+                        # Time from submission to the job's first task: the server's
+                        # queue-time metric reads it from the future.
+                        job.future.queue_seconds = start - job.submitted
                 error: BaseException | None = None
                 try:
                     self._execute(task)

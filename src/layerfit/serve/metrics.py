@@ -6,9 +6,7 @@ HTTP middleware; inference metrics by the data plane; the runtime's ledger, task
 queue are read from ``Runtime.stats()`` at scrape time, so they are never stale.
 
 ``layerfit_queue_seconds`` (submission to the job's first task) is observed from the
-runtime's future when it carries ``queue_seconds``; the runtime does not set it yet, so
-until it does only ``layerfit_inference_duration_seconds`` (submission to result) and
-the queue length gauge describe queueing.
+runtime's future, which carries ``queue_seconds`` once the job's first task started.
 
 Labels are bounded: ``endpoint`` is the route template (``/v2/models/{name}/infer``,
 not the URL), and ``model`` is a model of the repository or ``""`` — a client cannot
