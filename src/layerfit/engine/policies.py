@@ -49,7 +49,8 @@ class Policy:
         total = sum(unit_sizes)
         largest = max(unit_sizes, default=0)
         if budget is None:
-            return self.minimum_bytes(unit_sizes) if self.name != "async" else 2 * largest
+            natural = self.minimum_bytes(unit_sizes) if self.name != "async" else 2 * largest
+            return min(natural, total)  # never more than the whole model
         if budget < largest:
             raise BudgetError(
                 f"budget of {budget} bytes is below the largest unit ({largest} bytes): "
