@@ -262,9 +262,6 @@ def tradeoff_parts(
         raise TradeoffError("; ".join(v.message() for v in result.violations))
 
 
-# --- store and engine (prepare, inspect, verify, run, plot-trace) ----------------------
-
-
 # --- SwapNet (profile, partition): delay model, block partition under a budget ----------
 
 
@@ -387,6 +384,9 @@ def partition_command(
         )
     for line in lines:
         console.print(line, highlight=False)
+
+
+# --- store and engine (prepare, inspect, verify, run, plot-trace) ----------------------
 
 
 def _parse_shape(text: str | None) -> tuple[int, ...] | None:
