@@ -581,6 +581,9 @@ def run(
     activations: str = typer.Option(
         "default", "--activations", help="default (PyTorch allocates) or planned (one arena laid out by the planner)"
     ),
+    coalesce: str = typer.Option(
+        "4MiB", "--coalesce", help="read adjacent units with one request up to this size (0: one read per unit)"
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Execute a prepared model under a weight budget and report latency and memory."""
@@ -599,7 +602,14 @@ def run(
                 options = swapnet_engine_options(directory, budget)
             finally:
                 _print_profile_warnings(caught)
-    with load(directory, **options, direct_io=direct_io, trace=trace is not None, activations=activations) as engine:
+    with load(
+        directory,
+        **options,
+        direct_io=direct_io,
+        trace=trace is not None,
+        activations=activations,
+        coalesce=coalesce,
+    ) as engine:
         x = _load_input(input_path, engine.manifest)
         out, report = measure(engine, (x,), repeats=repeats, warmup=warmup)
         if trace:

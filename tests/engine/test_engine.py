@@ -100,18 +100,27 @@ def test_read_error_mid_inference_names_unit_and_engine_recovers(tiny: Path, ref
     fail = {"armed": True}
 
     def flaky(fd, buffers, offset, *rest):
-        if fail["armed"] and offset == unit.offset:
-            fail["armed"] = False
+        # A bad sector inside unit 3: every read that covers it fails in this inference.
+        length = sum(len(b) for b in buffers)
+        if fail["armed"] and offset <= unit.offset < offset + length:
+            failed_lengths.append(length)
             raise OSError(errno.EIO, "Input/output error")
         return real(fd, buffers, offset, *rest)
 
-    with load(tiny, pipeline="async") as engine:
-        monkeypatch.setattr(reader_mod.os, "preadv", flaky)
-        before = {t.name for t in threading.enumerate()}
-        with pytest.raises(ReadError, match=r"unit 3 \(bn2\)"):
-            engine(x)
-        assert "layerfit-reader" not in {t.name for t in threading.enumerate()} - before
-        assert torch.equal(engine(x), y)  # the next inference works
+    # Coalesced (the whole model fits the buffer): units 0-3 are read with one request,
+    # which fails; reading them one by one then names the unit that cannot be read.
+    for coalesce, budget in (("1MiB", "1MiB"), (0, None)):
+        fail["armed"], failed_lengths = True, []
+        with load(tiny, pipeline="async", coalesce=coalesce, budget=budget) as engine:
+            monkeypatch.setattr(reader_mod.os, "preadv", flaky)
+            before = {t.name for t in threading.enumerate()}
+            with pytest.raises(ReadError, match=r"unit 3 \(bn2\)"):
+                engine(x)
+            assert "layerfit-reader" not in {t.name for t in threading.enumerate()} - before
+            fail["armed"] = False
+            assert torch.equal(engine(x), y)  # the next inference works
+            monkeypatch.setattr(reader_mod.os, "preadv", real)
+        assert (max(failed_lengths) > unit.nbytes) == bool(coalesce)
 
 
 def test_weights_file_changed_under_running_engine(tiny: Path, reference, tmp_path: Path):

@@ -1,7 +1,8 @@
 """Property test of the pipeline scheduler: random unit sizes and stage durations.
 
 For every policy the trace must show reads in order, each kernel after its read, and at
-every instant the bytes of units between read start and kernel end within the buffer.
+every instant the bytes of units between read start and kernel end within the buffer —
+whether units are read one by one or coalesced into larger reads.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from layerfit.store import ModelSpec, example_input, prepare
     read_delay=st.sampled_from([0.0, 0.002]),
     slack=st.integers(0, 3),
     pipeline=st.sampled_from(["sequential", "sync", "async"]),
+    coalesce=st.sampled_from([0, 8192, "4MiB"]),
 )
-def test_pipeline_constraints(tmp_path_factory, monkeypatch, widths, delays, read_delay, slack, pipeline):
+def test_pipeline_constraints(
+    tmp_path_factory, monkeypatch, widths, delays, read_delay, slack, pipeline, coalesce
+):
     d = delays[: len(widths) - 1]
     spec = ModelSpec("factory", "tinymodels:chain", {"widths": widths, "delays": d})
     out = tmp_path_factory.mktemp("chain") / "m"
@@ -44,7 +48,7 @@ def test_pipeline_constraints(tmp_path_factory, monkeypatch, widths, delays, rea
     x = example_input((2, widths[0]))
     with torch.no_grad():
         y = tinymodels.chain(widths, d).eval()(x)
-    with load(out, pipeline=pipeline, budget=budget, trace=True) as engine:
+    with load(out, pipeline=pipeline, budget=budget, trace=True, coalesce=coalesce) as engine:
         assert torch.equal(engine(x), y)
         tl = engine.last_timeline
         cap = engine.memory.buffer_bytes

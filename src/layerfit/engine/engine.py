@@ -63,6 +63,9 @@ class _Run:
         self.events: list[Event] = []
         self.kernel_start: dict[int, float] = {}
         self.source: UnitSource | None = None  # supplies the units instead of the reader thread
+        self.main_waits: int | None = None  # the unit the executing thread waits for
+        self.reader_waits = False  # the reader waits for room or its policy's gate
+        self.reader_wants: tuple[int, int] = (0, 0)  # (unit, bytes of room) it waits for
 
 
 class Engine:
@@ -75,7 +78,11 @@ class Engine:
     one of the ablation modes of :mod:`layerfit.engine.binding` (``copy``,
     ``instantiate``) that measure what binding by reference saves. ``activations`` is
     ``default`` (PyTorch allocates) or ``planned`` (one arena laid out by the memory
-    planner, see :mod:`layerfit.engine.arena`).
+    planner, see :mod:`layerfit.engine.arena`). ``coalesce`` lets the reader read
+    adjacent units with one request of up to that many bytes (at most half the buffer)
+    when they fit the buffer together: on a small board each read wakes the reader and
+    costs the compute threads a preemption, so fewer, larger reads interfere less. ``0``
+    reads one unit per request, as the paper does.
     """
 
     def __init__(
@@ -89,8 +96,10 @@ class Engine:
         trace: bool = False,
         binding: str = "reference",
         activations: str = "default",
+        coalesce: int | str = "4MiB",
     ) -> None:
         self.directory = Path(directory)
+        self.coalesce_bytes = parse_bytes(coalesce) if coalesce not in (0, "0") else 0
         self.binder: Binder = get_binder(binding)
         self.manifest: Manifest = read_manifest(self.directory)
         self.policy: Policy = get_policy(pipeline)
@@ -102,7 +111,12 @@ class Engine:
         )
         self._verified: set[int] = set()  # segment indices whose SHA-256 was checked
         self._lock = threading.Lock()  # one inference at a time per engine
-        self._cond = threading.Condition()
+        # One lock for the ring and the run's progress, with a condition per waiter: the
+        # reader waits on ``_room``, the executing thread on ``_ready``, and each is
+        # woken only when what it waits for has happened.
+        self._state = threading.Lock()
+        self._room = threading.Condition(self._state)
+        self._ready = threading.Condition(self._state)
         self._run: _Run | None = None
         self.last_timeline: Timeline | None = None
         self._hooks: list = []
@@ -171,15 +185,15 @@ class Engine:
         if self.ring is None or not self.ring.reshape(capacity):
             if self.ring is not None:
                 self.ring.close()
-            self.ring = RingBuffer(capacity) if capacity else None
-            if self.ring is not None:
-                self.ring._cond = self._cond  # one condition for buffer room and unit progress
+            self.ring = RingBuffer(capacity, self._room) if capacity else None
+        if self.ring is not None:
+            self.ring.record_history = self.trace
         self._install_hooks()
         self._preloaded = self.policy.name == "preload"
         if self._preloaded:
             for i, blk in enumerate(self.blocks):
                 off = self.ring.allocate(blk.nbytes)
-                self._read_block(i, blk, off)
+                self.read_unit(i, self.ring.view[off : off + blk.nbytes])
                 bind(self._bindings[i], self.ring.bytes, off)
 
     def reconfigure(
@@ -230,9 +244,6 @@ class Engine:
 
     # --- the two threads ---------------------------------------------------------------
 
-    def _read_block(self, i: int, blk: Block, off: int) -> None:
-        self.read_unit(i, self.ring.view[off : off + blk.nbytes])
-
     def read_unit(self, i: int, into: memoryview) -> None:
         """Read unit ``i`` into ``into`` (aligned, at least the unit's bytes) with this
         engine's reader; the first read of a unit verifies its SHA-256. Unit sources
@@ -242,39 +253,110 @@ class Engine:
         what = f"unit {i} ({blk.name or '<root>'})"
         self.reader.read_range(blk.offset, blk.nbytes, view, what)
         if i not in self._verified_blocks:
-            pos = 0
-            for seg in blk.segments:
-                if seg.index not in self._verified:
-                    verify_segment(seg, view[pos : pos + seg.nbytes])
-                    self._verified.add(seg.index)
-                pos += seg.nbytes
-            self._verified_blocks.add(i)
+            self._verify(i, view)
+
+    def _read_range(self, run: _Run, first: int, stop: int, off: int) -> None:
+        """Read units ``first..stop-1`` (adjacent in the file) into the ring at ``off``.
+
+        Several units are read with one request; if that fails, they are read one by one
+        so the error names the unit that cannot be read (and a transient error heals).
+        """
+        blocks = self.blocks
+        base = blocks[first].offset
+        if stop - first == 1:
+            self.read_unit(first, self.ring.view[off : off + blocks[first].nbytes])
+            return
+        total = blocks[stop - 1].offset + blocks[stop - 1].nbytes - base
+        view = self.ring.view[off : off + total]
+        try:
+            what = f"units {first}-{stop - 1} ({blocks[first].name} .. {blocks[stop - 1].name})"
+            self.reader.read_range(base, total, view, what)
+        except LayerfitError:
+            for k in range(first, stop):
+                pos = blocks[k].offset - base
+                self.read_unit(k, view[pos : pos + blocks[k].nbytes])
+            return
+        for k in range(first, stop):
+            if k not in self._verified_blocks:
+                pos = blocks[k].offset - base
+                self._verify(k, view[pos : pos + blocks[k].nbytes])
+
+    def _verify(self, i: int, view: memoryview) -> None:
+        pos = 0
+        for seg in self.blocks[i].segments:
+            if seg.index not in self._verified:
+                verify_segment(seg, view[pos : pos + seg.nbytes])
+                self._verified.add(seg.index)
+            pos += seg.nbytes
+        self._verified_blocks.add(i)
+
+    def _reader_may_go(self, run: _Run, i: int, want: int) -> bool:
+        """The reader's wake-up predicate for unit ``i`` (lock held)."""
+        if not self.policy.read_may_start(i, run.started, run.done):
+            return False
+        if not self.ring.fits(self.blocks[i].nbytes):
+            return False
+        # Hysteresis: with the executing thread busy, wait for room for a whole batch
+        # (``want`` bytes) instead of waking for every small unit released.
+        return run.main_waits is not None or self.ring.fits(want)
+
+    def _wake_reader(self, run: _Run) -> None:
+        """Wake the reader if what it waits for has happened (lock held)."""
+        if run.reader_waits and (self.ring.cancelled or self._reader_may_go(run, *run.reader_wants)):
+            self._room.notify()
 
     def _reader_loop(self, run: _Run) -> None:
-        policy, cond = self.policy, self._cond
-        i = -1
+        policy, ring, room = self.policy, self.ring, self._room
+        blocks, n = self.blocks, len(self.blocks)
+        chunk = min(self.coalesce_bytes, ring.capacity // 2)
+        i = 0
         try:
-            for i, blk in enumerate(self.blocks):
-                with cond:
-                    while not policy.read_may_start(i, run.started, run.done):
-                        if self.ring.cancelled:
+            while i < n:
+                first = blocks[i].nbytes
+                want = max(first, chunk)
+                with room:
+                    if ring.cancelled:
+                        return
+                    while not self._reader_may_go(run, i, want):
+                        if ring.cancelled:
                             return
-                        cond.wait()
-                off = self.ring.allocate(blk.nbytes)
+                        run.reader_waits, run.reader_wants = True, (i, want)
+                        room.wait()
+                    run.reader_waits = False
+                    off = ring.allocate_locked(first)
+                    # Coalesce: the following units join this read while they are
+                    # allowed to start, land right after it in the ring and the read
+                    # stays within ``want`` bytes.
+                    stop, total = i + 1, first
+                    while (
+                        stop < n
+                        and total + blocks[stop].nbytes <= want
+                        and policy.read_may_start(stop, run.started, run.done)
+                        and ring.next_offset(blocks[stop].nbytes) == off + total
+                    ):
+                        ring.allocate_locked(blocks[stop].nbytes)
+                        total += blocks[stop].nbytes
+                        stop += 1
                 t0 = time.perf_counter()
-                self._read_block(i, blk, off)
+                self._read_range(run, i, stop, off)
                 t1 = time.perf_counter()
-                with cond:
-                    run.ready[i] = off
-                    if self.trace:
-                        run.events.append(Event(i, blk.name, "read", t0 - run.t0, t1 - run.t0, blk.nbytes))
-                    cond.notify_all()
+                with room:
+                    at = t0
+                    for k in range(i, stop):
+                        run.ready[k] = off + blocks[k].offset - blocks[i].offset
+                        if self.trace:  # a coalesced read is shown split by bytes
+                            end = t1 if k == stop - 1 else at + (t1 - t0) * blocks[k].nbytes / total
+                            run.events.append(Event(k, blocks[k].name, "read", at - run.t0, end - run.t0, blocks[k].nbytes))
+                            at = end
+                    if run.main_waits is not None and run.main_waits < stop:
+                        self._ready.notify()
+                i = stop
         except Cancelled:
             return
         except BaseException as exc:  # handed to the executing thread, which raises it
-            with cond:
+            with room:
                 run.error = (i, exc)
-                cond.notify_all()
+                self._ready.notify()
 
     def _pre_hook(self, i: int):
         def hook(module: nn.Module, args: tuple) -> None:
@@ -291,9 +373,13 @@ class Engine:
                 run.bound[i] = -1
                 run.kernel_start[i] = time.perf_counter() - run.t0
                 return
-            with self._cond:
-                while run.ready[i] is None and run.error is None:
-                    self._cond.wait()
+            with self._state:
+                if run.ready[i] is None and run.error is None:
+                    run.main_waits = i
+                    self._wake_reader(run)  # the reader may be holding out for a batch
+                    while run.ready[i] is None and run.error is None:
+                        self._ready.wait()
+                    run.main_waits = None
                 if run.ready[i] is None:
                     failed, exc = run.error
                     if isinstance(exc, LayerfitError):
@@ -304,7 +390,7 @@ class Engine:
                 # the next read begin from this moment.
                 run.kernel_start[i] = time.perf_counter() - run.t0
                 run.started = i + 1
-                self._cond.notify_all()
+                self._wake_reader(run)
             self.binder.bind(self._bindings[i], self.ring.bytes, off)
             run.bound[i] = off
 
@@ -317,7 +403,7 @@ class Engine:
                 return
             if self.trace:
                 end = time.perf_counter() - run.t0
-                with self._cond:
+                with self._state:
                     run.events.append(
                         Event(i, self.blocks[i].name, "kernel", run.kernel_start[i], end, self.blocks[i].nbytes)
                     )
@@ -327,10 +413,13 @@ class Engine:
                 run.source.release(i)
             elif self.policy.name != "preload":
                 self.binder.unbind(self._bindings[i])
-                self.ring.release(off)
-            with self._cond:
+                with self._state:
+                    self.ring.release_locked(off)
+                    run.done = i + 1
+                    self._wake_reader(run)
+                return
+            with self._state:
                 run.done = i + 1
-                self._cond.notify_all()
 
         return hook
 

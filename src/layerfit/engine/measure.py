@@ -71,6 +71,7 @@ def measure(engine: Engine, inputs: tuple, *, repeats: int = 3, warmup: int = 1)
         "rss_peak_bytes": peak_rss_bytes(),
         "rss_peak_reset": reset_ok,
         "io_mode": engine.io_mode,
+        "coalesce_bytes": engine.coalesce_bytes,
         "output_shape": [list(t.shape) for t in outs] if len(outs) != 1 else list(outs[0].shape),
         "output_sha256": output_digest(out),
     }

@@ -4,7 +4,13 @@ Units are placed one after another in one pre-allocated, pre-faulted aligned buf
 released in the order they were placed (Demand Layering's circular buffer). A unit never
 straddles the end: if it does not fit in the tail, it starts again at offset 0, and the
 skipped tail is counted as in use until the unit before it is released. ``allocate``
-blocks on a condition until there is room; nothing spins.
+blocks on a condition until there is room; nothing spins, and a release wakes the
+waiting allocator only once its request fits (a thread woken for nothing costs a
+context switch that, on a small board, preempts the kernel's own threads).
+
+The engine passes its own condition (the one its reader waits on for room) and calls the
+``*_locked`` methods while holding it, so one acquisition covers a release and the
+progress it signals.
 """
 
 from __future__ import annotations
@@ -28,13 +34,15 @@ class Cancelled(Exception):
 class RingBuffer:
     """FIFO allocator over one aligned buffer; tracks bytes in use and their peak."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, condition: threading.Condition | None = None) -> None:
         self.capacity = capacity
         self.mmap = aligned_buffer(capacity)
         self.mapped = len(self.mmap)
         self.view = memoryview(self.mmap)
         self.bytes = torch.frombuffer(self.mmap, dtype=torch.uint8)
-        self._cond = threading.Condition()
+        self._cond = condition or threading.Condition()
+        self._waiting_for: int | None = None  # bytes a blocked ``allocate`` asks for
+        self.record_history = True  # occupancy over time (for timelines)
         self._live: deque[tuple[int, int]] = deque()  # (start, end incl. skipped tail)
         self._head = 0  # next free offset
         self.in_use = 0
@@ -60,10 +68,17 @@ class RingBuffer:
             return self._head
         return None
 
+    def fits(self, nbytes: int) -> bool:
+        """Would ``nbytes`` fit now? (Caller holds the lock.)"""
+        return self._fits(nbytes) is not None
+
+    def next_offset(self, nbytes: int) -> int | None:
+        """Where ``nbytes`` would be placed now, or None if they do not fit (lock held)."""
+        return self._fits(nbytes)
+
     def allocate(self, nbytes: int) -> int:
         """Offset of ``nbytes`` contiguous bytes; waits for earlier units to be released."""
-        if nbytes > self.capacity:
-            raise BudgetError(f"a unit of {nbytes} bytes cannot fit a buffer of {self.capacity} bytes")
+        self._check_size(nbytes)
         with self._cond:
             while True:
                 if self.cancelled:
@@ -71,36 +86,61 @@ class RingBuffer:
                 start = self._fits(nbytes)
                 if start is not None:
                     break
-                self._cond.wait()
-            skipped = 0
-            if self._live and start == 0 and self._head != 0:
-                # Wrapped: the tail [head, capacity) stays unusable until its left
-                # neighbour is released; charge it to the previous allocation.
-                prev_start, _ = self._live[-1]
-                skipped = self.capacity - self._head
-                self._live[-1] = (prev_start, self.capacity)
-            self._live.append((start, start + nbytes))
-            self._head = start + nbytes
-            self.in_use += nbytes + skipped
-            self._record()
-            return start
+                self._waiting_for = nbytes
+                try:
+                    self._cond.wait()
+                finally:
+                    self._waiting_for = None
+            return self._place(start, nbytes)
+
+    def allocate_locked(self, nbytes: int) -> int | None:
+        """Offset of ``nbytes`` contiguous bytes, or None if they do not fit now; never
+        waits. The caller holds the lock."""
+        self._check_size(nbytes)
+        start = self._fits(nbytes)
+        return None if start is None else self._place(start, nbytes)
+
+    def _check_size(self, nbytes: int) -> None:
+        if nbytes > self.capacity:
+            raise BudgetError(f"a unit of {nbytes} bytes cannot fit a buffer of {self.capacity} bytes")
+
+    def _place(self, start: int, nbytes: int) -> int:
+        skipped = 0
+        if self._live and start == 0 and self._head != 0:
+            # Wrapped: the tail [head, capacity) stays unusable until its left
+            # neighbour is released; charge it to the previous allocation.
+            prev_start, _ = self._live[-1]
+            skipped = self.capacity - self._head
+            self._live[-1] = (prev_start, self.capacity)
+        self._live.append((start, start + nbytes))
+        self._head = start + nbytes
+        self.in_use += nbytes + skipped
+        self._record()
+        return start
 
     def release(self, start: int) -> None:
         """Release the oldest allocation, which must start at ``start`` (FIFO order)."""
         with self._cond:
-            first, end = self._live.popleft()
-            if first != start:
-                raise RuntimeError(f"ring released out of order: {start} is not the oldest ({first})")
-            self.in_use -= end - first
-            if not self._live:
-                self._head = 0
-                self.in_use = 0
-            self._record()
-            self._cond.notify_all()
+            self.release_locked(start)
+            if self._waiting_for is not None and self._fits(self._waiting_for) is not None:
+                self._cond.notify_all()
+
+    def release_locked(self, start: int) -> None:
+        """``release`` for a caller that holds the lock and wakes its own waiters."""
+        first, end = self._live.popleft()
+        if first != start:
+            self._live.appendleft((first, end))
+            raise RuntimeError(f"ring released out of order: {start} is not the oldest ({first})")
+        self.in_use -= end - first
+        if not self._live:
+            self._head = 0
+            self.in_use = 0
+        self._record()
 
     def _record(self) -> None:
         self.peak = max(self.peak, self.in_use)
-        self.history.append((time.perf_counter(), self.in_use))
+        if self.record_history:
+            self.history.append((time.perf_counter(), self.in_use))
 
     def reset(self) -> None:
         """Forget every allocation (after an aborted inference) and clear cancellation."""
