@@ -117,3 +117,45 @@ def prepared_zoo_model(name: str, resolution: int, cache: Path) -> Path:
         pass  # missing or stale: prepare it again
     prepare(name, out, input_shape=shape, force=True)
     return out
+
+
+def paired_overhead(times: list[float], reference: list[float], seed: int = 0) -> dict[str, float]:
+    """Median of per-round ratios ``times[k] / reference[k] - 1`` with a 90 % bootstrap
+    interval. Rounds run the configurations back to back, so slow drift of a shared
+    machine cancels in each ratio."""
+    import random
+    import statistics
+
+    ratios = [t / r for t, r in zip(times, reference, strict=True)]
+    rnd = random.Random(seed)
+    boot = sorted(statistics.median(rnd.choices(ratios, k=len(ratios))) for _ in range(2000))
+    return {
+        "median": statistics.median(ratios) - 1,
+        "ci90_low": boot[100] - 1,
+        "ci90_high": boot[1899] - 1,
+        "rounds": len(ratios),
+    }
+
+
+class StealMeter:
+    """Share of CPU time the hypervisor gave to others (``steal`` in /proc/stat) and the
+    load average, over a measured stretch: says how quiet the machine was."""
+
+    def __init__(self) -> None:
+        self.start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        try:
+            fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        except (OSError, ValueError):
+            return 0, 0
+        return (fields[7] if len(fields) > 7 else 0), sum(fields)
+
+    def stop(self) -> dict[str, float]:
+        steal, total = self._read()
+        d_total = total - self.start[1]
+        return {
+            "steal_share": (steal - self.start[0]) / d_total if d_total > 0 else 0.0,
+            "load_average_1m": os.getloadavg()[0],
+        }

@@ -33,65 +33,101 @@ def child(args: argparse.Namespace) -> None:
     """Measure one configuration; print one JSON line."""
     from layerfit.engine import load, measure
     from layerfit.store import example_input, read_manifest
-    from layerfit.tradeoff.delay import minimal_delay_search
 
     m = read_manifest(args.dir)
     x = example_input(m.input_shape, m.input_dtype, m.seed)
-    extra = {}
     budget = None
-    if args.config in ("async", "async-md"):
+    if args.config == "async":
         budget = m.resident_bytes + 2 * m.largest_unit_bytes
+    elif args.config == "async-md":
+        budget = args.md_budget  # found by the paired search in the interleaved child
     pipeline = "async" if args.config.startswith("async") else args.config
     with load(args.dir, pipeline=pipeline, budget=budget, trace=True) as engine:
-        if args.config == "async-md":
-            step = max(4096, int(m.total_bytes * args.md_step))
-            t0 = time.perf_counter()
-            curve = minimal_delay_search(engine, (x,), step=step, repeats=args.md_repeats, warmup=1, patience=args.md_patience)
-            extra["md_search_s"] = time.perf_counter() - t0
-            extra["md_curve"] = [(p.budget_bytes, p.mean_s) for p in curve.points]
-            engine.reconfigure(budget=curve.minimal.budget_bytes)
         _, report = measure(engine, (x,), repeats=args.repeats, warmup=1)
         tl = engine.last_timeline
         reads = [e for e in tl.events if e.stage == "read"]
         report["first_read_s"] = reads[0].end - reads[0].start if reads else 0.0
         report["kernel_times_s"] = [e.end - e.start for e in tl.events if e.stage == "kernel"]
         report["budget_bytes"] = engine.memory.resident_bytes + engine.memory.buffer_bytes
-    report.update(extra)
     report.pop("latencies_s", None)
     print(json.dumps(report))
 
 
 def child_interleaved(args: argparse.Namespace) -> None:
-    """Latency of every configuration, round-robin in one process; one JSON line.
+    """Delay of every configuration against Pre, round-robin in one process; one JSON line.
 
-    On a shared machine load drifts between child processes; running the configurations
-    in turn, repeat after repeat, exposes them all to the same drift, so their ratios
-    hold even when absolute times move. Memory is not measured here (every engine is
+    On a shared machine the speed drifts between (and within) child processes. Here every
+    round runs all configurations back to back and each overhead is the median of the
+    per-round ratios to Pre, with a bootstrap interval, so drift cancels. The Async-MD
+    budget is found here as well: Section V-D's two-phase search (grow the buffer from 2 x
+    the largest unit by ``--md-step`` until ``--md-patience`` steps bring no new minimum,
+    then take the first point within ``--md-tolerance`` of the minimum), each point's
+    delay measured as paired ratios to Pre. Memory is not measured here (every engine is
     loaded at once); the isolated children measure it.
     """
+    from common import StealMeter, paired_overhead
+
     from layerfit.engine import load
     from layerfit.store import example_input, read_manifest
 
     m = read_manifest(args.dir)
     x = example_input(m.input_shape, m.input_dtype, m.seed)
     low = m.resident_bytes + 2 * m.largest_unit_bytes
+    pre = load(args.dir, pipeline="preload")
+    pre(x)
+
+    def timed(engine) -> float:
+        t0 = time.perf_counter()
+        engine(x)
+        return time.perf_counter() - t0
+
+    # Phase 1 and 2 of the minimal-delay search, paired with Pre.
+    md_engine = load(args.dir, pipeline="async", budget=low)
+    md_engine(x)
+    step = max(4096, int(m.total_bytes * args.md_step))
+    stop = m.resident_bytes + m.total_bytes
+    curve, best, since_best, budget = [], float("inf"), 0, low
+    while True:
+        md_engine.reconfigure(budget=budget)
+        md_engine(x)  # warm-up at this size
+        ref, cand = [], []
+        for _ in range(args.md_repeats):
+            ref.append(timed(pre))
+            cand.append(timed(md_engine))
+        ratio = statistics.median(c / r for c, r in zip(cand, ref, strict=True))
+        held = md_engine.memory.resident_bytes + md_engine.memory.buffer_bytes
+        curve.append({"budget_bytes": held, "overhead": ratio - 1, "median_s": statistics.median(cand)})
+        if ratio < best:
+            best, since_best = ratio, 0
+        else:
+            since_best += 1
+        if budget >= stop or since_best >= args.md_patience:
+            break
+        budget = min(budget + step, stop)
+    minimum = min(pt["overhead"] for pt in curve)
+    md = next(pt for pt in curve if pt["overhead"] <= minimum + args.md_tolerance)
+    md_engine.close()
+
     configs = {
-        "preload": ("preload", None),
-        "sequential": ("sequential", None),
-        "sync": ("sync", None),
-        "async": ("async", low),
-        "async-md": ("async", args.md_budget),
+        "preload": pre,
+        "sequential": load(args.dir, pipeline="sequential"),
+        "sync": load(args.dir, pipeline="sync"),
+        "async": load(args.dir, pipeline="async", budget=low),
+        "async-md": load(args.dir, pipeline="async", budget=md["budget_bytes"]),
     }
-    engines = {name: load(args.dir, pipeline=p, budget=b) for name, (p, b) in configs.items() if b or p != "async"}
-    times: dict[str, list[float]] = {name: [] for name in engines}
-    for engine in engines.values():
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    for engine in configs.values():
         engine(x)  # warm-up
-    for _ in range(args.repeats):
-        for name, engine in engines.items():
-            t0 = time.perf_counter()
-            engine(x)
-            times[name].append(time.perf_counter() - t0)
-    print(json.dumps({name: {"median_s": statistics.median(t), "all_s": t} for name, t in times.items()}))
+    meter = StealMeter()
+    for _ in range(args.interleave_repeats):
+        for name, engine in configs.items():
+            times[name].append(timed(engine))
+    quiet = meter.stop()
+    out = {
+        name: {"median_s": statistics.median(t), "all_s": t, "paired": paired_overhead(t, times["preload"])}
+        for name, t in times.items()
+    }
+    print(json.dumps({**out, "md_budget_bytes": md["budget_bytes"], "md_curve": curve, "machine_state": quiet}))
 
 
 def prepare_model(name: str, resolution: int) -> Path:
@@ -109,10 +145,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--md-step", type=float, default=0.04, help="MD search step as a fraction of model size")
     ap.add_argument("--md-patience", type=int, default=4)
-    ap.add_argument("--md-repeats", type=int, default=2)
+    ap.add_argument("--md-repeats", type=int, default=3, help="paired rounds per MD search point")
+    ap.add_argument("--md-tolerance", type=float, default=0.01, help="MD: within this overhead of the minimum")
     ap.add_argument("--output", default="demand_layering")
     ap.add_argument("--md-budget", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--interleave-repeats", type=int, default=5, help="round-robin repeats for the ratios")
+    ap.add_argument("--interleave-repeats", type=int, default=11, help="round-robin rounds for the ratios")
     args = ap.parse_args()
     if args.child:
         if args.config == "interleaved":
@@ -126,25 +163,30 @@ def main() -> None:
     rows = []
     for name in args.models.split(","):
         directory = prepare_model(name, args.resolution)
+        t0 = time.perf_counter()
+        inter = run_child(
+            __file__,
+            ["--dir", str(directory), "--config", "interleaved", "--repeats", "1",
+             "--interleave-repeats", str(args.interleave_repeats), "--md-step", str(args.md_step),
+             "--md-patience", str(args.md_patience), "--md-repeats", str(args.md_repeats),
+             "--md-tolerance", str(args.md_tolerance)],
+        )
+        if "error" in inter:
+            raise SystemExit(f"{name} interleaved run failed: {inter['error']}")
+        print(f"{name} interleaved ({time.perf_counter() - t0:.0f}s): " + ", ".join(
+            f"{k} {v['paired']['median']:+.1%}" for k, v in inter.items() if isinstance(v, dict) and "paired" in v),
+            f"MD {inter['md_budget_bytes'] / 1e6:.1f} MB", inter["machine_state"], flush=True)
+        md_budget = inter["md_budget_bytes"]
         results = {}
         for config in configs:
             t0 = time.perf_counter()
             results[config] = run_child(
                 __file__,
                 ["--dir", str(directory), "--config", config, "--repeats", str(args.repeats),
-                 "--md-step", str(args.md_step), "--md-patience", str(args.md_patience),
-                 "--md-repeats", str(args.md_repeats)],
+                 "--md-budget", str(md_budget)],
             )
             print(f"{name} {config}: {time.perf_counter() - t0:.0f}s "
                   f"{results[config].get('latency_s', results[config].get('error'))}", flush=True)
-        md_budget = results["async-md"].get("budget_bytes", 0)
-        inter = run_child(
-            __file__,
-            ["--dir", str(directory), "--config", "interleaved", "--repeats", str(args.interleave_repeats),
-             "--md-budget", str(md_budget)],
-        )
-        print(f"{name} interleaved: " + ", ".join(
-            f"{k} {v['median_s']:.3f}" for k, v in inter.items() if isinstance(v, dict)), flush=True)
         pre, seq = results["preload"], results["sequential"]
         sum_kernel = sum(pre.get("kernel_times_s", []))
         sum_read = seq.get("read_s", 0.0)
@@ -163,9 +205,10 @@ def main() -> None:
                 "delay_overhead": r["latency_s"] / pre["latency_s"] - 1,
                 "vs_physical_limit": r["latency_s"] / limit - 1 if limit else None,
             }
-            if config in inter and "preload" in inter:
-                ratio = inter[config]["median_s"] / inter["preload"]["median_s"]
-                row["configs"][config]["interleaved_overhead"] = ratio - 1
+            if config in inter:
+                row["configs"][config]["interleaved_overhead"] = inter[config]["paired"]["median"]
+                row["configs"][config]["interleaved_overhead_ci90"] = [
+                    inter[config]["paired"]["ci90_low"], inter[config]["paired"]["ci90_high"]]
         rows.append(row)
     data = {"benchmark": "demand_layering_table2", "machine": machine(), "rows": rows,
             "args": {k: v for k, v in vars(args).items() if k not in ("child", "dir", "config")}}
@@ -177,8 +220,10 @@ def markdown(rows: list[dict]) -> str:
     lines = [
         "# Demand Layering Table II on this machine",
         "",
-        "Weight memory (engine ledger, MB) and delay (median, ms) per configuration; in brackets",
-        "(memory reduction %, delay overhead %) against Pre. RSS and cgroup peaks in MB.",
+        "Each configuration in its own child process: weight memory (engine ledger, MB) and delay",
+        "(median, ms); in brackets (memory reduction %, delay overhead %) against Pre's child.",
+        "RSS and cgroup peaks in MB. Delays of separate children drift with the machine's load;",
+        "the paired table below is the one for overheads.",
         "Physical limit = max(sum kernel, sum read) + first read.",
         "",
         "| model | res | Pre | Seq | Sync | Async | Async-MD | physical limit | Async vs limit | Async-MD vs limit |",
@@ -205,23 +250,42 @@ def markdown(rows: list[dict]) -> str:
         )
     lines += [
         "",
-        "Delay overhead against Pre measured round-robin in one process (same load drift for",
-        "every configuration; medians of the interleaved repeats):",
+        "**Delay overhead against Pre, paired** (the numbers to trust on a shared machine):",
+        "every round runs all configurations back to back in one process; the overhead is the",
+        "median of the per-round ratios to Pre, [90 % bootstrap interval]. Async-MD's budget is",
+        "the paired minimal-delay search's (V-D); weight memory and reduction from the engine",
+        "ledger. CPU steal = share of the VM's CPU time the hypervisor gave to others.",
         "",
-        "| model | Seq | Sync | Async | Async-MD |",
-        "|---|---|---|---|---|",
+        "| model | Seq | Sync | Async (memory) | Async-MD (memory) | best with >= 80 % reduction | rounds | CPU steal |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         inter = row.get("interleaved", {})
-        pre = inter.get("preload", {}).get("median_s")
-        cells = [
-            f"{inter[c]['median_s'] / pre - 1:+.1%}" if pre and c in inter else "-"
-            for c in ("sequential", "sync", "async", "async-md")
-        ]
-        lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
-    medians = [row["configs"]["async"]["delay_overhead"] for row in rows if "delay_overhead" in row["configs"].get("async", {})]
-    if medians:
-        lines += ["", f"Median Async overhead across models (separate children): {statistics.median(medians):+.1%}"]
+        pre_bytes = row["configs"].get("preload", {}).get("weights_peak_bytes")
+
+        def cell(c: str, inter: dict = inter, row: dict = row) -> str:
+            if c not in inter:
+                return "-"
+            pr = inter[c]["paired"]
+            text = f"{pr['median']:+.1%} [{pr['ci90_low']:+.1%}, {pr['ci90_high']:+.1%}]"
+            r = row["configs"].get(c, {})
+            if c.startswith("async") and "weights_peak_bytes" in r:
+                text += f" ({mb(r['weights_peak_bytes'])} MB, {-r['memory_reduction']:+.1%})"
+            return text
+
+        within = [pt for pt in inter.get("md_curve", []) if pre_bytes and pt["budget_bytes"] <= 0.2 * pre_bytes]
+        best = min(within, key=lambda pt: pt["overhead"]) if within else None
+        best_text = f"{best['overhead']:+.1%} at {mb(best['budget_bytes'])} MB" if best else "-"
+        state = inter.get("machine_state", {})
+        lines.append(
+            f"| {row['model']} | " + " | ".join(cell(c) for c in ("sequential", "sync", "async", "async-md"))
+            + f" | {best_text} | {inter.get('preload', {}).get('paired', {}).get('rounds', '-')}"
+            + f" | {state.get('steal_share', 0):.1%} |"
+        )
+    lines += ["", "Minimal-delay search curves (budget MB: paired overhead):", ""]
+    for row in rows:
+        curve = row.get("interleaved", {}).get("md_curve", [])
+        lines.append(f"- {row['model']}: " + ", ".join(f"{mb(pt['budget_bytes'])}: {pt['overhead']:+.1%}" for pt in curve))
     return "\n".join(lines) + "\n"
 
 
