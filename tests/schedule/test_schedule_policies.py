@@ -33,6 +33,7 @@ def test_registry_has_every_policy_by_name():
         "sjf",
         "snf",
         "round-robin",
+        "masa-fair",
     ]
     assert {POLICIES[n].scheme for n in POLICIES} == set(Scheme)
     assert make_policy("Linear_FCFS").name == "linear-fcfs"
@@ -76,6 +77,29 @@ def test_masa_progress_rule_falls_back_to_the_smallest_load():
     p.add(task("L9", K.LOAD, 9, seq=0))
     p.add(task("L7", K.LOAD, 7, seq=1))
     assert p.next(0, 5).id == "L7"
+
+
+def test_masa_fair_avoids_the_memory_deadlock_masa_breaks_with_the_progress_rule():
+    # Two networks whose first layer is large: Algorithm 1 loads the small later layers
+    # of both (ascending memory), then neither first layer fits and nothing can run.
+    # masa-fair holds back the load that would leave no safe order of completion.
+    nets = [net(f"n{i}", [60, 10, 10], load=[0.5, 0.1, 0.1]) for i in range(2)]
+    jobs = [Job(f"j{i}", (n,), arrival=0.0, seq=i) for i, n in enumerate(nets)]
+    masa = simulate(jobs, "masa", memory=90, workers=2, paging=None)
+    fair = simulate(jobs, "masa-fair", memory=90, workers=2, paging=None)
+    assert masa.progress_count > 0 and masa.peak_memory > 90
+    assert fair.progress_count == 0 and fair.peak_memory <= 90
+    assert all(j.status == "done" for j in fair.jobs)
+
+
+def test_masa_fair_keeps_masa_order_when_memory_is_ample():
+    for name in ("masa", "masa-fair"):
+        p = make_policy(name)
+        for i, (tid, kind, mem) in enumerate(
+            [("L9", K.LOAD, 9), ("E5", K.EXEC, 5), ("L2", K.LOAD, 2), ("U", K.UNLOAD, 0)]
+        ):
+            p.add(task(tid, kind, mem, seq=i))
+        assert drain(p) == ["U", "E5", "L2", "L9"]
 
 
 def test_zero_memory_tasks_run_even_over_budget():

@@ -308,7 +308,9 @@ class Engine:
     def _reader_loop(self, run: _Run) -> None:
         policy, ring, room = self.policy, self.ring, self._room
         blocks, n = self.blocks, len(self.blocks)
-        chunk = min(self.coalesce_bytes, ring.capacity // 2)
+        # Coalescing and batch-sized wake-ups only where reads may run ahead (async):
+        # sequential and sync read each unit as soon as their gate opens, as the paper.
+        chunk = min(self.coalesce_bytes, ring.capacity // 2) if policy.name == "async" else 0
         i = 0
         try:
             while i < n:
@@ -323,6 +325,8 @@ class Engine:
                         run.reader_waits, run.reader_wants = True, (i, want)
                         room.wait()
                     run.reader_waits = False
+                    if run.main_waits is not None:
+                        want = first  # the kernel is stalled on this unit: read it alone
                     off = ring.allocate_locked(first)
                     # Coalesce: the following units join this read while they are
                     # allowed to start, land right after it in the ring and the read

@@ -241,7 +241,7 @@ def generate_command(
 def run_command(
     workload: str = typer.Option(..., "--workload", help="workload YAML"),
     policy: str = typer.Option(
-        "masa", "--policy", help="masa, bulk, deepeye, fcfs, linear-fcfs, sjf, snf, round-robin"
+        "masa", "--policy", help="masa, masa-fair, bulk, deepeye, fcfs, linear-fcfs, sjf, snf, round-robin"
     ),
     memory: str = typer.Option(..., "--memory", help="memory budget, e.g. 512MB"),
     workers: int = typer.Option(2, "--workers", min=1),

@@ -50,6 +50,7 @@ def network_tasks(
         "network_name": profile.name,
         "network_index": index,
         "network_cost": cost,
+        "network_largest": est(profile.largest_task_memory),
         "job_seq": job_seq,
     }
     tasks = [

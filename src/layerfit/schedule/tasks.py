@@ -89,6 +89,7 @@ class Task:
     releases: tuple[str, ...] = ()
     pool: Pool = Pool.CONV
     network_cost: float = 0.0  # total duration of the network's tasks (SNF's key)
+    network_largest: int = 0  # the scheduler's estimate of the network's largest task
     job_seq: int = 0
     actual_memory: int | None = None
     actual_retained: int | None = None

@@ -16,12 +16,13 @@ from layerfit.schedule.policies.deepeye import DeepEye
 from layerfit.schedule.policies.fcfs import Fcfs
 from layerfit.schedule.policies.linear_fcfs import LinearFcfs
 from layerfit.schedule.policies.masa import Masa
+from layerfit.schedule.policies.masa_fair import MasaFair
 from layerfit.schedule.policies.round_robin import RoundRobin
 from layerfit.schedule.policies.sjf import Sjf
 from layerfit.schedule.policies.snf import Snf
 
 POLICIES: Mapping[str, type[Policy]] = MappingProxyType(
-    {cls.name: cls for cls in (Masa, Bulk, DeepEye, Fcfs, LinearFcfs, Sjf, Snf, RoundRobin)}
+    {cls.name: cls for cls in (Masa, Bulk, DeepEye, Fcfs, LinearFcfs, Sjf, Snf, RoundRobin, MasaFair)}
 )
 
 
@@ -46,6 +47,7 @@ __all__ = [
     "Fcfs",
     "LinearFcfs",
     "Masa",
+    "MasaFair",
     "Policy",
     "ReadyQueue",
     "RoundRobin",
