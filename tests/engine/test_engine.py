@@ -47,6 +47,35 @@ def test_every_pipeline_is_bit_identical(tiny: Path, reference, pipeline: str):
             assert engine.last_weights_peak <= engine.memory.buffer_bytes
 
 
+@pytest.mark.parametrize(("coalesce", "budget"), [(0, None), ("1MiB", None), ("1MiB", "1MiB"), (8192, "1MiB")])
+def test_coalesced_reads_cover_every_unit_once_in_fewer_requests(tiny: Path, reference, monkeypatch, coalesce, budget):
+    x, y = reference
+    units = read_manifest(tiny).units
+    real = os.preadv
+    reads: list[tuple[int, int]] = []
+
+    def spy(fd, buffers, offset, *rest):
+        reads.append((offset, sum(len(b) for b in buffers)))
+        return real(fd, buffers, offset, *rest)
+
+    with load(tiny, pipeline="async", coalesce=coalesce, budget=budget) as engine:
+        engine(x)  # first inference verifies checksums; count the second
+        monkeypatch.setattr(reader_mod.os, "preadv", spy)
+        assert torch.equal(engine(x), y)
+        cap = min(engine.coalesce_bytes, engine.memory.buffer_bytes // 2)
+    # the requests tile the units' bytes exactly, in order
+    assert [off for off, _ in reads][0] == units[0].offset
+    assert sum(n for _, n in reads) == sum(u.nbytes for u in units)
+    for (a, n), (b, _) in zip(reads, reads[1:], strict=False):
+        assert a + n == b
+    largest = max(u.nbytes for u in units)
+    assert all(n <= max(cap, largest) for _, n in reads)
+    if cap >= units[0].nbytes + units[1].nbytes:  # the empty ring takes the first two in one read
+        assert len(reads) < len(units)
+    if coalesce == 0:
+        assert len(reads) == len(units)
+
+
 @pytest.mark.parametrize("budget", [20480, 24576, 32768, 45056, 10**6])
 @pytest.mark.parametrize("units", ["layers", "blocks:2", "blocks:3"])
 def test_async_budgets_and_blocks(tiny: Path, reference, budget: int, units: str):
