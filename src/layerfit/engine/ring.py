@@ -41,7 +41,7 @@ class RingBuffer:
         self.view = memoryview(self.mmap)
         self.bytes = torch.frombuffer(self.mmap, dtype=torch.uint8)
         self._cond = condition or threading.Condition()
-        self._waiting_for: int | None = None  # bytes a blocked ``allocate`` asks for
+        self._waiting_for: list[int] = []  # bytes each blocked ``allocate`` asks for
         self.record_history = True  # occupancy over time (for timelines)
         self._live: deque[tuple[int, int]] = deque()  # (start, end incl. skipped tail)
         self._head = 0  # next free offset
@@ -86,11 +86,11 @@ class RingBuffer:
                 start = self._fits(nbytes)
                 if start is not None:
                     break
-                self._waiting_for = nbytes
+                self._waiting_for.append(nbytes)
                 try:
                     self._cond.wait()
                 finally:
-                    self._waiting_for = None
+                    self._waiting_for.remove(nbytes)
             return self._place(start, nbytes)
 
     def allocate_locked(self, nbytes: int) -> int | None:
@@ -122,7 +122,7 @@ class RingBuffer:
         """Release the oldest allocation, which must start at ``start`` (FIFO order)."""
         with self._cond:
             self.release_locked(start)
-            if self._waiting_for is not None and self._fits(self._waiting_for) is not None:
+            if any(self._fits(n) is not None for n in self._waiting_for):
                 self._cond.notify_all()
 
     def release_locked(self, start: int) -> None:
