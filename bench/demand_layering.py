@@ -59,16 +59,16 @@ def child_interleaved(args: argparse.Namespace) -> None:
     On a shared machine the speed drifts between (and within) child processes. Here every
     round runs all configurations back to back and each overhead is the median of the
     per-round ratios to Pre, with a bootstrap interval, so drift cancels. The Async-MD
-    budget is found here as well: Section V-D's two-phase search (grow the buffer from 2 x
-    the largest unit by ``--md-step`` until ``--md-patience`` steps bring no new minimum,
-    then take the first point within ``--md-tolerance`` of the minimum), each point's
-    delay measured against Pre run alternately with it (ratio of the fastest runs). Memory is not measured here (every engine is
-    loaded at once); the isolated children measure it.
+    budget is found here as well, by the library's V-D search
+    (:func:`layerfit.tradeoff.delay.minimal_delay_search`) with Pre as its reference: each
+    point's delay is its fastest run over Pre's fastest, run alternately. Memory is not
+    measured here (every engine is loaded at once); the isolated children measure it.
     """
     from common import StealMeter, paired_overhead
 
     from layerfit.engine import load
     from layerfit.store import example_input, read_manifest
+    from layerfit.tradeoff.delay import minimal_delay_search
 
     m = read_manifest(args.dir)
     x = example_input(m.input_shape, m.input_dtype, m.seed)
@@ -81,39 +81,26 @@ def child_interleaved(args: argparse.Namespace) -> None:
         engine(x)
         return time.perf_counter() - t0
 
-    # Phase 1 and 2 of the minimal-delay search, paired with Pre.
-    md_engine = load(args.dir, pipeline="async", budget=low)
-    md_engine(x)
-    step = max(4096, int(m.total_bytes * args.md_step))
-    stop = m.resident_bytes + m.total_bytes
-    curve, best, since_best, budget = [], float("inf"), 0, low
-    while True:
-        md_engine.reconfigure(budget=budget)
-        md_engine(x)  # warm-up at this size
-        ref, cand = [], []
-        for _ in range(args.md_repeats):
-            ref.append(timed(pre))
-            cand.append(timed(md_engine))
-        ratio = min(cand) / min(ref)  # interference only slows runs: compare the fastest
-        held = md_engine.memory.resident_bytes + md_engine.memory.buffer_bytes
-        curve.append({"budget_bytes": held, "overhead": ratio - 1, "median_s": statistics.median(cand)})
-        if ratio < best:
-            best, since_best = ratio, 0
-        else:
-            since_best += 1
-        if budget >= stop or since_best >= args.md_patience:
-            break
-        budget = min(budget + step, stop)
-    minimum = min(pt["overhead"] for pt in curve)
-    md = next(pt for pt in curve if pt["overhead"] <= minimum + args.md_tolerance)
-    md_engine.close()
+    # Section V-D's two-phase search, each point measured alternately with Pre.
+    with load(args.dir, pipeline="async", budget=low) as md_engine:
+        md_engine(x)
+        found = minimal_delay_search(
+            md_engine, (x,), step=max(4096, int(m.total_bytes * args.md_step)),
+            repeats=args.md_repeats, warmup=1, patience=args.md_patience,
+            tolerance=args.md_tolerance, reference=pre,
+        )
+    curve = [
+        {"budget_bytes": pt.budget_bytes, "overhead": pt.relative - 1, "median_s": pt.median_s}
+        for pt in found.points
+    ]
+    md_budget = found.minimal.budget_bytes
 
     configs = {
         "preload": pre,
         "sequential": load(args.dir, pipeline="sequential"),
         "sync": load(args.dir, pipeline="sync"),
         "async": load(args.dir, pipeline="async", budget=low),
-        "async-md": load(args.dir, pipeline="async", budget=md["budget_bytes"]),
+        "async-md": load(args.dir, pipeline="async", budget=md_budget),
     }
     times: dict[str, list[float]] = {name: [] for name in configs}
     for engine in configs.values():
@@ -127,7 +114,7 @@ def child_interleaved(args: argparse.Namespace) -> None:
         name: {"median_s": statistics.median(t), "all_s": t, "paired": paired_overhead(t, times["preload"])}
         for name, t in times.items()
     }
-    print(json.dumps({**out, "md_budget_bytes": md["budget_bytes"], "md_curve": curve, "machine_state": quiet}))
+    print(json.dumps({**out, "md_budget_bytes": md_budget, "md_curve": curve, "machine_state": quiet}))
 
 
 def prepare_model(name: str, resolution: int) -> Path:
@@ -146,7 +133,7 @@ def main() -> None:
     ap.add_argument("--md-step", type=float, default=0.04, help="MD search step as a fraction of model size")
     ap.add_argument("--md-patience", type=int, default=4)
     ap.add_argument("--md-repeats", type=int, default=3, help="paired rounds per MD search point")
-    ap.add_argument("--md-tolerance", type=float, default=0.01, help="MD: within this overhead of the minimum")
+    ap.add_argument("--md-tolerance", type=float, default=0.01, help="MD: within this fraction of the minimum")
     ap.add_argument("--output", default="demand_layering")
     ap.add_argument("--md-budget", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--interleave-repeats", type=int, default=15, help="round-robin rounds for the ratios")

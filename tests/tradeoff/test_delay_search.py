@@ -57,3 +57,25 @@ def test_cli_writes_json_and_plot(tiny: Path, tmp_path: Path, capsys):
     assert data["minimal"]["budget_bytes"] in [p["budget_bytes"] for p in data["points"]]
     assert data["preload_s"] > 0
     assert png.stat().st_size > 1000
+
+
+def test_reference_scores_points_by_relative_delay(tiny: Path, monkeypatch):
+    import layerfit.tradeoff.delay as delay
+
+    x = example_input((1, 3, 16, 16))
+    calls: list[str] = []
+    real = delay._timed
+
+    def spy(engine, inputs):
+        calls.append(engine.policy.name)
+        return real(engine, inputs)
+
+    monkeypatch.setattr(delay, "_timed", spy)
+    with load(tiny, pipeline="preload") as pre, load(tiny, pipeline="async") as engine:
+        curve = minimal_delay_search(engine, (x,), step=4096, repeats=2, warmup=0, reference=pre)
+    # every measurement of the searched engine follows one of the reference
+    assert calls == ["preload", "async"] * (2 * len(curve.points))
+    for p in curve.points:
+        assert p.relative is not None and p.relative > 0 and p.score == p.relative
+    minimum = min(p.relative for p in curve.points)
+    assert curve.minimal == next(p for p in curve.points if p.relative <= minimum * (1 + curve.tolerance))

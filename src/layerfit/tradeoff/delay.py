@@ -7,6 +7,13 @@ each point (phase 1); phase 2 walks the points from the start and stops at the f
 whose mean delay equals the minimum. Measurements are noisy, so "equals" means within
 ``tolerance`` of the minimum. ``patience`` optionally ends phase 1 early after that many
 steps without a new minimum (not in the paper; useful for large models).
+
+On a shared or throttling machine the speed drifts while the search runs, and the drift
+can exceed the differences being searched for. ``reference`` (typically a ``preload``
+engine of the same model) is then run alternately with every measurement, and each
+point is scored by its *relative* delay, the fastest run over the reference's fastest
+(interference only ever slows a run down, so the fastest runs show the undisturbed
+cost). Not in the paper either; ``bench/demand_layering.py`` uses it.
 """
 
 from __future__ import annotations
@@ -32,6 +39,12 @@ class DelayPoint:
     median_s: float
     min_s: float
     max_s: float
+    relative: float | None = None  # fastest run / the reference's fastest (``reference`` given)
+
+    @property
+    def score(self) -> float:
+        """What the search minimises: relative delay if measured, else mean seconds."""
+        return self.mean_s if self.relative is None else self.relative
 
 
 @dataclass
@@ -58,16 +71,26 @@ class DelayCurve:
         }
 
 
-def _measure(engine: Engine, inputs: tuple, repeats: int, warmup: int) -> tuple[list[float], int]:
+def _timed(engine: Engine, inputs: tuple) -> float:
+    t0 = time.perf_counter()
+    engine(*inputs)
+    return time.perf_counter() - t0
+
+
+def _measure(
+    engine: Engine, inputs: tuple, repeats: int, warmup: int, reference: Engine | None
+) -> tuple[list[float], int, float | None]:
+    """Times of ``engine``, its weight peak, and its fastest run over the reference's."""
     for _ in range(warmup):
         engine(*inputs)
-    times, peak = [], 0
+    times, ref_times, peak = [], [], 0
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        engine(*inputs)
-        times.append(time.perf_counter() - t0)
+        if reference is not None:
+            ref_times.append(_timed(reference, inputs))
+        times.append(_timed(engine, inputs))
         peak = max(peak, engine.last_weights_peak)
-    return times, peak
+    relative = min(times) / min(ref_times) if ref_times else None
+    return times, peak, relative
 
 
 def minimal_delay_search(
@@ -81,8 +104,10 @@ def minimal_delay_search(
     patience: int | None = None,
     tolerance: float = 0.01,
     progress: Callable[[DelayPoint], None] | None = None,
+    reference: Engine | None = None,
 ) -> DelayCurve:
-    """Run the two-phase search on ``engine`` (reconfigured in place, not reloaded)."""
+    """Run the two-phase search on ``engine`` (reconfigured in place, not reloaded);
+    ``reference`` scores every point relative to that engine, run alternately."""
     if engine.policy.name not in ("async",):
         raise LayerfitError(
             f"the minimal-delay search needs a pipeline whose buffer can grow (async), not {engine.policy.name!r}"
@@ -99,22 +124,28 @@ def minimal_delay_search(
     budget = start
     while True:
         engine.reconfigure(budget=budget)
-        times, peak = _measure(engine, inputs, repeats, warmup)
+        times, peak, relative = _measure(engine, inputs, repeats, warmup, reference)
         point = DelayPoint(
-            budget, peak, statistics.fmean(times), statistics.median(times), min(times), max(times)
+            budget,
+            peak,
+            statistics.fmean(times),
+            statistics.median(times),
+            min(times),
+            max(times),
+            relative,
         )
         points.append(point)
         if progress:
             progress(point)
-        if point.mean_s < best:
-            best, since_best = point.mean_s, 0
+        if point.score < best:
+            best, since_best = point.score, 0
         else:
             since_best += 1
         if budget >= stop or (patience is not None and since_best >= patience):
             break
         budget = min(budget + step, stop)
-    minimum = min(p.mean_s for p in points)
-    minimal = next(p for p in points if p.mean_s <= minimum * (1 + tolerance))
+    minimum = min(p.score for p in points)
+    minimal = next(p for p in points if p.score <= minimum * (1 + tolerance))
     return DelayCurve(engine.policy.name, step, points, minimal, tolerance)
 
 

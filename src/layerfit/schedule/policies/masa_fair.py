@@ -55,21 +55,21 @@ class MasaFair(Masa):
     def complete(self, task: Task) -> None:
         super().complete(task)
         for key in task.releases:
-            entry = self._retained.pop(key, None)
-            if entry is not None:
-                network, _, nbytes = entry
-                self._held[network] -= nbytes
-                if self._held[network] <= 0:
-                    del self._held[network]
+            self._forget(key)
 
     def discard(self, job: Hashable) -> list[Task]:
-        for key, (network, owner, nbytes) in list(self._retained.items()):
-            if owner == job:
-                del self._retained[key]
-                self._held[network] -= nbytes
-                if self._held[network] <= 0:
-                    del self._held[network]
+        for key in [k for k, (_, owner, _) in self._retained.items() if owner == job]:
+            self._forget(key)
         return super().discard(job)
+
+    def _forget(self, key: str) -> None:
+        """Load ``key``'s weights are gone: its network holds that much less."""
+        entry = self._retained.pop(key, None)
+        if entry is not None:
+            network, _, nbytes = entry
+            self._held[network] -= nbytes
+            if self._held[network] <= 0:
+                del self._held[network]
 
     # --- choice ---------------------------------------------------------------------
 
