@@ -47,6 +47,11 @@ def test_every_pipeline_is_bit_identical(tiny: Path, reference, pipeline: str):
             assert engine.last_weights_peak <= engine.memory.buffer_bytes
 
 
+def test_nonsense_coalesce_size_is_refused(tiny: Path):
+    with pytest.raises(BudgetError, match="lots"):
+        load(tiny, pipeline="async", coalesce="lots")
+
+
 @pytest.mark.parametrize(("coalesce", "budget"), [(0, None), ("1MiB", None), ("1MiB", "1MiB"), (8192, "1MiB")])
 def test_coalesced_reads_cover_every_unit_once_in_fewer_requests(tiny: Path, reference, monkeypatch, coalesce, budget):
     x, y = reference
