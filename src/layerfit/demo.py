@@ -30,7 +30,7 @@ from layerfit.sizes import format_bytes
 from layerfit.store import example_input, read_manifest
 
 
-def paired_overhead(first: Callable[[], object], second: Callable[[], object], pairs: int) -> float:
+def alternating_overhead(first: Callable[[], object], second: Callable[[], object], pairs: int) -> float:
     """Median over ``pairs`` alternating runs of ``time(second) / time(first) - 1``."""
     ratios = []
     for _ in range(pairs):
@@ -72,7 +72,7 @@ def main(model: str = "resnet152", out: str = "demo-out", pairs: int = 5) -> int
         plot_timeline(engine.last_timeline, gantt, title=f"{model}: async at {format_bytes(budget)}")
         engine.trace = False
         with load(prepared, pipeline="preload") as resident:
-            overhead = paired_overhead(lambda: resident(x), lambda: engine(x), pairs)
+            overhead = alternating_overhead(lambda: resident(x), lambda: engine(x), pairs)
 
     pre, asy = reports["preload"], reports["async"]
     table = Table("pipeline", "weight memory held", "latency (median of 3)", "peak RSS")
