@@ -555,7 +555,7 @@ def _save_output(path: str, out) -> None:
 
     from layerfit.engine import flat_outputs
 
-    outs = [t.numpy() for t in flat_outputs(out)]
+    outs = [t.cpu().numpy() for t in flat_outputs(out)]
     if path.endswith(".npz"):
         np.savez(path, *outs)
     elif len(outs) == 1:
@@ -584,6 +584,10 @@ def run(
     coalesce: str = typer.Option(
         "4MiB", "--coalesce", help="read adjacent units with one request up to this size (0: one read per unit)"
     ),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
+    stages: int = typer.Option(
+        None, "--stages", help="2: kernels use the read buffer (cpu default); 3: read, copy, kernel (cuda)"
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Execute a prepared model under a weight budget and report latency and memory."""
@@ -609,8 +613,10 @@ def run(
         trace=trace is not None,
         activations=activations,
         coalesce=coalesce,
+        device=device,
+        stages=stages,
     ) as engine:
-        x = _load_input(input_path, engine.manifest)
+        x = engine.device.to_device(_load_input(input_path, engine.manifest))
         out, report = measure(engine, (x,), repeats=repeats, warmup=warmup)
         if trace:
             engine.last_timeline.save(trace)
@@ -622,13 +628,15 @@ def run(
         print_json(report)
         return
     console.print(
-        f"{report['model']} [{report['pipeline']}, {report['units']} units, {report['io_mode']} I/O]: "
+        f"{report['model']} [{report['pipeline']}, {report['units']} units, {report['stages']} stages on "
+        f"{report['device']}, {report['io_mode']} I/O]: "
         f"latency {report['latency_s'] * 1e3:.1f} ms (median of {repeats}), weights peak "
         f"{format_bytes(report['weights_peak_bytes'])} of {format_bytes(report['weights_total_bytes'])}, "
         f"peak RSS {format_bytes(report['rss_peak_bytes'])}\n"
         f"activations {report['activations']}: planned arena {format_bytes(report['activation_arena_bytes'])}, "
         f"planned total {format_bytes(report['planned_total_bytes'])} (weight buffers + arena)\n"
-        f"output {report['output_shape']} sha256 {report['output_sha256'][:16]}"
+        f"output {report['output_shape']} sha256 {report['output_sha256'][:16]}",
+        markup=False,  # the [pipeline, ...] part is text, not a rich style tag
     )
 
 
@@ -657,14 +665,16 @@ def tradeoff_delay(
     tolerance: float = typer.Option(0.01, "--tolerance", help="relative slack when matching the minimum"),
     as_json: bool = typer.Option(False, "--json"),
     plot: str = typer.Option(None, "--plot", help="write the delay-memory curve (Fig. 13) here"),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
+    stages: int = typer.Option(None, "--stages", help="2 (cpu default) or 3: read, copy, kernel (cuda)"),
 ) -> None:
     """Find the minimal-delay buffer size by growing the budget (Demand Layering V-D)."""
     from layerfit.engine import load
     from layerfit.sizes import format_bytes, parse_bytes
     from layerfit.tradeoff.delay import minimal_delay_search, plot_delay_curve
 
-    with load(directory, pipeline=pipeline) as engine:
-        x = _load_input(None, engine.manifest)
+    with load(directory, pipeline=pipeline, device=device, stages=stages) as engine:
+        x = engine.device.to_device(_load_input(None, engine.manifest))
         curve = minimal_delay_search(
             engine, (x,), step=parse_bytes(step), repeats=repeats, warmup=warmup,
             until=None if until is None else parse_bytes(until), patience=patience, tolerance=tolerance,
@@ -672,7 +682,7 @@ def tradeoff_delay(
                 f"  {format_bytes(p.budget_bytes):>10}  {p.mean_s * 1e3:9.1f} ms  "
                 f"[{p.min_s * 1e3:.1f} - {p.max_s * 1e3:.1f}]", highlight=False),
         )
-    with load(directory, pipeline="preload") as pre:
+    with load(directory, pipeline="preload", device=device, stages=stages) as pre:
         times = [_time_call(pre, x) for _ in range(repeats + warmup)][warmup:]
         curve.preload_s = sorted(times)[len(times) // 2]
     if plot:

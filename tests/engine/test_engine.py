@@ -37,14 +37,90 @@ def reference(tiny: Path):
         return x, tinymodels.tiny_cnn().eval()(x)
 
 
+@pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("pipeline", PIPELINES)
-def test_every_pipeline_is_bit_identical(tiny: Path, reference, pipeline: str):
+def test_every_pipeline_is_bit_identical(tiny: Path, reference, pipeline: str, stages: int):
     x, y = reference
-    with load(tiny, pipeline=pipeline) as engine:
+    with load(tiny, pipeline=pipeline, stages=stages) as engine:
         for _ in range(2):
             assert torch.equal(engine(x), y)
+        assert engine.last_weights_peak <= engine.memory.weight_bytes
+        assert (engine.memory.device_buffer_bytes > 0) == (stages == 3)
+
+
+def test_three_stage_budget_is_split_between_read_and_device_buffer(tiny: Path, reference):
+    x, y = reference
+    largest = read_manifest(tiny).largest_unit_bytes  # 20480
+    with load(tiny, pipeline="async", stages=3, budget=2 * largest) as engine:
+        assert engine.memory.buffer_bytes == engine.memory.device_buffer_bytes == largest
+        assert torch.equal(engine(x), y)
+        assert engine.last_weights_peak <= 2 * largest
+        engine.reconfigure(budget=4 * largest)  # both buffers grow; nothing is reloaded
+        assert engine.memory.buffer_bytes == engine.memory.device_buffer_bytes == 2 * largest
+        assert torch.equal(engine(x), y)
+    with pytest.raises(BudgetError, match=f"minimum for this model: {2 * largest} bytes"):
+        load(tiny, pipeline="async", stages=3, budget=2 * largest - 1)
+    with pytest.raises(BudgetError, match=f"three-stage sync .* minimum budget is {4 * largest} bytes"):
+        load(tiny, pipeline="sync", stages=3, budget=3 * largest)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"device": "tpu"}, "unknown device 'tpu'"),
+        ({"device": "cpu:1"}, "unknown device"),
+        ({"stages": 4}, "stages must be 2"),
+        ({"stages": 3, "pipeline": "external"}, "unit source"),
+    ],
+)
+def test_bad_device_or_stages_is_refused(tiny: Path, kwargs: dict, message: str):
+    with pytest.raises(LayerfitError, match=message):
+        load(tiny, **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where CUDA is absent")
+def test_cuda_without_cuda_says_so(tiny: Path):
+    with pytest.raises(LayerfitError, match="sees no CUDA device"):
+        load(tiny, device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_cuda_three_stage_pipeline_matches_the_model_on_cuda(tiny: Path, reference, pipeline: str):
+    x, _ = reference
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    with torch.no_grad():
+        y = tinymodels.tiny_cnn().eval().cuda()(x.cuda())
+    with load(tiny, pipeline=pipeline, device="cuda", trace=True) as engine:
+        assert engine.device.stages == 3
+        for _ in range(2):
+            out = engine(x.cuda())
+            assert out.is_cuda and torch.equal(out, y)
         if pipeline != "preload":
-            assert engine.last_weights_peak <= engine.memory.buffer_bytes
+            assert {e.stage for e in engine.last_timeline.events} == {"read", "copy", "kernel"}
+
+
+def test_copy_error_mid_inference_names_unit_and_engine_recovers(tiny: Path, reference, monkeypatch):
+    from layerfit.engine.device import Device
+
+    x, y = reference
+    real = Device.copy
+    calls = {"n": 0, "armed": True}
+
+    def flaky(self, dst, src):
+        calls["n"] += 1
+        if calls["armed"] and calls["n"] == 3:  # the third unit copied
+            raise RuntimeError("copy engine fault")
+        return real(self, dst, src)
+
+    monkeypatch.setattr(Device, "copy", flaky)
+    with load(tiny, pipeline="async", stages=3) as engine:
+        before = {t.name for t in threading.enumerate()}
+        with pytest.raises(LayerfitError, match=r"copying unit 2 \(.*\) to cpu failed: copy engine fault"):
+            engine(x)
+        assert not {"layerfit-reader", "layerfit-copier"} & ({t.name for t in threading.enumerate()} - before)
+        calls["armed"] = False
+        assert torch.equal(engine(x), y)  # the next inference works
 
 
 def test_nonsense_coalesce_size_is_refused(tiny: Path):
@@ -143,14 +219,14 @@ def test_read_error_mid_inference_names_unit_and_engine_recovers(tiny: Path, ref
 
     # Coalesced (the whole model fits the buffer): units 0-3 are read with one request,
     # which fails; reading them one by one then names the unit that cannot be read.
-    for coalesce, budget in (("1MiB", "1MiB"), (0, None)):
+    for coalesce, budget, stages in (("1MiB", "1MiB", 2), (0, None, 2), (0, None, 3)):
         fail["armed"], failed_lengths = True, []
-        with load(tiny, pipeline="async", coalesce=coalesce, budget=budget) as engine:
+        with load(tiny, pipeline="async", coalesce=coalesce, budget=budget, stages=stages) as engine:
             monkeypatch.setattr(reader_mod.os, "preadv", flaky)
             before = {t.name for t in threading.enumerate()}
             with pytest.raises(ReadError, match=r"unit 3 \(bn2\)"):
                 engine(x)
-            assert "layerfit-reader" not in {t.name for t in threading.enumerate()} - before
+            assert not {"layerfit-reader", "layerfit-copier"} & ({t.name for t in threading.enumerate()} - before)
             fail["armed"] = False
             assert torch.equal(engine(x), y)  # the next inference works
             monkeypatch.setattr(reader_mod.os, "preadv", real)

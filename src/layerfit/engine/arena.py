@@ -481,11 +481,11 @@ def make_activations(
 
 def engine_activation_report(engine: Any) -> dict[str, Any]:
     """Report keys of an engine: its activations mode, the planned arena next to its
-    weight buffers (resident + unit buffer), their sum, and what PyTorch still allocates
+    weight buffers (resident + unit buffers), their sum, and what PyTorch still allocates
     in planned mode."""
     arena: PlannedActivations | None = getattr(engine, "arena", None)
     plan = arena.plan if arena is not None else plan_activations(engine.manifest.graph)
-    weights = engine.memory.resident_bytes + engine.memory.buffer_bytes
+    weights = engine.memory.weight_bytes
     out: dict[str, Any] = {"activations": "default" if arena is None else "planned"}
     out.update(memory_summary(plan, weights))
     if arena is not None:

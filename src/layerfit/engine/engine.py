@@ -4,8 +4,10 @@ One class runs every pipeline policy (see :mod:`layerfit.engine.policies`). The 
 own ``forward`` runs on a skeleton whose modules have hooks: before a unit's first layer
 runs, the hook waits until the reader thread has read the unit and binds its weights by
 reference; after its last layer, the hook unbinds them and releases the buffer. The
-reader thread reads units in order as the policy and the circular buffer allow. Both
-threads wait on one condition; nothing spins.
+reader thread reads units in order as the policy and the circular buffer allow. With a
+copy stage (``stages=3``, always on CUDA; see :mod:`layerfit.engine.device`), a copy
+thread moves each read unit into a second circular buffer on the device, and the hook
+binds the device copy. Every thread waits on a condition of one lock; nothing spins.
 
 Full SHA-256 verification happens on the first read of each unit; every inference
 starts with a cheap check that the weights file was not replaced or modified.
@@ -24,6 +26,7 @@ from torch import nn
 
 from layerfit.engine.arena import PlannedActivations, make_activations
 from layerfit.engine.binding import Binder, get_binder
+from layerfit.engine.device import Device, get_device
 from layerfit.engine.policies import Policy, get_policy
 from layerfit.engine.ring import Cancelled, RingBuffer
 from layerfit.engine.skeleton import Binding, bind, build_skeleton, segment_bindings, unbind
@@ -38,23 +41,34 @@ from layerfit.store.reader import SegmentReader, aligned_buffer, verify_segment
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """What the engine holds for weights: resident tensors plus the unit buffer."""
+    """What the engine holds for weights: resident tensors plus the unit buffers.
+
+    ``buffer_bytes`` is the read (host) buffer; ``device_buffer_bytes`` is the copy
+    stage's device buffer (0 without a copy stage).
+    """
 
     resident_bytes: int
     buffer_bytes: int
     largest_unit_bytes: int
     total_weight_bytes: int
+    device_buffer_bytes: int = 0
 
     @property
     def minimum_budget(self) -> int:
         return self.resident_bytes + self.largest_unit_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        """Every byte held for weights: what the budget bounds."""
+        return self.resident_bytes + self.buffer_bytes + self.device_buffer_bytes
 
 
 class _Run:
     """Shared state of one inference between the executing and the reader thread."""
 
     def __init__(self, nblocks: int) -> None:
-        self.ready: list[int | None] = [None] * nblocks
+        self.ready: list[int | None] = [None] * nblocks  # read buffer offset per unit
+        self.on_device: list[int | None] = [None] * nblocks  # device buffer offset (copy stage)
         self.started = 0
         self.done = 0
         self.error: tuple[int, BaseException] | None = None
@@ -66,6 +80,7 @@ class _Run:
         self.main_waits: int | None = None  # the unit the executing thread waits for
         self.reader_waits = False  # the reader waits for room or its policy's gate
         self.reader_wants: tuple[int, int] = (0, 0)  # (unit, bytes of room) it waits for
+        self.copier_waits: int | None = None  # the unit the copy thread waits to copy
 
 
 class Engine:
@@ -82,7 +97,11 @@ class Engine:
     adjacent units with one request of up to that many bytes (at most half the buffer)
     when they fit the buffer together: on a small board each read wakes the reader and
     costs the compute threads a preemption, so fewer, larger reads interfere less. ``0``
-    reads one unit per request, as the paper does.
+    reads one unit per request, as the paper does. ``device`` is ``cpu``, ``cuda`` or
+    ``cuda:N``; ``stages`` is 2 (kernels use the read buffer in place, the default on
+    CPU) or 3 (a copy stage moves each unit into a device buffer, always on CUDA). With
+    three stages the budget is split evenly between the read and the device buffer,
+    as the paper's pairs of CPU and GPU buffers; inputs must be on the device.
     """
 
     def __init__(
@@ -97,8 +116,13 @@ class Engine:
         binding: str = "reference",
         activations: str = "default",
         coalesce: int | str = "4MiB",
+        device: str = "cpu",
+        stages: int | None = None,
     ) -> None:
         self.directory = Path(directory)
+        self.device: Device = get_device(device, stages)
+        if self.device.name != "cpu" and activations != "default":
+            raise LayerfitError("planned activations are laid out in host memory: use activations='default' on cuda")
         self.coalesce_bytes = parse_bytes(coalesce) if coalesce not in (0, "0") else 0
         self.binder: Binder = get_binder(binding)
         self.manifest: Manifest = read_manifest(self.directory)
@@ -117,11 +141,15 @@ class Engine:
         self._state = threading.Lock()
         self._room = threading.Condition(self._state)
         self._ready = threading.Condition(self._state)
+        self._copyable = threading.Condition(self._state)  # the copy thread (three stages)
         self._run: _Run | None = None
         self.last_timeline: Timeline | None = None
         self._hooks: list = []
-        self.ring: RingBuffer | None = None
+        self.ring: RingBuffer | None = None  # the read buffer
+        self.device_ring: RingBuffer | None = None  # the copy stage's target
+        self._pinned: torch.Tensor | None = None  # the read buffer, while pinned
         self._resident_buf = None
+        self._resident_device: torch.Tensor | None = None
         self._bindings: list[list[Binding]] = []
         self._preloaded = False  # every unit bound for good (preload policy)
         self._units_spec = units
@@ -144,11 +172,10 @@ class Engine:
             self.reader.read(m.resident, view)
             verify_segment(m.resident, view)
             view.release()
-            bind(
-                segment_bindings(self.model, m.resident),
-                torch.frombuffer(self._resident_buf, dtype=torch.uint8),
-                0,
-            )
+            resident = torch.frombuffer(self._resident_buf, dtype=torch.uint8)
+            if self.device.name != "cpu":
+                resident = self._resident_device = resident.to(self.device.torch_device)
+            bind(segment_bindings(self.model, m.resident), resident, 0)
         self._configure(budget, units)
 
     def _configure(self, budget: int | str | None, units: str | list[int]) -> None:
@@ -158,15 +185,34 @@ class Engine:
         sizes = [b.nbytes for b in blocks]
         resident = m.resident_bytes
         largest = max(sizes, default=0)
+        three = self.device.stages == 3
+        if three and self.policy.name == "external":
+            raise LayerfitError("pipeline 'external' takes units from a unit source in host memory: it runs with stages=2 on cpu")
         budget_bytes = None if budget is None else parse_bytes(budget)
-        if budget_bytes is not None and budget_bytes < resident + largest:
+        copies = 2 if three and self.policy.name != "preload" else 1  # read + device buffer
+        if budget_bytes is not None and budget_bytes < resident + copies * largest:
             raise BudgetError(
                 f"budget {budget_bytes} bytes is below the minimum for this model: "
-                f"{resident + largest} bytes (largest unit {largest}"
+                f"{resident + copies * largest} bytes ("
+                + ("2 x " if copies == 2 else "")
+                + f"largest unit {largest}"
                 + (f" + resident tensors {resident}" if resident else "")
+                + ("; three stages hold a read and a device buffer" if copies == 2 else "")
                 + ")"
             )
-        capacity = self.policy.buffer_bytes(sizes, None if budget_bytes is None else budget_bytes - resident)
+        rings_budget = None if budget_bytes is None else budget_bytes - resident
+        if copies == 1:  # one buffer: the read buffer, or (preload, three stages) the device one
+            capacity = self.policy.buffer_bytes(sizes, rings_budget)
+            capacity, device_capacity = (0, capacity) if three else (capacity, 0)
+        else:
+            each = self.policy.minimum_bytes(sizes)
+            if rings_budget is not None and rings_budget < 2 * each:
+                raise BudgetError(
+                    f"the three-stage {self.policy.name} pipeline needs a read and a device buffer "
+                    f"of {each} bytes each: the minimum budget is {resident + 2 * each} bytes, "
+                    f"the budget is {budget_bytes} bytes"
+                )
+            capacity = device_capacity = self.policy.buffer_bytes(sizes, None if rings_budget is None else rings_budget // 2)
         bindings = [
             [
                 b
@@ -181,20 +227,59 @@ class Engine:
         self.blocks: list[Block] = blocks
         self._bindings = bindings
         self._verified_blocks: set[int] = set()
-        self.memory = MemoryPlan(resident, capacity, largest, m.total_bytes)
-        if self.ring is None or not self.ring.reshape(capacity):
-            if self.ring is not None:
-                self.ring.close()
-            self.ring = RingBuffer(capacity, self._room) if capacity else None
-        if self.ring is not None:
-            self.ring.record_history = self.trace
+        self.memory = MemoryPlan(resident, capacity, largest, m.total_bytes, device_capacity)
+        self._unpin()
+        self.ring = self._resized(self.ring, capacity, self._room, None)
+        self.device_ring = self._resized(
+            self.device_ring, device_capacity, self._copyable, self.device.device_buffer
+        )
+        if self.ring is not None and three and self.device.pins_host:
+            self.device.pin(self.ring.bytes)
+            self._pinned = self.ring.bytes
         self._install_hooks()
         self._preloaded = self.policy.name == "preload"
         if self._preloaded:
+            self._preload(largest)
+
+    def _resized(self, ring: RingBuffer | None, capacity: int, condition: threading.Condition, storage) -> RingBuffer | None:
+        """``ring`` with ``capacity`` (reshaped in place when it can be); None for 0."""
+        if ring is not None and capacity and ring.reshape(capacity):
+            ring.record_history = self.trace
+            return ring
+        if ring is not None:
+            ring.close()
+        if not capacity:
+            return None
+        ring = RingBuffer(capacity, condition, None if storage is None else storage(capacity))
+        ring.record_history = self.trace
+        return ring
+
+    def _preload(self, largest: int) -> None:
+        """Read every unit once and bind it for good (the preload policy)."""
+        if self.device_ring is None:
             for i, blk in enumerate(self.blocks):
                 off = self.ring.allocate(blk.nbytes)
                 self.read_unit(i, self.ring.view[off : off + blk.nbytes])
                 bind(self._bindings[i], self.ring.bytes, off)
+            return
+        # Three stages: each unit passes through a staging buffer that is freed after.
+        staging = aligned_buffer(largest)
+        view, host = memoryview(staging), torch.frombuffer(staging, dtype=torch.uint8)
+        try:
+            for i, blk in enumerate(self.blocks):
+                off = self.device_ring.allocate(blk.nbytes)
+                self.read_unit(i, view[: blk.nbytes])
+                self.device.copy(self.device_ring.bytes[off : off + blk.nbytes], host[: blk.nbytes])
+                bind(self._bindings[i], self.device_ring.bytes, off)
+        finally:
+            del host
+            view.release()
+            staging.close()
+
+    def _unpin(self) -> None:
+        if self._pinned is not None:
+            self.device.unpin(self._pinned)
+            self._pinned = None
 
     def reconfigure(
         self,
@@ -230,9 +315,12 @@ class Engine:
             for bindings in self._bindings:
                 unbind(bindings)
             self._preloaded = False
-        if self.ring is not None and not keep_ring:
-            self.ring.close()
-            self.ring = None
+        if not keep_ring:
+            self._unpin()
+            for ring in (self.ring, self.device_ring):
+                if ring is not None:
+                    ring.close()
+            self.ring = self.device_ring = None
 
     def _install_hooks(self) -> None:
         for i, blk in enumerate(self.blocks):
@@ -292,7 +380,7 @@ class Engine:
 
     def _reader_may_go(self, run: _Run, i: int, want: int) -> bool:
         """The reader's wake-up predicate for unit ``i`` (lock held)."""
-        if not self.policy.read_may_start(i, run.started, run.done):
+        if not self.policy.read_may_start(i, run.started, run.done, self.device.stages):
             return False
         if not self.ring.fits(self.blocks[i].nbytes):
             return False
@@ -335,7 +423,7 @@ class Engine:
                     while (
                         stop < n
                         and total + blocks[stop].nbytes <= want
-                        and policy.read_may_start(stop, run.started, run.done)
+                        and policy.read_may_start(stop, run.started, run.done, self.device.stages)
                         and ring.next_offset(blocks[stop].nbytes) == off + total
                     ):
                         ring.allocate_locked(blocks[stop].nbytes)
@@ -352,7 +440,9 @@ class Engine:
                             end = t1 if k == stop - 1 else at + (t1 - t0) * blocks[k].nbytes / total
                             run.events.append(Event(k, blocks[k].name, "read", at - run.t0, end - run.t0, blocks[k].nbytes))
                             at = end
-                    if run.main_waits is not None and run.main_waits < stop:
+                    if self.device_ring is not None:
+                        self._wake_copier(run)
+                    elif run.main_waits is not None and run.main_waits < stop:
                         self._ready.notify()
                 i = stop
         except Cancelled:
@@ -360,6 +450,56 @@ class Engine:
         except BaseException as exc:  # handed to the executing thread, which raises it
             with room:
                 run.error = (i, exc)
+                self._ready.notify()
+
+    def _copier_may_go(self, run: _Run, j: int) -> bool:
+        """The copy thread's wake-up predicate for unit ``j`` (lock held): Algorithm 1's
+        copy constraints — the unit was read, and it has room in the device buffer."""
+        return (
+            run.ready[j] is not None
+            and self.policy.copy_may_start(j, run.started, run.done)
+            and self.device_ring.fits(self.blocks[j].nbytes)
+        )
+
+    def _wake_copier(self, run: _Run) -> None:
+        """Wake the copy thread if what it waits for has happened (lock held)."""
+        j = run.copier_waits
+        if j is not None and (self.device_ring.cancelled or self._copier_may_go(run, j)):
+            self._copyable.notify()
+
+    def _copier_loop(self, run: _Run) -> None:
+        """The copy stage: move each read unit into the device buffer, in order, and
+        give its read buffer back once the copy is complete."""
+        host, dev, cond = self.ring, self.device_ring, self._copyable
+        j = 0
+        try:
+            for j, blk in enumerate(self.blocks):
+                with cond:
+                    while not dev.cancelled and not self._copier_may_go(run, j):
+                        run.copier_waits = j
+                        cond.wait()
+                    run.copier_waits = None
+                    if dev.cancelled:
+                        return
+                    src = run.ready[j]
+                    dst = dev.allocate_locked(blk.nbytes)
+                t0 = time.perf_counter()
+                self.device.copy(dev.bytes[dst : dst + blk.nbytes], host.bytes[src : src + blk.nbytes])
+                t1 = time.perf_counter()
+                with cond:
+                    host.release_locked(src)
+                    run.on_device[j] = dst
+                    if self.trace:
+                        run.events.append(Event(j, blk.name, "copy", t0 - run.t0, t1 - run.t0, blk.nbytes))
+                    if run.main_waits == j:
+                        self._ready.notify()
+                    self._wake_reader(run)
+        except Cancelled:
+            return
+        except BaseException as exc:  # handed to the executing thread, which raises it
+            with cond:
+                name = self.blocks[j].name or "<root>"
+                run.error = (j, LayerfitError(f"copying unit {j} ({name}) to {self.device.torch_device} failed: {exc}"))
                 self._ready.notify()
 
     def _pre_hook(self, i: int):
@@ -377,25 +517,29 @@ class Engine:
                 run.bound[i] = -1
                 run.kernel_start[i] = time.perf_counter() - run.t0
                 return
+            # Without a copy stage the kernel uses the read buffer; with one, the device's.
+            slots, ring = (run.ready, self.ring) if self.device_ring is None else (run.on_device, self.device_ring)
             with self._state:
-                if run.ready[i] is None and run.error is None:
+                if slots[i] is None and run.error is None:
                     run.main_waits = i
                     self._wake_reader(run)  # the reader may be holding out for a batch
-                    while run.ready[i] is None and run.error is None:
+                    while slots[i] is None and run.error is None:
                         self._ready.wait()
                     run.main_waits = None
-                if run.ready[i] is None:
+                if slots[i] is None:
                     failed, exc = run.error
                     if isinstance(exc, LayerfitError):
                         raise type(exc)(str(exc)) from exc
                     raise ReadError(f"reading unit {failed} failed: {exc}") from exc
-                off = run.ready[i]
+                off = slots[i]
                 # The kernel starts now (binding is part of it); the sync policy lets
-                # the next read begin from this moment.
+                # the next read (and copy) begin from this moment.
                 run.kernel_start[i] = time.perf_counter() - run.t0
                 run.started = i + 1
                 self._wake_reader(run)
-            self.binder.bind(self._bindings[i], self.ring.bytes, off)
+                if self.device_ring is not None:
+                    self._wake_copier(run)
+            self.binder.bind(self._bindings[i], ring.bytes, off)
             run.bound[i] = off
 
         return hook
@@ -405,6 +549,9 @@ class Engine:
             run = self._run
             if run is None:
                 return
+            streaming = run.source is None and self.policy.name != "preload"
+            if streaming:  # the unit's buffer may be reused only once its kernels finished
+                self.device.finish_kernels()
             if self.trace:
                 end = time.perf_counter() - run.t0
                 with self._state:
@@ -415,10 +562,14 @@ class Engine:
             if run.source is not None:
                 self.binder.unbind(self._bindings[i])
                 run.source.release(i)
-            elif self.policy.name != "preload":
+            elif streaming:
                 self.binder.unbind(self._bindings[i])
                 with self._state:
-                    self.ring.release_locked(off)
+                    if self.device_ring is None:
+                        self.ring.release_locked(off)
+                    else:
+                        self.device_ring.release_locked(off)
+                        self._wake_copier(run)
                     run.done = i + 1
                     self._wake_reader(run)
                 return
@@ -446,6 +597,8 @@ class Engine:
                 "this engine has pipeline 'external': it runs only with a unit source "
                 "(Engine.run_from); load it with another pipeline to call it directly"
             )
+        if source is not None and self.device_ring is not None:
+            raise LayerfitError("a unit source supplies host memory: run it on an engine with stages=2 on cpu")
         with self._lock:
             self.reader.check_unchanged()
             run = _Run(len(self.blocks))
@@ -453,16 +606,21 @@ class Engine:
             self._run = run
             self.binder.reset()
             streaming = source is None and self.policy.name != "preload" and self.blocks
-            thread = None
+            threads: list[threading.Thread] = []
             if streaming:
                 self.ring.reset()
-                thread = threading.Thread(target=self._reader_loop, args=(run,), name="layerfit-reader", daemon=True)
-                thread.start()
+                threads.append(threading.Thread(target=self._reader_loop, args=(run,), name="layerfit-reader", daemon=True))
+                if self.device_ring is not None:
+                    self.device_ring.reset()
+                    threads.append(threading.Thread(target=self._copier_loop, args=(run,), name="layerfit-copier", daemon=True))
+                for thread in threads:
+                    thread.start()
             try:
                 if self.arena is None:
                     out = self.model(*args, **kwargs)
                 else:
                     out = self.arena.run(self.model, args, kwargs)
+                self.device.finish_kernels()  # latency counts the kernels, not their launch
                 if run.done != len(self.blocks):
                     raise LayerfitError(
                         f"the forward pass ran {run.done} of {len(self.blocks)} units: the model's "
@@ -471,8 +629,11 @@ class Engine:
             finally:
                 end = time.perf_counter()
                 if streaming:
-                    self.ring.cancel()
-                    thread.join()
+                    for ring in (self.ring, self.device_ring):
+                        if ring is not None:
+                            ring.cancel()
+                    for thread in threads:
+                        thread.join()
                     for i in list(run.bound):
                         self.binder.unbind(self._bindings[i])
                     run.bound.clear()
@@ -482,18 +643,27 @@ class Engine:
                     run.bound.clear()
                 self._run = None
             if self.trace:
-                occupancy = [] if self.ring is None else [(t - run.t0, b) for t, b in self.ring.history]
                 self.last_timeline = Timeline(
                     self.policy.name,
-                    self.memory.resident_bytes + self.memory.buffer_bytes,
+                    self.memory.weight_bytes,
                     sorted(run.events, key=lambda e: (e.start, e.stage)),
-                    occupancy,
+                    self._occupancy(run.t0),
                     end - run.t0,
                 )
-            self.last_weights_peak = (
-                self.memory.resident_bytes + (self.ring.peak if self.ring else 0) + self.binder.peak_bytes
-            )
+            rings = [r.peak for r in (self.ring, self.device_ring) if r is not None]
+            self.last_weights_peak = self.memory.resident_bytes + sum(rings) + self.binder.peak_bytes
             return out
+
+    def _occupancy(self, t0: float) -> list[tuple[float, int]]:
+        """Bytes held in the unit buffers over time (read + device buffer), from ``t0``."""
+        rings = [r for r in (self.ring, self.device_ring) if r is not None]
+        changes = sorted((t, k, b) for k, r in enumerate(rings) for t, b in r.history)
+        held = [0] * len(rings)
+        out = []
+        for t, k, b in changes:
+            held[k] = b
+            out.append((max(t - t0, 0.0), sum(held)))
+        return out
 
     def share_verification(self, other: Engine) -> None:
         """Trust the units ``other`` has verified (and share what either verifies from now

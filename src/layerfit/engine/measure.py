@@ -64,7 +64,10 @@ def measure(engine: Engine, inputs: tuple, *, repeats: int = 3, warmup: int = 1)
         "latency_max_s": max(times),
         "latencies_s": times,
         "weights_peak_bytes": max(peaks),
-        "weight_buffer_bytes": engine.memory.resident_bytes + engine.memory.buffer_bytes,
+        "device": str(engine.device.torch_device),
+        "stages": engine.device.stages,
+        "weight_buffer_bytes": engine.memory.weight_bytes,
+        "device_buffer_bytes": engine.memory.device_buffer_bytes,
         "weights_total_bytes": engine.memory.total_weight_bytes,
         "largest_unit_bytes": engine.memory.largest_unit_bytes,
         "resident_bytes": engine.memory.resident_bytes,
@@ -79,5 +82,6 @@ def measure(engine: Engine, inputs: tuple, *, repeats: int = 3, warmup: int = 1)
     if timelines:
         median_tl = sorted(timelines, key=lambda t: t.latency_s)[len(timelines) // 2]
         report["read_s"] = median_tl.stage_total("read")
+        report["copy_s"] = median_tl.stage_total("copy")
         report["kernel_s"] = median_tl.stage_total("kernel")
     return out, report

@@ -16,7 +16,9 @@ ahead (double buffers). ``async`` lets the reader run ahead as far as the circul
 allows (Algorithm 1). ``external`` has no reader and no buffer: every inference gets its
 units from a unit source (:mod:`layerfit.engine.source`), e.g. the multi-request
 scheduler's load tasks. On CPU the copy stage vanishes: weights are used where they were
-read, the paper's two-stage zero-copy pipeline.
+read, the paper's two-stage zero-copy pipeline. With a copy stage (three stages, see
+:mod:`layerfit.engine.device`) ``copy_may_start`` gates each copy the same way, and the
+read and the device buffer are each sized as the policy's buffer.
 """
 
 from __future__ import annotations
@@ -69,12 +71,26 @@ class Policy:
         # Units start on 4096-byte boundaries for direct I/O: a ragged tail is unusable.
         return min(budget // 4096 * 4096, total)
 
-    def read_may_start(self, i: int, kernels_started: int, kernels_done: int) -> bool:
-        """May unit ``i``'s read begin, given how many kernels started and finished?"""
+    def read_may_start(self, i: int, kernels_started: int, kernels_done: int, stages: int = 2) -> bool:
+        """May unit ``i``'s read begin, given how many kernels started and finished?
+
+        ``stages`` is 2 (read, kernel) or 3 (read, copy, kernel). In the lock-step
+        pipeline unit ``i`` is read in the cycle in which kernel ``i - (stages - 1)``
+        runs (paper Fig. 10b).
+        """
         if self.name == "sequential":
             return kernels_done >= i
         if self.name == "sync":
-            return kernels_started >= i
+            return kernels_started >= i - (stages - 2)
+        return True
+
+    def copy_may_start(self, j: int, kernels_started: int, kernels_done: int) -> bool:
+        """May unit ``j``'s copy begin (three stages), on top of Algorithm 1's constraints
+        that its read finished and the device buffer has room for it?"""
+        if self.name == "sequential":
+            return kernels_done >= j
+        if self.name == "sync":
+            return kernels_started >= j
         return True
 
 

@@ -34,12 +34,22 @@ class Cancelled(Exception):
 class RingBuffer:
     """FIFO allocator over one aligned buffer; tracks bytes in use and their peak."""
 
-    def __init__(self, capacity: int, condition: threading.Condition | None = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        condition: threading.Condition | None = None,
+        storage: torch.Tensor | None = None,
+    ) -> None:
         self.capacity = capacity
-        self.mmap = aligned_buffer(capacity)
-        self.mapped = len(self.mmap)
-        self.view = memoryview(self.mmap)
-        self.bytes = torch.frombuffer(self.mmap, dtype=torch.uint8)
+        if storage is None:  # host memory the reader reads into with direct I/O
+            self.mmap: mmap.mmap | None = aligned_buffer(capacity)
+            self.mapped = len(self.mmap)
+            self.view: memoryview | None = memoryview(self.mmap)
+            self.bytes = torch.frombuffer(self.mmap, dtype=torch.uint8)
+        else:  # device memory (a copy stage's target): only the allocator is shared
+            self.mmap, self.view = None, None
+            self.mapped = storage.numel()
+            self.bytes = storage
         self._cond = condition or threading.Condition()
         self._waiting_for: list[int] = []  # bytes each blocked ``allocate`` asks for
         self.record_history = True  # occupancy over time (for timelines)
@@ -162,7 +172,7 @@ class RingBuffer:
         cost microseconds instead of mapping and zeroing a new buffer. Only call between
         inferences.
         """
-        if capacity > self.mapped or capacity <= 0:
+        if self.mmap is None or capacity > self.mapped or capacity <= 0:
             return False
         with self._cond:
             page = mmap.PAGESIZE
@@ -182,7 +192,9 @@ class RingBuffer:
             self._cond.notify_all()
 
     def close(self) -> None:
-        self.view.release()
         del self.bytes
+        if self.mmap is None:
+            return
+        self.view.release()
         with contextlib.suppress(BufferError):  # a view is still alive: freed with it
             self.mmap.close()

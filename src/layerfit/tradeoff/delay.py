@@ -115,8 +115,9 @@ def minimal_delay_search(
     if step <= 0:
         raise LayerfitError("the search step must be positive, e.g. --step 1MB")
     mem = engine.memory
-    start = mem.resident_bytes + 2 * mem.largest_unit_bytes
-    stop = mem.resident_bytes + mem.total_weight_bytes
+    start = mem.resident_bytes + 2 * mem.largest_unit_bytes  # async's minimum with 2 or 3 stages
+    # the whole model fits each buffer: one with two stages, a read and a device one with three
+    stop = mem.resident_bytes + mem.total_weight_bytes * (engine.device.stages - 1)
     if until is not None:
         stop = min(stop, max(until, start))
     points: list[DelayPoint] = []
