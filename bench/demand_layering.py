@@ -11,6 +11,12 @@ cgroup when one can be created). Writes bench/results/demand_layering.{json,md}.
     python bench/demand_layering.py                 # the five models at 608x608
     python bench/demand_layering.py --quick         # ResNet-152 and VGG-19 at 224
     python bench/demand_layering.py --resolution 416 --models resnet152,yolov3
+    python bench/demand_layering.py --stages 3      # with the copy stage (--device cuda on a GPU)
+
+Without a copy stage (two stages, the CPU default) the table is the paper's 2S rows under
+the names of its pipelines; with ``--stages 3`` every streaming configuration holds a read
+and a device buffer, as the paper's Seq/Sync/Async, and the physical limit includes the
+copies: ``max(sum kernel, sum read, sum copy) + first read + first copy``.
 """
 
 from __future__ import annotations
@@ -35,22 +41,28 @@ def child(args: argparse.Namespace) -> None:
     from layerfit.store import example_input, read_manifest
 
     m = read_manifest(args.dir)
-    x = example_input(m.input_shape, m.input_dtype, m.seed)
     budget = None
     if args.config == "async":
         budget = m.resident_bytes + 2 * m.largest_unit_bytes
     elif args.config == "async-md":
         budget = args.md_budget  # found by the paired search in the interleaved child
     pipeline = "async" if args.config.startswith("async") else args.config
-    with load(args.dir, pipeline=pipeline, budget=budget, trace=True) as engine:
+    with load(args.dir, pipeline=pipeline, budget=budget, trace=True, **engine_options(args)) as engine:
+        x = engine.device.to_device(example_input(m.input_shape, m.input_dtype, m.seed))
         _, report = measure(engine, (x,), repeats=args.repeats, warmup=1)
         tl = engine.last_timeline
-        reads = [e for e in tl.events if e.stage == "read"]
-        report["first_read_s"] = reads[0].end - reads[0].start if reads else 0.0
+        for stage in ("read", "copy"):
+            first = [e for e in tl.events if e.stage == stage][:1]
+            report[f"first_{stage}_s"] = first[0].end - first[0].start if first else 0.0
         report["kernel_times_s"] = [e.end - e.start for e in tl.events if e.stage == "kernel"]
-        report["budget_bytes"] = engine.memory.resident_bytes + engine.memory.buffer_bytes
+        report["budget_bytes"] = engine.memory.weight_bytes
     report.pop("latencies_s", None)
     print(json.dumps(report))
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    """Where the engines of this run execute: ``--device`` and ``--stages``."""
+    return {"device": args.device, "stages": args.stages}
 
 
 def child_interleaved(args: argparse.Namespace) -> None:
@@ -71,9 +83,10 @@ def child_interleaved(args: argparse.Namespace) -> None:
     from layerfit.tradeoff.delay import minimal_delay_search
 
     m = read_manifest(args.dir)
-    x = example_input(m.input_shape, m.input_dtype, m.seed)
+    opts = engine_options(args)
     low = m.resident_bytes + 2 * m.largest_unit_bytes
-    pre = load(args.dir, pipeline="preload")
+    pre = load(args.dir, pipeline="preload", **opts)
+    x = pre.device.to_device(example_input(m.input_shape, m.input_dtype, m.seed))
     pre(x)
 
     def timed(engine) -> float:
@@ -82,7 +95,7 @@ def child_interleaved(args: argparse.Namespace) -> None:
         return time.perf_counter() - t0
 
     # Section V-D's two-phase search, each point measured alternately with Pre.
-    with load(args.dir, pipeline="async", budget=low) as md_engine:
+    with load(args.dir, pipeline="async", budget=low, **opts) as md_engine:
         md_engine(x)
         found = minimal_delay_search(
             md_engine, (x,), step=max(4096, int(m.total_bytes * args.md_step)),
@@ -97,10 +110,10 @@ def child_interleaved(args: argparse.Namespace) -> None:
 
     configs = {
         "preload": pre,
-        "sequential": load(args.dir, pipeline="sequential"),
-        "sync": load(args.dir, pipeline="sync"),
-        "async": load(args.dir, pipeline="async", budget=low),
-        "async-md": load(args.dir, pipeline="async", budget=md_budget),
+        "sequential": load(args.dir, pipeline="sequential", **opts),
+        "sync": load(args.dir, pipeline="sync", **opts),
+        "async": load(args.dir, pipeline="async", budget=low, **opts),
+        "async-md": load(args.dir, pipeline="async", budget=md_budget, **opts),
     }
     times: dict[str, list[float]] = {name: [] for name in configs}
     for engine in configs.values():
@@ -137,7 +150,10 @@ def main() -> None:
     ap.add_argument("--output", default="demand_layering")
     ap.add_argument("--md-budget", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--interleave-repeats", type=int, default=15, help="round-robin rounds for the ratios")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    ap.add_argument("--stages", type=int, default=None, help="2 (zero-copy, cpu default) or 3 (read, copy, kernel)")
     args = ap.parse_args()
+    where = ["--device", args.device] + ([] if args.stages is None else ["--stages", str(args.stages)])
     if args.child:
         if args.config == "interleaved":
             child_interleaved(args)
@@ -146,6 +162,8 @@ def main() -> None:
         return
     if args.quick:
         args.models, args.resolution = "resnet152,vgg19", 224
+    if args.stages == 3 and args.output == "demand_layering":
+        args.output = "demand_layering_3stage"  # keep the two-stage table
     configs = ["preload", "sequential", "sync", "async", "async-md"]
     rows = []
     for name in args.models.split(","):
@@ -156,7 +174,7 @@ def main() -> None:
             ["--dir", str(directory), "--config", "interleaved", "--repeats", "1",
              "--interleave-repeats", str(args.interleave_repeats), "--md-step", str(args.md_step),
              "--md-patience", str(args.md_patience), "--md-repeats", str(args.md_repeats),
-             "--md-tolerance", str(args.md_tolerance)],
+             "--md-tolerance", str(args.md_tolerance), *where],
         )
         if "error" in inter:
             raise SystemExit(f"{name} interleaved run failed: {inter['error']}")
@@ -170,17 +188,19 @@ def main() -> None:
             results[config] = run_child(
                 __file__,
                 ["--dir", str(directory), "--config", config, "--repeats", str(args.repeats),
-                 "--md-budget", str(md_budget)],
+                 "--md-budget", str(md_budget), *where],
             )
             print(f"{name} {config}: {time.perf_counter() - t0:.0f}s "
                   f"{results[config].get('latency_s', results[config].get('error'))}", flush=True)
         pre, seq = results["preload"], results["sequential"]
         sum_kernel = sum(pre.get("kernel_times_s", []))
-        sum_read = seq.get("read_s", 0.0)
-        limit = max(sum_kernel, sum_read) + seq.get("first_read_s", 0.0)
+        sum_read, sum_copy = seq.get("read_s", 0.0), seq.get("copy_s", 0.0)
+        first = seq.get("first_read_s", 0.0) + seq.get("first_copy_s", 0.0)
+        limit = max(sum_kernel, sum_read, sum_copy) + first
         row = {"model": name, "resolution": args.resolution, "interleaved": inter, "sum_kernel_s": sum_kernel,
-               "sum_read_s": sum_read, "first_read_s": seq.get("first_read_s"), "physical_limit_s": limit,
-               "configs": {}}
+               "sum_read_s": sum_read, "sum_copy_s": sum_copy, "first_read_s": seq.get("first_read_s"),
+               "first_copy_s": seq.get("first_copy_s"), "physical_limit_s": limit,
+               "device": args.device, "stages": seq.get("stages"), "configs": {}}
         for config, r in results.items():
             if "error" in r:
                 row["configs"][config] = r
@@ -211,7 +231,9 @@ def markdown(rows: list[dict]) -> str:
         "(median, ms); in brackets (memory reduction %, delay overhead %) against Pre's child.",
         "RSS and cgroup peaks in MB. Delays of separate children drift with the machine's load;",
         "the paired table below is the one for overheads.",
-        "Physical limit = max(sum kernel, sum read) + first read.",
+        "Physical limit = max(sum kernel, sum read, sum copy) + first read + first copy (no copy",
+        "with two stages). Pipeline: " + ", ".join(
+            sorted({f"{r.get('stages') or 2} stages on {r.get('device', 'cpu')}" for r in rows})) + ".",
         "",
         "| model | res | Pre | Seq | Sync | Async | Async-MD | physical limit | Async vs limit | Async-MD vs limit |",
         "|---|---|---|---|---|---|---|---|---|---|",

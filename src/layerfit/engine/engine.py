@@ -234,8 +234,8 @@ class Engine:
             self.device_ring, device_capacity, self._copyable, self.device.device_buffer
         )
         if self.ring is not None and three and self.device.pins_host:
-            self.device.pin(self.ring.bytes)
-            self._pinned = self.ring.bytes
+            self._pinned = self.ring.bytes[: self.ring.capacity]  # not the pages given back
+            self.device.pin(self._pinned)
         self._install_hooks()
         self._preloaded = self.policy.name == "preload"
         if self._preloaded:
