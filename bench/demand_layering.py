@@ -73,8 +73,10 @@ def child_interleaved(args: argparse.Namespace) -> None:
     per-round ratios to Pre, with a bootstrap interval, so drift cancels. The Async-MD
     budget is found here as well, by the library's V-D search
     (:func:`layerfit.tradeoff.delay.minimal_delay_search`) with Pre as its reference: each
-    point's delay is its fastest run over Pre's fastest, run alternately. Memory is not
-    measured here (every engine is loaded at once); the isolated children measure it.
+    point's delay is its fastest run over Pre's fastest, run alternately. The physical
+    limit is paired too: each round's from that round's Pre kernels and Seq reads (both
+    traced), so "vs limit" compares runs made seconds apart. Memory is not measured here
+    (every engine is loaded at once); the isolated children measure it.
     """
     from common import StealMeter, paired_overhead
 
@@ -85,7 +87,7 @@ def child_interleaved(args: argparse.Namespace) -> None:
     m = read_manifest(args.dir)
     opts = engine_options(args)
     low = m.resident_bytes + 2 * m.largest_unit_bytes
-    pre = load(args.dir, pipeline="preload", **opts)
+    pre = load(args.dir, pipeline="preload", trace=True, **opts)
     x = pre.device.to_device(example_input(m.input_shape, m.input_dtype, m.seed))
     pre(x)
 
@@ -110,7 +112,7 @@ def child_interleaved(args: argparse.Namespace) -> None:
 
     configs = {
         "preload": pre,
-        "sequential": load(args.dir, pipeline="sequential", **opts),
+        "sequential": load(args.dir, pipeline="sequential", trace=True, **opts),
         "sync": load(args.dir, pipeline="sync", **opts),
         "async": load(args.dir, pipeline="async", budget=low, **opts),
         "async-md": load(args.dir, pipeline="async", budget=md_budget, **opts),
@@ -118,16 +120,34 @@ def child_interleaved(args: argparse.Namespace) -> None:
     times: dict[str, list[float]] = {name: [] for name in configs}
     for engine in configs.values():
         engine(x)  # warm-up
+    limits: list[float] = []
     meter = StealMeter()
     for _ in range(args.interleave_repeats):
         for name, engine in configs.items():
             times[name].append(timed(engine))
+        limits.append(physical_limit(configs["preload"].last_timeline, configs["sequential"].last_timeline))
     quiet = meter.stop()
     out = {
-        name: {"median_s": statistics.median(t), "all_s": t, "paired": paired_overhead(t, times["preload"])}
+        name: {"median_s": statistics.median(t), "all_s": t, "paired": paired_overhead(t, times["preload"]),
+               "vs_limit": paired_overhead(t, limits)}
         for name, t in times.items()
     }
-    print(json.dumps({**out, "md_budget_bytes": md_budget, "md_curve": curve, "machine_state": quiet}))
+    print(json.dumps({**out, "physical_limit_s": statistics.median(limits), "md_budget_bytes": md_budget,
+                      "md_curve": curve, "machine_state": quiet}))
+
+
+def physical_limit(pre, seq) -> float:
+    """``max(sum kernel, sum read, sum copy) + first read + first copy``: kernels from Pre's
+    timeline, reads and copies from Seq's, where they do not overlap with kernels."""
+
+    def total(tl, stage: str) -> float:
+        return sum(e.end - e.start for e in tl.events if e.stage == stage)
+
+    def first(stage: str) -> float:
+        events = [e for e in seq.events if e.stage == stage][:1]
+        return events[0].end - events[0].start if events else 0.0
+
+    return max(total(pre, "kernel"), total(seq, "read"), total(seq, "copy")) + first("read") + first("copy")
 
 
 def prepare_model(name: str, resolution: int) -> Path:
@@ -267,8 +287,8 @@ def markdown(rows: list[dict]) -> str:
         "reduction from the engine ledger. CPU steal = share of the VM's CPU time the",
         "hypervisor gave to others.",
         "",
-        "| model | Seq | Sync | Async (memory) | Async-MD (memory) | best with >= 80 % reduction | rounds | CPU steal |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | Seq | Sync | Async (memory) | Async-MD (memory) | best with >= 80 % reduction | Async, Async-MD vs paired physical limit | rounds | CPU steal |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         inter = row.get("interleaved", {})
@@ -288,9 +308,14 @@ def markdown(rows: list[dict]) -> str:
         best = min(within, key=lambda pt: pt["overhead"]) if within else None
         best_text = f"{best['overhead']:+.1%} at {mb(best['budget_bytes'])} MB" if best else "-"
         state = inter.get("machine_state", {})
+        vs_limit = ", ".join(
+            f"{inter[c]['vs_limit']['median']:+.1%}" for c in ("async", "async-md") if "vs_limit" in inter.get(c, {})
+        )
+        if "physical_limit_s" in inter:
+            vs_limit += f" (limit {inter['physical_limit_s'] * 1e3:.0f} ms)"
         lines.append(
             f"| {row['model']} | " + " | ".join(cell(c) for c in ("sequential", "sync", "async", "async-md"))
-            + f" | {best_text} | {inter.get('preload', {}).get('paired', {}).get('rounds', '-')}"
+            + f" | {best_text} | {vs_limit or '-'} | {inter.get('preload', {}).get('paired', {}).get('rounds', '-')}"
             + f" | {state.get('steal_share', 0):.1%} |"
         )
     lines += ["", "Minimal-delay search curves (budget MB: overhead, fastest of the point's runs vs Pre's):", ""]
