@@ -384,9 +384,10 @@ class Engine:
             return False
         if not self.ring.fits(self.blocks[i].nbytes):
             return False
-        # Hysteresis: with the executing thread busy, wait for room for a whole batch
-        # (``want`` bytes) instead of waking for every small unit released.
-        return run.main_waits is not None or self.ring.fits(want)
+        # Hysteresis: while the kernels have other units to run, wait for room for a
+        # whole batch (``want`` bytes) instead of waking for every small unit released.
+        # The unit the next kernel needs is read at once, and alone.
+        return run.main_waits is not None or i == run.started or self.ring.fits(want)
 
     def _wake_reader(self, run: _Run) -> None:
         """Wake the reader if what it waits for has happened (lock held)."""
@@ -413,8 +414,8 @@ class Engine:
                         run.reader_waits, run.reader_wants = True, (i, want)
                         room.wait()
                     run.reader_waits = False
-                    if run.main_waits is not None:
-                        want = first  # the kernel is stalled on this unit: read it alone
+                    if run.main_waits is not None or i == run.started:
+                        want = first  # the kernel waits (or will next) for this unit: read it alone
                     off = ring.allocate_locked(first)
                     # Coalesce: the following units join this read while they are
                     # allowed to start, land right after it in the ring and the read
