@@ -3,9 +3,10 @@
 For each model at the given resolution: memory and delay of Pre (all weights resident),
 Seq, Sync, Async (at 2 x the largest layer) and Async-MD (minimal-delay search), each as
 (weight-memory reduction %, delay overhead %) against Pre, plus the physical limit
-``max(sum kernel, sum read) + first read`` measured on the same run (kernel times from
-the Pre timeline, read times from the Seq timeline, where reads and kernels do not
-overlap). Every configuration runs in its own child process (own peak RSS, own memory
+``max(sum kernel, sum read) + first read`` measured on the same run. The sum of kernels
+is Pre's delay (the paper's Eq. 1: Pre does nothing but kernels; it also counts the
+operations between units, which own no weights), read times come from the Seq
+timeline, where reads and kernels do not overlap. Every configuration runs in its own child process (own peak RSS, own memory
 cgroup when one can be created). Writes bench/results/demand_layering.{json,md}.
 
     python bench/demand_layering.py                 # the five models at 608x608
@@ -54,7 +55,6 @@ def child(args: argparse.Namespace) -> None:
         for stage in ("read", "copy"):
             first = [e for e in tl.events if e.stage == stage][:1]
             report[f"first_{stage}_s"] = first[0].end - first[0].start if first else 0.0
-        report["kernel_times_s"] = [e.end - e.start for e in tl.events if e.stage == "kernel"]
         report["budget_bytes"] = engine.memory.weight_bytes
     report.pop("latencies_s", None)
     print(json.dumps(report))
@@ -74,8 +74,8 @@ def child_interleaved(args: argparse.Namespace) -> None:
     budget is found here as well, by the library's V-D search
     (:func:`layerfit.tradeoff.delay.minimal_delay_search`) with Pre as its reference: each
     point's delay is its fastest run over Pre's fastest, run alternately. The physical
-    limit is paired too: each round's from that round's Pre kernels and Seq reads (both
-    traced), so "vs limit" compares runs made seconds apart. Memory is not measured here
+    limit is paired too: each round's from that round's Pre delay and Seq reads (traced),
+    so "vs limit" compares runs made seconds apart. Memory is not measured here
     (every engine is loaded at once); the isolated children measure it.
     """
     from common import StealMeter, paired_overhead
@@ -87,7 +87,7 @@ def child_interleaved(args: argparse.Namespace) -> None:
     m = read_manifest(args.dir)
     opts = engine_options(args)
     low = m.resident_bytes + 2 * m.largest_unit_bytes
-    pre = load(args.dir, pipeline="preload", trace=True, **opts)
+    pre = load(args.dir, pipeline="preload", **opts)
     x = pre.device.to_device(example_input(m.input_shape, m.input_dtype, m.seed))
     pre(x)
 
@@ -125,7 +125,7 @@ def child_interleaved(args: argparse.Namespace) -> None:
     for _ in range(args.interleave_repeats):
         for name, engine in configs.items():
             times[name].append(timed(engine))
-        limits.append(physical_limit(configs["preload"].last_timeline, configs["sequential"].last_timeline))
+        limits.append(physical_limit(times["preload"][-1], configs["sequential"].last_timeline))
     quiet = meter.stop()
     out = {
         name: {"median_s": statistics.median(t), "all_s": t, "paired": paired_overhead(t, times["preload"]),
@@ -136,9 +136,10 @@ def child_interleaved(args: argparse.Namespace) -> None:
                       "md_curve": curve, "machine_state": quiet}))
 
 
-def physical_limit(pre, seq) -> float:
-    """``max(sum kernel, sum read, sum copy) + first read + first copy``: kernels from Pre's
-    timeline, reads and copies from Seq's, where they do not overlap with kernels."""
+def physical_limit(pre_s: float, seq) -> float:
+    """``max(sum kernel, sum read, sum copy) + first read + first copy``: the sum of
+    kernels is Pre's delay ``pre_s`` (Eq. 1), reads and copies come from Seq's timeline,
+    where they do not overlap with kernels."""
 
     def total(tl, stage: str) -> float:
         return sum(e.end - e.start for e in tl.events if e.stage == stage)
@@ -147,7 +148,7 @@ def physical_limit(pre, seq) -> float:
         events = [e for e in seq.events if e.stage == stage][:1]
         return events[0].end - events[0].start if events else 0.0
 
-    return max(total(pre, "kernel"), total(seq, "read"), total(seq, "copy")) + first("read") + first("copy")
+    return max(pre_s, total(seq, "read"), total(seq, "copy")) + first("read") + first("copy")
 
 
 def prepare_model(name: str, resolution: int) -> Path:
@@ -213,7 +214,7 @@ def main() -> None:
             print(f"{name} {config}: {time.perf_counter() - t0:.0f}s "
                   f"{results[config].get('latency_s', results[config].get('error'))}", flush=True)
         pre, seq = results["preload"], results["sequential"]
-        sum_kernel = sum(pre.get("kernel_times_s", []))
+        sum_kernel = pre.get("latency_s", 0.0)  # Eq. 1: Pre's delay is the sum of its kernels
         sum_read, sum_copy = seq.get("read_s", 0.0), seq.get("copy_s", 0.0)
         first = seq.get("first_read_s", 0.0) + seq.get("first_copy_s", 0.0)
         limit = max(sum_kernel, sum_read, sum_copy) + first
@@ -225,7 +226,6 @@ def main() -> None:
             if "error" in r:
                 row["configs"][config] = r
                 continue
-            r.pop("kernel_times_s", None)
             row["configs"][config] = {
                 **r,
                 "memory_reduction": 1 - r["weights_peak_bytes"] / pre["weights_peak_bytes"],
@@ -252,7 +252,7 @@ def markdown(rows: list[dict]) -> str:
         "RSS and cgroup peaks in MB. Delays of separate children drift with the machine's load;",
         "the paired table below is the one for overheads.",
         "Physical limit = max(sum kernel, sum read, sum copy) + first read + first copy (no copy",
-        "with two stages). Pipeline: " + ", ".join(
+        "with two stages); sum kernel = Pre's delay (Eq. 1). Pipeline: " + ", ".join(
             sorted({f"{r.get('stages') or 2} stages on {r.get('device', 'cpu')}" for r in rows})) + ".",
         "",
         "| model | res | Pre | Seq | Sync | Async | Async-MD | physical limit | Async vs limit | Async-MD vs limit |",
