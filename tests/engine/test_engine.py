@@ -278,6 +278,23 @@ def test_run_cli_json_and_trace_and_plot(tiny: Path, tmp_path: Path, capsys):
     assert png.stat().st_size > 1000
 
 
+def test_run_cli_three_stages_reports_both_buffers_and_copies(tiny: Path, tmp_path: Path, capsys):
+    trace = tmp_path / "t3.json"
+    args = ["run", str(tiny), "--pipeline", "async", "--stages", "3", "--budget", "80KiB", "--trace", str(trace)]
+    assert main([*args, "--json", "--repeats", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["device"], report["stages"]) == ("cpu", 3)
+    assert report["device_buffer_bytes"] == 40 * 1024  # the budget is split evenly
+    assert report["weight_buffer_bytes"] == 80 * 1024 >= report["weights_peak_bytes"]
+    assert report["copy_s"] > 0
+    chrome = json.loads(trace.read_text())
+    assert {e.get("cat") for e in chrome["traceEvents"] if e["ph"] == "X"} == {"read", "copy", "kernel"}
+    assert main(["run", str(tiny), "--pipeline", "preload", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["output_sha256"] == report["output_sha256"]
+    assert main(["run", str(tiny), "--pipeline", "sync", "--stages", "3", "--budget", "60kB"]) == 2
+    assert "minimum budget is 81920 bytes" in capsys.readouterr().err
+
+
 def test_run_cli_input_and_output_files(tiny: Path, tmp_path: Path, reference):
     import numpy as np
 
