@@ -103,7 +103,6 @@ def test_cuda_three_stage_pipeline_matches_the_model_on_cuda(tiny: Path, referen
 def test_copy_error_mid_inference_names_unit_and_engine_recovers(tiny: Path, reference, monkeypatch):
     from layerfit.engine.device import Device
 
-    x, y = reference
     real = Device.copy
     calls = {"n": 0, "armed": True}
 
@@ -115,12 +114,22 @@ def test_copy_error_mid_inference_names_unit_and_engine_recovers(tiny: Path, ref
 
     monkeypatch.setattr(Device, "copy", flaky)
     with load(tiny, pipeline="async", stages=3) as engine:
-        before = {t.name for t in threading.enumerate()}
-        with pytest.raises(LayerfitError, match=r"copying unit 2 \(.*\) to cpu failed: copy engine fault"):
-            engine(x)
-        assert not {"layerfit-reader", "layerfit-copier"} & ({t.name for t in threading.enumerate()} - before)
-        calls["armed"] = False
-        assert torch.equal(engine(x), y)  # the next inference works
+        fails_cleanly_then_recovers(
+            engine, reference, LayerfitError, r"copying unit 2 \(.*\) to cpu failed: copy engine fault",
+            disarm=lambda: calls.update(armed=False),
+        )
+
+
+def fails_cleanly_then_recovers(engine, reference, error: type, match: str, disarm) -> None:
+    """The call raises ``error`` (message matching ``match``) and leaves no engine thread
+    running; once ``disarm()`` removes the fault, the next call gives the reference."""
+    x, y = reference
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(error, match=match):
+        engine(x)
+    assert not {"layerfit-reader", "layerfit-copier"} & ({t.name for t in threading.enumerate()} - before)
+    disarm()
+    assert torch.equal(engine(x), y)
 
 
 def test_nonsense_coalesce_size_is_refused(tiny: Path):
@@ -208,7 +217,6 @@ def test_tied_weights_resident_and_streamed_rest(tmp_path: Path):
 
 
 def test_read_error_mid_inference_names_unit_and_engine_recovers(tiny: Path, reference, monkeypatch):
-    x, y = reference
     unit = read_manifest(tiny).units[3]
     real = os.preadv
     fail = {"armed": True}
@@ -227,12 +235,9 @@ def test_read_error_mid_inference_names_unit_and_engine_recovers(tiny: Path, ref
         fail["armed"], failed_lengths = True, []
         with load(tiny, pipeline="async", coalesce=coalesce, budget=budget, stages=stages) as engine:
             monkeypatch.setattr(reader_mod.os, "preadv", flaky)
-            before = {t.name for t in threading.enumerate()}
-            with pytest.raises(ReadError, match=r"unit 3 \(bn2\)"):
-                engine(x)
-            assert not {"layerfit-reader", "layerfit-copier"} & ({t.name for t in threading.enumerate()} - before)
-            fail["armed"] = False
-            assert torch.equal(engine(x), y)  # the next inference works
+            fails_cleanly_then_recovers(
+                engine, reference, ReadError, r"unit 3 \(bn2\)", disarm=lambda: fail.update(armed=False)
+            )
             monkeypatch.setattr(reader_mod.os, "preadv", real)
         assert (max(failed_lengths) > unit.nbytes) == bool(coalesce)
 
