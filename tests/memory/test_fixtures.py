@@ -201,6 +201,20 @@ def test_cpsat_accepts_a_hint_and_a_capped_object_count() -> None:
     assert plan.total == 10
 
 
+def test_cpsat_refuses_an_illegal_hint_or_one_of_the_other_kind() -> None:
+    from layerfit.errors import PlanError
+
+    offsets = plan_offsets(COMPLEX, "greedy_by_size")
+    objects = plan_objects(COMPLEX, "greedy_by_size")
+    overlapping = OffsetsPlan(offsets.total, dict.fromkeys(offsets.offsets, 0))  # everything at 0
+    with pytest.raises(PlanError, match="offsets CP-SAT model must be a legal OffsetsPlan"):
+        plan_offsets(COMPLEX, "cpsat", time_limit=5, hint=overlapping)
+    with pytest.raises(PlanError, match="offsets CP-SAT model must be a legal OffsetsPlan"):
+        plan_offsets(COMPLEX, "cpsat", time_limit=5, hint=objects)
+    with pytest.raises(PlanError, match="objects CP-SAT model must be a legal SharedObjectsPlan"):
+        plan_objects(COMPLEX, "cpsat", time_limit=5, hint=offsets)
+
+
 def test_best_names_its_winner_and_carries_the_bound() -> None:
     plan = plan_objects(COMPLEX, "best")
     assert plan.total == 112 and plan.lower_bound == 112 and plan.strategy == "best"

@@ -9,7 +9,7 @@ only, so importing :mod:`layerfit.memory` stays cheap.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,20 @@ def check_solver_options(time_limit: float, workers: int) -> None:
         raise PlanError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
     if not isinstance(workers, int) or workers < 1:
         raise PlanError(f"workers must be a positive integer, got {workers!r}")
+
+
+def legal_hint(
+    records: Sequence[TensorUsageRecord], hint: Any, kind: type, best: Callable[[Sequence[TensorUsageRecord]], Any]
+) -> Any:
+    """The plan the search starts from: ``best(records)`` when no hint is given, else the
+    hint, which must be a legal plan of ``kind`` for these records."""
+    from layerfit.memory.validate import plan_violations
+
+    if hint is None:
+        return best(records)
+    if not isinstance(hint, kind) or plan_violations(records, hint, limit=1):
+        raise PlanError(f"the hint of the {kind.approach} CP-SAT model must be a legal {kind.__name__} of these records")
+    return hint
 
 
 def cp_model() -> Any:

@@ -28,13 +28,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from layerfit.errors import PlanError
 from layerfit.memory.bounds import objects_lower_bound
 from layerfit.memory.cpsat_common import (
     DEFAULT_TIME_LIMIT,
     DEFAULT_WORKERS,
     check_solver_options,
     cp_model,
+    legal_hint,
     size_unit,
     solve,
 )
@@ -42,7 +42,6 @@ from layerfit.memory.plans import FEASIBLE, OPTIMAL, SharedObjectsPlan
 from layerfit.memory.profiles import maximal_cliques, positional_maximums
 from layerfit.memory.records import TensorUsageRecord
 from layerfit.memory.registry import register
-from layerfit.memory.validate import plan_violations
 
 FULL_MODEL_LIMIT = 150
 
@@ -64,14 +63,9 @@ def cpsat_objects(
     check_solver_options(time_limit, workers)
     n = len(records)
     lb = objects_lower_bound(records)
-    if hint is None:
-        from layerfit.memory.best import best_objects
+    from layerfit.memory.best import best_objects  # on use: it runs every strategy
 
-        hint = best_objects(records)
-    elif not isinstance(hint, SharedObjectsPlan) or plan_violations(records, hint, limit=1):
-        raise PlanError(
-            "the hint of the objects CP-SAT model must be a legal SharedObjectsPlan of these records"
-        )
+    hint = legal_hint(records, hint, SharedObjectsPlan, best_objects)
     if hint.total <= lb:
         return _done(hint, OPTIMAL, lb, "heuristic hint meets the lower bound")
 

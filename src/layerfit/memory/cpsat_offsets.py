@@ -19,13 +19,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from layerfit.errors import PlanError
 from layerfit.memory.bounds import offsets_lower_bound
 from layerfit.memory.cpsat_common import (
     DEFAULT_TIME_LIMIT,
     DEFAULT_WORKERS,
     check_solver_options,
     cp_model,
+    legal_hint,
     size_unit,
     solve,
 )
@@ -33,7 +33,6 @@ from layerfit.memory.plans import FEASIBLE, OPTIMAL, OffsetsPlan
 from layerfit.memory.profiles import maximal_cliques
 from layerfit.memory.records import TensorUsageRecord
 from layerfit.memory.registry import register
-from layerfit.memory.validate import plan_violations
 
 
 @register(
@@ -51,14 +50,9 @@ def cpsat_offsets(
 ) -> OffsetsPlan:
     check_solver_options(time_limit, workers)
     lb = offsets_lower_bound(records)
-    if hint is None:
-        from layerfit.memory.best import best_offsets
+    from layerfit.memory.best import best_offsets  # on use: it runs every strategy
 
-        hint = best_offsets(records)
-    elif not isinstance(hint, OffsetsPlan) or plan_violations(records, hint, limit=1):
-        raise PlanError(
-            "the hint of the offsets CP-SAT model must be a legal OffsetsPlan of these records"
-        )
+    hint = legal_hint(records, hint, OffsetsPlan, best_offsets)
     if hint.total <= lb:
         return _done(hint, OPTIMAL, lb, "heuristic hint meets the lower bound")
 

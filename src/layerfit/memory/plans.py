@@ -21,8 +21,39 @@ OPTIMAL = "optimal"
 FEASIBLE = "feasible"
 
 
+class _Provenance:
+    """What both kinds of plan say about how they were made, and how good they are."""
+
+    approach: str
+    strategy: str
+    status: str
+    lower_bound: int | None
+    seconds: float
+    note: str
+
+    @property
+    def total(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def gap(self) -> float | None:
+        """Relative distance to the proven lower bound (0 when optimal), if known."""
+        return _gap(self.total, self.lower_bound)
+
+    def _described(self) -> dict[str, Any]:
+        return {
+            "approach": self.approach,
+            "strategy": self.strategy,
+            "total": self.total,
+            "status": self.status,
+            "lower_bound": self.lower_bound,
+            "seconds": self.seconds,
+            "note": self.note,
+        }
+
+
 @dataclass(frozen=True)
-class SharedObjectsPlan:
+class SharedObjectsPlan(_Provenance):
     """Tensor id → shared object index, and the size of every object."""
 
     object_sizes: tuple[int, ...]
@@ -39,11 +70,6 @@ class SharedObjectsPlan:
     def total(self) -> int:
         """Bytes the plan needs: the sum of all shared object sizes."""
         return sum(self.object_sizes)
-
-    @property
-    def gap(self) -> float | None:
-        """Relative distance to the proven lower bound (0 when optimal), if known."""
-        return _gap(self.total, self.lower_bound)
 
     def to_offsets(self, strategy: str | None = None) -> OffsetsPlan:
         """Lay the shared objects end to end in one arena (TFLite's ``ObjectsToOffsets``)."""
@@ -63,20 +89,14 @@ class SharedObjectsPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "approach": self.approach,
-            "strategy": self.strategy,
-            "total": self.total,
-            "status": self.status,
-            "lower_bound": self.lower_bound,
-            "seconds": self.seconds,
-            "note": self.note,
+            **self._described(),
             "object_sizes": list(self.object_sizes),
             "assignment": {str(t): o for t, o in sorted(self.object_ids.items())},
         }
 
 
 @dataclass(frozen=True)
-class OffsetsPlan:
+class OffsetsPlan(_Provenance):
     """Tensor id → byte offset inside one arena of ``arena_size`` bytes."""
 
     arena_size: int
@@ -94,20 +114,9 @@ class OffsetsPlan:
         """Bytes the plan needs: the arena size."""
         return self.arena_size
 
-    @property
-    def gap(self) -> float | None:
-        """Relative distance to the proven lower bound (0 when optimal), if known."""
-        return _gap(self.total, self.lower_bound)
-
     def to_dict(self) -> dict[str, Any]:
         return {
-            "approach": self.approach,
-            "strategy": self.strategy,
-            "total": self.total,
-            "status": self.status,
-            "lower_bound": self.lower_bound,
-            "seconds": self.seconds,
-            "note": self.note,
+            **self._described(),
             "assignment": {str(t): o for t, o in sorted(self.offsets.items())},
         }
 
