@@ -21,14 +21,16 @@ def tiny(tmp_path_factory) -> Path:
     return out
 
 
-def test_search_covers_start_to_model_size_and_applies_phase_two(tiny: Path):
+@pytest.mark.parametrize("stages", [2, 3])
+def test_search_covers_start_to_model_size_and_applies_phase_two(tiny: Path, stages: int):
     x = example_input((1, 3, 16, 16))
-    with load(tiny, pipeline="async") as engine:
+    with load(tiny, pipeline="async", stages=stages) as engine:
         curve = minimal_delay_search(engine, (x,), step=4096, repeats=2, warmup=0)
         mem = engine.memory
     budgets = [p.budget_bytes for p in curve.points]
-    assert budgets[0] == 2 * mem.largest_unit_bytes
-    assert budgets[-1] == mem.total_weight_bytes
+    assert budgets[0] == 2 * mem.largest_unit_bytes  # three stages: a read and a device buffer of it
+    # the last point holds the whole model in each buffer: one, or a read and a device one
+    assert budgets[-1] == mem.total_weight_bytes * (stages - 1)
     assert budgets == sorted(budgets) and len(set(budgets)) == len(budgets)
     for p in curve.points:
         assert p.min_s <= p.median_s <= p.max_s
