@@ -186,33 +186,7 @@ class Engine:
         resident = m.resident_bytes
         largest = max(sizes, default=0)
         three = self.device.stages == 3
-        if three and self.policy.name == "external":
-            raise LayerfitError("pipeline 'external' takes units from a unit source in host memory: it runs with stages=2 on cpu")
-        budget_bytes = None if budget is None else parse_bytes(budget)
-        copies = 2 if three and self.policy.name != "preload" else 1  # read + device buffer
-        if budget_bytes is not None and budget_bytes < resident + copies * largest:
-            raise BudgetError(
-                f"budget {budget_bytes} bytes is below the minimum for this model: "
-                f"{resident + copies * largest} bytes ("
-                + ("2 x " if copies == 2 else "")
-                + f"largest unit {largest}"
-                + (f" + resident tensors {resident}" if resident else "")
-                + ("; three stages hold a read and a device buffer" if copies == 2 else "")
-                + ")"
-            )
-        rings_budget = None if budget_bytes is None else budget_bytes - resident
-        if copies == 1:  # one buffer: the read buffer, or (preload, three stages) the device one
-            capacity = self.policy.buffer_bytes(sizes, rings_budget)
-            capacity, device_capacity = (0, capacity) if three else (capacity, 0)
-        else:
-            each = self.policy.minimum_bytes(sizes)
-            if rings_budget is not None and rings_budget < 2 * each:
-                raise BudgetError(
-                    f"the three-stage {self.policy.name} pipeline needs a read and a device buffer "
-                    f"of {each} bytes each: the minimum budget is {resident + 2 * each} bytes, "
-                    f"the budget is {budget_bytes} bytes"
-                )
-            capacity = device_capacity = self.policy.buffer_bytes(sizes, None if rings_budget is None else rings_budget // 2)
+        capacity, device_capacity = self._buffer_sizes(sizes, resident, None if budget is None else parse_bytes(budget))
         bindings = [
             [
                 b
@@ -240,6 +214,38 @@ class Engine:
         self._preloaded = self.policy.name == "preload"
         if self._preloaded:
             self._preload(largest)
+
+    def _buffer_sizes(self, sizes: list[int], resident: int, budget_bytes: int | None) -> tuple[int, int]:
+        """(read buffer, device buffer) bytes for ``budget_bytes``; a clear error below
+        the minimum. Three stages split the budget evenly between the two buffers."""
+        three = self.device.stages == 3
+        largest = max(sizes, default=0)
+        if three and self.policy.name == "external":
+            raise LayerfitError("pipeline 'external' takes units from a unit source in host memory: it runs with stages=2 on cpu")
+        copies = 2 if three and self.policy.name != "preload" else 1  # read + device buffer
+        if budget_bytes is not None and budget_bytes < resident + copies * largest:
+            raise BudgetError(
+                f"budget {budget_bytes} bytes is below the minimum for this model: "
+                f"{resident + copies * largest} bytes ("
+                + ("2 x " if copies == 2 else "")
+                + f"largest unit {largest}"
+                + (f" + resident tensors {resident}" if resident else "")
+                + ("; three stages hold a read and a device buffer" if copies == 2 else "")
+                + ")"
+            )
+        rings_budget = None if budget_bytes is None else budget_bytes - resident
+        if copies == 1:  # one buffer: the read buffer, or (preload, three stages) the device one
+            capacity = self.policy.buffer_bytes(sizes, rings_budget)
+            return (0, capacity) if three else (capacity, 0)
+        each = self.policy.minimum_bytes(sizes)
+        if rings_budget is not None and rings_budget < 2 * each:
+            raise BudgetError(
+                f"the three-stage {self.policy.name} pipeline needs a read and a device buffer "
+                f"of {each} bytes each: the minimum budget is {resident + 2 * each} bytes, "
+                f"the budget is {budget_bytes} bytes"
+            )
+        capacity = self.policy.buffer_bytes(sizes, None if rings_budget is None else rings_budget // 2)
+        return capacity, capacity
 
     def _resized(self, ring: RingBuffer | None, capacity: int, condition: threading.Condition, storage) -> RingBuffer | None:
         """``ring`` with ``capacity`` (reshaped in place when it can be); None for 0."""
