@@ -6,8 +6,8 @@ Seq, Sync, Async (at 2 x the largest layer) and Async-MD (minimal-delay search),
 ``max(sum kernel, sum read) + first read`` measured on the same run. The sum of kernels
 is Pre's delay (the paper's Eq. 1: Pre does nothing but kernels; it also counts the
 operations between units, which own no weights), read times come from the Seq
-timeline, where reads and kernels do not overlap. Every configuration runs in its own child process (own peak RSS, own memory
-cgroup when one can be created). Writes bench/results/demand_layering.{json,md}.
+timeline, where reads and kernels do not overlap. Every configuration runs in its own
+child process (own peak RSS, own memory cgroup when one can be created). Writes bench/results/demand_layering.{json,md}.
 
     python bench/demand_layering.py                 # the five models at 608x608
     python bench/demand_layering.py --quick         # ResNet-152 and VGG-19 at 224
@@ -52,9 +52,7 @@ def child(args: argparse.Namespace) -> None:
         x = engine.device.to_device(example_input(m.input_shape, m.input_dtype, m.seed))
         _, report = measure(engine, (x,), repeats=args.repeats, warmup=1)
         tl = engine.last_timeline
-        for stage in ("read", "copy"):
-            first = [e for e in tl.events if e.stage == stage][:1]
-            report[f"first_{stage}_s"] = first[0].end - first[0].start if first else 0.0
+        report["first_read_s"], report["first_copy_s"] = first_duration(tl, "read"), first_duration(tl, "copy")
         report["budget_bytes"] = engine.memory.weight_bytes
     report.pop("latencies_s", None)
     print(json.dumps(report))
@@ -125,7 +123,11 @@ def child_interleaved(args: argparse.Namespace) -> None:
     for _ in range(args.interleave_repeats):
         for name, engine in configs.items():
             times[name].append(timed(engine))
-        limits.append(physical_limit(times["preload"][-1], configs["sequential"].last_timeline))
+        seq = configs["sequential"].last_timeline
+        limits.append(physical_limit(
+            times["preload"][-1], seq.stage_total("read"), seq.stage_total("copy"),
+            first_duration(seq, "read") + first_duration(seq, "copy"),
+        ))
     quiet = meter.stop()
     out = {
         name: {"median_s": statistics.median(t), "all_s": t, "paired": paired_overhead(t, times["preload"]),
@@ -136,19 +138,17 @@ def child_interleaved(args: argparse.Namespace) -> None:
                       "md_curve": curve, "machine_state": quiet}))
 
 
-def physical_limit(pre_s: float, seq) -> float:
+def physical_limit(pre_s: float, sum_read: float, sum_copy: float, first: float) -> float:
     """``max(sum kernel, sum read, sum copy) + first read + first copy``: the sum of
-    kernels is Pre's delay ``pre_s`` (Eq. 1), reads and copies come from Seq's timeline,
-    where they do not overlap with kernels."""
+    kernels is Pre's delay ``pre_s`` (Eq. 1); reads and copies come from Seq's timeline,
+    where they do not overlap with kernels (``first``: its first read plus first copy)."""
+    return max(pre_s, sum_read, sum_copy) + first
 
-    def total(tl, stage: str) -> float:
-        return sum(e.end - e.start for e in tl.events if e.stage == stage)
 
-    def first(stage: str) -> float:
-        events = [e for e in seq.events if e.stage == stage][:1]
-        return events[0].end - events[0].start if events else 0.0
-
-    return max(pre_s, total(seq, "read"), total(seq, "copy")) + first("read") + first("copy")
+def first_duration(timeline, stage: str) -> float:
+    """Seconds of the first ``stage`` event of ``timeline`` (0 if it has none)."""
+    event = next((e for e in timeline.events if e.stage == stage), None)
+    return 0.0 if event is None else event.end - event.start
 
 
 def prepare_model(name: str, resolution: int) -> Path:
@@ -216,8 +216,7 @@ def main() -> None:
         pre, seq = results["preload"], results["sequential"]
         sum_kernel = pre.get("latency_s", 0.0)  # Eq. 1: Pre's delay is the sum of its kernels
         sum_read, sum_copy = seq.get("read_s", 0.0), seq.get("copy_s", 0.0)
-        first = seq.get("first_read_s", 0.0) + seq.get("first_copy_s", 0.0)
-        limit = max(sum_kernel, sum_read, sum_copy) + first
+        limit = physical_limit(sum_kernel, sum_read, sum_copy, seq.get("first_read_s", 0.0) + seq.get("first_copy_s", 0.0))
         row = {"model": name, "resolution": args.resolution, "interleaved": inter, "sum_kernel_s": sum_kernel,
                "sum_read_s": sum_read, "sum_copy_s": sum_copy, "first_read_s": seq.get("first_read_s"),
                "first_copy_s": seq.get("first_copy_s"), "physical_limit_s": limit,

@@ -149,7 +149,6 @@ class Engine:
         self.device_ring: RingBuffer | None = None  # the copy stage's target
         self._pinned: torch.Tensor | None = None  # the read buffer, while pinned
         self._resident_buf = None
-        self._resident_device: torch.Tensor | None = None
         self._bindings: list[list[Binding]] = []
         self._preloaded = False  # every unit bound for good (preload policy)
         self._units_spec = units
@@ -174,7 +173,7 @@ class Engine:
             view.release()
             resident = torch.frombuffer(self._resident_buf, dtype=torch.uint8)
             if self.device.name != "cpu":
-                resident = self._resident_device = resident.to(self.device.torch_device)
+                resident = resident.to(self.device.torch_device)  # kept alive by the bound views
             bind(segment_bindings(self.model, m.resident), resident, 0)
         self._configure(budget, units)
 
@@ -349,7 +348,7 @@ class Engine:
         if i not in self._verified_blocks:
             self._verify(i, view)
 
-    def _read_range(self, run: _Run, first: int, stop: int, off: int) -> None:
+    def _read_range(self, first: int, stop: int, off: int) -> None:
         """Read units ``first..stop-1`` (adjacent in the file) into the ring at ``off``.
 
         Several units are read with one request; if that fails, they are read one by one
@@ -437,7 +436,7 @@ class Engine:
                         total += blocks[stop].nbytes
                         stop += 1
                 t0 = time.perf_counter()
-                self._read_range(run, i, stop, off)
+                self._read_range(i, stop, off)
                 t1 = time.perf_counter()
                 with room:
                     at = t0
