@@ -671,7 +671,7 @@ def tradeoff_delay(
     """Find the minimal-delay buffer size by growing the budget (Demand Layering V-D)."""
     from layerfit.engine import load
     from layerfit.sizes import format_bytes, parse_bytes
-    from layerfit.tradeoff.delay import minimal_delay_search, plot_delay_curve
+    from layerfit.tradeoff.delay import minimal_delay_search, plot_delay_curve, timed_call
 
     with load(directory, pipeline=pipeline, device=device, stages=stages) as engine:
         x = engine.device.to_device(_load_input(None, engine.manifest))
@@ -683,7 +683,7 @@ def tradeoff_delay(
                 f"[{p.min_s * 1e3:.1f} - {p.max_s * 1e3:.1f}]", highlight=False),
         )
     with load(directory, pipeline="preload", device=device, stages=stages) as pre:
-        times = [_time_call(pre, x) for _ in range(repeats + warmup)][warmup:]
+        times = [timed_call(pre, (x,)) for _ in range(repeats + warmup)][warmup:]
         curve.preload_s = sorted(times)[len(times) // 2]
     if plot:
         plot_delay_curve(curve, plot, title=f"{engine.manifest.model['name']}: minimal-delay search")
@@ -696,14 +696,6 @@ def tradeoff_delay(
         f"(start {curve.points[0].mean_s * 1e3:.1f} ms at {format_bytes(curve.points[0].budget_bytes)}; "
         f"preload {curve.preload_s * 1e3:.1f} ms)"
     )
-
-
-def _time_call(engine, x) -> float:
-    import time
-
-    t0 = time.perf_counter()
-    engine(x)
-    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

@@ -66,13 +66,13 @@ def test_reference_scores_points_by_relative_delay(tiny: Path, monkeypatch):
 
     x = example_input((1, 3, 16, 16))
     calls: list[str] = []
-    real = delay._timed
+    real = delay.timed_call
 
     def spy(engine, inputs):
         calls.append(engine.policy.name)
         return real(engine, inputs)
 
-    monkeypatch.setattr(delay, "_timed", spy)
+    monkeypatch.setattr(delay, "timed_call", spy)
     with load(tiny, pipeline="preload") as pre, load(tiny, pipeline="async") as engine:
         curve = minimal_delay_search(engine, (x,), step=4096, repeats=2, warmup=0, reference=pre)
     # every measurement of the searched engine follows one of the reference

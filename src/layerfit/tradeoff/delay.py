@@ -71,7 +71,8 @@ class DelayCurve:
         }
 
 
-def _timed(engine: Engine, inputs: tuple) -> float:
+def timed_call(engine: Engine, inputs: tuple) -> float:
+    """Seconds one inference of ``engine`` on ``inputs`` takes."""
     t0 = time.perf_counter()
     engine(*inputs)
     return time.perf_counter() - t0
@@ -86,8 +87,8 @@ def _measure(
     times, ref_times, peak = [], [], 0
     for _ in range(repeats):
         if reference is not None:
-            ref_times.append(_timed(reference, inputs))
-        times.append(_timed(engine, inputs))
+            ref_times.append(timed_call(reference, inputs))
+        times.append(timed_call(engine, inputs))
         peak = max(peak, engine.last_weights_peak)
     relative = min(times) / min(ref_times) if ref_times else None
     return times, peak, relative
