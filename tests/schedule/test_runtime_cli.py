@@ -54,6 +54,21 @@ def test_real_run_reports_like_the_simulator_and_compares(repo, tmp_path, capsys
     assert runtime_threads() == []
 
 
+def test_ungated_real_run_overcommits_like_the_thesis_baselines(repo, tmp_path, capsys):
+    workload = tmp_path / "w.yaml"
+    workload.write_text(WORKLOAD)
+    args = ["schedule", "run", "--workload", str(workload), "--memory", "48KiB", "--policy", "bulk",
+            "--repository", str(repo), "--json"]
+    assert main(args) == 0
+    gated = json.loads(capsys.readouterr().out)
+    assert main([*args, "--ungated"]) == 0
+    ungated = json.loads(capsys.readouterr().out)
+    assert gated["jobs_by_status"] == ungated["jobs_by_status"] == {"done": 3}
+    assert gated["overcommits"] == 0 and gated["runtime"]["gated"] is True
+    assert ungated["overcommits"] > 0 and ungated["runtime"]["gated"] is False
+    assert ungated["peak_ledger_bytes"] > 48 * 1024
+
+
 def test_workload_naming_an_unknown_network(repo, tmp_path, capsys):
     workload = tmp_path / "w.yaml"
     workload.write_text("arrivals:\n  - at: 0\n    networks: [tiny, alexnet]\n")

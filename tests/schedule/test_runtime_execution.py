@@ -81,6 +81,33 @@ def test_every_policy_gives_exactly_model_outputs(repo, refs, policy):
     assert runtime_threads() == []
 
 
+@pytest.mark.parametrize("policy", ["bulk", "deepeye"])
+def test_ungated_baselines_overcommit_and_memory_aware_ones_do_not(repo, refs, policy):
+    """``gated=False`` runs the thesis's memory-oblivious baselines: they go over the budget
+    (counted as over-commits, never as the progress rule) and still give model(x); MASA
+    keeps the budget whatever ``gated`` says."""
+    inputs, expected = refs
+    budget = 48 * 1024  # tiny's largest task (its init); its bulk peak is more than twice that
+    for name, gated in ((policy, False), ("masa", False), (policy, True)):
+        rt = Runtime(repo, budget, workers=2, policy=name, gated=gated, trace=True)
+        try:
+            futures = [rt.submit(Job(("tiny", "chain"), inputs)) for _ in range(3)]
+            for future in futures:
+                out = future.result(timeout=60)
+                assert torch.equal(out["tiny"], expected["tiny"])
+                assert torch.equal(out["chain"], expected["chain"])
+        finally:
+            rt.shutdown()
+        stats, report = rt.stats(), rt.run_report()
+        assert stats["gated"] is (gated or name == "masa")
+        if stats["gated"]:
+            assert stats["overcommits"] == 0
+            check_trace(rt, 2)
+        else:
+            assert stats["overcommits"] > 0 and report.peak_memory > budget
+        assert stats["in_use_bytes"] == 0 and runtime_threads() == []
+
+
 jobs_strategy = st.lists(
     st.lists(st.sampled_from(NAMES), min_size=1, max_size=3, unique=True), min_size=1, max_size=4
 )

@@ -314,6 +314,7 @@ def run_command(
             estimates=estimates,
             estimate_factor=estimate_factor,
             compare=compare_simulator,
+            gated=not ungated,
         )
     else:
         known = resolve_profiles(profiles) if profiles else None

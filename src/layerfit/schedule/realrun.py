@@ -39,12 +39,9 @@ def run_workload(runtime: Runtime, workload: Workload, *, warmup: bool = False) 
     reported (first reads verify checksums; PyTorch sets up its kernels).
     """
     jobs = workload.jobs(runtime.profile_set())
-    inputs = {name: runtime.example_input(name) for job in jobs for name in _names(job)}
+    inputs = _inputs(runtime, jobs)
     if warmup:
-        for name, x in inputs.items():
-            with contextlib.suppress(LayerfitError):  # e.g. too large: the run reports it
-                runtime.infer(name, x).result()
-        runtime.clear_trace()
+        warm_up(runtime, workload)
     futures: list[Future] = []
     start = time.monotonic()
     for job in jobs:
@@ -65,6 +62,21 @@ def run_workload(runtime: Runtime, workload: Workload, *, warmup: bool = False) 
             futures.append(future)
     wait(futures)
     return runtime.run_report(workload.name)
+
+
+def warm_up(runtime: Runtime, workload: Workload) -> None:
+    """Run every network of ``workload`` once, alone, and forget it: first reads verify
+    checksums and PyTorch sets up its kernels, which a measured run should not include.
+    Separate from :func:`run_workload` so a caller can act in between (a benchmark sets
+    its memory limit once the process is warm)."""
+    for name, x in _inputs(runtime, workload.jobs(runtime.profile_set())).items():
+        with contextlib.suppress(LayerfitError):  # e.g. too large: the run reports it
+            runtime.infer(name, x).result()
+    runtime.clear_trace()
+
+
+def _inputs(runtime: Runtime, jobs: list[Any]) -> dict[str, Any]:
+    return {name: runtime.example_input(name) for job in jobs for name in _names(job)}
 
 
 def _names(job: Any) -> tuple[str, ...]:
@@ -149,13 +161,15 @@ def run_real(
     estimates: str = "capture",
     estimate_factor: float = 1.0,
     compare: bool = False,
+    gated: bool = True,
 ) -> tuple[RunReport, Workload, dict[str, Any]]:
     """``layerfit schedule run`` without ``--simulate``: the workload on real prepared models.
 
     Networks are the model folders of ``repository``, or thesis networks prepared from
     the zoo into ``zoo_cache`` at ``resolution`` (:mod:`layerfit.schedule.thesis_zoo`).
-    Returns the report, the workload and extra facts (runtime stats, model states and,
-    with ``compare``, the simulator's view of the same run).
+    ``gated=False`` lets a memory-oblivious policy ignore the budget (the thesis's
+    baselines). Returns the report, the workload and extra facts (runtime stats, model
+    states and, with ``compare``, the simulator's view of the same run).
     """
     from layerfit.errors import ScheduleError, WorkloadError
     from layerfit.schedule.thesis_zoo import THESIS_ZOO, prepare_thesis_models
@@ -185,6 +199,7 @@ def run_real(
         estimates=estimates,
         estimate_factor=estimate_factor,
         trace=True,
+        gated=gated,
     ) as runtime:
         index = runtime.index()
         try:
@@ -224,4 +239,4 @@ def _relative(simulated: float, real: float) -> float | None:
     return (simulated - real) / real
 
 
-__all__ = ["compare_with_simulator", "measured_profiles", "run_real", "run_workload"]
+__all__ = ["compare_with_simulator", "measured_profiles", "run_real", "run_workload", "warm_up"]

@@ -147,7 +147,11 @@ class Runtime:
     - ``trace`` — keep every task's start and end, the ledger's history and every job's
       result for :meth:`run_report` (memory grows with the number of tasks);
     - ``load`` — load every model of the repository now (else call :meth:`load_model`);
-    - ``direct_io`` — read units with ``O_DIRECT`` where the filesystem allows it.
+    - ``direct_io`` — read units with ``O_DIRECT`` where the filesystem allows it;
+    - ``gated`` — ``False`` runs a memory-oblivious policy (Bulk, DeepEye, FCFS, …) the
+      way the thesis's EdgeCaffe baselines run: it ignores the budget and over-commits
+      (counted as ``overcommits``), leaving the operating system to page. Memory-aware
+      policies (MASA, masa-fair) keep the budget either way.
 
     Call :meth:`shutdown` (or use it as a context manager): its threads wait for work
     until then.
@@ -167,6 +171,7 @@ class Runtime:
         trace: bool = False,
         load: bool = True,
         direct_io: bool = True,
+        gated: bool = True,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ScheduleError(f"need at least one worker, got {workers!r}")
@@ -189,7 +194,7 @@ class Runtime:
         self._ledger = MemoryLedger(budget, clock=self._clock, record=trace, lock=self._lock)
         self._work = self._ledger.condition  # notified by every ledger and dispatcher change
         self._timer_cond = threading.Condition(self._lock)
-        self._policy = make_policy(policy)
+        self._policy = make_policy(policy, gated=gated)
         self._dispatcher = Dispatcher(
             self._policy, self._ledger, workers, estimate_factor=estimate_factor
         )
@@ -686,6 +691,7 @@ class Runtime:
         with self._lock:
             return {
                 "policy": self.policy,
+                "gated": self._policy.gated,
                 "workers": self.workers,
                 "budget_bytes": self._ledger.budget,
                 "in_use_bytes": self._ledger.used,
