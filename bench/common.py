@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 
 RESULTS = Path(__file__).parent / "results"
-CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+CGROUP_V1 = Path("/sys/fs/cgroup")
 
 
 def machine() -> dict[str, Any]:
@@ -39,11 +39,23 @@ def machine() -> dict[str, Any]:
     }
 
 
-class Cgroup:
-    """A temporary memory cgroup; ``None``-like (``available`` False) where not allowed."""
+def own_memory_cgroup() -> Path | None:
+    """This process's memory cgroup directory (v1), or None."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                directory = CGROUP_V1 / "memory" / path.lstrip("/")
+                return directory if (directory / "memory.usage_in_bytes").is_file() else None
+    return None
 
-    def __init__(self) -> None:
-        self.path = CGROUP_ROOT / f"layerfit-bench-{uuid.uuid4().hex[:8]}"
+
+class Cgroup:
+    """A temporary cgroup (v1) of ``controller`` (``memory`` by default, or ``blkio``);
+    ``None``-like (``available`` False) where not allowed."""
+
+    def __init__(self, controller: str = "memory") -> None:
+        self.path = CGROUP_V1 / controller / f"layerfit-bench-{uuid.uuid4().hex[:8]}"
         try:
             self.path.mkdir()
             self.available = True
@@ -65,6 +77,14 @@ class Cgroup:
         if not self.available:
             return None
         return int((self.path / "memory.max_usage_in_bytes").read_text())
+
+    def oom_kills(self) -> int:
+        """How many processes the kernel killed for this memory cgroup's limit."""
+        with contextlib.suppress(OSError, ValueError):
+            for line in (self.path / "memory.oom_control").read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+        return 0
 
     def remove(self) -> None:
         if self.available:

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import Cgroup, machine, write_results  # noqa: E402
+from common import CGROUP_V1, Cgroup, machine, own_memory_cgroup, write_results  # noqa: E402
 from masa import CACHE, budgets, make_workloads, mean_of, ratio  # noqa: E402
 
 POLICIES = ("masa", "masa-fair", "bulk", "deepeye", "bulk-ungated", "deepeye-ungated")
@@ -67,17 +67,6 @@ THESIS_BASELINES = ("bulk-ungated", "deepeye-ungated")
 
 
 # --- the child: one run in its own cgroup ----------------------------------------------
-
-
-def own_memory_cgroup() -> Path | None:
-    """This process's memory cgroup directory (v1), or None."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if "memory" in controllers.split(","):
-                directory = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-                return directory if (directory / "memory.limit_in_bytes").exists() else None
-    return None
 
 
 def memory_stat(cgroup: Path) -> dict[str, int]:
@@ -109,7 +98,7 @@ def child(args: argparse.Namespace) -> None:
 
     config = json.loads(args.config)
     cgroup = own_memory_cgroup()
-    if cgroup is None or cgroup == Path("/sys/fs/cgroup/memory"):
+    if cgroup is None or cgroup == CGROUP_V1 / "memory":
         raise SystemExit("not in a memory cgroup of its own")
     profiles = load_profiles(args.profiles)
     workload = load_workload(args.workload, profiles)
@@ -160,7 +149,6 @@ def child(args: argparse.Namespace) -> None:
 
 # SanDisk Extreme A2 64 GB on a Raspberry Pi 4 (pidramble.com microSD benchmarks)
 SD_CARD = {"read_bps": 43_700_000, "write_bps": 36_300_000, "read_iops": 1800, "write_iops": 900}
-BLKIO_ROOT = Path("/sys/fs/cgroup/blkio")
 
 
 def block_device(path: Path) -> str:
@@ -177,38 +165,32 @@ class Storage:
     """Where a child's block I/O goes: as it is (``vm``) or throttled like an SD card."""
 
     def __init__(self, kind: str, path: Path) -> None:
-        self.kind = kind
-        self.cgroup: Path | None = None
-        self.device = block_device(path)
-        if kind == "sd":
-            self.cgroup = BLKIO_ROOT / f"layerfit-bench-{os.getpid()}-sd"
-            self.cgroup.mkdir(exist_ok=True)
-            for key, value in SD_CARD.items():
-                (self.cgroup / f"blkio.throttle.{key}_device").write_text(f"{self.device} {value}")
-        elif kind != "vm":
+        if kind not in ("vm", "sd"):
             raise SystemExit(f"--storage: vm or sd, got {kind!r}")
+        self.kind = kind
+        self.device = block_device(path)
+        self.throttle: Cgroup | None = None
+        if kind == "sd":
+            self.throttle = Cgroup("blkio")
+            if not self.throttle.available:
+                raise SystemExit("--storage sd needs a blkio cgroup (v1), i.e. root")
+            for key, value in SD_CARD.items():
+                (self.throttle.path / f"blkio.throttle.{key}_device").write_text(f"{self.device} {value}")
+
+    @property
+    def cgroup(self) -> Path | None:
+        return None if self.throttle is None else self.throttle.path
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "device": self.device, **(SD_CARD if self.kind == "sd" else {})}
 
     def enter_fn(self):
         """A ``preexec_fn`` that puts a child under the throttle from its start."""
-        if self.cgroup is None:
-            return None
-        procs = self.cgroup / "cgroup.procs"
-
-        def enter() -> None:
-            with open(procs, "w") as fh:
-                fh.write(str(os.getpid()))
-
-        return enter
+        return None if self.throttle is None else self.throttle.enter_fn()
 
     def remove(self) -> None:
-        if self.cgroup is not None:
-            with contextlib.suppress(OSError):
-                self.cgroup.rmdir()
-
-
+        if self.throttle is not None:
+            self.throttle.remove()
 
 
 def swap_total_bytes() -> int:
@@ -255,7 +237,7 @@ def run_one(args: argparse.Namespace, storage: Storage, workload: Path, config: 
             proc.kill()
             proc.communicate()
             return {**config, "outcome": "timeout", "wall_s": time.perf_counter() - t0}
-        oom = _oom_kills(cg.path)
+        oom = cg.oom_kills()
         if proc.returncode != 0:
             outcome = "oom-killed" if oom else "error"
             tail = (stderr or stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
@@ -265,14 +247,6 @@ def run_one(args: argparse.Namespace, storage: Storage, workload: Path, config: 
         return result
     finally:
         cg.remove()
-
-
-def _oom_kills(cgroup: Path) -> int:
-    with contextlib.suppress(OSError, ValueError):
-        for line in (cgroup / "memory.oom_control").read_text().splitlines():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
-    return 0
 
 
 def simulated(workload: Any, policy: str, budget: int, profiles: Any) -> float | None:

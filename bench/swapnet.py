@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine, mb, prepared_zoo_model, run_child, write_results  # noqa: E402
+from common import machine, mb, own_memory_cgroup, prepared_zoo_model, run_child, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache"
 PROFILE = CACHE / "swapnet-profile.json"
@@ -69,18 +69,6 @@ TARGET_MODELS = ("resnet101", "yolov3")
 # --- child side ------------------------------------------------------------------------
 
 
-def _cgroup_dir() -> Path | None:
-    try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if "memory" in controllers.split(","):
-                d = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-                return d if (d / "memory.usage_in_bytes").is_file() else None
-    except OSError:
-        pass
-    return None
-
-
 class Footprint:
     """Peak RSS and cgroup usage from now on, net of the footprint at construction."""
 
@@ -90,7 +78,7 @@ class Footprint:
         from layerfit.engine.osmem import reset_peak_rss, rss_bytes
 
         gc.collect()
-        self.cgroup = _cgroup_dir()
+        self.cgroup = own_memory_cgroup()
         self.rss0 = rss_bytes()
         reset_peak_rss()
         self.cg0 = None
