@@ -32,9 +32,12 @@ def refs():
 
 
 def check_trace(rt: Runtime, workers: int) -> None:
-    """Ledger within budget except the progress rule; at most ``workers`` tasks at once;
-    every job's precedence constraints respected."""
+    """Ledger within budget except the progress rule; at most ``workers`` tasks at once,
+    only on workers the policy serves; every job's precedence constraints respected."""
     report = rt.run_report()
+    limit = POLICIES[rt.policy].max_workers
+    if limit is not None:
+        assert {t.worker for t in report.tasks} <= set(range(limit)), rt.policy
     assert report.budget_violations == 0
     for sample in report.ledger_history:
         assert sample.used - sample.progress_held <= report.budget

@@ -29,6 +29,14 @@ def test_overcommit_is_counted_separately():
     assert ledger.acquire("b", 8, allow_overcommit=True) is Admission.OVERCOMMIT
     assert (ledger.overcommit_count, ledger.progress_count, ledger.peak) == (1, 0, 16)
     ledger.check()
+    # a budget-ignoring policy on one worker: nothing else runs, yet it did not wait for
+    # the budget, so going over is an over-commit, not the progress rule
+    alone = MemoryLedger(10)
+    alone.acquire("a", 8, allow_overcommit=True)
+    alone.finish("a", keep=8)
+    assert alone.acquire("b", 8, allow_overcommit=True) is Admission.OVERCOMMIT
+    assert (alone.overcommit_count, alone.progress_count) == (1, 0)
+    alone.check()
 
 
 def test_finish_keeps_then_release_and_release_owner_free():

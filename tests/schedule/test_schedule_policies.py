@@ -34,6 +34,7 @@ def test_registry_has_every_policy_by_name():
         "snf",
         "round-robin",
         "masa-fair",
+        "bulk-multi",
     ]
     assert {POLICIES[n].scheme for n in POLICIES} == set(Scheme)
     assert make_policy("Linear_FCFS").name == "linear-fcfs"
@@ -184,6 +185,28 @@ def test_bulk_and_linear_run_networks_one_at_a_time():
         first = [t for t in report.tasks if t.network.endswith("0.a")]
         second = [t for t in report.tasks if t.network.endswith("1.b")]
         assert min(t.start for t in second) >= max(t.end for t in first), name
+
+
+def test_policies_use_the_workers_edgecaffe_gives_them():
+    """EdgeCaffe's orchestrators run Bulk and Linear on one worker and DeepEye on two (one
+    per pool) whatever the configuration says; MASA and bulk-multi use every worker."""
+    kinds = ["conv", "conv", "fc", "fc"]
+    jobs = [
+        Job(f"j{i}", (net("a", [2, 2, 2, 2], kinds=kinds), net("b", [2, 2, 2, 2], kinds=kinds)))
+        for i in range(2)
+    ]
+    used = {
+        name: {t.worker for t in simulate(jobs, name, memory=100, workers=4, paging=None).tasks}
+        for name in ("bulk", "linear-fcfs", "deepeye", "bulk-multi", "masa")
+    }
+    assert used["bulk"] == used["linear-fcfs"] == {0}
+    assert used["deepeye"] == {0, 1}
+    assert len(used["bulk-multi"]) > 1 and len(used["masa"]) > 1
+    assert not make_policy("bulk").serves(1) and make_policy("bulk-multi").serves(3)
+    # one worker on one network's loads: bulk-multi loads in parallel, so it finishes sooner
+    one = [Job("j", (net("a", [2, 2, 2, 2]),))]
+    span = {n: simulate(one, n, memory=100, workers=2, paging=None).makespan for n in ("bulk", "bulk-multi")}
+    assert span["bulk"] == 2 * 4 + 4 and span["bulk-multi"] == 2 * 2 + 4
 
 
 def test_discard_drops_a_jobs_ready_tasks():

@@ -241,7 +241,10 @@ def generate_command(
 def run_command(
     workload: str = typer.Option(..., "--workload", help="workload YAML"),
     policy: str = typer.Option(
-        "masa", "--policy", help="masa, masa-fair, bulk, deepeye, fcfs, linear-fcfs, sjf, snf, round-robin"
+        "masa",
+        "--policy",
+        help="masa, masa-fair, bulk, bulk-multi, deepeye, fcfs, linear-fcfs, sjf, snf, round-robin "
+        "(bulk and linear-fcfs use one worker, deepeye two, as in EdgeCaffe)",
     ),
     memory: str = typer.Option(..., "--memory", help="memory budget, e.g. 512MB"),
     workers: int = typer.Option(2, "--workers", min=1),

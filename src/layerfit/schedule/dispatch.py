@@ -197,7 +197,7 @@ class Dispatcher:
     def assign(self, worker: int, now: float | None = None) -> Assignment | None:
         """The next task for idle ``worker`` with its memory reserved, or ``None``."""
         with self.ledger.condition:
-            if self.policy.empty():
+            if self.policy.empty() or not self.policy.serves(worker):
                 return None
             task = self.policy.next(worker, self.ledger.free)
             if task is None:

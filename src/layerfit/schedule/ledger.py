@@ -16,8 +16,10 @@ is above budget only while a progress reservation is held. :meth:`check` verifie
 over the whole recorded history.
 
 **Over-commit.** A policy that is told to ignore the budget (the thesis's unmanaged
-baselines) reserves with ``allow_overcommit=True``; those admissions are counted
-separately and excluded from the invariant in the same way.
+baselines) reserves with ``allow_overcommit=True``; a reservation of such a policy that
+does not fit is an over-commit even when nothing else runs (it did not wait for the
+budget, so no progress rule was involved). Over-commits are counted separately and
+excluded from the invariant in the same way.
 
 Thread-safe: every method holds :attr:`condition`'s lock, and every change notifies it,
 so worker threads wait on the condition instead of polling.
@@ -128,6 +130,8 @@ class MemoryLedger:
             if key in self._reservations:
                 raise ScheduleError(f"{key!r} already holds memory in the ledger")
             admission = self.classify(nbytes)
+            if allow_overcommit and admission is Admission.PROGRESS:
+                admission = None
             if admission is None:
                 if not allow_overcommit:
                     raise ScheduleError(

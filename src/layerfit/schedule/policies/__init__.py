@@ -12,6 +12,7 @@ from types import MappingProxyType
 from layerfit.errors import ScheduleError
 from layerfit.schedule.policies.base import Policy, ReadyQueue, fits
 from layerfit.schedule.policies.bulk import Bulk
+from layerfit.schedule.policies.bulk_multi import BulkMulti
 from layerfit.schedule.policies.deepeye import DeepEye
 from layerfit.schedule.policies.fcfs import Fcfs
 from layerfit.schedule.policies.linear_fcfs import LinearFcfs
@@ -22,7 +23,9 @@ from layerfit.schedule.policies.sjf import Sjf
 from layerfit.schedule.policies.snf import Snf
 
 POLICIES: Mapping[str, type[Policy]] = MappingProxyType(
-    {cls.name: cls for cls in (Masa, Bulk, DeepEye, Fcfs, LinearFcfs, Sjf, Snf, RoundRobin, MasaFair)}
+    {cls.name: cls for cls in (
+        Masa, Bulk, DeepEye, Fcfs, LinearFcfs, Sjf, Snf, RoundRobin, MasaFair, BulkMulti
+    )}
 )
 
 
@@ -43,6 +46,7 @@ def make_policy(name: str | Policy, *, gated: bool = True) -> Policy:
 __all__ = [
     "POLICIES",
     "Bulk",
+    "BulkMulti",
     "DeepEye",
     "Fcfs",
     "LinearFcfs",

@@ -4,7 +4,8 @@ A policy holds the *ready* tasks (all dependencies done) and decides which one a
 worker runs next. The dispatcher calls, under one lock:
 
 - :meth:`Policy.add` when a task becomes ready;
-- :meth:`Policy.next` when a worker is idle, with the ledger's free bytes (negative
+- :meth:`Policy.serves` to ask whether a worker is one the policy uses at all;
+- :meth:`Policy.next` when a worker it serves is idle, with the ledger's free bytes (negative
   while over budget); the returned task is removed and counts as running;
 - :meth:`Policy.complete` when a task it handed out has finished (or failed);
 - :meth:`Policy.discard` to drop the ready tasks of a failed or cancelled job;
@@ -81,15 +82,19 @@ class ReadyQueue:
 class Policy:
     """Base class: the interface, the running count and the memory gate.
 
-    Subclasses set :attr:`name`, :attr:`scheme` and :attr:`serial_networks`, implement
-    :meth:`add`, :meth:`_candidates` (ready tasks a worker may take, in preference order)
-    and :meth:`_remove`, and override :meth:`next` when they choose differently.
+    Subclasses set :attr:`name`, :attr:`scheme`, :attr:`serial_networks` and
+    :attr:`max_workers`, implement :meth:`add`, :meth:`_candidates` (ready tasks a worker
+    may take, in preference order) and :meth:`_remove`, and override :meth:`next` when
+    they choose differently.
     """
 
     name: ClassVar[str] = ""
     scheme: ClassVar[Scheme] = Scheme.PARTIAL
     serial_networks: ClassVar[bool] = False  # admit one network at a time (Bulk, Linear)
     memory_aware: ClassVar[bool] = False
+    # Workers the policy hands tasks to; the others stay idle. EdgeCaffe's orchestrators
+    # give Bulk and Linear one worker and DeepEye two, whatever the configuration says.
+    max_workers: ClassVar[int | None] = None
 
     def __init__(self, *, gated: bool = True) -> None:
         self.gated = gated or self.memory_aware
@@ -102,6 +107,10 @@ class Policy:
     def bind(self, workers: int) -> None:
         """Tell the policy how many workers will ask it (DeepEye splits them into pools)."""
         self.workers = workers
+
+    def serves(self, worker: int) -> bool:
+        """Whether ``worker`` may get tasks from this policy at all."""
+        return self.max_workers is None or worker < self.max_workers
 
     def add(self, task: Task) -> None:
         raise NotImplementedError

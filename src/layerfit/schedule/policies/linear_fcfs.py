@@ -3,7 +3,7 @@
 Each load is followed by its execution and unload before the next load, so a network
 holds one layer at a time — the least memory of all policies and no overlap between
 workers. Networks are admitted one after another in arrival order, as EdgeCaffe's
-linear mode chains them.
+linear mode chains them, and one worker serves them (EdgeCaffe's ``LinearOrchestrator``).
 """
 
 from __future__ import annotations
@@ -18,3 +18,4 @@ class LinearFcfs(SingleQueuePolicy):
     name = "linear-fcfs"
     scheme = Scheme.LINEAR
     serial_networks = True
+    max_workers = 1
