@@ -23,9 +23,10 @@ from layerfit.schedule.policies.sjf import Sjf
 from layerfit.schedule.policies.snf import Snf
 
 POLICIES: Mapping[str, type[Policy]] = MappingProxyType(
-    {cls.name: cls for cls in (
-        Masa, Bulk, DeepEye, Fcfs, LinearFcfs, Sjf, Snf, RoundRobin, MasaFair, BulkMulti
-    )}
+    {
+        cls.name: cls
+        for cls in (Masa, Bulk, DeepEye, Fcfs, LinearFcfs, Sjf, Snf, RoundRobin, MasaFair, BulkMulti)
+    }
 )
 
 

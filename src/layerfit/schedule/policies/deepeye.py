@@ -3,9 +3,10 @@
 Tasks of a network's convolutional part (and its init) go to the *conv* pool, tasks of
 its fully connected part to the *fc* pool; each pool is served first come, first served
 by its own worker (worker 0 serves conv, worker 1 fc, further workers stay idle, as in
-EdgeCaffe's ``DeepEyeOrchestrator``; a single worker serves conv first, then fc). With the DeepEye graph this interleaves the
-compute-heavy conv execution of one network with the memory-heavy fc loading of
-another. Memory-oblivious: each pool is head of line behind the shared gate.
+EdgeCaffe's ``DeepEyeOrchestrator``; a single worker serves conv first, then fc). With
+the DeepEye graph this interleaves the compute-heavy conv execution of one network with
+the memory-heavy fc loading of another. Memory-oblivious: each pool is head of line
+behind the shared gate.
 """
 
 from __future__ import annotations
