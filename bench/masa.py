@@ -456,7 +456,7 @@ def main() -> None:
     print(f"wrote {js} and {md} in {data['wall_s']:.0f} s")
 
 
-def _fmt(value: float | None, digits: int = 3) -> str:
+def fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
@@ -490,7 +490,7 @@ def markdown(data: dict[str, Any], tight: str, loose: str) -> str:
             row = rows[key]
             label = f"{key} × = {row['bytes'] / 1e6:.1f} MB{'*' if row['raised_to_largest_task'] else ''}"
             cells = [
-                (f"> {results[p]['timeout_s']:.0f} (not finished)" if "timeout_s" in results[p] else _fmt(mean_of(results[p])))
+                (f"> {results[p]['timeout_s']:.0f} (not finished)" if "timeout_s" in results[p] else fmt(mean_of(results[p])))
                 if p in results else "" for p in policies
             ]
             progress = "/".join(str(results.get(p, {}).get("progress_rule_fired", "-")) for p in MAIN)
@@ -508,7 +508,7 @@ def markdown(data: dict[str, Any], tight: str, loose: str) -> str:
             lines += [f"### {name} ({label})", "", "| budget | " + " | ".join(policies) + " |",
                       "|---|" + "---:|" * len(policies)]
             for key, results in by_budget.items():
-                lines.append(f"| {key} × | " + " | ".join(_fmt(mean_of(results[p])) for p in policies) + " |")
+                lines.append(f"| {key} × | " + " | ".join(fmt(mean_of(results[p])) for p in policies) + " |")
             lines.append("")
     lines += ["## Sensitivity to memory estimates", "",
               "Budget per scenario: max(0.5 × bulk peaks, 1.5 × largest task) so over-estimated tasks "
@@ -517,13 +517,13 @@ def markdown(data: dict[str, Any], tight: str, loose: str) -> str:
               "| scenario | " + " | ".join(f"× {f:g}" for f in FACTORS) + " |",
               "|---|" + "---:|" * len(FACTORS)]
     for name, by_factor in data["sensitivity"]["simulator"].items():
-        cells = ["/".join(_fmt(mean_of(by_factor[f"{f:g}"][p]), 2) for p in MAIN) for f in FACTORS]
+        cells = ["/".join(fmt(mean_of(by_factor[f"{f:g}"][p]), 2) for p in MAIN) for f in FACTORS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Real executor, MASA on small-3: mean response s, peak unit buffers MB (budget "
               f"{data['sensitivity']['budgets']['small-3'] / 1e6:.1f} MB):", ""]
     for key, result in sorted(data["sensitivity"]["real"].items(), key=lambda kv: float(kv[0])):
         peak = result.get("unit_buffer_peak_bytes")
-        lines.append(f"- × {key}: {_fmt(mean_of(result))} s, {'-' if peak is None else f'{peak / 1e6:.1f}'} MB")
+        lines.append(f"- × {key}: {fmt(mean_of(result))} s, {'-' if peak is None else f'{peak / 1e6:.1f}'} MB")
     lines += ["", "## Targets", "",
               f"MASA / best of (Bulk, DeepEye) at the tightest budget ({tight} ×, target ≤ 0.5) and "
               f"MASA / Bulk at the loosest ({loose} ×, target ≤ 1.1). Bulk is the thesis's (EdgeCaffe's "
@@ -533,10 +533,10 @@ def markdown(data: dict[str, Any], tight: str, loose: str) -> str:
               "|---|---|---:|---|---:|---:|---|---:|"]
     for executor, by_scenario in data["targets"].items():
         for name, t in by_scenario.items():
-            lines.append(f"| {executor} | {name} | {_fmt(t['masa_over_best_baseline_at_tightest'], 2)} | "
-                         f"{t['tight_target_met (<= 0.5)']} | {_fmt(t['masa_over_best_incl_bulk_multi_at_tightest'], 2)} | "
-                         f"{_fmt(t['masa_over_bulk_at_loosest'], 2)} | "
-                         f"{t['loose_target_met (<= 1.1)']} | {_fmt(t['masa_over_better_bulk_at_loosest'], 2)} |")
+            lines.append(f"| {executor} | {name} | {fmt(t['masa_over_best_baseline_at_tightest'], 2)} | "
+                         f"{t['tight_target_met (<= 0.5)']} | {fmt(t['masa_over_best_incl_bulk_multi_at_tightest'], 2)} | "
+                         f"{fmt(t['masa_over_bulk_at_loosest'], 2)} | "
+                         f"{t['loose_target_met (<= 1.1)']} | {fmt(t['masa_over_better_bulk_at_loosest'], 2)} |")
     lines += ["", "A real run that did not finish in time has no mean: as MASA it gives no ratio, as a baseline "
               "it is left out of the best baseline (so the ratio is against a faster one).", "",
               f"Wall time {data['wall_s']:.0f} s.", ""]

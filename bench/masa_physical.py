@@ -66,7 +66,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import CGROUP_V1, Cgroup, machine, own_memory_cgroup, write_results  # noqa: E402
-from masa import CACHE, budgets, make_workloads, mean_of, ratio  # noqa: E402
+from masa import CACHE, budgets, fmt, make_workloads, mean_of, ratio  # noqa: E402
 
 POLICIES = (
     "masa", "masa-fair", "bulk", "deepeye", "bulk-multi",
@@ -415,10 +415,6 @@ def targets(results: dict[str, dict[str, dict[str, Any]]], tight: str) -> dict[s
     return out
 
 
-def _fmt(value: float | None, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def markdown(data: dict[str, Any], tight: str) -> str:
     m = data["machine"]
     lines = [
@@ -450,14 +446,14 @@ def markdown(data: dict[str, Any], tight: str) -> str:
                 row = rows[key]
                 label = f"{key} × = {row['bytes'] / 1e6:.1f} MB{'*' if row['raised_to_largest_task'] else ''}"
                 for policy, run in runs.items():
-                    sim = _fmt(run.get("simulated_mean_response_s"))
+                    sim = fmt(run.get("simulated_mean_response_s"))
                     if run["outcome"] != "done":
                         shown = f"> {data['child_timeout_s']:.0f} (not finished)" if run["outcome"] == "timeout" else run["outcome"]
                         lines.append(f"| {label} | {policy} | {shown} | | | | | | {sim} |")
                         continue
                     stats = run["response_time_s"]
                     lines.append(
-                        f"| {label} | {policy} | {_fmt(stats['mean'])} | {_fmt(stats['p95'])} | "
+                        f"| {label} | {policy} | {fmt(stats['mean'])} | {fmt(stats['p95'])} | "
                         f"{run['overcommits']} / {run['progress_rule_fired']} | "
                         f"{run['cgroup_peak_above_footprint_bytes'] / 1e6:.1f} | {run['major_faults']} | "
                         f"{run['swap_at_end_bytes'] / 1e6:.1f} | {sim} |")
@@ -469,8 +465,8 @@ def markdown(data: dict[str, Any], tight: str) -> str:
         for name, t in by_scenario.items():
             unfinished = sorted(set(t.get("thesis_baselines_not_finished", [])) | set(t.get("all_baselines_not_finished", [])))
             lines.append(
-                f"| {kind} | {name} | {_fmt(t.get('masa_over_best_thesis_baselines'), 2)} | {_fmt(t.get('masa_over_best_all_baselines'), 2)} | "
-                f"{_fmt(t.get('masa-fair_over_best_thesis_baselines'), 2)} | {_fmt(t.get('masa-fair_over_best_all_baselines'), 2)} | "
+                f"| {kind} | {name} | {fmt(t.get('masa_over_best_thesis_baselines'), 2)} | {fmt(t.get('masa_over_best_all_baselines'), 2)} | "
+                f"{fmt(t.get('masa-fair_over_best_thesis_baselines'), 2)} | {fmt(t.get('masa-fair_over_best_all_baselines'), 2)} | "
                 f"{', '.join(unfinished) or '-'} |")
     lines += ["", "A baseline that did not finish (killed for memory, or stopped at the time limit) counts as "
               "slower than every one that did; where none did, there is no ratio.", "",
