@@ -6,7 +6,8 @@ FaceNet/SoS/MemNet/SceneNet, VGG-S EmotionNet, GoogLeNet, Tiny-YOLOv2; see
 architecture allows it. Each prepared model is profiled once on this machine with the
 ``/proc/self/statm`` profiler (thesis §5.3): those profiles are what the real executor's
 scheduler is told, what the stochastic workloads' arrival rates are derived from, and
-what the simulator simulates.
+what the simulator simulates. The contention model is measured with them (both are
+cached next to the models; ``--reprofile`` measures again).
 
 Scenarios: batch ``small-3`` (AgeNet, GenderNet, TinyYOLO) and ``mixed-3`` (AgeNet,
 EmotionNet, FaceNet), closed (each image arrives when the previous one is analysed);
@@ -30,7 +31,11 @@ whole-network baseline, and the targets are also reported against it.
    same profiles and no paging (the real executor keeps the budget) and reports the
    difference.
 2. **Simulator** on longer workloads (``--sim-count`` images, ρ = 0.8 / 1.0 / 1.2), every
-   policy, with the thesis's paging model (physical memory = budget).
+   policy, with the thesis's paging model (physical memory = budget); at the tightest budget
+   also with this machine's contention model (how much a load or an execution slows down
+   beside another, measured with the profiles: ``layerfit.schedule.contention``). Each real
+   run is simulated four ways and the differences reported (thesis model; the run's own
+   task durations; profiled + contention; the run's alone durations + contention).
 3. **Sensitivity** (thesis §7.6): the scheduler's memory estimates × 0.5 … 1.5, in the
    simulator (paging model) for MASA/Bulk/DeepEye, and for MASA in the real executor on
    small-3 at the tightest budget (where an under-estimate shows as unit buffers above
@@ -74,6 +79,16 @@ UNGATED = ("bulk-ungated", "deepeye-ungated", "bulk-multi-ungated")  # the thesi
 # load and is reported beside it as the stronger whole-network baseline.
 BASELINES = ("bulk", "deepeye")
 ALL_BASELINES = ("bulk", "bulk-multi", "deepeye")
+# simulated again with this machine's contention model (tightest budget)
+CONTENDED = ("masa", "masa-fair", "bulk", "bulk-multi", "deepeye")
+CONTENTION_FIELDS = ("load_by_load", "load_by_exec", "exec_by_load", "exec_by_exec")
+# the simulator's views of a real run (realrun.compare_with_simulator), as reported
+FIDELITY = (
+    ("simulated_profiled_durations", "thesis model"),
+    ("simulated_measured_durations", "run's durations"),
+    ("simulated_profiled_durations_contention", "profiled + contention"),
+    ("simulated_alone_durations_contention", "run's alone durations + contention"),
+)
 
 
 # --- child processes ----------------------------------------------------------------
@@ -83,12 +98,14 @@ def child_real(args: argparse.Namespace) -> None:
     """Real runs of one workload, one per configuration (policy, budget, estimate factor),
     each on a fresh runtime after a warm-up job; prints a JSON list, one summary each."""
     from layerfit.engine.osmem import peak_rss_bytes, reset_peak_rss
+    from layerfit.schedule.contention import load_contention
     from layerfit.schedule.profile import load_profiles
     from layerfit.schedule.realrun import compare_with_simulator, run_workload
     from layerfit.schedule.runtime import Runtime
     from layerfit.schedule.workload import load_workload
 
     profiles = load_profiles(args.profiles)
+    contention = load_contention(args.contention)
     workload = load_workload(args.workload, profiles)
     names = sorted({n for a in workload.arrivals for n in a.networks})
     results = []
@@ -117,20 +134,22 @@ def child_real(args: argparse.Namespace) -> None:
         out["rss_peak_bytes"] = peak_rss_bytes()
         out["simulator"] = compare_with_simulator(
             report, workload, profiles, memory=config["memory"], workers=args.workers,
-            estimate_factor=config["factor"],
+            estimate_factor=config["factor"], contention=contention,
         )
         results.append(out)
     print(json.dumps({"runs": results}, default=_json_number))
 
 
 def child_profile(args: argparse.Namespace) -> None:
-    """Profile the prepared models with the statm profiler; writes a profile set."""
+    """Profile the prepared models with the statm profiler and measure how their loads and
+    executions slow each other; writes a profile set and a contention model."""
     from layerfit.schedule.profile import ProfileSet
-    from layerfit.schedule.profiler import measure_profile
+    from layerfit.schedule.profiler import measure_contention, measure_profile
 
     names = args.networks.split(",")
     profiles = [measure_profile(Path(args.repository) / n, n, repeats=3) for n in names]
     ProfileSet(profiles, label="measured").save(args.profiles)
+    measure_contention([Path(args.repository) / n for n in names], repeats=3).save(args.contention)
     print(json.dumps({"profiled": names}))
 
 
@@ -206,8 +225,13 @@ def sensitivity_budget(profiles: Any, networks: tuple[str, ...]) -> int:
     return max(int(0.5 * total), int(1.5 * largest) + 1)
 
 
-def simulate_one(workload: Any, policy: str, budget: int, profiles: Any, factor: float = 1.0, paging: bool = True) -> dict[str, Any]:
-    """One simulated run; ``policy-ungated`` runs a memory-oblivious policy without the budget gate."""
+def simulate_one(
+    workload: Any, policy: str, budget: int, profiles: Any, factor: float = 1.0, paging: bool = True,
+    contention: Any = None,
+) -> dict[str, Any]:
+    """One simulated run; ``policy-ungated`` runs a memory-oblivious policy without the budget gate;
+    ``contention`` (default none, the thesis's model) makes concurrent tasks slow each other."""
+    from layerfit.schedule.contention import NO_CONTENTION
     from layerfit.schedule.penalty import PagingModel
     from layerfit.schedule.simulator import simulate
 
@@ -215,7 +239,7 @@ def simulate_one(workload: Any, policy: str, budget: int, profiles: Any, factor:
     report = simulate(
         workload, policy.removesuffix("-ungated"), memory=budget, workers=2,
         paging=PagingModel() if paging else None, estimate_factor=factor, profiles=profiles,
-        trace=False, gated=gated,
+        trace=False, gated=gated, contention=contention or NO_CONTENTION,
     )
     summary = report.summary()
     return {
@@ -242,7 +266,8 @@ def real_many(
         result = run_child(
             __file__,
             ["--real", "--workload", str(scenario[path_key]), "--configs", json.dumps(configs),
-             "--repository", str(repository), "--profiles", str(profiles_path), "--workers", "2"],
+             "--repository", str(repository), "--profiles", str(profiles_path), "--workers", "2",
+             "--contention", str(contention_path(profiles_path))],
             timeout=timeout,
         )
     except subprocess.TimeoutExpired:
@@ -258,6 +283,11 @@ def real_many(
               f"{run['wall_s']:.0f} s, mean response {mean if mean is None else round(mean, 3)} s", flush=True)
     print(f"  ({time.perf_counter() - t0:.0f} s with the child's start)", flush=True)
     return runs
+
+
+def contention_path(profiles_path: Path) -> Path:
+    """The contention model measured with a profile set, next to it."""
+    return profiles_path.with_name(profiles_path.stem.replace("profiles", "contention") + ".json")
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -311,6 +341,7 @@ def main() -> None:
     ap.add_argument("--memory", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--repository", help=argparse.SUPPRESS)
     ap.add_argument("--profiles", help=argparse.SUPPRESS)
+    ap.add_argument("--contention", help=argparse.SUPPRESS)
     ap.add_argument("--networks", help=argparse.SUPPRESS)
     ap.add_argument("--workers", type=int, default=2, help=argparse.SUPPRESS)
     ap.add_argument("--configs", help=argparse.SUPPRESS)
@@ -324,7 +355,7 @@ def main() -> None:
     ap.add_argument("--sim-count", type=int, default=150,
                     help="images per simulated scenario (the thesis averages over 150)")
     ap.add_argument("--max-networks", type=int, default=3, help="most networks per image in all-random")
-    ap.add_argument("--reprofile", action="store_true", help="measure the profiles again")
+    ap.add_argument("--reprofile", action="store_true", help="measure the profiles and the contention model again")
     ap.add_argument("--child-timeout", type=float, default=600)
     ap.add_argument("--output", default="masa")
     args = ap.parse_args()
@@ -335,6 +366,7 @@ def main() -> None:
             child_profile(args)
         return
 
+    from layerfit.schedule.contention import load_contention
     from layerfit.schedule.policies import policy_names
     from layerfit.schedule.profile import load_profiles
     from layerfit.schedule.thesis_zoo import THESIS_ZOO, prepare_thesis_models
@@ -351,18 +383,23 @@ def main() -> None:
     prepare_thesis_models(repository, networks, resolution=args.resolution)
     print(f"prepared {len(networks)} networks in {repository} ({time.perf_counter() - t0:.0f} s)", flush=True)
     profiles_path = repository / ("profiles-quick.json" if args.quick else "profiles.json")
-    if args.reprofile or not profiles_path.exists():
+    if args.reprofile or not profiles_path.exists() or not contention_path(profiles_path).exists():
         t0 = time.perf_counter()
         result = run_child(__file__, ["--repository", str(repository), "--profiles", str(profiles_path),
+                                      "--contention", str(contention_path(profiles_path)),
                                       "--networks", ",".join(networks)], timeout=args.child_timeout)
         if "error" in result:
             raise SystemExit(f"profiling failed: {result['error']}")
         print(f"profiled in {time.perf_counter() - t0:.0f} s", flush=True)
     profiles = load_profiles(profiles_path)
+    contention = load_contention(contention_path(profiles_path))
+    print("contention: " + ", ".join(f"{k} {v:.2f}x" for k, v in contention.describe().items()
+                                     if k in CONTENTION_FIELDS), flush=True)
     scenarios = make_workloads(args, profiles, repository / "workloads")
 
     real: dict[str, dict[str, dict[str, Any]]] = {}
     sim: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    sim_contention: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
     budget_rows: dict[str, list[dict[str, Any]]] = {}
     sim_policies = [*policy_names(), *UNGATED]
     for name, scenario in scenarios.items():
@@ -397,6 +434,11 @@ def main() -> None:
                 }
                 for row in rows
             }
+            # the same at the tightest budget with this machine's contention model
+            sim_contention.setdefault(name, {})[label] = {
+                tight: {p: simulate_one(workload, p, rows[0]["bytes"], profiles, contention=contention)
+                        for p in CONTENDED}
+            }
         print(f"{name}: simulated ({time.perf_counter() - started:.0f} s so far)", flush=True)
 
     # Sensitivity at a budget where even over-estimated tasks fit: max(0.5 x bulk peaks, 1.5 x largest task)
@@ -418,6 +460,10 @@ def main() -> None:
         name: by_label.get("closed") or by_label.get("rho=1") for name, by_label in sim.items()
     }
     sim_rho12 = {name: by_label["rho=1.2"] for name, by_label in sim.items() if "rho=1.2" in by_label}
+    contended_closed_or_rho1 = {
+        name: by_label.get("closed") or by_label.get("rho=1") for name, by_label in sim_contention.items()
+    }
+    contended_rho12 = {name: by_label["rho=1.2"] for name, by_label in sim_contention.items() if "rho=1.2" in by_label}
     data = {
         "machine": machine(),
         "quick": args.quick,
@@ -427,8 +473,10 @@ def main() -> None:
                               "serial_time_s": p.total_time, "layers": len(p.layers),
                               "architecture": p.architecture} for p in profiles.values()},
         "budgets": budget_rows,
+        "contention": contention.describe(),
         "real": real,
         "simulator": sim,
+        "simulator_contention": sim_contention,
         "sensitivity": sensitivity,
         "targets": {
             "real": targets(real, tight, loose),
@@ -449,6 +497,10 @@ def main() -> None:
             "simulator (closed / rho=1, paging), masa-fair": targets(sim_closed_or_rho1, tight, loose, "masa-fair"),
             "simulator (rho=1.2, paging), masa": targets(sim_rho12, tight, loose),
             "simulator (rho=1.2, paging), masa-fair": targets(sim_rho12, tight, loose, "masa-fair"),
+            "simulator + contention (closed / rho=1)": targets(contended_closed_or_rho1, tight, loose),
+            "simulator + contention (closed / rho=1), masa-fair": targets(contended_closed_or_rho1, tight, loose, "masa-fair"),
+            "simulator + contention (rho=1.2)": targets(contended_rho12, tight, loose),
+            "simulator + contention (rho=1.2), masa-fair": targets(contended_rho12, tight, loose, "masa-fair"),
         },
         "wall_s": time.perf_counter() - started,
     }
@@ -479,7 +531,14 @@ def markdown(data: dict[str, Any], tight: str, loose: str) -> str:
     for name, p in data["profiles"].items():
         lines.append(f"| {name} | {p['architecture']} | {p['layers']} | {p['bulk_peak_bytes'] / 1e6:.1f} | "
                      f"{p['largest_task_bytes'] / 1e6:.1f} | {p['serial_time_s']:.3f} |")
-    lines += ["", "## Real executor", ""]
+    c = data["contention"]
+    lines += ["", "## Contention (measured here; `layerfit schedule contention`)", "",
+              "How many times longer a task takes while one other task runs beside it: "
+              f"load beside a load {c['load_by_load']:.2f}×, load beside an execution {c['load_by_exec']:.2f}×, "
+              f"execution beside a load {c['exec_by_load']:.2f}×, execution beside an execution "
+              f"{c['exec_by_exec']:.2f}× (torch {c['notes'].get('torch_threads')} threads). The thesis's "
+              "simulator assumes 1× for all four.", ""]
+    lines += ["## Real executor", ""]
     for name, by_budget in data["real"].items():
         rows = {f"{r['fraction']:g}": r for r in data["budgets"][name]}
         policies = sorted({p for results in by_budget.values() for p in results},
@@ -499,7 +558,24 @@ def markdown(data: dict[str, Any], tight: str, loose: str) -> str:
             lines.append(f"| {label} | " + " | ".join(cells) + f" | {progress} | "
                          f"{'-' if diff is None else f'{diff:+.0%}'} |")
         lines.append("")
-    lines += ["## Simulator (thesis paging model, physical memory = budget)", "",
+    lines += ["## Simulator vs real executor (same workload, tightest budget)", "",
+              "Simulated mean response relative to the real run's, (sim − real) / real. *Thesis model*: "
+              "profiled durations, every task at its alone speed. *Run's durations*: each task's mean "
+              "duration in the real run (contention included on average). *Profiled + contention*: the "
+              "contention model above. *Run's alone durations + contention*: each task's mean over its runs "
+              "that no other load or execution overlapped, plus the model — the test of the model itself, "
+              "free of drift between profiling and the run.", "",
+              "| scenario | policy | real s | " + " | ".join(label for _, label in FIDELITY) + " |",
+              "|---|---|---:|" + "---:|" * len(FIDELITY)]
+    for name, by_budget in data["real"].items():
+        for policy, result in by_budget.get(tight, {}).items():
+            views = result.get("simulator") or {}
+            if policy not in CONTENDED or not views:
+                continue
+            cells = [(views.get(key) or {}).get("difference", {}).get("mean_response_s") for key, _ in FIDELITY]
+            lines.append(f"| {name} | {policy} | {fmt(mean_of(result))} | "
+                         + " | ".join("-" if v is None else f"{v:+.0%}" for v in cells) + " |")
+    lines += ["", "## Simulator (thesis paging model, physical memory = budget)", "",
               "`*-ungated`: the memory-oblivious baselines of the thesis (no budget gate: they over-commit "
               "and page); the others keep the budget like the real executor.", ""]
     for name, by_label in data["simulator"].items():
@@ -510,6 +586,14 @@ def markdown(data: dict[str, Any], tight: str, loose: str) -> str:
             for key, results in by_budget.items():
                 lines.append(f"| {key} × | " + " | ".join(fmt(mean_of(results[p])) for p in policies) + " |")
             lines.append("")
+    lines += [f"## Simulator with this machine's contention (paging model, tightest budget {tight} ×)", ""]
+    for name, by_label in data["simulator_contention"].items():
+        labels = list(by_label)
+        lines += [f"### {name}", "", "| workload | " + " | ".join(CONTENDED) + " |", "|---|" + "---:|" * len(CONTENDED)]
+        for label in labels:
+            results = by_label[label][tight]
+            lines.append(f"| {label} | " + " | ".join(fmt(mean_of(results[p])) for p in CONTENDED) + " |")
+        lines.append("")
     lines += ["## Sensitivity to memory estimates", "",
               "Budget per scenario: max(0.5 × bulk peaks, 1.5 × largest task) so over-estimated tasks "
               "still fit: " + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in data["sensitivity"]["budgets"].items()) + ".", "",
@@ -533,10 +617,12 @@ def markdown(data: dict[str, Any], tight: str, loose: str) -> str:
               "|---|---|---:|---|---:|---:|---|---:|"]
     for executor, by_scenario in data["targets"].items():
         for name, t in by_scenario.items():
+            met_tight, met_loose = (("-" if m is None else m) for m in
+                                    (t["tight_target_met (<= 0.5)"], t["loose_target_met (<= 1.1)"]))
             lines.append(f"| {executor} | {name} | {fmt(t['masa_over_best_baseline_at_tightest'], 2)} | "
-                         f"{t['tight_target_met (<= 0.5)']} | {fmt(t['masa_over_best_incl_bulk_multi_at_tightest'], 2)} | "
+                         f"{met_tight} | {fmt(t['masa_over_best_incl_bulk_multi_at_tightest'], 2)} | "
                          f"{fmt(t['masa_over_bulk_at_loosest'], 2)} | "
-                         f"{t['loose_target_met (<= 1.1)']} | {fmt(t['masa_over_better_bulk_at_loosest'], 2)} |")
+                         f"{met_loose} | {fmt(t['masa_over_better_bulk_at_loosest'], 2)} |")
     lines += ["", "A real run that did not finish in time has no mean: as MASA it gives no ratio, as a baseline "
               "it is left out of the best baseline (so the ratio is against a faster one).", "",
               f"Wall time {data['wall_s']:.0f} s.", ""]

@@ -66,7 +66,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import CGROUP_V1, Cgroup, machine, own_memory_cgroup, write_results  # noqa: E402
-from masa import CACHE, budgets, fmt, make_workloads, mean_of, ratio  # noqa: E402
+from masa import CACHE, budgets, contention_path, fmt, make_workloads, mean_of, ratio  # noqa: E402
 
 POLICIES = (
     "masa", "masa-fair", "bulk", "deepeye", "bulk-multi",
@@ -278,7 +278,7 @@ def profiles_for(args: argparse.Namespace, storage: Storage, repository: Path) -
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).parent / "masa.py"), "--child", "--repository", str(repository),
-         "--profiles", str(path), "--networks", ",".join(THESIS_ZOO)],
+         "--profiles", str(path), "--contention", str(contention_path(path)), "--networks", ",".join(THESIS_ZOO)],
         capture_output=True, text=True, preexec_fn=storage.enter_fn(), timeout=3600,
     )
     if proc.returncode != 0:

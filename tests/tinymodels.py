@@ -87,6 +87,29 @@ def chain(widths: list[int], delays: list[float] | None = None) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+class Pause(nn.Module):
+    """A parameterless op that takes at least ``delay`` seconds: work between two units."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        time.sleep(self.delay)
+        return x
+
+
+def chain_with_pauses(widths: list[int], pause: float) -> nn.Module:
+    """Linear layers, each followed by a :class:`Pause`: time between units, and after the last."""
+    torch.manual_seed(2)
+    layers: list[nn.Module] = []
+    for a, b in zip(widths, widths[1:], strict=False):
+        layers += [nn.Linear(a, b), Pause(pause)]
+    return nn.Sequential(*layers)
+
+
 def tiny_gpt2() -> nn.Module:
     """A two-layer Hugging Face GPT-2 built from a config (no download), tied head."""
     import transformers

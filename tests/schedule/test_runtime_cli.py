@@ -36,7 +36,11 @@ def test_real_run_reports_like_the_simulator_and_compares(repo, tmp_path, capsys
     workload = tmp_path / "w.yaml"
     workload.write_text(WORKLOAD)
     args = ["schedule", "run", "--workload", str(workload), "--memory", "150KB", "--workers", "2"]
-    code = main([*args, "--repository", str(repo), "--json", "--compare-simulator", "--trace"])
+    contention = tmp_path / "contention.json"
+    code = main(["schedule", "contention", str(repo / "chain"), "--repeats", "1", "--save", str(contention)])
+    assert code == 0 and "load by load" in capsys.readouterr().out
+    code = main([*args, "--repository", str(repo), "--json", "--compare-simulator", "--trace",
+                 "--contention", str(contention)])
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     assert data["executor"] == "real" and data["jobs_by_status"] == {"done": 3}
@@ -44,13 +48,20 @@ def test_real_run_reports_like_the_simulator_and_compares(repo, tmp_path, capsys
     assert data["budget_violations"] == 0 and data["peak_ledger_bytes"] > 0
     assert len(data["worker_utilisation"]) == 2 and data["task_trace"]
     comparison = data["simulator_comparison"]
-    for key in ("simulated_profiled_durations", "simulated_measured_durations"):
+    for key in ("simulated_profiled_durations", "simulated_measured_durations",
+                "simulated_profiled_durations_contention", "simulated_alone_durations_contention"):
         assert comparison[key]["jobs_done"] == 3
         assert "mean_response_s" in comparison[key]["difference"]
     assert data["runtime"]["jobs"]["done"] == 3
+    assert comparison["simulated_alone_durations_contention"]["contention_model"]["source"] == "measured"
     assert main([*args, "--repository", str(repo)]) == 0
     out = capsys.readouterr().out
     assert "(real executor)" in out and "response time: mean" in out
+    # an existing file is not overwritten, a broken one is refused with its name
+    assert main(["schedule", "contention", str(repo / "chain"), "--save", str(contention)]) != 0
+    contention.write_text("{}")
+    assert main([*args, "--simulate", "--contention", str(contention)]) != 0
+    assert "not a layerfit-contention file" in capsys.readouterr().err
     assert runtime_threads() == []
 
 

@@ -189,6 +189,24 @@ def test_capture_estimates_reserve_unit_bytes_and_activations(repo):
     assert measured.name == "chain" and measured.notes["estimates"] == "statm"
 
 
+def test_measured_executions_include_the_ops_between_units(tmp_path):
+    """The runtime's execute task of unit i spans the ops after unit i-1 (and the last,
+    the ops after it): the profile must count them, or the simulator runs too fast."""
+    from layerfit.store import ModelSpec, prepare
+
+    pause = 0.02
+    directory = tmp_path / "paused"
+    spec = ModelSpec("factory", "tinymodels:chain_with_pauses", {"widths": [8, 8, 8, 8], "pause": pause})
+    prepare(spec, directory, input_shape=(1, 8))
+    profile = measure_profile(directory, repeats=1, warmup=0)
+    first, *rest = profile.layers
+    assert first.exec_time < pause  # nothing runs before the first unit
+    for layer in rest[:-1]:
+        assert pause <= layer.exec_time < 3 * pause  # the pause after the previous unit
+    assert rest[-1].exec_time >= 2 * pause  # the pause before it and the one after it
+    assert profile.unload_time > 0
+
+
 def test_statm_sampler_sees_an_allocation():
     import mmap
 

@@ -163,6 +163,37 @@ def profiles_command(
     _console.print(table)
 
 
+@app.command("contention")
+def contention_command(
+    models: list[str] = typer.Argument(..., help="prepared model folders to read and run"),  # noqa: B008
+    repeats: int = typer.Option(3, "--repeats", min=1),
+    save: str = typer.Option(None, "--save", help="write the model to this JSON file (for --contention)"),
+    force: bool = typer.Option(False, "--force"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Measure how much a load or an execution slows down beside another one on this machine.
+
+    The result feeds ``schedule run --simulate --contention FILE``: without it the
+    simulator runs every task at its profiled speed however many run at once."""
+    from layerfit.schedule.profiler import measure_contention
+
+    if save is not None:
+        _check_output(Path(save), force)
+    model = measure_contention([Path(m) for m in models], repeats=repeats)
+    if save is not None:
+        model.save(save)
+    if as_json:
+        _print_json(model.describe())
+        return
+    _console.print(
+        f"slowdown beside one other task (torch {model.notes['torch_threads']} threads): "
+        f"load by load {model.load_by_load:.2f}x, load by execution {model.load_by_exec:.2f}x, "
+        f"execution by load {model.exec_by_load:.2f}x, execution by execution "
+        f"{model.exec_by_exec:.2f}x" + (f"; written to {save}" if save else ""),
+        highlight=False,
+    )
+
+
 @app.command("generate")
 def generate_command(
     scenario: str = typer.Argument(
@@ -271,6 +302,12 @@ def run_command(
         False, "--ungated", help="memory-oblivious policies ignore the budget"
     ),
     no_paging: bool = typer.Option(False, "--no-paging", help="no page-fault slowdown"),
+    contention_file: str = typer.Option(
+        None,
+        "--contention",
+        help="how concurrent loads and executions slow each other (file from 'schedule "
+        "contention'); for --simulate and for a real run's --compare-simulator",
+    ),
     profiles: str = typer.Option(None, "--profiles", help="profile set (default: the workload's)"),
     trace: bool = typer.Option(False, "--trace", help="with --json: every task's start and end"),
     repository: str = typer.Option(
@@ -302,6 +339,9 @@ def run_command(
     make_policy(policy)  # fail early on an unknown name
     if oversize not in ("reject", "alone"):
         raise ScheduleError(f"--oversize must be 'reject' or 'alone', got {oversize!r}")
+    from layerfit.schedule.contention import NO_CONTENTION, load_contention
+
+    contention = load_contention(contention_file) if contention_file else NO_CONTENTION
     extra: dict[str, Any] = {}
     if not simulate:
         from layerfit.schedule.realrun import run_real
@@ -318,6 +358,7 @@ def run_command(
             estimate_factor=estimate_factor,
             compare=compare_simulator,
             gated=not ungated,
+            contention=contention,
         )
     else:
         known = resolve_profiles(profiles) if profiles else None
@@ -337,6 +378,7 @@ def run_command(
             gated=not ungated,
             profiles=known,
             trace=True,  # type: ignore[arg-type]
+            contention=contention,
         )
     image = None
     if plot:
@@ -354,7 +396,8 @@ def run_command(
     stats = summary["response_time_s"]
     lines = [
         f"{loaded.name}: {summary['jobs']} jobs, policy {report.policy}, {workers} workers, "
-        f"budget {format_bytes(budget)} ({'simulated' if simulate else 'real executor'})",
+        f"budget {format_bytes(budget)} ({'simulated' if simulate else 'real executor'}"
+        f"{', with contention' if simulate and not contention.free else ''})",
         f"response time: mean {stats['mean']:.3f} s, p50 {stats['p50']:.3f} s, p95 {stats['p95']:.3f} s, "
         f"max {stats['max']:.3f} s",
         f"jobs: {summary['jobs_by_status']}; deadline misses: {summary['deadline_misses']}",
@@ -370,11 +413,17 @@ def run_command(
     comparison = extra.get("simulator_comparison")
     if comparison:
         real_mean = comparison["real"]["mean_response_s"]
-        for key in ("simulated_profiled_durations", "simulated_measured_durations"):
+        for key in (
+            "simulated_profiled_durations",
+            "simulated_measured_durations",
+            "simulated_profiled_durations_contention",
+        ):
+            if key not in comparison:
+                continue
             sim = comparison[key]
             diff = sim["difference"]["mean_response_s"]
             lines.append(
-                f"simulator ({key.split('_')[1]} durations): mean response {sim['mean_response_s']:.3f} s "
+                f"simulator ({key.split('_')[1]} durations{', contention' if key.endswith('contention') else ''}): mean response {sim['mean_response_s']:.3f} s "
                 f"vs real {real_mean:.3f} s"
                 + (f" ({diff:+.0%})" if diff is not None else "")
             )

@@ -24,7 +24,7 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +37,7 @@ from layerfit.schedule.profile import NetworkProfile, profile_from_graph
 if TYPE_CHECKING:
     from layerfit.capture.graph import ModelGraph
     from layerfit.engine.engine import Engine
+    from layerfit.schedule.contention import ContentionModel
     from layerfit.store.manifest import Manifest
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -140,10 +141,14 @@ class _UnitMeasure:
     load_bytes: list[int] = field(default_factory=list)
     exec_s: list[float] = field(default_factory=list)
     exec_bytes: list[int] = field(default_factory=list)
+    unload_s: list[float] = field(default_factory=list)
 
 
 class _ProfilingSource:
-    """A unit source that loads each unit when the forward pass asks for it and measures both tasks."""
+    """A unit source that loads each unit when the forward pass asks for it and measures
+    its tasks as the runtime runs them: an execution is the kernel plus the ops between
+    the previous unit and this one (the runtime's execute task spans both), an unload
+    is freeing the unit's buffer."""
 
     def __init__(
         self, engine: Engine, sampler: StatmSampler | None, measures: list[_UnitMeasure]
@@ -153,10 +158,14 @@ class _ProfilingSource:
         self.measures = measures
         self._units: dict[int, tuple[object, torch.Tensor]] = {}
         self._exec_start = 0.0
+        self._released_at: float | None = None  # end of the previous unit's kernel
+        self._ops_before = 0.0
 
     def acquire(self, i: int) -> tuple[torch.Tensor, int]:
         from layerfit.store.reader import aligned_buffer
 
+        entered = time.perf_counter()
+        self._ops_before = 0.0 if self._released_at is None else entered - self._released_at
         nbytes = self.engine.blocks[i].nbytes
         if self.sampler is not None:
             self.sampler.start()
@@ -182,13 +191,24 @@ class _ProfilingSource:
     def release(self, i: int) -> None:
         elapsed = time.perf_counter() - self._exec_start
         if self.sampler is None:
-            self.measures[i].exec_s.append(elapsed)
+            self.measures[i].exec_s.append(elapsed + self._ops_before)
         else:
             self.measures[i].exec_bytes.append(self.sampler.stop())
         buf, tensor = self._units.pop(i)
         del tensor
+        t0 = time.perf_counter()
         with contextlib.suppress(BufferError):
             buf.close()  # type: ignore[attr-defined]
+        if self.sampler is None:
+            self.measures[i].unload_s.append(time.perf_counter() - t0)
+        self._released_at = time.perf_counter()
+
+    def finished(self) -> None:
+        """The forward pass returned: the ops after the last unit count to its execution."""
+        if self.sampler is None and self._released_at is not None and self.measures:
+            last = self.measures[-1]
+            if last.exec_s:
+                last.exec_s[-1] += time.perf_counter() - self._released_at
 
     def close(self) -> None:
         for buf, _ in self._units.values():
@@ -211,7 +231,10 @@ def measure_profile(
     Runs ``warmup + repeats + 1`` inferences one unit at a time: warm-up runs are
     discarded, times are medians of the ``repeats`` timed runs, memory comes from the
     last run, the only one with the sampler thread (which would slow the timed ones).
-    A load's memory is at least its buffer.
+    A load's memory is at least its buffer. An execution's time includes the ops between
+    the previous unit and this one (the last unit's, the ops after it too), as the
+    runtime's execute task does; the network's unload time is the mean time to free a
+    unit's buffer.
     The init's memory and time come from the capture estimate (the activations are not
     one task's), as do the layer kinds.
     """
@@ -237,6 +260,7 @@ def measure_profile(
                 source = _ProfilingSource(engine, sampler if sampled else None, measures)
                 try:
                     engine.run_from(source, *x)
+                    source.finished()
                 finally:
                     source.close()
                 if run < warmup:
@@ -260,6 +284,8 @@ def measure_profile(
     return replace(
         estimate,
         layers=tuple(layers),
+        # one figure per network: the mean of the units' medians keeps the total right
+        unload_time=statistics.fmean(statistics.median(m.unload_s) for m in measures),
         source="profiled",
         notes={
             **dict(estimate.notes),
@@ -271,4 +297,166 @@ def measure_profile(
     )
 
 
-__all__ = ["StatmSampler", "activation_peak_bytes", "estimate_profile", "measure_profile"]
+class _ResidentSource:
+    """A unit source with every unit read once and kept: the forward pass only computes."""
+
+    def __init__(self, engine: Engine) -> None:
+        from layerfit.store.reader import aligned_buffer
+
+        self._units: list[tuple[object, torch.Tensor]] = []
+        for i, block in enumerate(engine.blocks):
+            buf = aligned_buffer(block.nbytes)
+            view = memoryview(buf)
+            try:
+                engine.read_unit(i, view)
+            finally:
+                view.release()
+            self._units.append((buf, torch.frombuffer(buf, dtype=torch.uint8)))
+
+    def acquire(self, i: int) -> tuple[torch.Tensor, int]:
+        return self._units[i][1], 0
+
+    def release(self, i: int) -> None:
+        pass
+
+    def close(self) -> None:
+        units, self._units = self._units, []
+        for buf, _ in units:
+            with contextlib.suppress(BufferError):
+                buf.close()  # type: ignore[attr-defined]
+
+
+def _read_all(engine: Engine) -> None:
+    """Every unit of ``engine`` read the way a load task reads it (fresh aligned buffer)."""
+    from layerfit.store.reader import aligned_buffer
+
+    for i, block in enumerate(engine.blocks):
+        buf = aligned_buffer(block.nbytes)
+        view = memoryview(buf)
+        try:
+            engine.read_unit(i, view)
+        finally:
+            view.release()
+            with contextlib.suppress(BufferError):
+                buf.close()
+
+
+def _slowdown(
+    foreground: Callable[[], object], background: Callable[[], object], repeats: int
+) -> tuple[float, list[float], list[float]]:
+    """How many times longer ``foreground`` takes while ``background`` runs in a loop on
+    another thread (median of ``repeats`` each); also the alone and beside times."""
+    alone: list[float] = []
+    beside: list[float] = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        foreground()
+        alone.append(time.perf_counter() - t0)
+        stop = threading.Event()
+        running = threading.Event()
+
+        def loop(stop: threading.Event = stop, running: threading.Event = running) -> None:
+            running.set()
+            while not stop.is_set():  # a load generator for the measurement, not a wait
+                background()
+
+        thread = threading.Thread(target=loop, name="layerfit-contention", daemon=True)
+        thread.start()
+        running.wait()
+        try:
+            t0 = time.perf_counter()
+            foreground()
+            beside.append(time.perf_counter() - t0)
+        finally:
+            stop.set()
+            thread.join()
+    return statistics.median(beside) / statistics.median(alone), alone, beside
+
+
+def measure_contention(directories: Sequence[str | Path], *, repeats: int = 3) -> ContentionModel:
+    """Measure how loads and executions of the prepared models in ``directories`` slow
+    each other down on this machine (the simulator's :class:`ContentionModel`).
+
+    A *load* reads every unit as a load task does (a fresh aligned buffer each); an
+    *execution* runs every forward pass with all units resident, with PyTorch's default
+    intra-op threads as the runtime's workers have. Each is timed alone and while the
+    other kind (or another copy of itself) runs in a loop on a second thread, with its
+    own engines: the ratio is the slowdown beside one other task. Values below 1 (noise)
+    are kept as 1; the raw ratios and times are in ``notes``.
+    """
+    from layerfit.engine.engine import Engine
+    from layerfit.schedule.contention import ContentionModel
+    from layerfit.store import example_input
+
+    if not directories:
+        raise ScheduleError("measuring contention needs at least one prepared model")
+    if repeats < 1:
+        raise ScheduleError(f"repeats must be at least 1, got {repeats}")
+    pair = [[Engine(Path(d), pipeline="external") for d in directories] for _ in range(2)]
+    nbytes = sum(block.nbytes for engine in pair[0] for block in engine.blocks)
+    resident: list[list[_ResidentSource]] = []
+    try:
+        for engines in pair:
+            for engine in engines:
+                _read_all(engine)  # the first read of a unit verifies its checksum: not timed
+        resident = [[_ResidentSource(engine) for engine in engines] for engines in pair]
+        inputs = [
+            example_input(e.manifest.input_shape, e.manifest.input_dtype, e.manifest.seed)
+            for e in pair[0]
+        ]
+
+        def reads(engines: list[Engine]) -> Callable[[], None]:
+            def run() -> None:
+                for engine in engines:
+                    _read_all(engine)
+
+            return run
+
+        def forwards(engines: list[Engine], sources: list[_ResidentSource]) -> Callable[[], None]:
+            def run() -> None:
+                with torch.inference_mode():
+                    for engine, source, x in zip(engines, sources, inputs, strict=True):
+                        engine.run_from(source, x)
+
+            return run
+
+        load = [reads(engines) for engines in pair]
+        execute = [forwards(engines, sources) for engines, sources in zip(pair, resident, strict=True)]
+        execute[0]()  # PyTorch sets up its kernels
+        execute[1]()
+        measured = {
+            "load_by_load": _slowdown(load[0], load[1], repeats),
+            "load_by_exec": _slowdown(load[0], execute[1], repeats),
+            "exec_by_load": _slowdown(execute[0], load[1], repeats),
+            "exec_by_exec": _slowdown(execute[0], execute[1], repeats),
+        }
+    finally:
+        for sources in resident:
+            for source in sources:
+                source.close()
+        for engines in pair:
+            for engine in engines:
+                engine.close()
+    return ContentionModel(
+        **{name: max(1.0, ratio) for name, (ratio, _, _) in measured.items()},
+        source="measured",
+        notes={
+            "repeats": repeats,
+            "torch_threads": torch.get_num_threads(),
+            "models": [Path(d).name for d in directories],
+            "bytes_read": nbytes,
+            **{
+                name: {"raw": ratio, "alone_s": alone, "beside_s": beside}
+                for name, (ratio, alone, beside) in measured.items()
+            },
+        },
+    )
+
+
+__all__ = [
+    "StatmSampler",
+    "activation_peak_bytes",
+    "estimate_profile",
+    "measure_contention",
+    "measure_profile",
+]

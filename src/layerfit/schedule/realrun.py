@@ -9,12 +9,15 @@ repository; every network gets the deterministic example input of its prepared m
 
 :func:`compare_with_simulator` runs the simulator on the same workload, policy, budget
 and workers with the runtime's profiles (no paging: the real executor keeps the
-budget), and again with every task's duration replaced by the median of what the real
-run measured for it; it reports both against the real run.
+budget), and again with every task's duration replaced by the mean of what the real
+run measured for it; given a contention model, also under that model (with profiled
+durations, and with the run's durations of tasks that ran alone). It reports each
+against the real run.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 import statistics
@@ -26,10 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from layerfit.errors import LayerfitError
+from layerfit.schedule.contention import NO_CONTENTION, SHARED_KINDS, ContentionModel
 from layerfit.schedule.profile import NetworkProfile, ProfileSet
 from layerfit.schedule.report import RunReport
 from layerfit.schedule.runtime import InferenceJob, Runtime
 from layerfit.schedule.workload import Workload
+
+_SHARED = {kind.name for kind in SHARED_KINDS}
 
 
 def run_workload(runtime: Runtime, workload: Workload, *, warmup: bool = False) -> RunReport:
@@ -83,24 +89,49 @@ def _names(job: Any) -> tuple[str, ...]:
     return tuple(profile.name for profile in job.networks)
 
 
-def measured_profiles(report: RunReport, profiles: ProfileSet) -> ProfileSet:
-    """``profiles`` with each layer's load/execute time replaced by the run's median."""
-    samples: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+def measured_profiles(report: RunReport, profiles: ProfileSet, *, alone: bool = False) -> ProfileSet:
+    """``profiles`` with each task's duration replaced by its mean in the real run.
+
+    Means, not medians: a queue depends on the total work, and medians drop the tail.
+    With ``alone``, a load or execution counts only if no other load or execution
+    overlapped it (its speed alone, for a simulator that models contention itself);
+    a task that never ran alone keeps the mean of all its runs, then the profile's.
+    """
+    shared = [r for r in report.tasks if r.kind in _SHARED]
+    shared.sort(key=lambda r: r.start)
+    starts = [r.start for r in shared]
+    longest = max((r.end - r.start for r in shared), default=0.0)
+
+    def overlapped(record: Any) -> bool:
+        # candidates start before it ends and no earlier than the longest task before it
+        lo = bisect.bisect_left(starts, record.start - longest)
+        hi = bisect.bisect_left(starts, record.end)
+        return any(
+            other is not record and other.end > record.start and other.start < record.end
+            for other in shared[lo:hi]
+        )
+
+    every: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    lone: dict[tuple[str, str, int], list[float]] = defaultdict(list)
     for record in report.tasks:
         name = record.network.rsplit("/", 1)[-1].split(".", 1)[-1]
-        samples[(name, record.kind, record.layer)].append(record.end - record.start)
+        key = (name, record.kind, record.layer)
+        every[key].append(record.end - record.start)
+        if alone and (record.kind not in _SHARED or not overlapped(record)):
+            lone[key].append(record.end - record.start)
 
-    def median(name: str, kind: str, layer: int, default: float) -> float:
-        values = samples.get((name, kind, layer))
-        return statistics.median(values) if values else default
+    def mean(name: str, kind: str, layer: int, default: float) -> float:
+        key = (name, kind, layer)
+        values = (lone.get(key) if alone else None) or every.get(key)
+        return statistics.fmean(values) if values else default
 
     out: list[NetworkProfile] = []
     for profile in profiles.values():
         layers = tuple(
             replace(
                 layer,
-                load_time=median(profile.name, "LOAD", i, layer.load_time),
-                exec_time=median(profile.name, "EXEC", i, layer.exec_time),
+                load_time=mean(profile.name, "LOAD", i, layer.load_time),
+                exec_time=mean(profile.name, "EXEC", i, layer.exec_time),
             )
             for i, layer in enumerate(profile.layers)
         )
@@ -108,28 +139,41 @@ def measured_profiles(report: RunReport, profiles: ProfileSet) -> ProfileSet:
             replace(
                 profile,
                 layers=layers,
-                init_time=median(profile.name, "INIT", -1, profile.init_time),
-                unload_time=statistics.median(
+                init_time=mean(profile.name, "INIT", -1, profile.init_time),
+                unload_time=statistics.fmean(
                     [
-                        median(profile.name, "UNLOAD", i, profile.unload_time)
+                        mean(profile.name, "UNLOAD", i, profile.unload_time)
                         for i in range(len(profile.layers))
                     ]
                 ),
-                source="measured-in-run",
+                source="measured-in-run-alone" if alone else "measured-in-run",
             )
         )
-    return ProfileSet(out, label=f"{profiles.label} (durations of the real run)")
+    which = "alone durations" if alone else "durations"
+    return ProfileSet(out, label=f"{profiles.label} ({which} of the real run)")
 
 
 def compare_with_simulator(
     real: RunReport, workload: Workload, profiles: ProfileSet, *, memory: int, workers: int,
-    estimate_factor: float = 1.0,
+    estimate_factor: float = 1.0, contention: ContentionModel = NO_CONTENTION,
 ) -> dict[str, Any]:
-    """The simulator on the same run, with profiled and with measured durations, vs real."""
+    """The simulator on the same run vs real: with profiled durations, and with the mean
+    durations the run measured. With a ``contention`` model, also under that model with
+    profiled durations and with the run's mean durations of tasks that ran alone (the
+    model then adds the slowdown of the ones that did not)."""
     from layerfit.schedule.simulator import simulate
 
     out: dict[str, Any] = {"real": _headline(real)}
-    for label, used in (("profiled", profiles), ("measured", measured_profiles(real, profiles))):
+    variants = [
+        ("profiled_durations", profiles, NO_CONTENTION),
+        ("measured_durations", measured_profiles(real, profiles), NO_CONTENTION),
+    ]
+    if not contention.free:
+        variants += [
+            ("profiled_durations_contention", profiles, contention),
+            ("alone_durations_contention", measured_profiles(real, profiles, alone=True), contention),
+        ]
+    for label, used, shared in variants:
         sim = simulate(
             workload,
             real.policy,
@@ -139,13 +183,16 @@ def compare_with_simulator(
             estimate_factor=estimate_factor,
             profiles=used,
             trace=False,
+            contention=shared,
         )
         headline = _headline(sim)
         headline["difference"] = {
             key: _relative(headline[key], out["real"][key])
             for key in ("mean_response_s", "p95_response_s", "makespan_s")
         }
-        out[f"simulated_{label}_durations"] = headline
+        if not shared.free:
+            headline["contention_model"] = shared.describe()
+        out[f"simulated_{label}"] = headline
     return out
 
 
@@ -162,6 +209,7 @@ def run_real(
     estimate_factor: float = 1.0,
     compare: bool = False,
     gated: bool = True,
+    contention: ContentionModel = NO_CONTENTION,
 ) -> tuple[RunReport, Workload, dict[str, Any]]:
     """``layerfit schedule run`` without ``--simulate``: the workload on real prepared models.
 
@@ -215,7 +263,7 @@ def run_real(
     if compare:
         extra["simulator_comparison"] = compare_with_simulator(
             report, workload, profiles, memory=memory, workers=workers,
-            estimate_factor=estimate_factor,
+            estimate_factor=estimate_factor, contention=contention,
         )
     return report, workload, extra
 

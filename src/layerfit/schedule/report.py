@@ -94,6 +94,7 @@ class RunReport:
     peak_resident: int = 0
     estimate_factor: float = 1.0
     paging: dict[str, Any] | None = None
+    contention: dict[str, Any] | None = None  # simulator: how concurrent tasks shared the machine
     workload: str = ""
     ledger_history: list[MemorySample] = field(default_factory=list, repr=False)
 
@@ -166,6 +167,7 @@ class RunReport:
         """Summary, per-job results and memory over time; with ``trace`` every task too."""
         data = self.summary()
         data["paging_model"] = self.paging
+        data["contention_model"] = self.contention
         data["job_results"] = [asdict(j) for j in self.jobs]
         data["memory_over_time"] = [[t, used] for t, used in _thin(self.memory)]
         data["resident_over_time"] = [[t, used] for t, used in _thin(self.resident)]

@@ -8,6 +8,10 @@ profiled duration times the paging slowdown (:mod:`layerfit.schedule.penalty`) f
 (``resident``) follows the actual bytes, so an estimate factor ≠ 1 (thesis §7.6) shows
 up as paging, not as a broken budget.
 
+With a :class:`~layerfit.schedule.contention.ContentionModel`, loads and executions in
+flight slow each other down (shared storage, shared cores): a task's duration is then
+its work done at a rate that changes whenever another task starts or ends.
+
 Workers are SimPy processes that ask the dispatcher for work and, when it has none for
 them, wait on an event that fires at the next arrival or completion.
 """
@@ -20,16 +24,76 @@ from dataclasses import replace
 import simpy
 
 from layerfit.errors import ScheduleError
+from layerfit.schedule.contention import NO_CONTENTION, SHARED_KINDS, ContentionModel
 from layerfit.schedule.dispatch import Dispatcher, JobState, Oversize
 from layerfit.schedule.ledger import MemoryLedger
 from layerfit.schedule.penalty import PagingModel
 from layerfit.schedule.policies import Policy, make_policy
 from layerfit.schedule.profile import ProfileSet
 from layerfit.schedule.report import JobResult, RunReport, TaskRecord
-from layerfit.schedule.tasks import Job
+from layerfit.schedule.tasks import Job, TaskKind
 from layerfit.schedule.workload import Workload
 
 DEFAULT_PAGING = PagingModel()
+
+
+class _SharedMachine:
+    """Loads and executions in flight slow each other (:class:`ContentionModel`).
+
+    :meth:`run` is a SimPy generator that returns when ``work`` seconds of alone-speed
+    work are done. Rates hold between two changes of the set in flight; each start or
+    end brings every task's remaining work up to date and re-plans the next completion.
+    A stale timer (planned before the latest change) does nothing when it fires.
+    """
+
+    def __init__(self, env: simpy.Environment, model: ContentionModel) -> None:
+        self._env = env
+        self._model = model
+        self._inflight: dict[simpy.Event, list] = {}  # event -> [remaining work, kind, rate]
+        self._since = env.now
+        self._plan = 0
+
+    def run(self, kind: TaskKind, work: float):
+        if self._model.free or kind not in SHARED_KINDS:
+            yield self._env.timeout(work)
+            return
+        self._advance()
+        done = self._env.event()
+        self._inflight[done] = [work, kind, 1.0]
+        self._replan()
+        yield done
+
+    def _advance(self) -> None:
+        elapsed = self._env.now - self._since
+        self._since = self._env.now
+        for entry in self._inflight.values():
+            entry[0] -= elapsed * entry[2]
+
+    def _replan(self) -> None:
+        self._plan += 1
+        if not self._inflight:
+            return
+        loads = sum(entry[1] is TaskKind.LOAD for entry in self._inflight.values())
+        execs = len(self._inflight) - loads
+        for entry in self._inflight.values():
+            kind = entry[1]
+            own_load, own_exec = kind is TaskKind.LOAD, kind is TaskKind.EXEC
+            entry[2] = self._model.rate(kind, loads - own_load, execs - own_exec)
+        first = min(self._inflight, key=lambda e: self._inflight[e][0] / self._inflight[e][2])
+        remaining, _, rate = self._inflight[first]
+        self._env.process(self._finish(max(0.0, remaining) / rate, first, self._plan))
+
+    def _finish(self, delay: float, first: simpy.Event, plan: int):
+        yield self._env.timeout(delay)
+        if plan != self._plan:
+            return
+        self._advance()
+        for event, entry in list(self._inflight.items()):
+            # the planned task, and any other that ends within rounding of it
+            if event is first or entry[0] <= 1e-9 * max(1.0, self._env.now):
+                del self._inflight[event]
+                event.succeed()
+        self._replan()
 
 
 class _Wakeup:
@@ -58,6 +122,7 @@ def simulate(
     profiles: ProfileSet | None = None,
     mode: str | None = None,
     trace: bool = True,
+    contention: ContentionModel = NO_CONTENTION,
 ) -> RunReport:
     """Run ``workload`` under ``policy`` with a ``memory`` budget on ``workers`` workers.
 
@@ -66,6 +131,8 @@ def simulate(
     scheduler is told. ``oversize="alone"`` runs a task larger than the budget alone
     instead of rejecting its job. ``gated=False`` lets memory-oblivious policies ignore
     the budget. ``mode`` overrides the workload's (``open`` or ``closed``).
+    ``contention`` makes concurrent loads and executions slow each other down (default:
+    none, every task runs at its profiled speed, as in the thesis).
     """
     if isinstance(workload, Workload):
         jobs = workload.jobs(profiles)
@@ -96,6 +163,7 @@ def simulate(
         resident=resident,
     )
     wakeup = _Wakeup(env)
+    machine = _SharedMachine(env, contention)
     records: list[TaskRecord] = []
     busy = [0.0] * workers
     finished_events: dict[str, simpy.Event] = {}
@@ -119,7 +187,7 @@ def simulate(
                     resident.used / physical, (task.actual_memory or 0) / physical
                 )
             start = env.now
-            yield env.timeout(task.duration * slowdown)
+            yield from machine.run(task.kind, task.duration * slowdown)
             busy[index] += env.now - start
             if trace:
                 records.append(
@@ -188,6 +256,7 @@ def simulate(
         peak_resident=resident.peak,
         estimate_factor=estimate_factor,
         paging=None if paging is None else paging.describe(),
+        contention=None if contention.free else contention.describe(),
         workload=name,
         ledger_history=list(ledger.history),
     )
