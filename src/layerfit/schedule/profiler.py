@@ -20,6 +20,7 @@ and init tasks cost (:class:`~layerfit.schedule.profile.NetworkProfile`). Two so
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import statistics
 import threading
@@ -144,6 +145,23 @@ class _UnitMeasure:
     unload_s: list[float] = field(default_factory=list)
 
 
+def _read_unit(engine: Engine, i: int) -> mmap.mmap:
+    """Unit ``i`` read the way a load task reads it: into a fresh aligned buffer of its own."""
+    from layerfit.store.reader import aligned_buffer
+
+    buf = aligned_buffer(engine.blocks[i].nbytes)
+    view = memoryview(buf)
+    try:
+        engine.read_unit(i, view)
+    except BaseException:
+        view.release()
+        with contextlib.suppress(BufferError):
+            buf.close()
+        raise
+    view.release()
+    return buf
+
+
 class _ProfilingSource:
     """A unit source that loads each unit when the forward pass asks for it and measures
     its tasks as the runtime runs them: an execution is the kernel plus the ops between
@@ -156,26 +174,18 @@ class _ProfilingSource:
         self.engine = engine
         self.sampler = sampler  # None: time only (the sampler thread would slow the run)
         self.measures = measures
-        self._units: dict[int, tuple[object, torch.Tensor]] = {}
+        self._units: dict[int, tuple[mmap.mmap, torch.Tensor]] = {}
         self._exec_start = 0.0
         self._released_at: float | None = None  # end of the previous unit's kernel
         self._ops_before = 0.0
 
     def acquire(self, i: int) -> tuple[torch.Tensor, int]:
-        from layerfit.store.reader import aligned_buffer
-
         entered = time.perf_counter()
         self._ops_before = 0.0 if self._released_at is None else entered - self._released_at
-        nbytes = self.engine.blocks[i].nbytes
         if self.sampler is not None:
             self.sampler.start()
         t0 = time.perf_counter()
-        buf = aligned_buffer(nbytes)
-        view = memoryview(buf)
-        try:
-            self.engine.read_unit(i, view)
-        finally:
-            view.release()
+        buf = _read_unit(self.engine, i)
         t1 = time.perf_counter()
         if self.sampler is None:
             self.measures[i].load_s.append(t1 - t0)
@@ -198,7 +208,7 @@ class _ProfilingSource:
         del tensor
         t0 = time.perf_counter()
         with contextlib.suppress(BufferError):
-            buf.close()  # type: ignore[attr-defined]
+            buf.close()
         if self.sampler is None:
             self.measures[i].unload_s.append(time.perf_counter() - t0)
         self._released_at = time.perf_counter()
@@ -213,7 +223,7 @@ class _ProfilingSource:
     def close(self) -> None:
         for buf, _ in self._units.values():
             with contextlib.suppress(BufferError):
-                buf.close()  # type: ignore[attr-defined]
+                buf.close()
         self._units.clear()
 
 
@@ -301,16 +311,9 @@ class _ResidentSource:
     """A unit source with every unit read once and kept: the forward pass only computes."""
 
     def __init__(self, engine: Engine) -> None:
-        from layerfit.store.reader import aligned_buffer
-
-        self._units: list[tuple[object, torch.Tensor]] = []
-        for i, block in enumerate(engine.blocks):
-            buf = aligned_buffer(block.nbytes)
-            view = memoryview(buf)
-            try:
-                engine.read_unit(i, view)
-            finally:
-                view.release()
+        self._units: list[tuple[mmap.mmap, torch.Tensor]] = []
+        for i in range(len(engine.blocks)):
+            buf = _read_unit(engine, i)
             self._units.append((buf, torch.frombuffer(buf, dtype=torch.uint8)))
 
     def acquire(self, i: int) -> tuple[torch.Tensor, int]:
@@ -321,24 +324,18 @@ class _ResidentSource:
 
     def close(self) -> None:
         units, self._units = self._units, []
-        for buf, _ in units:
+        for buf, tensor in units:
+            del tensor
             with contextlib.suppress(BufferError):
-                buf.close()  # type: ignore[attr-defined]
+                buf.close()
 
 
 def _read_all(engine: Engine) -> None:
-    """Every unit of ``engine`` read the way a load task reads it (fresh aligned buffer)."""
-    from layerfit.store.reader import aligned_buffer
-
-    for i, block in enumerate(engine.blocks):
-        buf = aligned_buffer(block.nbytes)
-        view = memoryview(buf)
-        try:
-            engine.read_unit(i, view)
-        finally:
-            view.release()
-            with contextlib.suppress(BufferError):
-                buf.close()
+    """Every unit of ``engine`` read as load tasks read them, each buffer freed after."""
+    for i in range(len(engine.blocks)):
+        buf = _read_unit(engine, i)
+        with contextlib.suppress(BufferError):
+            buf.close()
 
 
 def _slowdown(
