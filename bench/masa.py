@@ -35,7 +35,7 @@ whole-network baseline, and the targets are also reported against it.
    also with this machine's contention model (how much a load or an execution slows down
    beside another, measured with the profiles: ``layerfit.schedule.contention``). Each real
    run is simulated four ways and the differences reported (thesis model; the run's own
-   task durations; profiled + contention; the run's alone durations + contention).
+   task durations; profiled + contention; the run's durations de-contended by the model + contention).
 3. **Sensitivity** (thesis §7.6): the scheduler's memory estimates × 0.5 … 1.5, in the
    simulator (paging model) for MASA/Bulk/DeepEye, and for MASA in the real executor on
    small-3 at the tightest budget (where an under-estimate shows as unit buffers above
@@ -87,7 +87,7 @@ FIDELITY = (
     ("simulated_profiled_durations", "thesis model"),
     ("simulated_measured_durations", "run's durations"),
     ("simulated_profiled_durations_contention", "profiled + contention"),
-    ("simulated_alone_durations_contention", "run's alone durations + contention"),
+    ("simulated_decontended_durations_contention", "run's durations de-contended + contention"),
 )
 
 
@@ -562,9 +562,11 @@ def markdown(data: dict[str, Any], tight: str, loose: str) -> str:
               "Simulated mean response relative to the real run's, (sim − real) / real. *Thesis model*: "
               "profiled durations, every task at its alone speed. *Run's durations*: each task's mean "
               "duration in the real run (contention included on average). *Profiled + contention*: the "
-              "contention model above. *Run's alone durations + contention*: each task's mean over its runs "
-              "that no other load or execution overlapped, plus the model — the test of the model itself, "
-              "free of drift between profiling and the run.", "",
+              "contention model above. *Run's durations de-contended + contention*: each task's run turned back "
+              "into work alone by the model (the integral of the model's rate over its span, beside what the "
+              "trace shows in flight), then simulated with the model: whether the model reproduces the run's "
+              "dynamics, free of drift between profiling and the run. The one-worker Bulk never runs two tasks "
+              "at once, so its thesis-model error is that drift alone.", "",
               "| scenario | policy | real s | " + " | ".join(label for _, label in FIDELITY) + " |",
               "|---|---|---:|" + "---:|" * len(FIDELITY)]
     for name, by_budget in data["real"].items():

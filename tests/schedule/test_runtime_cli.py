@@ -49,11 +49,11 @@ def test_real_run_reports_like_the_simulator_and_compares(repo, tmp_path, capsys
     assert len(data["worker_utilisation"]) == 2 and data["task_trace"]
     comparison = data["simulator_comparison"]
     for key in ("simulated_profiled_durations", "simulated_measured_durations",
-                "simulated_profiled_durations_contention", "simulated_alone_durations_contention"):
+                "simulated_profiled_durations_contention", "simulated_decontended_durations_contention"):
         assert comparison[key]["jobs_done"] == 3
         assert "mean_response_s" in comparison[key]["difference"]
     assert data["runtime"]["jobs"]["done"] == 3
-    assert comparison["simulated_alone_durations_contention"]["contention_model"]["source"] == "measured"
+    assert comparison["simulated_decontended_durations_contention"]["contention_model"]["source"] == "measured"
     assert main([*args, "--repository", str(repo)]) == 0
     out = capsys.readouterr().out
     assert "(real executor)" in out and "response time: mean" in out

@@ -183,8 +183,9 @@ def test_measure_contention_on_real_models(tmp_path):
         measure_contention([repo / "chain"], repeats=0)
 
 
-def test_alone_durations_skip_tasks_that_overlapped_another():
-    """The real run's per-task means, counting only the runs no load/execution overlapped."""
+def test_run_durations_are_decontended_by_the_model():
+    """The real run's per-task means; with a model, each run's duration is first turned
+    back into work alone: the model's rate integrated over its span."""
     from layerfit.schedule.profile import ProfileSet
     from layerfit.schedule.realrun import measured_profiles
     from layerfit.schedule.report import RunReport, TaskRecord
@@ -195,21 +196,23 @@ def test_alone_durations_skip_tasks_that_overlapped_another():
         return TaskRecord(f"{job}{kind}{layer}", job, f"{job}/0.a", kind, layer, worker, start, end, 1.0, "fits", 1)
 
     tasks = [
-        record("j1", "LOAD", 0, 0.0, 1.0),  # alone
-        record("j2", "LOAD", 0, 2.0, 5.0),  # overlaps j3's load
-        record("j3", "LOAD", 0, 4.0, 7.0, worker=1),
-        record("j1", "EXEC", 0, 8.0, 9.0),  # alone
+        record("j1", "LOAD", 0, 0.0, 1.0),  # alone: work 1
+        record("j2", "LOAD", 0, 2.0, 5.0),  # 2..4 alone (2), 4..5 beside a load at 1/2 (0.5)
+        record("j3", "LOAD", 0, 4.0, 7.0, worker=1),  # 4..5 beside j2's load (0.5), then alone (2)
         record("j1", "UNLOAD", 0, 4.5, 4.7, worker=1),  # unloads neither slow nor are slowed
-        record("j1", "LOAD", 1, 10.0, 12.0),
-        record("j2", "EXEC", 1, 11.0, 15.0, worker=1),  # layer 1 never ran alone
+        record("j1", "LOAD", 1, 10.0, 12.0),  # 10..11 alone (1), 11..12 beside an exec at 1/1.5
+        record("j2", "EXEC", 1, 11.0, 15.0, worker=1),  # 11..12 beside a load at 1/3 (1/3), 12..15 (3)
     ]
     report = RunReport("masa", 2, 100, 100, "real", [], tasks=tasks)
-    every = measured_profiles(report, profiles)["a"]
-    alone = measured_profiles(report, profiles, alone=True)["a"]
-    assert every.layers[0].load_time == pytest.approx((1 + 3 + 3) / 3)
-    assert alone.layers[0].load_time == pytest.approx(1.0)
-    assert alone.layers[0].exec_time == pytest.approx(1.0)
-    assert alone.layers[1].load_time == pytest.approx(2.0)  # no lone run: the mean of all
-    assert alone.layers[1].exec_time == pytest.approx(4.0)
+    plain = measured_profiles(report, profiles)["a"]
+    assert plain.layers[0].load_time == pytest.approx((1 + 3 + 3) / 3)
+    assert plain.layers[1].exec_time == pytest.approx(4.0)
+    model = ContentionModel(load_by_load=2.0, load_by_exec=1.5, exec_by_load=3.0)
+    alone = measured_profiles(report, profiles, contention=model)["a"]
+    assert alone.layers[0].load_time == pytest.approx((1 + 2.5 + 2.5) / 3)
+    assert alone.layers[1].load_time == pytest.approx(1 + 1 / 1.5)
+    assert alone.layers[1].exec_time == pytest.approx(1 / 3 + 3)
+    assert alone.layers[0].exec_time == 9.0  # never ran: the profile's
     assert alone.unload_time == pytest.approx((0.2 + 0.0) / 2)  # layer 1 has no unload: profile's 0
-    assert alone.source == "measured-in-run-alone"
+    assert alone.source == "measured-in-run-decontended"
+    assert plain.source == "measured-in-run"

@@ -11,13 +11,12 @@ repository; every network gets the deterministic example input of its prepared m
 and workers with the runtime's profiles (no paging: the real executor keeps the
 budget), and again with every task's duration replaced by the mean of what the real
 run measured for it; given a contention model, also under that model (with profiled
-durations, and with the run's durations of tasks that ran alone). It reports each
-against the real run.
+durations, and with the run's durations turned back into work alone by the model). It
+reports each against the real run.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import math
 import statistics
@@ -33,6 +32,7 @@ from layerfit.schedule.contention import NO_CONTENTION, SHARED_KINDS, Contention
 from layerfit.schedule.profile import NetworkProfile, ProfileSet
 from layerfit.schedule.report import RunReport
 from layerfit.schedule.runtime import InferenceJob, Runtime
+from layerfit.schedule.tasks import TaskKind
 from layerfit.schedule.workload import Workload
 
 _SHARED = {kind.name for kind in SHARED_KINDS}
@@ -89,40 +89,28 @@ def _names(job: Any) -> tuple[str, ...]:
     return tuple(profile.name for profile in job.networks)
 
 
-def measured_profiles(report: RunReport, profiles: ProfileSet, *, alone: bool = False) -> ProfileSet:
+def measured_profiles(
+    report: RunReport, profiles: ProfileSet, *, contention: ContentionModel | None = None
+) -> ProfileSet:
     """``profiles`` with each task's duration replaced by its mean in the real run.
 
     Means, not medians: a queue depends on the total work, and medians drop the tail.
-    With ``alone``, a load or execution counts only if no other load or execution
-    overlapped it (its speed alone, for a simulator that models contention itself);
-    a task that never ran alone keeps the mean of all its runs, then the profile's.
+    With ``contention``, each load's and execution's duration is first turned back into
+    its work alone: the integral, over its span, of the rate the model gives it beside
+    the loads and executions the trace shows in flight with it (for a simulator that
+    applies the model itself; without that, a simulator with the model would count the
+    run's contention twice).
     """
-    shared = [r for r in report.tasks if r.kind in _SHARED]
-    shared.sort(key=lambda r: r.start)
-    starts = [r.start for r in shared]
-    longest = max((r.end - r.start for r in shared), default=0.0)
-
-    def overlapped(record: Any) -> bool:
-        # candidates start before it ends and no earlier than the longest task before it
-        lo = bisect.bisect_left(starts, record.start - longest)
-        hi = bisect.bisect_left(starts, record.end)
-        return any(
-            other is not record and other.end > record.start and other.start < record.end
-            for other in shared[lo:hi]
+    durations = _alone_work(report, contention) if contention is not None else {}
+    samples: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    for index, record in enumerate(report.tasks):
+        name = record.network.rsplit("/", 1)[-1].split(".", 1)[-1]
+        samples[(name, record.kind, record.layer)].append(
+            durations.get(index, record.end - record.start)
         )
 
-    every: dict[tuple[str, str, int], list[float]] = defaultdict(list)
-    lone: dict[tuple[str, str, int], list[float]] = defaultdict(list)
-    for record in report.tasks:
-        name = record.network.rsplit("/", 1)[-1].split(".", 1)[-1]
-        key = (name, record.kind, record.layer)
-        every[key].append(record.end - record.start)
-        if alone and (record.kind not in _SHARED or not overlapped(record)):
-            lone[key].append(record.end - record.start)
-
     def mean(name: str, kind: str, layer: int, default: float) -> float:
-        key = (name, kind, layer)
-        values = (lone.get(key) if alone else None) or every.get(key)
+        values = samples.get((name, kind, layer))
         return statistics.fmean(values) if values else default
 
     out: list[NetworkProfile] = []
@@ -146,11 +134,33 @@ def measured_profiles(report: RunReport, profiles: ProfileSet, *, alone: bool = 
                         for i in range(len(profile.layers))
                     ]
                 ),
-                source="measured-in-run-alone" if alone else "measured-in-run",
+                source="measured-in-run" + ("-decontended" if contention is not None else ""),
             )
         )
-    which = "alone durations" if alone else "durations"
+    which = "de-contended durations" if contention is not None else "durations"
     return ProfileSet(out, label=f"{profiles.label} ({which} of the real run)")
+
+
+def _alone_work(report: RunReport, contention: ContentionModel) -> dict[int, float]:
+    """Index in ``report.tasks`` -> the work alone of each load and execution, by the model."""
+    shared = [(i, r) for i, r in enumerate(report.tasks) if r.kind in _SHARED and r.end > r.start]
+    changes = sorted({t for _, r in shared for t in (r.start, r.end)})
+    starting: dict[float, list[int]] = defaultdict(list)
+    for i, r in shared:
+        starting[r.start].append(i)
+    work = dict.fromkeys((i for i, _ in shared), 0.0)
+    inflight: set[int] = set()
+    tasks = report.tasks
+    for lo, hi in zip(changes, changes[1:], strict=False):
+        inflight = {i for i in inflight if tasks[i].end > lo}
+        inflight.update(starting.get(lo, ()))
+        loads = sum(tasks[i].kind == TaskKind.LOAD.name for i in inflight)
+        execs = len(inflight) - loads
+        for i in inflight:
+            kind = TaskKind[tasks[i].kind]
+            mine_load, mine_exec = kind is TaskKind.LOAD, kind is TaskKind.EXEC
+            work[i] += (hi - lo) * contention.rate(kind, loads - mine_load, execs - mine_exec)
+    return work
 
 
 def compare_with_simulator(
@@ -159,8 +169,8 @@ def compare_with_simulator(
 ) -> dict[str, Any]:
     """The simulator on the same run vs real: with profiled durations, and with the mean
     durations the run measured. With a ``contention`` model, also under that model with
-    profiled durations and with the run's mean durations of tasks that ran alone (the
-    model then adds the slowdown of the ones that did not)."""
+    profiled durations, and with the run's durations turned back into work alone by the
+    model (the simulator then adds the model's slowdowns to its own schedule)."""
     from layerfit.schedule.simulator import simulate
 
     out: dict[str, Any] = {"real": _headline(real)}
@@ -171,7 +181,11 @@ def compare_with_simulator(
     if not contention.free:
         variants += [
             ("profiled_durations_contention", profiles, contention),
-            ("alone_durations_contention", measured_profiles(real, profiles, alone=True), contention),
+            (
+                "decontended_durations_contention",
+                measured_profiles(real, profiles, contention=contention),
+                contention,
+            ),
         ]
     for label, used, shared in variants:
         sim = simulate(
