@@ -413,17 +413,18 @@ def run_command(
     comparison = extra.get("simulator_comparison")
     if comparison:
         real_mean = comparison["real"]["mean_response_s"]
-        for key in (
-            "simulated_profiled_durations",
-            "simulated_measured_durations",
-            "simulated_profiled_durations_contention",
+        for key, label in (
+            ("simulated_profiled_durations", "profiled durations"),
+            ("simulated_measured_durations", "the run's durations"),
+            ("simulated_profiled_durations_contention", "profiled durations, contention"),
+            ("simulated_decontended_durations_contention", "the run's durations de-contended, contention"),
         ):
             if key not in comparison:
                 continue
             sim = comparison[key]
             diff = sim["difference"]["mean_response_s"]
             lines.append(
-                f"simulator ({key.split('_')[1]} durations{', contention' if key.endswith('contention') else ''}): mean response {sim['mean_response_s']:.3f} s "
+                f"simulator ({label}): mean response {sim['mean_response_s']:.3f} s "
                 f"vs real {real_mean:.3f} s"
                 + (f" ({diff:+.0%})" if diff is not None else "")
             )
