@@ -42,14 +42,19 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except typer.Abort:
         return 130
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
+    except _usage_errors() as exc:  # a missing argument, an unknown option, a bad value
+        exc.show()  # type: ignore[attr-defined]
+        return exc.exit_code  # type: ignore[attr-defined]
     return 0
+
+
+def _usage_errors() -> tuple[type[Exception], ...]:
+    """Click's usage errors, as raised in non-standalone mode: recent typer releases
+    vendor their own copy of click, whose ``ClickException`` is not click's."""
+    import click
+
+    vendored = [c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"]
+    return (click.ClickException, *vendored)
 
 
 # --- commands -------------------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from layerfit.cli import main
 
 
@@ -84,3 +86,17 @@ def test_user_errors_exit_2_without_traceback(tmp_path, capsys):
         main(["schedule", "run", "--workload", str(good), "--memory", "100MB", "--simulate"]) == 0
     )
     assert "rejected" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["schedule", "contention"], "Missing argument"),
+        (["run", "--bogus"], "No such option: --bogus"),
+        (["schedule", "run", "--workload", "w.yaml", "--memory", "1MB", "--workers", "0"], "--workers"),
+    ],
+)
+def test_usage_errors_are_a_message_not_a_traceback(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
