@@ -230,7 +230,7 @@ def run_real(
     Networks are the model folders of ``repository``, or thesis networks prepared from
     the zoo into ``zoo_cache`` at ``resolution`` (:mod:`layerfit.schedule.thesis_zoo`).
     ``gated=False`` lets a memory-oblivious policy ignore the budget (the thesis's
-    baselines). Returns the report, the workload and extra facts (runtime stats, model
+    baselines); ``contention`` is the model the simulator comparison also runs with. Returns the report, the workload and extra facts (runtime stats, model
     states and, with ``compare``, the simulator's view of the same run).
     """
     from layerfit.errors import ScheduleError, WorkloadError
