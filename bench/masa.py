@@ -566,7 +566,8 @@ def markdown(data: dict[str, Any], tight: str, loose: str) -> str:
               "into work alone by the model (the integral of the model's rate over its span, beside what the "
               "trace shows in flight), then simulated with the model: whether the model reproduces the run's "
               "dynamics, free of drift between profiling and the run. The one-worker Bulk never runs two tasks "
-              "at once, so its thesis-model error is that drift alone.", "",
+              "at once, so its thesis-model error is that drift (and the runtime's gaps between tasks), no "
+              "contention.", "",
               "| scenario | policy | real s | " + " | ".join(label for _, label in FIDELITY) + " |",
               "|---|---|---:|" + "---:|" * len(FIDELITY)]
     for name, by_budget in data["real"].items():
@@ -590,9 +591,8 @@ def markdown(data: dict[str, Any], tight: str, loose: str) -> str:
             lines.append("")
     lines += [f"## Simulator with this machine's contention (paging model, tightest budget {tight} ×)", ""]
     for name, by_label in data["simulator_contention"].items():
-        labels = list(by_label)
         lines += [f"### {name}", "", "| workload | " + " | ".join(CONTENDED) + " |", "|---|" + "---:|" * len(CONTENDED)]
-        for label in labels:
+        for label in by_label:
             results = by_label[label][tight]
             lines.append(f"| {label} | " + " | ".join(fmt(mean_of(results[p])) for p in CONTENDED) + " |")
         lines.append("")
