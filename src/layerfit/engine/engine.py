@@ -15,6 +15,8 @@ starts with a cheap check that the weights file was not replaced or modified.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import threading
 import time
 from dataclasses import dataclass
@@ -347,6 +349,21 @@ class Engine:
         self.reader.read_range(blk.offset, blk.nbytes, view, what)
         if i not in self._verified_blocks:
             self._verify(i, view)
+
+    def read_unit_buffer(self, i: int) -> mmap.mmap:
+        """Unit ``i`` read into a fresh aligned buffer of exactly its bytes, owned by the
+        caller (a scheduler's load task); freed again if the read fails."""
+        buffer = aligned_buffer(self.blocks[i].nbytes)
+        view = memoryview(buffer)
+        try:
+            self.read_unit(i, view)
+        except BaseException:
+            view.release()
+            with contextlib.suppress(BufferError):  # the traceback still holds views: GC frees it
+                buffer.close()
+            raise
+        view.release()
+        return buffer
 
     def _read_range(self, first: int, stop: int, off: int) -> None:
         """Read units ``first..stop-1`` (adjacent in the file) into the ring at ``off``.

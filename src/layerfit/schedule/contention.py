@@ -78,6 +78,11 @@ class ContentionModel:
             return 1.0
         return 1.0 / (1.0 + (by_load - 1.0) * other_loads + (by_exec - 1.0) * other_execs)
 
+    def rate_in(self, kind: TaskKind, loads: int, execs: int) -> float:
+        """:meth:`rate` of a ``kind`` task among ``loads`` loads and ``execs`` executions
+        in flight, itself included."""
+        return self.rate(kind, loads - (kind is TaskKind.LOAD), execs - (kind is TaskKind.EXEC))
+
     def describe(self) -> dict[str, Any]:
         return {
             "format": FORMAT,

@@ -35,7 +35,6 @@ import torch
 
 from layerfit.engine.engine import Engine
 from layerfit.errors import ScheduleError
-from layerfit.store.reader import aligned_buffer
 
 
 class Abandoned(ScheduleError):
@@ -136,17 +135,7 @@ class NetworkRun:
 
     def load(self, i: int) -> int:
         """Read unit ``i`` into a buffer of its own; returns its bytes."""
-        unit_bytes = self.engine.blocks[i].nbytes
-        buffer = aligned_buffer(unit_bytes)
-        view = memoryview(buffer)
-        try:
-            self.engine.read_unit(i, view)
-        except BaseException:
-            view.release()
-            with contextlib.suppress(BufferError):  # the traceback still holds views: GC frees it
-                buffer.close()
-            raise
-        view.release()
+        buffer = self.engine.read_unit_buffer(i)
         unit = _Unit(buffer, torch.frombuffer(buffer, dtype=torch.uint8), len(buffer))
         with self.cond:
             if not self.abandoned:

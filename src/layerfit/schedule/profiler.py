@@ -145,23 +145,6 @@ class _UnitMeasure:
     unload_s: list[float] = field(default_factory=list)
 
 
-def _read_unit(engine: Engine, i: int) -> mmap.mmap:
-    """Unit ``i`` read the way a load task reads it: into a fresh aligned buffer of its own."""
-    from layerfit.store.reader import aligned_buffer
-
-    buf = aligned_buffer(engine.blocks[i].nbytes)
-    view = memoryview(buf)
-    try:
-        engine.read_unit(i, view)
-    except BaseException:
-        view.release()
-        with contextlib.suppress(BufferError):
-            buf.close()
-        raise
-    view.release()
-    return buf
-
-
 class _ProfilingSource:
     """A unit source that loads each unit when the forward pass asks for it and measures
     its tasks as the runtime runs them: an execution is the kernel plus the ops between
@@ -185,7 +168,7 @@ class _ProfilingSource:
         if self.sampler is not None:
             self.sampler.start()
         t0 = time.perf_counter()
-        buf = _read_unit(self.engine, i)
+        buf = self.engine.read_unit_buffer(i)
         t1 = time.perf_counter()
         if self.sampler is None:
             self.measures[i].load_s.append(t1 - t0)
@@ -313,7 +296,7 @@ class _ResidentSource:
     def __init__(self, engine: Engine) -> None:
         self._units: list[tuple[mmap.mmap, torch.Tensor]] = []
         for i in range(len(engine.blocks)):
-            buf = _read_unit(engine, i)
+            buf = engine.read_unit_buffer(i)
             self._units.append((buf, torch.frombuffer(buf, dtype=torch.uint8)))
 
     def acquire(self, i: int) -> tuple[torch.Tensor, int]:
@@ -333,7 +316,7 @@ class _ResidentSource:
 def _read_all(engine: Engine) -> None:
     """Every unit of ``engine`` read as load tasks read them, each buffer freed after."""
     for i in range(len(engine.blocks)):
-        buf = _read_unit(engine, i)
+        buf = engine.read_unit_buffer(i)
         with contextlib.suppress(BufferError):
             buf.close()
 

@@ -157,9 +157,7 @@ def _alone_work(report: RunReport, contention: ContentionModel) -> dict[int, flo
         loads = sum(tasks[i].kind == TaskKind.LOAD.name for i in inflight)
         execs = len(inflight) - loads
         for i in inflight:
-            kind = TaskKind[tasks[i].kind]
-            mine_load, mine_exec = kind is TaskKind.LOAD, kind is TaskKind.EXEC
-            work[i] += (hi - lo) * contention.rate(kind, loads - mine_load, execs - mine_exec)
+            work[i] += (hi - lo) * contention.rate_in(TaskKind[tasks[i].kind], loads, execs)
     return work
 
 
@@ -230,8 +228,9 @@ def run_real(
     Networks are the model folders of ``repository``, or thesis networks prepared from
     the zoo into ``zoo_cache`` at ``resolution`` (:mod:`layerfit.schedule.thesis_zoo`).
     ``gated=False`` lets a memory-oblivious policy ignore the budget (the thesis's
-    baselines); ``contention`` is the model the simulator comparison also runs with. Returns the report, the workload and extra facts (runtime stats, model
-    states and, with ``compare``, the simulator's view of the same run).
+    baselines); ``contention`` is the model the simulator comparison also runs with.
+    Returns the report, the workload and extra facts (runtime stats, model states and,
+    with ``compare``, the simulator's view of the same run).
     """
     from layerfit.errors import ScheduleError, WorkloadError
     from layerfit.schedule.thesis_zoo import THESIS_ZOO, prepare_thesis_models

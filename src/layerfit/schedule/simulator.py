@@ -76,9 +76,7 @@ class _SharedMachine:
         loads = sum(entry[1] is TaskKind.LOAD for entry in self._inflight.values())
         execs = len(self._inflight) - loads
         for entry in self._inflight.values():
-            kind = entry[1]
-            own_load, own_exec = kind is TaskKind.LOAD, kind is TaskKind.EXEC
-            entry[2] = self._model.rate(kind, loads - own_load, execs - own_exec)
+            entry[2] = self._model.rate_in(entry[1], loads, execs)
         first = min(self._inflight, key=lambda e: self._inflight[e][0] / self._inflight[e][2])
         remaining, _, rate = self._inflight[first]
         self._env.process(self._finish(max(0.0, remaining) / rate, first, self._plan))
