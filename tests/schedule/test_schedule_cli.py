@@ -37,6 +37,14 @@ def test_generate_then_simulate_with_json_and_plot(tmp_path, capsys, monkeypatch
     assert data["policy"] == "masa" and data["jobs_by_status"] == {"done": 2}
     assert set(data["response_time_s"]) == {"mean", "p50", "p95", "max"}
     assert (tmp_path / "w-masa.png").exists() and data["plot"] == "w-masa.png"
+    # no policy can beat the bound; `schedule bound` gives the same one without simulating
+    least = data["lower_bound"]["mean_response_s"]
+    assert 0 < least <= data["response_time_s"]["mean"]
+    assert main(["schedule", "bound", "--workload", "w.yaml", "--workers", "2", "--json"]) == 0
+    bound = json.loads(capsys.readouterr().out)
+    assert bound["mean_response_s"] == pytest.approx(least) and bound["mode"] == "open"
+    assert main(["schedule", "bound", "--workload", "w.yaml", "--workers", "1"]) == 0
+    assert "2 jobs (open), 1 worker: no policy's mean response is below" in capsys.readouterr().out
 
 
 def test_graph_command(tmp_path, capsys):

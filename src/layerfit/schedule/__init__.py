@@ -55,6 +55,7 @@ _EXPORTS = {
     "plot_run": "plot",
     "policy_names": "policies",
     "profile_from_graph": "profile",
+    "response_time_bound": "bounds",
     "simulate": "simulator",
     "solve_jobs": "optimal",
     "solve_optimal": "optimal",

@@ -194,6 +194,44 @@ def contention_command(
     )
 
 
+@app.command("bound")
+def bound_command(
+    workload: str = typer.Option(..., "--workload", help="workload YAML"),
+    workers: int = typer.Option(2, "--workers", min=1),
+    contention_file: str = typer.Option(
+        None, "--contention", help="contention model (file from 'schedule contention')"
+    ),
+    profiles: str = typer.Option(None, "--profiles", help="profile set (default: the workload's)"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The least mean response time any policy could give the workload on this many workers.
+
+    Memory is not counted, so it holds at every budget: a policy at 1.2x the bound can
+    gain at most a sixth of its response time, whatever the scheduler."""
+    from layerfit.schedule.bounds import response_time_bound
+    from layerfit.schedule.contention import NO_CONTENTION, load_contention
+    from layerfit.schedule.profile import resolve_profiles
+    from layerfit.schedule.workload import load_workload
+
+    contention = load_contention(contention_file) if contention_file else NO_CONTENTION
+    known = resolve_profiles(profiles) if profiles else None
+    loaded = load_workload(workload, known)
+    bound = response_time_bound(loaded, workers=workers, contention=contention, profiles=known)
+    if as_json:
+        _print_json({"workload": loaded.name, **bound.to_dict()})
+        return
+    _console.print(_bound_line(bound, loaded.name), highlight=False)
+
+
+def _bound_line(bound: Any, name: str) -> str:
+    parts = ", ".join(f"{key} {value:.3f} s" for key, value in bound.by_bound.items())
+    return (
+        f"{name}: {bound.jobs} jobs ({bound.mode}), {bound.workers} "
+        f"worker{'s' if bound.workers != 1 else ''}: no policy's mean "
+        f"response is below {bound.mean_response_s:.3f} s (binding: {bound.binding}; {parts})"
+    )
+
+
 @app.command("generate")
 def generate_command(
     scenario: str = typer.Argument(
@@ -380,6 +418,15 @@ def run_command(
             trace=True,  # type: ignore[arg-type]
             contention=contention,
         )
+        from layerfit.schedule.bounds import response_time_bound
+
+        done = {job.id for job in report.jobs if job.status == "done"}
+        served = [job for job in loaded.jobs(known) if job.id in done]  # a rejected job costs nothing
+        if served:
+            bound = response_time_bound(
+                served, workers=workers, contention=contention, mode=loaded.mode
+            )
+            extra["lower_bound"] = bound.to_dict()
     image = None
     if plot:
         from layerfit.schedule.plot import plot_run
@@ -410,6 +457,12 @@ def run_command(
     for job in report.jobs:
         if job.status == "rejected":
             lines.append(f"[yellow]rejected[/] {job.error}")
+    if "lower_bound" in extra:
+        least = extra["lower_bound"]["mean_response_s"]
+        lines.append(
+            f"lower bound for any policy: mean {least:.3f} s ({extra['lower_bound']['binding']})"
+            + (f"; this run is {stats['mean'] / least:.2f}x it" if least > 0 else "")
+        )
     comparison = extra.get("simulator_comparison")
     if comparison:
         real_mean = comparison["real"]["mean_response_s"]
