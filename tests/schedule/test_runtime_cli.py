@@ -54,6 +54,10 @@ def test_real_run_reports_like_the_simulator_and_compares(repo, tmp_path, capsys
         assert "mean_response_s" in comparison[key]["difference"]
     assert data["runtime"]["jobs"]["done"] == 3
     assert comparison["simulated_decontended_durations_contention"]["contention_model"]["source"] == "measured"
+    for key in ("profiled_work", "run_work"):  # what no scheduler could beat, for these 3 jobs
+        bound = comparison["lower_bound"][key]
+        assert bound["jobs"] == 3 and bound["mean_response_s"] > 0
+        assert bound["real_over_bound"] == pytest.approx(data["response_time_s"]["mean"] / bound["mean_response_s"])
     assert main([*args, "--repository", str(repo)]) == 0
     out = capsys.readouterr().out
     assert "(real executor)" in out and "response time: mean" in out

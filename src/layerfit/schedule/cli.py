@@ -481,6 +481,13 @@ def run_command(
                 f"vs real {real_mean:.3f} s"
                 + (f" ({diff:+.0%})" if diff is not None else "")
             )
+    for key, label in (("profiled_work", "profiled work"), ("run_work", "the run's own work")):
+        bound = (comparison or {}).get("lower_bound", {}).get(key)
+        if bound and bound["real_over_bound"] is not None:
+            lines.append(
+                f"lower bound for any policy from {label}: mean {bound['mean_response_s']:.3f} s; "
+                f"this run is {bound['real_over_bound']:.2f}x it"
+            )
     if image is not None:
         lines.append(f"plot written to {image}")
     for line in lines:

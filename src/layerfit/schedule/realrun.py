@@ -205,6 +205,32 @@ def compare_with_simulator(
         if not shared.free:
             headline["contention_model"] = shared.describe()
         out[f"simulated_{label}"] = headline
+    out["lower_bound"] = _lower_bounds(real, workload, profiles, workers, contention)
+    return out
+
+
+def _lower_bounds(
+    real: RunReport, workload: Workload, profiles: ProfileSet, workers: int,
+    contention: ContentionModel,
+) -> dict[str, Any]:
+    """The least mean response any policy could give the jobs this run served: from the
+    profiles, and from the run's own work (its durations, de-contended by the model)."""
+    from layerfit.schedule.bounds import response_time_bound
+
+    served = {job.id for job in real.jobs if job.status == "done"}
+    out: dict[str, Any] = {}
+    if not served:
+        return out
+    for label, used in (
+        ("profiled_work", profiles),
+        ("run_work", measured_profiles(real, profiles, contention=contention)),
+    ):
+        jobs = [job for job in workload.jobs(used) if job.id in served]
+        bound = response_time_bound(jobs, workers=workers, contention=contention, mode=workload.mode)
+        out[label] = {
+            **bound.to_dict(),
+            "real_over_bound": _ratio(_headline(real)["mean_response_s"], bound.mean_response_s),
+        }
     return out
 
 
@@ -291,6 +317,13 @@ def _headline(report: RunReport) -> dict[str, Any]:
         "peak_ledger_bytes": report.peak_memory,
         "jobs_done": len(report.completed),
     }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    """a / b; None where undefined."""
+    if a is None or b is None or not math.isfinite(a) or not math.isfinite(b) or b <= 0:
+        return None
+    return a / b
 
 
 def _relative(simulated: float, real: float) -> float | None:
