@@ -41,6 +41,12 @@ whole-network baseline, and the targets are also reported against it.
    small-3 at the tightest budget (where an under-estimate shows as unit buffers above
    the budget, this machine having the RAM to absorb it).
 
+4. **Headroom**: a lower bound on the mean response time of each workload that no policy
+   can beat on 2 workers (``layerfit.schedule.bounds``: critical paths, and shortest
+   remaining work first at the machine's best throughput, with and without the
+   contention model), beside the best baseline: where bound / best baseline is above
+   0.5, the ≤ 0.5 target is out of reach for every scheduler.
+
 Targets (issue 6), reported, not asserted: MASA's mean response time at the tightest
 budget ≤ 0.5 × the best of Bulk and DeepEye (simulator and real), and never more than
 10 % above Bulk's at the loosest budget.
@@ -332,6 +338,69 @@ def targets(
     return out
 
 
+def lower_bounds(scenarios: dict[str, dict[str, Any]], profiles: Any, contention: Any) -> dict[str, Any]:
+    """The least mean response any policy could give each workload on 2 workers
+    (``layerfit.schedule.bounds``), without and with the contention model; keyed like
+    ``real`` (scenario, ``<scenario> rho=1.2``) and ``simulator`` (scenario, label)."""
+    from layerfit.schedule.bounds import response_time_bound
+    from layerfit.schedule.contention import NO_CONTENTION
+
+    def both(workload: Any) -> dict[str, Any]:
+        return {
+            model: response_time_bound(workload, workers=2, contention=used, profiles=profiles).to_dict()
+            for model, used in (("thesis", NO_CONTENTION), ("contention", contention))
+        }
+
+    out: dict[str, Any] = {"real": {}, "simulator": {}}
+    for name, scenario in scenarios.items():
+        out["real"][name] = both(scenario["real"])
+        if "real_heavy" in scenario:
+            out["real"][f"{name} rho=1.2"] = both(scenario["real_heavy"])
+        out["simulator"][name] = {
+            (f"rho={rho:g}" if name in STOCHASTIC else "closed"): both(workload)
+            for rho, workload in scenario["sim"].items()
+        }
+    return out
+
+
+def headroom(
+    real: dict[str, Any], sim: dict[str, Any], sim_contention: dict[str, Any], bounds: dict[str, Any],
+    tight: str,
+) -> list[dict[str, Any]]:
+    """Per executor and workload at the tightest budget: the lower bound, the best of Bulk and
+    DeepEye, and bound / best, the smallest ratio to them that any policy could reach (the
+    ≤ 0.5 target is out of reach where it is above 0.5), beside MASA's and masa-fair's."""
+    rows: list[dict[str, Any]] = []
+
+    def add(executor: str, workload: str, results: dict[str, Any], bound: dict[str, Any]) -> None:
+        best = min((m for m in (mean_of(results.get(p, {})) for p in BASELINES) if m), default=None)
+        least = bound["mean_response_s"]
+        row = {
+            "executor": executor, "workload": workload, "lower_bound_s": least,
+            "binding": bound["binding"], "best_baseline_s": best,
+            "best_reachable_ratio": ratio(least, best),
+        }
+        for policy in ("masa", "masa-fair"):
+            row[f"{policy}_over_best_baseline"] = ratio(mean_of(results.get(policy, {})), best)
+            row[f"{policy}_over_bound"] = ratio(mean_of(results.get(policy, {})), least)
+        own = ((results.get("masa-fair", {}).get("simulator") or {}).get("lower_bound") or {}).get("run_work")
+        if own:
+            row["masa-fair_over_own_work_bound"] = own["real_over_bound"]
+        rows.append(row)
+
+    for name, by_budget in real.items():
+        if name in bounds["real"]:
+            add("real (bound: profiles + contention)", name, by_budget.get(tight, {}), bounds["real"][name]["contention"])
+    for name, by_label in sim.items():
+        for label, by_budget in by_label.items():
+            add("simulator, thesis model", f"{name} ({label})", by_budget[tight], bounds["simulator"][name][label]["thesis"])
+    for name, by_label in sim_contention.items():
+        for label, by_budget in by_label.items():
+            add("simulator + contention", f"{name} ({label})", by_budget[tight],
+                bounds["simulator"][name][label]["contention"])
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -441,6 +510,8 @@ def main() -> None:
             }
         print(f"{name}: simulated ({time.perf_counter() - started:.0f} s so far)", flush=True)
 
+    bounds = lower_bounds(scenarios, profiles, contention)
+
     # Sensitivity at a budget where even over-estimated tasks fit: max(0.5 x bulk peaks, 1.5 x largest task)
     sensitivity: dict[str, Any] = {"budgets": {}, "simulator": {}, "real": {}}
     for name, scenario in scenarios.items():
@@ -478,6 +549,8 @@ def main() -> None:
         "simulator": sim,
         "simulator_contention": sim_contention,
         "sensitivity": sensitivity,
+        "lower_bounds": bounds,
+        "headroom": headroom(real, sim, sim_contention, bounds, tight),
         "targets": {
             "real": targets(real, tight, loose),
             "simulator (closed / rho=1, paging)": targets(sim_closed_or_rho1, tight, loose),
@@ -610,6 +683,25 @@ def markdown(data: dict[str, Any], tight: str, loose: str) -> str:
     for key, result in sorted(data["sensitivity"]["real"].items(), key=lambda kv: float(kv[0])):
         peak = result.get("unit_buffer_peak_bytes")
         lines.append(f"- × {key}: {fmt(mean_of(result))} s, {'-' if peak is None else f'{peak / 1e6:.1f}'} MB")
+    lines += ["", f"## Headroom: the least mean response any policy could reach (tightest budget {tight} ×)", "",
+              "`layerfit.schedule.bounds`: no schedule on 2 workers can have a lower mean response than the "
+              "bound, whatever the policy and the budget (it counts no memory): each job's critical path, and "
+              "the work served by shortest remaining work first at the machine's best throughput (2 tasks at "
+              "a time; under the contention model, the best mix of loads and executions). *Best reachable* = "
+              "bound / best of (Bulk, DeepEye): where it is above 0.5 no policy can meet the ≤ 0.5 target. "
+              "The real rows' bound comes from the profiles, which run faster than the real runs (see the "
+              "one-worker Bulk above), so the real best reachable ratio is if anything higher. "
+              "*own work*: masa-fair's real mean / the bound from its own run's durations, de-contended.", "",
+              "| executor | workload | bound s | binding | best baseline s | best reachable | masa | masa-fair "
+              "| masa-fair / bound | masa-fair / own work |",
+              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for row in data.get("headroom", []):
+        lines.append(
+            f"| {row['executor']} | {row['workload']} | {fmt(row['lower_bound_s'])} | {row['binding']} | "
+            f"{fmt(row['best_baseline_s'])} | {fmt(row['best_reachable_ratio'], 2)} | "
+            f"{fmt(row['masa_over_best_baseline'], 2)} | {fmt(row['masa-fair_over_best_baseline'], 2)} | "
+            f"{fmt(row['masa-fair_over_bound'], 2)} | {fmt(row.get('masa-fair_over_own_work_bound'), 2)} |"
+        )
     lines += ["", "## Targets", "",
               f"MASA / best of (Bulk, DeepEye) at the tightest budget ({tight} ×, target ≤ 0.5) and "
               f"MASA / Bulk at the loosest ({loose} ×, target ≤ 1.1). Bulk is the thesis's (EdgeCaffe's "

@@ -217,15 +217,17 @@ def _lower_bounds(
     profiles, and from the run's own work (its durations, de-contended by the model)."""
     from layerfit.schedule.bounds import response_time_bound
 
-    served = {job.id for job in real.jobs if job.status == "done"}
+    # the runtime names jobs itself; they were submitted in the workload's order
+    submitted = sorted(real.jobs, key=lambda job: job.arrival)
     out: dict[str, Any] = {}
-    if not served:
+    if len(submitted) != len(workload.arrivals) or not real.completed:
         return out
+    served = [result.status == "done" for result in submitted]
     for label, used in (
         ("profiled_work", profiles),
         ("run_work", measured_profiles(real, profiles, contention=contention)),
     ):
-        jobs = [job for job in workload.jobs(used) if job.id in served]
+        jobs = [job for job, done in zip(workload.jobs(used), served, strict=True) if done]
         bound = response_time_bound(jobs, workers=workers, contention=contention, mode=workload.mode)
         out[label] = {
             **bound.to_dict(),
