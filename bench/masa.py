@@ -25,9 +25,10 @@ whole-network baseline, and the targets are also reported against it.
    in its own child process: MASA, masa-fair (MASA with the Banker's safety check of
    ``layerfit.schedule.policies.masa_fair``), Bulk, bulk-multi and DeepEye everywhere, the
    other policies on small-3 at the tightest budget; the stochastic scenarios also at
-   ρ = 1.2 (the thesis's heavy traffic) at the tightest budget, over ``--heavy-count``
-   images (150, as the thesis averages over): above ρ = 1 a queue that cannot keep up
-   grows with the run's length, so a short run hides it. Each child also simulates its own workload with the
+   ρ = 1.0 and 1.2 (the thesis's heavy traffic) at the tightest budget, over
+   ``--heavy-count`` images (150, as the thesis averages over; the same workloads as the
+   simulator's): at and above ρ = 1 a queue builds with the run's length, so the short
+   runs at three budgets (``--stochastic-count`` images) hide it. Each child also simulates its own workload with the
    same profiles and no paging (the real executor keeps the budget) and reports the
    difference.
 2. **Simulator** on longer workloads (``--sim-count`` images, ρ = 0.8 / 1.0 / 1.2), every
@@ -80,6 +81,7 @@ BATCH = {
     "mixed-3": ("agenet", "emotionnet", "facenet"),
 }
 STOCHASTIC = ("random-arrivals", "all-random")
+LONG_RHOS = (1.0, 1.2)  # real runs over --heavy-count images at the tightest budget
 UNGATED = ("bulk-ungated", "deepeye-ungated", "bulk-multi-ungated")  # the thesis's baselines: no memory management
 # The thesis's Bulk is EdgeCaffe's one-worker BulkOrchestrator; bulk-multi lets every worker
 # load and is reported beside it as the stronger whole-network baseline.
@@ -212,16 +214,15 @@ def make_workloads(args: argparse.Namespace, profiles: Any, directory: Path) -> 
             scenarios[name] = {
                 "networks": candidates,
                 "real": make(args.stochastic_count, 1.0),
-                "real_heavy": make(args.heavy_count, 1.2),
+                "real_long": {rho: make(args.heavy_count, rho) for rho in LONG_RHOS},
                 "sim": {rho: make(args.sim_count, rho) for rho in (0.8, 1.0, 1.2)},
             }
     for name, scenario in scenarios.items():
         path = directory / f"{name}.yaml"
         scenario["real"].save(path)
         scenario["path"] = path
-        if "real_heavy" in scenario:
-            scenario["heavy_path"] = directory / f"{name}-rho1.2.yaml"
-            scenario["real_heavy"].save(scenario["heavy_path"])
+        for rho, workload in scenario.get("real_long", {}).items():
+            scenario[f"long_path {rho:g}"] = workload.save(directory / f"{name}-rho{rho:g}-x{args.heavy_count}.yaml")
     return scenarios
 
 
@@ -291,6 +292,11 @@ def real_many(
     return runs
 
 
+def long_label(name: str, rho: float) -> str:
+    """The key of a long real run: ``random-arrivals rho=1.2``, ``all-random rho=1``."""
+    return f"{name} rho={rho:g}"
+
+
 def contention_path(profiles_path: Path) -> Path:
     """The contention model measured with a profile set, next to it."""
     return profiles_path.with_name(profiles_path.stem.replace("profiles", "contention") + ".json")
@@ -354,8 +360,8 @@ def lower_bounds(scenarios: dict[str, dict[str, Any]], profiles: Any, contention
     out: dict[str, Any] = {"real": {}, "simulator": {}}
     for name, scenario in scenarios.items():
         out["real"][name] = both(scenario["real"])
-        if "real_heavy" in scenario:
-            out["real"][f"{name} rho=1.2"] = both(scenario["real_heavy"])
+        for rho, workload in scenario.get("real_long", {}).items():
+            out["real"][long_label(name, rho)] = both(workload)
         out["simulator"][name] = {
             (f"rho={rho:g}" if name in STOCHASTIC else "closed"): both(workload)
             for rho, workload in scenario["sim"].items()
@@ -419,8 +425,8 @@ def main() -> None:
     ap.add_argument("--batch-count", type=int, default=8, help="images per batch scenario (real)")
     ap.add_argument("--stochastic-count", type=int, default=12, help="images per stochastic scenario (real)")
     ap.add_argument("--heavy-count", type=int, default=150,
-                    help="images per stochastic scenario at rho = 1.2 (real; the thesis averages over 150)")
-    ap.add_argument("--heavy-timeout", type=float, default=240, help="seconds per rho = 1.2 real run before it counts as not finished")
+                    help="images per stochastic scenario at rho = 1.0 and 1.2 (real; the thesis averages over 150)")
+    ap.add_argument("--heavy-timeout", type=float, default=240, help="seconds per long (rho = 1.0 / 1.2) real run before it counts as not finished")
     ap.add_argument("--sim-count", type=int, default=150,
                     help="images per simulated scenario (the thesis averages over 150)")
     ap.add_argument("--max-networks", type=int, default=3, help="most networks per image in all-random")
@@ -485,13 +491,14 @@ def main() -> None:
             configs = [{"policy": p, "memory": row["bytes"], "factor": 1.0} for p in policies]
             runs = real_many(args, scenario, configs, repository, profiles_path)
             real[name][key] = {run["policy"]: run for run in runs}
-        if "heavy_path" in scenario:  # the thesis's headline regime: heavy traffic, tightest budget
-            heavy = f"{name} rho=1.2"
+        for rho in scenario.get("real_long", {}):  # the thesis's regime: 150 images, tightest budget
+            heavy = long_label(name, rho)
             row = rows[0]
             real[heavy] = {tight: {}}
             for policy in (*MAIN, "bulk-multi", "masa-fair"):  # one child each: a run may not finish
                 config = {"policy": policy, "memory": row["bytes"], "factor": 1.0}
-                (run,) = real_many(args, scenario, [config], repository, profiles_path, "heavy_path", args.heavy_timeout)
+                (run,) = real_many(args, scenario, [config], repository, profiles_path, f"long_path {rho:g}",
+                                   args.heavy_timeout)
                 real[heavy][tight][policy] = run
             budget_rows[heavy] = [row]
         sim[name] = {}
