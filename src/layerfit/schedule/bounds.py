@@ -22,9 +22,9 @@ as they arrive by shortest remaining work first, preemptively: that order minimi
 total completion time on one machine (SRPT), and any schedule of the real system is a
 schedule of that machine. The bound is the largest of the totals, over the jobs.
 
-The bound is reached when one worker runs a job's tasks back to back; with more workers
-it shows how much of a baseline's response time any scheduler could remove (a target
-"policy ≤ 0.5 × baseline" is out of reach when ``bound > 0.5 × baseline``).
+A closed workload on one worker reaches the bound (each job's tasks back to back). In
+general it says how much of a baseline's response time any scheduler could remove: a
+target "policy ≤ 0.5 × baseline" is out of reach when ``bound > 0.5 × baseline``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from layerfit.schedule.profile import NetworkProfile, ProfileSet
 from layerfit.schedule.tasks import Job, TaskKind
 from layerfit.schedule.workload import Workload
 
-# the work each capacity bound counts, per network: (loads, executions, everything)
+# the work each capacity bound counts ("workers": every task, init and unload included)
 _RESOURCES = ("loads", "executions", "loads+executions", "workers")
 
 
