@@ -62,3 +62,12 @@ def test_memory_bound_and_infeasible_instances():
     assert tight.makespan > loose.makespan
     check_schedule(build_job_graph(job, "partial"), tight, 10)
     assert solve_jobs([job], budget=4, workers=2).status == "INFEASIBLE"
+
+
+def test_short_fractional_durations_are_not_rounded_away():
+    """Profiled tasks last fractions of a millisecond: the optimum must still count them."""
+    job = Job("j", (net("a", [1, 1, 1], load=[0.0004, 0.0021, 0.00035], execs=[0.0003, 0.0012, 0.0009]),))
+    serial = sum(layer.load_time + layer.exec_time for layer in job.networks[0].layers)
+    optimum = solve_jobs([job], budget=100, workers=1, time_limit=10)
+    assert optimum.optimal and optimum.time_unit <= 1e-5
+    assert optimum.makespan == pytest.approx(serial, rel=5e-3)

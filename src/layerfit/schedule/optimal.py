@@ -53,8 +53,13 @@ class OptimalSchedule:
 
 
 def _time_unit(durations: Sequence[float]) -> float:
-    """1 when every duration is whole, otherwise a millisecond."""
-    return 1.0 if all(float(d).is_integer() for d in durations) else 1e-3
+    """CP-SAT counts time in whole units: 1 when every duration is whole; otherwise the
+    coarsest of 1 ms … 1 µs that makes every non-zero duration at least 100 units, so
+    rounding moves none by more than 0.5 % (profiled tasks last from microseconds on)."""
+    if all(float(d).is_integer() for d in durations):
+        return 1.0
+    shortest = min((d for d in durations if d > 0), default=1.0)
+    return next((unit for unit in (1e-3, 1e-4, 1e-5) if shortest >= 100 * unit), 1e-6)
 
 
 def solve_optimal(
