@@ -54,8 +54,9 @@ class OptimalSchedule:
 
 def _time_unit(durations: Sequence[float]) -> float:
     """CP-SAT counts time in whole units: 1 when every duration is whole; otherwise the
-    coarsest of 1 ms … 1 µs that makes every non-zero duration at least 100 units, so
-    rounding moves none by more than 0.5 % (profiled tasks last from microseconds on)."""
+    coarsest of 1 ms, 100 µs and 10 µs that makes every non-zero duration at least 100
+    units (rounding moves none by more than 0.5 %), and 1 µs where a task is shorter
+    still (profiled tasks last from microseconds on)."""
     if all(float(d).is_integer() for d in durations):
         return 1.0
     shortest = min((d for d in durations if d > 0), default=1.0)
