@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from schedule_helpers import net
 
 from layerfit.errors import ScheduleError
-from layerfit.schedule.bounds import capacity, critical_path, response_time_bound
+from layerfit.schedule.bounds import capacity, critical_path, response_time_bound, served_jobs
 from layerfit.schedule.contention import ContentionModel
 from layerfit.schedule.policies import policy_names
 from layerfit.schedule.simulator import simulate
@@ -89,6 +89,15 @@ def test_contention_raises_the_bound_of_parallel_loads():
     assert shared.mean_response_s == pytest.approx((2.0 + 4.0) / 2)  # the disk serves one
     assert shared.binding == "loads"
     assert shared.to_dict()["capacity"]["loads"] == pytest.approx(1.0)
+
+
+def test_a_run_is_bounded_over_the_jobs_it_served():
+    small = Job("small", (net("s", [2]),), arrival=0.0, seq=0)
+    huge = Job("huge", (net("h", [50]),), arrival=1.0, seq=1)  # larger than the budget: rejected
+    later = Job("later", (net("t", [3]),), arrival=2.0, seq=2)
+    report = simulate([small, huge, later], "masa", memory=10, workers=1, paging=None)
+    assert [job.id for job in served_jobs(report, [small, huge, later])] == ["small", "later"]
+    assert served_jobs(report, [small, huge]) == []  # not this run's jobs
 
 
 def test_bad_input_is_refused():

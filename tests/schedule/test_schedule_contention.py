@@ -150,18 +150,16 @@ def test_contention_model_rejects_nonsense_and_round_trips(tmp_path):
     model.save(path)
     assert load_contention(path) == model
     assert json.loads(path.read_text())["notes"] == {"repeats": 3}
-    path.write_text('{"format": "something-else"}')
-    with pytest.raises(ScheduleError, match="not a layerfit-contention file"):
-        load_contention(path)
-    path.write_text('{"format": "layerfit-contention", "load_by_load": true}')
-    with pytest.raises(ScheduleError, match="load_by_load must be a number"):
-        load_contention(path)
-    path.write_text('{"format": "layerfit-contention", "exec_by_exec": 0.5}')
-    with pytest.raises(ScheduleError, match="contention.json: exec_by_exec must be a finite slowdown"):
-        load_contention(path)
-    path.write_text("{not json")
-    with pytest.raises(ScheduleError, match="not valid JSON"):
-        load_contention(path)
+    for text, message in (
+        ('{"format": "something-else"}', "not a layerfit-contention file"),
+        ('{"format": "layerfit-contention", "load_by_load": true}', "load_by_load must be a number"),
+        ('{"format": "layerfit-contention", "exec_by_exec": 0.5}',
+         "contention.json: exec_by_exec must be a finite slowdown"),
+        ("{not json", "not valid JSON"),
+    ):
+        path.write_text(text)
+        with pytest.raises(ScheduleError, match=message):
+            load_contention(path)
     with pytest.raises(ScheduleError, match="not found"):
         load_contention(tmp_path / "missing.json")
 

@@ -33,13 +33,16 @@ import heapq
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layerfit.errors import ScheduleError
 from layerfit.schedule.contention import NO_CONTENTION, ContentionModel
 from layerfit.schedule.profile import NetworkProfile, ProfileSet
 from layerfit.schedule.tasks import Job, TaskKind
 from layerfit.schedule.workload import Workload
+
+if TYPE_CHECKING:
+    from layerfit.schedule.report import RunReport
 
 # the work each capacity bound counts ("workers": every task, init and unload included)
 _RESOURCES = ("loads", "executions", "loads+executions", "workers")
@@ -177,8 +180,9 @@ def response_time_bound(
         raise ScheduleError("no jobs to bound")
     cap = capacity(workers, contention)
     paths = [max((critical_path(n) for n in job.networks), default=0.0) for job in jobs]
+    per_job = [[network_work(n) for n in job.networks] for job in jobs]
     works = {
-        resource: [sum(network_work(n)[resource] for n in job.networks) for job in jobs]
+        resource: [sum(net[resource] for net in nets) for nets in per_job]
         for resource in _RESOURCES
     }
     by_bound: dict[str, float]
@@ -189,9 +193,9 @@ def response_time_bound(
             if cap.of(resource)
         }
         by_bound = {name: sum(values) / len(jobs) for name, values in alone.items()}
-        per_job = [max(alone, key=lambda name: alone[name][j]) for j in range(len(jobs))]
-        mean = sum(alone[name][j] for j, name in enumerate(per_job)) / len(jobs)
-        binding = Counter(per_job).most_common(1)[0][0]
+        largest = [max(alone, key=lambda name: alone[name][j]) for j in range(len(jobs))]
+        mean = sum(alone[name][j] for j, name in enumerate(largest)) / len(jobs)
+        binding = Counter(largest).most_common(1)[0][0]
     else:
         releases = [job.arrival for job in jobs]
         arrived = sum(releases)
@@ -205,6 +209,16 @@ def response_time_bound(
     return ResponseBound(mean, binding, by_bound, cap, workers, mode, len(jobs))
 
 
+def served_jobs(report: RunReport, jobs: Sequence[Job]) -> list[Job]:
+    """Those of ``jobs`` (in the order they were submitted) that ``report``'s run completed:
+    the jobs a bound for that run counts (a rejected job costs nothing). Matched by order,
+    since an executor may name its jobs itself; empty when the counts differ."""
+    submitted = sorted(report.jobs, key=lambda result: result.arrival)
+    if len(submitted) != len(jobs):
+        return []
+    return [job for job, result in zip(jobs, submitted, strict=True) if result.status == "done"]
+
+
 __all__ = [
     "Capacity",
     "ResponseBound",
@@ -212,4 +226,5 @@ __all__ = [
     "critical_path",
     "network_work",
     "response_time_bound",
+    "served_jobs",
 ]

@@ -418,10 +418,9 @@ def run_command(
             trace=True,  # type: ignore[arg-type]
             contention=contention,
         )
-        from layerfit.schedule.bounds import response_time_bound
+        from layerfit.schedule.bounds import response_time_bound, served_jobs
 
-        done = {job.id for job in report.jobs if job.status == "done"}
-        served = [job for job in loaded.jobs(known) if job.id in done]  # a rejected job costs nothing
+        served = served_jobs(report, loaded.jobs(known))
         if served:
             bound = response_time_bound(
                 served, workers=workers, contention=contention, mode=loaded.mode

@@ -172,18 +172,17 @@ def compare_with_simulator(
     from layerfit.schedule.simulator import simulate
 
     out: dict[str, Any] = {"real": _headline(real)}
+    measured = measured_profiles(real, profiles)
     variants = [
         ("profiled_durations", profiles, NO_CONTENTION),
-        ("measured_durations", measured_profiles(real, profiles), NO_CONTENTION),
+        ("measured_durations", measured, NO_CONTENTION),
     ]
+    alone = measured  # the run's work alone: with no contention, its durations
     if not contention.free:
+        alone = measured_profiles(real, profiles, contention=contention)
         variants += [
             ("profiled_durations_contention", profiles, contention),
-            (
-                "decontended_durations_contention",
-                measured_profiles(real, profiles, contention=contention),
-                contention,
-            ),
+            ("decontended_durations_contention", alone, contention),
         ]
     for label, used, shared in variants:
         sim = simulate(
@@ -205,34 +204,28 @@ def compare_with_simulator(
         if not shared.free:
             headline["contention_model"] = shared.describe()
         out[f"simulated_{label}"] = headline
-    out["lower_bound"] = _lower_bounds(real, workload, profiles, workers, contention)
+    out["lower_bound"] = _lower_bounds(
+        real, workload, {"profiled_work": profiles, "run_work": alone}, workers, contention
+    )
     return out
 
 
 def _lower_bounds(
-    real: RunReport, workload: Workload, profiles: ProfileSet, workers: int,
+    real: RunReport, workload: Workload, works: dict[str, ProfileSet], workers: int,
     contention: ContentionModel,
 ) -> dict[str, Any]:
-    """The least mean response any policy could give the jobs this run served: from the
-    profiles, and from the run's own work (its durations, de-contended by the model)."""
-    from layerfit.schedule.bounds import response_time_bound
+    """The least mean response any policy could give the jobs this run served, with each
+    of ``works`` (the profiles; the run's own durations, de-contended by the model)."""
+    from layerfit.schedule.bounds import response_time_bound, served_jobs
 
-    # the runtime names jobs itself; they were submitted in the workload's order
-    submitted = sorted(real.jobs, key=lambda job: job.arrival)
+    mean = _headline(real)["mean_response_s"]
     out: dict[str, Any] = {}
-    if len(submitted) != len(workload.arrivals) or not real.completed:
-        return out
-    served = [result.status == "done" for result in submitted]
-    for label, used in (
-        ("profiled_work", profiles),
-        ("run_work", measured_profiles(real, profiles, contention=contention)),
-    ):
-        jobs = [job for job, done in zip(workload.jobs(used), served, strict=True) if done]
+    for label, used in works.items():
+        jobs = served_jobs(real, workload.jobs(used))
+        if not jobs:
+            return {}
         bound = response_time_bound(jobs, workers=workers, contention=contention, mode=workload.mode)
-        out[label] = {
-            **bound.to_dict(),
-            "real_over_bound": _ratio(_headline(real)["mean_response_s"], bound.mean_response_s),
-        }
+        out[label] = {**bound.to_dict(), "real_over_bound": _ratio(mean, bound.mean_response_s)}
     return out
 
 
