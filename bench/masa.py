@@ -22,8 +22,10 @@ two, one per pool). ``bulk-multi`` (every worker loads) runs beside it as the st
 whole-network baseline, and the targets are also reported against it.
 
 1. **Real executor** (``layerfit.Runtime``, 2 workers), every (scenario, budget, policy)
-   in its own child process: MASA, masa-fair (MASA with the Banker's safety check of
-   ``layerfit.schedule.policies.masa_fair``), Bulk, bulk-multi and DeepEye everywhere, the
+   in its own child process: MASA, masa-fcfs (MASA's rules in arrival order, as EdgeCaffe's
+   code orders them: ``layerfit.schedule.policies.masa_fcfs``), masa-fair (MASA with the
+   Banker's safety check of ``layerfit.schedule.policies.masa_fair``), Bulk, bulk-multi and
+   DeepEye everywhere, the
    other policies on small-3 at the tightest budget; the stochastic scenarios also at
    ρ = 1.0 and 1.2 (the thesis's heavy traffic) at the tightest budget, over
    ``--heavy-count`` images (150, as the thesis averages over; the same workloads as the
@@ -54,7 +56,7 @@ budget ≤ 0.5 × the best of Bulk and DeepEye (simulator and real), and never m
 
 Writes ``bench/results/masa.{json,md}``. Run from the repository root on a quiet machine:
 
-    .venv/bin/python bench/masa.py            # full run (about 25 min on 2 quiet cores)
+    .venv/bin/python bench/masa.py            # full run (about 50 min on 2 quiet cores)
     .venv/bin/python bench/masa.py --quick    # smoke: small-3, 3 images, 2 budgets
 """
 
@@ -74,6 +76,8 @@ from common import machine, run_child, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache"
 MAIN = ("masa", "bulk", "deepeye")
+# MASA's variants (not in the thesis), run beside it everywhere: arrival order, safety check
+VARIANTS = ("masa-fcfs", "masa-fair")
 FRACTIONS = (0.25, 0.5, 1.0)
 FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5)
 BATCH = {
@@ -88,7 +92,7 @@ UNGATED = ("bulk-ungated", "deepeye-ungated", "bulk-multi-ungated")  # the thesi
 BASELINES = ("bulk", "deepeye")
 ALL_BASELINES = ("bulk", "bulk-multi", "deepeye")
 # simulated again with this machine's contention model (tightest budget)
-CONTENDED = ("masa", "masa-fair", "bulk", "bulk-multi", "deepeye")
+CONTENDED = ("masa", *VARIANTS, "bulk", "bulk-multi", "deepeye")
 CONTENTION_FIELDS = ("load_by_load", "load_by_exec", "exec_by_load", "exec_by_exec")
 # the simulator's views of a real run (realrun.compare_with_simulator), as reported
 FIDELITY = (
@@ -375,7 +379,7 @@ def headroom(
 ) -> list[dict[str, Any]]:
     """Per executor and workload at the tightest budget: the lower bound, the best of Bulk and
     DeepEye, and bound / best, the smallest ratio to them that any policy could reach (the
-    ≤ 0.5 target is out of reach where it is above 0.5), beside MASA's and masa-fair's."""
+    ≤ 0.5 target is out of reach where it is above 0.5), beside MASA's and its variants'."""
     rows: list[dict[str, Any]] = []
 
     def add(executor: str, workload: str, results: dict[str, Any], bound: dict[str, Any]) -> None:
@@ -386,7 +390,7 @@ def headroom(
             "binding": bound["binding"], "best_baseline_s": best,
             "best_reachable_ratio": ratio(least, best),
         }
-        for policy in ("masa", "masa-fair"):
+        for policy in ("masa", *VARIANTS):
             row[f"{policy}_over_best_baseline"] = ratio(mean_of(results.get(policy, {})), best)
             row[f"{policy}_over_bound"] = ratio(mean_of(results.get(policy, {})), least)
         own = ((results.get("masa-fair", {}).get("simulator") or {}).get("lower_bound") or {}).get("run_work")
@@ -487,7 +491,7 @@ def main() -> None:
         scenario["real"] = load_workload(scenario["path"], profiles)
         for row in rows:
             key = f"{row['fraction']:g}"
-            policies = [*MAIN, "bulk-multi", "masa-fair"]
+            policies = [*MAIN, "bulk-multi", *VARIANTS]
             if name == "small-3" and key == tight:
                 policies += [p for p in policy_names() if p not in policies]
             configs = [{"policy": p, "memory": row["bytes"], "factor": 1.0} for p in policies]
@@ -497,7 +501,7 @@ def main() -> None:
             heavy = long_label(name, rho)
             row = rows[0]
             real[heavy] = {tight: {}}
-            for policy in (*MAIN, "bulk-multi", "masa-fair"):  # one child each: a run may not finish
+            for policy in (*MAIN, "bulk-multi", *VARIANTS):  # one child each: a run may not finish
                 config = {"policy": policy, "memory": row["bytes"], "factor": 1.0}
                 (run,) = real_many(args, scenario, [config], repository, profiles_path, f"long_path {rho:g}",
                                    args.heavy_timeout)
@@ -575,14 +579,16 @@ def main() -> None:
                 tight,
                 loose,
             ),
-            "real, masa-fair": targets(real, tight, loose, "masa-fair"),
-            "simulator (closed / rho=1, paging), masa-fair": targets(sim_closed_or_rho1, tight, loose, "masa-fair"),
+            **{f"real, {v}": targets(real, tight, loose, v) for v in VARIANTS},
+            **{f"simulator (closed / rho=1, paging), {v}": targets(sim_closed_or_rho1, tight, loose, v)
+               for v in VARIANTS},
             "simulator (rho=1.2, paging), masa": targets(sim_rho12, tight, loose),
-            "simulator (rho=1.2, paging), masa-fair": targets(sim_rho12, tight, loose, "masa-fair"),
+            **{f"simulator (rho=1.2, paging), {v}": targets(sim_rho12, tight, loose, v) for v in VARIANTS},
             "simulator + contention (closed / rho=1)": targets(contended_closed_or_rho1, tight, loose),
-            "simulator + contention (closed / rho=1), masa-fair": targets(contended_closed_or_rho1, tight, loose, "masa-fair"),
+            **{f"simulator + contention (closed / rho=1), {v}": targets(contended_closed_or_rho1, tight, loose, v)
+               for v in VARIANTS},
             "simulator + contention (rho=1.2)": targets(contended_rho12, tight, loose),
-            "simulator + contention (rho=1.2), masa-fair": targets(contended_rho12, tight, loose, "masa-fair"),
+            **{f"simulator + contention (rho=1.2), {v}": targets(contended_rho12, tight, loose, v) for v in VARIANTS},
         },
         "wall_s": time.perf_counter() - started,
     }
@@ -703,14 +709,16 @@ def markdown(data: dict[str, Any], tight: str, loose: str) -> str:
               "masa-fair's own run, its task durations de-contended by the model, and masa-fair's real mean "
               "over it.", "",
               "| executor | workload | bound s | binding | best baseline s | best reachable | best reachable, "
-              "own work | masa | masa-fair | masa-fair / bound | masa-fair / own work |",
-              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+              "own work | masa | masa-fcfs | masa-fair | masa-fcfs / bound | masa-fair / bound | masa-fair / own work |",
+              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in data.get("headroom", []):
         lines.append(
             f"| {row['executor']} | {row['workload']} | {fmt(row['lower_bound_s'])} | {row['binding']} | "
             f"{fmt(row['best_baseline_s'])} | {fmt(row['best_reachable_ratio'], 2)} | "
-            f"{fmt(row.get('best_reachable_ratio_own_work'), 2)} | {fmt(row['masa_over_best_baseline'], 2)} | {fmt(row['masa-fair_over_best_baseline'], 2)} | "
-            f"{fmt(row['masa-fair_over_bound'], 2)} | {fmt(row.get('masa-fair_over_own_work_bound'), 2)} |"
+            f"{fmt(row.get('best_reachable_ratio_own_work'), 2)} | {fmt(row['masa_over_best_baseline'], 2)} | "
+            f"{fmt(row['masa-fcfs_over_best_baseline'], 2)} | {fmt(row['masa-fair_over_best_baseline'], 2)} | "
+            f"{fmt(row['masa-fcfs_over_bound'], 2)} | {fmt(row['masa-fair_over_bound'], 2)} | "
+            f"{fmt(row.get('masa-fair_over_own_work_bound'), 2)} |"
         )
     lines += ["", "## Targets", "",
               f"MASA / best of (Bulk, DeepEye) at the tightest budget ({tight} ×, target ≤ 0.5) and "

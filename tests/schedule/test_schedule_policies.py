@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from schedule_helpers import net, task
 
@@ -35,6 +37,7 @@ def test_registry_has_every_policy_by_name():
         "round-robin",
         "masa-fair",
         "bulk-multi",
+        "masa-fcfs",
     ]
     assert {POLICIES[n].scheme for n in POLICIES} == set(Scheme)
     assert make_policy("Linear_FCFS").name == "linear-fcfs"
@@ -91,6 +94,60 @@ def test_masa_fair_avoids_the_memory_deadlock_masa_breaks_with_the_progress_rule
     assert masa.progress_count > 0 and masa.peak_memory > 90
     assert fair.progress_count == 0 and fair.peak_memory <= 90
     assert all(j.status == "done" for j in fair.jobs)
+
+
+def test_masa_fcfs_takes_each_group_in_arrival_order():
+    p = make_policy("masa-fcfs")
+    for i, (name, kind, mem, job_seq, layer) in enumerate(
+        [
+            ("j1-L0", K.LOAD, 1, 1, 0),
+            ("j0-L1", K.LOAD, 9, 0, 1),
+            ("j1-E0", K.EXEC, 1, 1, 0),
+            ("j0-I", K.INIT, 2, 0, -1),
+            ("j0-E0", K.EXEC, 5, 0, 0),
+            ("j0-L0", K.LOAD, 3, 0, 0),
+        ]
+    ):
+        p.add(replace(task(name, kind, mem, seq=i), job_seq=job_seq, layer=layer))
+    # execute before load; within each group the older job, then the layer, not the memory
+    assert drain(p) == ["j0-E0", "j1-E0", "j0-I", "j0-L0", "j0-L1", "j1-L0"]
+
+
+def test_masa_fcfs_lets_a_later_task_that_fits_pass_one_that_does_not():
+    p = make_policy("masa-fcfs")
+    p.add(replace(task("old", K.LOAD, 8, seq=0), job_seq=0))
+    p.add(replace(task("new", K.LOAD, 3, seq=1), job_seq=1))
+    first = p.next(0, 4)
+    assert first.id == "new"  # the oldest does not fit 4 bytes; memory does not sit idle
+    assert p.next(1, 1) is None  # nothing fits while a task runs: wait
+    p.complete(first)
+    assert p.next(0, 1).id == "old"  # nothing fits, nothing runs: the oldest alone
+
+
+def test_masa_fcfs_avoids_the_deadlock_of_masa_s_memory_order():
+    # The case masa-fair's check was made for: in arrival order the first network's
+    # large first layer goes before the small layers of the second, so nobody waits.
+    nets = [net(f"n{i}", [60, 10, 10], load=[0.5, 0.1, 0.1]) for i in range(2)]
+    jobs = [Job(f"j{i}", (n,), arrival=0.0, seq=i) for i, n in enumerate(nets)]
+    fcfs = simulate(jobs, "masa-fcfs", memory=90, workers=2, paging=None)
+    assert fcfs.progress_count == 0 and fcfs.peak_memory <= 90
+    assert all(j.status == "done" for j in fcfs.jobs)
+
+
+def test_masa_fcfs_is_not_deadlock_free_by_construction_where_masa_fair_is():
+    # a's second layer (60) does not fit beside its first (50), so the small layers
+    # behind it — a's third, b's second — take the room; after a's first layer runs, 50
+    # bytes are free and neither a's second layer nor b's first (60) fits: only the
+    # progress rule moves on. masa-fair sees that this leaves no safe order and waits.
+    jobs = [
+        Job("j0", (net("a", [50, 60, 30], load=[0.1] * 3),), arrival=0.0, seq=0),
+        Job("j1", (net("b", [60, 20], load=[0.1] * 2),), arrival=0.0, seq=1),
+    ]
+    fcfs = simulate(jobs, "masa-fcfs", memory=100, workers=2, paging=None)
+    fair = simulate(jobs, "masa-fair", memory=100, workers=2, paging=None)
+    assert fcfs.progress_count > 0 and fcfs.peak_memory > 100
+    assert fair.progress_count == 0 and fair.peak_memory <= 100
+    assert all(j.status == "done" for j in fcfs.jobs + fair.jobs)
 
 
 def test_masa_fair_keeps_masa_order_when_memory_is_ample():

@@ -312,7 +312,7 @@ def run_command(
     policy: str = typer.Option(
         "masa",
         "--policy",
-        help="masa, masa-fair, bulk, bulk-multi, deepeye, fcfs, linear-fcfs, sjf, snf, round-robin "
+        help="masa, masa-fcfs, masa-fair, bulk, bulk-multi, deepeye, fcfs, linear-fcfs, sjf, snf, round-robin "
         "(bulk and linear-fcfs use one worker, deepeye two, as in EdgeCaffe)",
     ),
     memory: str = typer.Option(..., "--memory", help="memory budget, e.g. 512MB"),

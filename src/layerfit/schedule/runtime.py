@@ -151,7 +151,7 @@ class Runtime:
     - ``gated`` — ``False`` runs a memory-oblivious policy (Bulk, DeepEye, FCFS, …) the
       way the thesis's EdgeCaffe baselines run: it ignores the budget and over-commits
       (counted as ``overcommits``), leaving the operating system to page. Memory-aware
-      policies (MASA, masa-fair) keep the budget either way.
+      policies (masa, masa-fcfs, masa-fair) keep the budget either way.
 
     Call :meth:`shutdown` (or use it as a context manager): its threads wait for work
     until then.

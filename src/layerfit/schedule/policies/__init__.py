@@ -18,6 +18,7 @@ from layerfit.schedule.policies.fcfs import Fcfs
 from layerfit.schedule.policies.linear_fcfs import LinearFcfs
 from layerfit.schedule.policies.masa import Masa
 from layerfit.schedule.policies.masa_fair import MasaFair
+from layerfit.schedule.policies.masa_fcfs import MasaFcfs
 from layerfit.schedule.policies.round_robin import RoundRobin
 from layerfit.schedule.policies.sjf import Sjf
 from layerfit.schedule.policies.snf import Snf
@@ -25,7 +26,9 @@ from layerfit.schedule.policies.snf import Snf
 POLICIES: Mapping[str, type[Policy]] = MappingProxyType(
     {
         cls.name: cls
-        for cls in (Masa, Bulk, DeepEye, Fcfs, LinearFcfs, Sjf, Snf, RoundRobin, MasaFair, BulkMulti)
+        for cls in (
+            Masa, Bulk, DeepEye, Fcfs, LinearFcfs, Sjf, Snf, RoundRobin, MasaFair, BulkMulti, MasaFcfs
+        )
     }
 )
 
@@ -53,6 +56,7 @@ __all__ = [
     "LinearFcfs",
     "Masa",
     "MasaFair",
+    "MasaFcfs",
     "Policy",
     "ReadyQueue",
     "RoundRobin",

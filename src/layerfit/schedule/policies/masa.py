@@ -34,11 +34,12 @@ class Masa(Policy):
 
     def __init__(self, *, gated: bool = True) -> None:
         super().__init__(gated=gated)
-        self._frees = ReadyQueue(self._by_memory)
-        self._takes = ReadyQueue(self._by_memory)
+        self._frees = ReadyQueue(self._order)
+        self._takes = ReadyQueue(self._order)
 
     @staticmethod
-    def _by_memory(task: Task) -> tuple:
+    def _order(task: Task) -> tuple:
+        """Both groups' sort key: increasing memory, then first come."""
         return (task.memory, task.ready_seq)
 
     def add(self, task: Task) -> None:

@@ -1,0 +1,54 @@
+"""MASA in arrival order: Algorithm 1's rules with the order EdgeCaffe's code gives them.
+
+The thesis's prose (§6.3.3) sorts each group of ready tasks by increasing memory, and
+``masa`` follows it. EdgeCaffe's ``MasaScheduler`` — the code behind the thesis's
+measurements (github.com/bacox/edgecaffe, ``Core/src/Scheduler/MasaScheduler.cpp``) —
+keeps the same two groups and the same rules but orders each group by task type and
+task id, which is creation order: the job that arrived first, then its networks, then
+their layers. (A later revision puts the network with the shortest execution time
+first; the ``snf`` policy shows what that costs under overload: long networks starve.)
+
+``masa-fcfs`` takes that order. For an idle worker:
+
+1. the first execute/unload task that fits the free memory;
+2. otherwise the first init/load task that fits — a later, smaller load may pass one
+   that does not fit, so no memory sits idle;
+3. otherwise, if no worker is busy, the first task of the preferred group (execute
+   before load) runs alone although it does not fit — the progress rule, oldest first;
+4. otherwise the worker waits.
+
+Why it matters: sorted by memory, the small loads of many networks interleave and fill
+memory while each of those networks waits for one large load — the deadlock that
+``masa-fair`` avoids with a safety check. In arrival order the oldest network's loads
+come first, so networks finish, and give their memory back, in the order they started.
+Unlike ``masa-fair`` it proves nothing: it avoids that deadlock in practice, not by
+construction. Runs on the partial dependency graph.
+"""
+
+from __future__ import annotations
+
+from layerfit.schedule.policies.base import fits
+from layerfit.schedule.policies.masa import Masa
+from layerfit.schedule.tasks import Task
+
+
+class MasaFcfs(Masa):
+    """Execute before load, first come first served, the first task that fits."""
+
+    name = "masa-fcfs"
+
+    @staticmethod
+    def _order(task: Task) -> tuple:
+        """Both groups' sort key: the job's arrival, its network, the layer."""
+        return (task.job_seq, task.network_index, task.layer, task.ready_seq)
+
+    def next(self, worker: int, free_memory: int) -> Task | None:
+        for group in (self._frees, self._takes):
+            for task in group:
+                if fits(task, free_memory):
+                    return self._take(task)
+        if self.running == 0:
+            task = self._frees.first() or self._takes.first()
+            if task is not None:
+                return self._take(task)
+        return None
