@@ -12,7 +12,7 @@ is then paged by the kernel, for real.
 Runs, per scenario of ``bench/masa.py`` (same networks, profiles, workloads and
 budgets) at each ``--fractions`` budget:
 
-- ``masa``, ``masa-fair``: memory-aware, within the budget;
+- ``masa``, ``masa-fcfs``, ``masa-fair``: memory-aware, within the budget;
 - ``bulk``, ``deepeye``: our gated baselines, within the budget (progress rule);
 - ``bulk-ungated``, ``deepeye-ungated``: the thesis's baselines, which ignore the budget
   (Bulk on one worker and DeepEye on two, as EdgeCaffe runs them);
@@ -69,11 +69,13 @@ from common import CGROUP_V1, Cgroup, machine, own_memory_cgroup, write_results 
 from masa import CACHE, budgets, contention_path, fmt, make_workloads, mean_of, ratio  # noqa: E402
 
 POLICIES = (
-    "masa", "masa-fair", "bulk", "deepeye", "bulk-multi",
+    "masa", "masa-fcfs", "masa-fair", "bulk", "deepeye", "bulk-multi",
     "bulk-ungated", "deepeye-ungated", "bulk-multi-ungated",
 )
 BASELINES = ("bulk", "deepeye", "bulk-multi", "bulk-ungated", "deepeye-ungated", "bulk-multi-ungated")
 THESIS_BASELINES = ("bulk-ungated", "deepeye-ungated")
+MEMORY_AWARE = ("masa", "masa-fcfs", "masa-fair")
+HEAVY = "long_path 1.2"  # bench/masa.py's workload file at rho = 1.2 over --heavy-count images
 
 
 # --- the child: one run in its own cgroup ----------------------------------------------
@@ -348,10 +350,10 @@ def main() -> None:
                 if not rhos <= {1.0, 1.2}:
                     raise SystemExit(f"--rho takes 1 and/or 1.2, got {args.rho}")
                 variants = [(name, scenario, scenario["path"]) for name, scenario in scenarios.items()
-                            if "heavy_path" not in scenario or 1.0 in rhos]
+                            if HEAVY not in scenario or 1.0 in rhos]
                 if 1.2 in rhos:
-                    variants += [(f"{name} rho=1.2", scenario, scenario["heavy_path"])
-                                 for name, scenario in scenarios.items() if "heavy_path" in scenario]
+                    variants += [(f"{name} rho=1.2", scenario, scenario[HEAVY])
+                                 for name, scenario in scenarios.items() if HEAVY in scenario]
                 for name, scenario, path in variants:
                     rows = budgets(profiles, scenario["networks"], fractions)
                     storages[kind]["budgets"][name] = rows
@@ -400,7 +402,7 @@ def targets(results: dict[str, dict[str, dict[str, Any]]], tight: str) -> dict[s
     for name, by_budget in results.items():
         row = by_budget.get(tight, {})
         entry: dict[str, Any] = {}
-        for policy in ("masa", "masa-fair"):
+        for policy in MEMORY_AWARE:
             for label, group in (("thesis_baselines", THESIS_BASELINES), ("all_baselines", BASELINES)):
                 runs = [row.get(b) for b in group if b in row]
                 unfinished = [b for b in group if b in row and row[b].get("outcome") != "done"]
@@ -459,15 +461,14 @@ def markdown(data: dict[str, Any], tight: str) -> str:
                         f"{run['swap_at_end_bytes'] / 1e6:.1f} | {sim} |")
             lines.append("")
     lines += ["## Targets", "", f"At the tightest budget ({tight} ×), target ≤ 0.5:", "",
-              "| storage | scenario | masa / thesis baselines | masa / all baselines | masa-fair / thesis baselines | masa-fair / all baselines | baselines not finished |",
-              "|---|---|---:|---:|---:|---:|---|"]
+              "| storage | scenario | " + " | ".join(f"{p} / {b} baselines" for p in MEMORY_AWARE for b in ("thesis", "all"))
+              + " | baselines not finished |",
+              "|---|---|" + "---:|" * (2 * len(MEMORY_AWARE)) + "---|"]
     for kind, by_scenario in data["targets"].items():
         for name, t in by_scenario.items():
             unfinished = sorted(set(t.get("thesis_baselines_not_finished", [])) | set(t.get("all_baselines_not_finished", [])))
-            lines.append(
-                f"| {kind} | {name} | {fmt(t.get('masa_over_best_thesis_baselines'), 2)} | {fmt(t.get('masa_over_best_all_baselines'), 2)} | "
-                f"{fmt(t.get('masa-fair_over_best_thesis_baselines'), 2)} | {fmt(t.get('masa-fair_over_best_all_baselines'), 2)} | "
-                f"{', '.join(unfinished) or '-'} |")
+            cells = [fmt(t.get(f"{p}_over_best_{b}_baselines"), 2) for p in MEMORY_AWARE for b in ("thesis", "all")]
+            lines.append(f"| {kind} | {name} | " + " | ".join(cells) + f" | {', '.join(unfinished) or '-'} |")
     lines += ["", "A baseline that did not finish (killed for memory, or stopped at the time limit) counts as "
               "slower than every one that did; where none did, there is no ratio.", "",
               f"Wall time {data['wall_s']:.0f} s.", ""]

@@ -19,7 +19,8 @@ largest pending load as its claim; a new network claims its largest task). When 
 is safe and nothing runs, the oldest job's task runs (the progress rule, first come
 first served instead of smallest first). The safety check costs concurrency where one
 task nearly fills the budget (mixed-3 in ``bench/masa.py``), so ``masa`` stays the
-default.
+default. ``masa-fcfs`` avoids the deadlock in practice by order alone (arrival order, as
+EdgeCaffe's code has it) at no cost in concurrency; only ``masa-fair`` rules it out.
 """
 
 from __future__ import annotations
