@@ -48,14 +48,20 @@ class Masa(Policy):
 
     def next(self, worker: int, free_memory: int) -> Task | None:
         for group in (self._frees, self._takes):
-            task = group.first()
-            if task is not None and fits(task, free_memory):
+            task = self._first_fitting(group, free_memory)
+            if task is not None:
                 return self._take(task)
         if self.running == 0:
             task = self._frees.first() or self._takes.first()
             if task is not None:
                 return self._take(task)
         return None
+
+    @staticmethod
+    def _first_fitting(group: ReadyQueue, free_memory: int) -> Task | None:
+        """The group's first task that fits: sorted by memory, its first task or none."""
+        task = group.first()
+        return task if task is not None and fits(task, free_memory) else None
 
     def _remove(self, task: Task) -> None:
         (self._frees if task.frees_memory else self._takes).remove(task)

@@ -27,7 +27,7 @@ construction. Runs on the partial dependency graph.
 
 from __future__ import annotations
 
-from layerfit.schedule.policies.base import fits
+from layerfit.schedule.policies.base import ReadyQueue, fits
 from layerfit.schedule.policies.masa import Masa
 from layerfit.schedule.tasks import Task
 
@@ -42,13 +42,7 @@ class MasaFcfs(Masa):
         """Both groups' sort key: the job's arrival, its network, the layer."""
         return (task.job_seq, task.network_index, task.layer, task.ready_seq)
 
-    def next(self, worker: int, free_memory: int) -> Task | None:
-        for group in (self._frees, self._takes):
-            for task in group:
-                if fits(task, free_memory):
-                    return self._take(task)
-        if self.running == 0:
-            task = self._frees.first() or self._takes.first()
-            if task is not None:
-                return self._take(task)
-        return None
+    @staticmethod
+    def _first_fitting(group: ReadyQueue, free_memory: int) -> Task | None:
+        """The group's first task, in arrival order, that fits."""
+        return next((task for task in group if fits(task, free_memory)), None)
