@@ -18,9 +18,9 @@ giving back what it holds when it finishes (the Banker's algorithm, with a netwo
 largest pending load as its claim; a new network claims its largest task). When no task
 is safe and nothing runs, the oldest job's task runs (the progress rule, first come
 first served instead of smallest first). The safety check costs concurrency where one
-task nearly fills the budget (mixed-3 in ``bench/masa.py``), so ``masa`` stays the
-default. ``masa-fcfs`` avoids the deadlock in practice by order alone (arrival order, as
-EdgeCaffe's code has it) at no cost in concurrency; only ``masa-fair`` rules it out.
+task nearly fills the budget (mixed-3 in ``bench/masa.py``). ``masa-fcfs`` avoids the
+deadlock in practice by order alone (arrival order, as EdgeCaffe's code has it) without
+holding back a task that fits; only ``masa-fair`` rules it out.
 """
 
 from __future__ import annotations
