@@ -47,6 +47,8 @@ def task(
     seq: int = 0,
     pool: Pool = Pool.CONV,
     cost: float = 0.0,
+    job_seq: int = 0,
+    layer: int = 0,
 ) -> Task:
     """A free-standing task for policy unit tests; ``ready_seq`` is ``seq``."""
     t = Task(
@@ -56,13 +58,14 @@ def task(
         network_name=network,
         network_index=0,
         kind=kind,
-        layer=0,
+        layer=layer,
         layer_name=name,
         duration=duration,
         memory=memory,
         retained=memory if kind is TaskKind.LOAD else 0,
         pool=pool,
         network_cost=cost,
+        job_seq=job_seq,
     )
     t.ready_seq = seq
     return t

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from schedule_helpers import net, task
 
@@ -108,15 +106,15 @@ def test_masa_fcfs_takes_each_group_in_arrival_order():
             ("j0-L0", K.LOAD, 3, 0, 0),
         ]
     ):
-        p.add(replace(task(name, kind, mem, seq=i), job_seq=job_seq, layer=layer))
+        p.add(task(name, kind, mem, seq=i, job_seq=job_seq, layer=layer))
     # execute before load; within each group the older job, then the layer, not the memory
     assert drain(p) == ["j0-E0", "j1-E0", "j0-I", "j0-L0", "j0-L1", "j1-L0"]
 
 
 def test_masa_fcfs_lets_a_later_task_that_fits_pass_one_that_does_not():
     p = make_policy("masa-fcfs")
-    p.add(replace(task("old", K.LOAD, 8, seq=0), job_seq=0))
-    p.add(replace(task("new", K.LOAD, 3, seq=1), job_seq=1))
+    p.add(task("old", K.LOAD, 8, seq=0, job_seq=0))
+    p.add(task("new", K.LOAD, 3, seq=1, job_seq=1))
     first = p.next(0, 4)
     assert first.id == "new"  # the oldest does not fit 4 bytes; memory does not sit idle
     assert p.next(1, 1) is None  # nothing fits while a task runs: wait

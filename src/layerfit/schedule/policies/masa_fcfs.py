@@ -3,14 +3,17 @@
 The thesis's prose (§6.3.3) sorts each group of ready tasks by increasing memory, and
 ``masa`` follows it. EdgeCaffe's ``MasaScheduler`` — the code behind the thesis's
 measurements (github.com/bacox/edgecaffe, ``Core/src/Scheduler/MasaScheduler.cpp``) —
-keeps the same two groups and the same rules but orders each group by task type and
-task id, which is creation order: the job that arrived first, then its networks, then
-their layers. (A later revision puts the network with the shortest execution time
-first. With MASA's rules that order starved the long networks in one simulated overload
-— all-random at ρ = 1, a quarter of the bulk peaks, this machine's contention: mean
-2.99 s, p95 22 s, against 0.54 s and 1.2 s in arrival order — so it is not used here.)
+keeps the same two groups — execute first, then the first load that fits — but orders
+each group by task type and task id, which is creation order: the job that arrived
+first, then its networks, then their layers. (A later revision puts the network with
+the shortest execution time first. With MASA's rules that order starved the long
+networks in one simulated overload — all-random at ρ = 1, a quarter of the bulk peaks,
+this machine's contention: mean 2.99 s, p95 22 s, against 0.54 s and 1.2 s in arrival
+order — so it is not used here.)
 
-``masa-fcfs`` takes that order. For an idle worker:
+``masa-fcfs`` takes that order and keeps ``masa``'s memory check on execute tasks and its
+progress rule (EdgeCaffe starts execute tasks unchecked and relaxes the budget only when
+no network is in flight). For an idle worker:
 
 1. the first execute/unload task that fits the free memory;
 2. otherwise the first init/load task that fits — a later, smaller load may pass one
