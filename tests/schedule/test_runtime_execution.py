@@ -11,6 +11,7 @@ from runtime_helpers import model_input, prepare_models, reference, runtime_thre
 
 import layerfit
 from layerfit.engine.engine import Engine
+from layerfit.engine.osmem import _glibc
 from layerfit.errors import LayerfitError
 from layerfit.schedule.graph import build_graph
 from layerfit.schedule.policies import POLICIES, policy_names
@@ -143,6 +144,14 @@ def test_random_jobs_complete_within_budget(repo, refs, jobs, budget_kb, workers
     check_trace(rt, workers)
     assert rt.stats()["in_use_bytes"] == 0
     assert runtime_threads() == []
+
+
+def test_the_runtime_fixes_the_mmap_threshold_unless_told_not_to(repo):
+    # what the setting does to RSS is tested in tests/engine/test_osmem.py
+    with Runtime(repo, "1MB", load=False, return_freed_memory=False) as rt:
+        assert rt.stats()["returns_freed_memory"] is False
+    with Runtime(repo, "1MB", load=False) as rt:
+        assert rt.stats()["returns_freed_memory"] is (_glibc() is not None)
 
 
 def test_per_network_inputs_batches_and_repeated_models(repo, refs):

@@ -1,10 +1,16 @@
-"""Memory as the operating system sees it: peak RSS (resettable) and cgroup usage."""
+"""Memory as the operating system sees it: peak RSS (resettable) and cgroup usage, and
+the C allocator's setting that decides whether freed memory goes back to it."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from pathlib import Path
 
 import psutil
+
+_M_MMAP_THRESHOLD = -3  # glibc <malloc.h>
+DEFAULT_MMAP_THRESHOLD = 4 * 1024 * 1024
 
 
 def reset_peak_rss() -> bool:
@@ -30,3 +36,36 @@ def peak_rss_bytes() -> int:
 def rss_bytes() -> int:
     """Current resident set size."""
     return psutil.Process().memory_info().rss
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 -- raises AttributeError outside glibc
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def return_large_frees_to_os(threshold_bytes: int = DEFAULT_MMAP_THRESHOLD) -> bool:
+    """Make every later allocation of ``threshold_bytes`` or more a mapping of its own,
+    which ``free`` unmaps: freed large blocks go back to the OS instead of staying
+    resident in the C heap. Process-wide; ``False`` where the C library is not glibc or
+    refuses the value.
+
+    Why: glibc's threshold adapts. Each freed mapping raises it to the freed size (up to
+    32 MiB), so later blocks of that size come from the heap, and a freed heap block
+    stays resident unless it sits at the top. A process that runs many models in turn,
+    each execution allocating and freeing layer-sized scratch on many threads, keeps
+    tens of MB that no budget counts: 70 MB above the ledger (median) under
+    ``layerfit.Runtime`` on a 378.7 MB budget, where a cgroup held to the budget paged
+    31,000 times in one run. A fixed threshold also fixes the heap's trim threshold, so
+    the heap's free top goes back too. Cost: a mapping, and its page faults, per large
+    allocation; measured under the Runtime on two closed workloads, the mean response
+    moved by under 2 % (within noise) and the process's RSS fell by 13 and 55 MB.
+    """
+    if threshold_bytes < 0:
+        raise ValueError(f"threshold_bytes must be >= 0, got {threshold_bytes}")
+    libc = _glibc()
+    return bool(libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, int(threshold_bytes)) == 1)

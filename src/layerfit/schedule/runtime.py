@@ -56,6 +56,7 @@ from typing import Any
 import torch
 
 from layerfit.engine.engine import Engine
+from layerfit.engine.osmem import return_large_frees_to_os
 from layerfit.errors import (
     InputError,
     JobTimeoutError,
@@ -151,7 +152,11 @@ class Runtime:
     - ``gated`` — ``False`` runs a memory-oblivious policy (Bulk, DeepEye, FCFS, …) the
       way the thesis's EdgeCaffe baselines run: it ignores the budget and over-commits
       (counted as ``overcommits``), leaving the operating system to page. Memory-aware
-      policies (masa, masa-fcfs, masa-fair) keep the budget either way.
+      policies (masa, masa-fcfs, masa-fair) keep the budget either way;
+    - ``return_freed_memory`` — (default) fix glibc's mmap threshold for the whole
+      process (:func:`~layerfit.engine.osmem.return_large_frees_to_os`), so the
+      layer-sized scratch that executions free goes back to the OS rather than staying
+      resident beside the budget.
 
     Call :meth:`shutdown` (or use it as a context manager): its threads wait for work
     until then.
@@ -172,6 +177,7 @@ class Runtime:
         load: bool = True,
         direct_io: bool = True,
         gated: bool = True,
+        return_freed_memory: bool = True,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ScheduleError(f"need at least one worker, got {workers!r}")
@@ -188,6 +194,8 @@ class Runtime:
         self.trace = trace
         self._profiles = dict(profiles or {})
         self._direct_io = direct_io
+        # before any model loads: only later allocations follow the fixed threshold
+        self.returns_freed_memory = return_freed_memory and return_large_frees_to_os()
         self._lock = threading.RLock()
         self._t0 = time.monotonic()
         budget = parse_bytes(memory_budget)
@@ -710,6 +718,7 @@ class Runtime:
                 "unit_buffer_peak_bytes": self._peak_buffers,
                 "estimates": self.estimates,
                 "estimate_factor": self._dispatcher.estimate_factor,
+                "returns_freed_memory": self.returns_freed_memory,
             }
 
     def clear_trace(self) -> None:
