@@ -57,4 +57,3 @@ def test_freed_large_blocks_go_back_to_the_os_once_set() -> None:
 def test_a_negative_threshold_is_refused() -> None:
     with pytest.raises(ValueError, match="threshold_bytes"):
         return_large_frees_to_os(-1)
-
