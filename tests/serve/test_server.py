@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
@@ -115,6 +116,9 @@ def test_health_endpoints_and_metrics(http: httpx.Client) -> None:
                  'layerfit_tasks_total{type="load"}', "layerfit_queue_length", "layerfit_inflight_requests",
                  'layerfit_queue_seconds_count{model="chain"}'):
         assert name in text, name
+    if sys.platform == "linux":  # the process's RSS beside the ledger
+        (rss,) = [line for line in text.splitlines() if line.startswith("process_resident_memory_bytes ")]
+        assert float(rss.split()[1]) > 10e6
 
 
 # --- bad input (each one) ----------------------------------------------------------------

@@ -8,6 +8,11 @@ queue are read from ``Runtime.stats()`` at scrape time, so they are never stale.
 ``layerfit_queue_seconds`` (submission to the job's first task) is observed from the
 runtime's future, which carries ``queue_seconds`` once the job's first task started.
 
+The process's own memory and CPU (``process_resident_memory_bytes`` and the rest of
+Prometheus's standard process metrics, on Linux) sit beside the ledger: the ledger
+counts what the scheduler hands out, RSS what the process holds, so the gap shows
+memory that no budget counts.
+
 Labels are bounded: ``endpoint`` is the route template (``/v2/models/{name}/infer``,
 not the URL), and ``model`` is a model of the repository or ``""`` — a client cannot
 create new time series by inventing model names.
@@ -18,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
@@ -83,6 +88,7 @@ class ServerMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
         self.models: Callable[[], Any] = dict
         self.requests = Counter(
             "layerfit_requests", "HTTP requests answered, by endpoint, model and status",
