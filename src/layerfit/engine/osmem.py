@@ -67,8 +67,8 @@ def return_large_frees_to_os(threshold_bytes: int = DEFAULT_MMAP_THRESHOLD) -> b
     one is set back explicitly. Cost: a mapping, and its page faults, per large
     allocation, and a trim whenever the heap's free top passes 128 KiB. Measured under
     the Runtime on closed workloads: 13 % more minor page faults, RSS 13-71 MB lower,
-    and a mean response between 1 % faster and 22 % slower over four A/B sets on a
-    noisy 2-core VM (most sets +2 to +9 %).
+    and a mean response changed by -2 % to +22 % over four A/B sets on a noisy 2-core
+    VM (+1 to +2 %, +9 to +22 %, +9 % and -2 %).
     """
     if threshold_bytes < 0:
         raise ValueError(f"threshold_bytes must be >= 0, got {threshold_bytes}")
