@@ -153,8 +153,8 @@ class Runtime:
       way the thesis's EdgeCaffe baselines run: it ignores the budget and over-commits
       (counted as ``overcommits``), leaving the operating system to page. Memory-aware
       policies (masa, masa-fcfs, masa-fair) keep the budget either way;
-    - ``return_freed_memory`` — (default) fix glibc's mmap threshold for the whole
-      process (:func:`~layerfit.engine.osmem.return_large_frees_to_os`), so the
+    - ``return_freed_memory`` — (default) fix glibc's mmap and heap-trim thresholds for
+      the whole process (:func:`~layerfit.engine.osmem.return_large_frees_to_os`), so the
       layer-sized scratch that executions free goes back to the OS rather than staying
       resident beside the budget.
 
@@ -194,7 +194,7 @@ class Runtime:
         self.trace = trace
         self._profiles = dict(profiles or {})
         self._direct_io = direct_io
-        # before any model loads: only later allocations follow the fixed threshold
+        # before any model loads: only later allocations follow the fixed thresholds
         self.returns_freed_memory = return_freed_memory and return_large_frees_to_os()
         self._lock = threading.RLock()
         self._t0 = time.monotonic()
