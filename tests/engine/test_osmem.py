@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from layerfit.engine.osmem import _glibc, return_large_frees_to_os
+from layerfit.engine.osmem import is_glibc, return_large_frees_to_os
+from layerfit.errors import BudgetError
 
 MB = 1024 * 1024
 
@@ -44,7 +45,7 @@ print(json.dumps({"by_default": by_default, "applied": applied, "top": top, "map
 """
 
 
-@pytest.mark.skipif(_glibc() is None, reason="the setting is glibc's")
+@pytest.mark.skipif(not is_glibc(), reason="the setting is glibc's")
 def test_freed_large_blocks_go_back_to_the_os_once_set() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     out = subprocess.run(
@@ -59,5 +60,5 @@ def test_freed_large_blocks_go_back_to_the_os_once_set() -> None:
 
 
 def test_a_negative_threshold_is_refused() -> None:
-    with pytest.raises(ValueError, match="threshold_bytes"):
+    with pytest.raises(BudgetError, match="mmap threshold"):
         return_large_frees_to_os(-1)

@@ -11,7 +11,7 @@ from runtime_helpers import model_input, prepare_models, reference, runtime_thre
 
 import layerfit
 from layerfit.engine.engine import Engine
-from layerfit.engine.osmem import _glibc
+from layerfit.engine.osmem import is_glibc
 from layerfit.errors import LayerfitError
 from layerfit.schedule.graph import build_graph
 from layerfit.schedule.policies import POLICIES, policy_names
@@ -151,7 +151,7 @@ def test_the_runtime_fixes_the_mmap_threshold_unless_told_not_to(repo):
     with Runtime(repo, "1MB", load=False, return_freed_memory=False) as rt:
         assert rt.stats()["returns_freed_memory"] is False
     with Runtime(repo, "1MB", load=False) as rt:
-        assert rt.stats()["returns_freed_memory"] is (_glibc() is not None)
+        assert rt.stats()["returns_freed_memory"] is is_glibc()
 
 
 def test_per_network_inputs_batches_and_repeated_models(repo, refs):

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import psutil
 
+from layerfit.errors import BudgetError
+
 _M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
 _M_MMAP_THRESHOLD = -3
 DEFAULT_MMAP_THRESHOLD = 4 * 1024 * 1024
@@ -42,12 +44,18 @@ def rss_bytes() -> int:
 
 @functools.cache
 def _glibc() -> ctypes.CDLL | None:
+    """The C library when it is glibc (the only one whose allocator these settings are for)."""
     try:
         libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # noqa: B018 -- raises AttributeError outside glibc
         return libc
     except (OSError, AttributeError):
         return None
+
+
+def is_glibc() -> bool:
+    """Whether this process's C library is glibc, where :func:`return_large_frees_to_os` acts."""
+    return _glibc() is not None
 
 
 def return_large_frees_to_os(threshold_bytes: int = DEFAULT_MMAP_THRESHOLD) -> bool:
@@ -71,7 +79,7 @@ def return_large_frees_to_os(threshold_bytes: int = DEFAULT_MMAP_THRESHOLD) -> b
     VM (+1 to +2 %, +9 to +22 %, +9 % and -2 %).
     """
     if threshold_bytes < 0:
-        raise ValueError(f"threshold_bytes must be >= 0, got {threshold_bytes}")
+        raise BudgetError(f"an mmap threshold must be >= 0 bytes, got {threshold_bytes}")
     libc = _glibc()
     if libc is None:
         return False
