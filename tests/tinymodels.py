@@ -59,6 +59,71 @@ def tied_lm() -> nn.Module:
     return TiedLM()
 
 
+class _Table(nn.Module):
+    """Returns a view of its own parameter beside its result."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x @ self.w.t(), self.w[:2]
+
+
+class _Holder(nn.Module):
+    """Owns a parameter but is never called: the parent reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.rand(16) + 0.5)
+
+
+class OutsideReads(nn.Module):
+    """Weights used while their module is not running (all must stay resident).
+
+    ``head`` multiplies by ``embed.weight`` outside ``embed``'s call, ``table`` returns a
+    view of its weight that the parent uses after ``mid`` ran, ``holder`` never runs,
+    and the output includes ``fc.bias`` itself.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 8)
+        self.table = _Table()
+        self.mid = nn.Linear(16, 16)
+        self.holder = _Holder()
+        self.fc = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor):
+        h = torch.relu(self.embed(x))
+        h, rows = self.table(h)
+        h = self.mid(h) * self.holder.scale
+        y = self.fc(h) + x @ self.embed.weight.t()
+        return y, rows * 2, rows, self.fc.bias
+
+
+def outside_reads() -> nn.Module:
+    torch.manual_seed(4)
+    return OutsideReads()
+
+
+class WeightView(nn.Module):
+    """Returns a view of a child's weight (and nothing reads it outside the child)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Linear(8, 8)
+        self.table = _Table()
+
+    def forward(self, x: torch.Tensor):
+        return self.table(self.pre(x))
+
+
+def weight_view() -> nn.Module:
+    torch.manual_seed(5)
+    return WeightView()
+
+
 def not_a_module() -> int:
     return 3
 

@@ -100,3 +100,37 @@ def test_graph_round_trips_through_json():
 def test_bad_example_input_is_a_clear_error():
     with pytest.raises(CaptureError, match="example input"):
         capture(tinymodels.tiny_cnn(), 3)
+
+
+def test_weights_used_while_their_module_is_not_running_stay_resident():
+    # Streamed, each would be unbound (meta) or overwritten by the next unit's bytes when
+    # the parent uses it: see tinymodels.OutsideReads for the four ways.
+    g = capture(tinymodels.outside_reads().eval(), torch.randn(2, 8))
+    reasons = {r.name: r.reason for r in g.resident}
+    assert set(reasons) == {"embed.weight", "table.w", "holder.scale", "fc.bias"}
+    assert reasons["embed.weight"].startswith("read outside its module's forward")
+    assert reasons["holder.scale"].startswith("read outside its module's forward")
+    assert reasons["table.w"] == reasons["fc.bias"] == "a view of it leaves its module's forward"
+    assert [(u.name, [p.name for p in u.params]) for u in g.units] == [
+        ("embed", ["embed.bias"]),
+        ("mid", ["mid.weight", "mid.bias"]),
+        ("fc", ["fc.weight"]),
+    ]
+    assert g.unused == []  # holder never runs, but its weight is read
+
+
+def test_reading_a_weights_metadata_outside_its_module_keeps_it_streamed():
+    class DtypeProbe(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+
+        def forward(self, x):
+            # What many models do (``self.dtype``): metadata only, a meta tensor answers it.
+            w = self.a.weight
+            assert w.shape[0] == w.size(0) == len(w) and w.dim() == 2 and w.numel() == 16
+            return self.a(x.to(w.dtype))
+
+    g = capture(DtypeProbe().eval(), torch.randn(2, 4))
+    assert g.resident == []
+    assert [u.name for u in g.units] == ["a"]

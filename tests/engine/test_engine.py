@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import os
 import threading
@@ -327,3 +328,49 @@ def test_reconfigure_between_inferences_respects_each_budget(tiny: Path, referen
         engine.reconfigure(units="blocks:2", budget=10**6)
         assert len(engine.blocks) == 2
         assert torch.equal(engine(x), y)
+
+
+def test_weights_used_outside_their_module_give_the_models_output(tmp_path: Path):
+    out = tmp_path / "outside"
+    prepare("tinymodels:outside_reads", out, input_shape=(2, 8))
+    x = example_input((2, 8), "float32")
+    with torch.no_grad():
+        expected = tinymodels.outside_reads().eval()(x)
+    for pipeline in PIPELINES:
+        engine = load(out, pipeline=pipeline)
+        got = engine(x)
+        engine.close()
+        del engine
+        gc.collect()
+        # Outputs that are views of weights outlive the engine: still the model's bytes.
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True)), pipeline
+
+
+@pytest.mark.parametrize(
+    ("model", "error"),
+    [("outside_reads", "read a weight outside the module"), ("weight_view", "view of a streamed weight")],
+)
+def test_weights_streamed_by_an_older_prepare_are_refused_not_returned(tmp_path: Path, monkeypatch, model, error):
+    # Prepared without the resident rule for such weights (as older versions did), the
+    # model would give meta tensors or reused bytes: the engine says why instead.
+    import layerfit.capture.units as units_mod
+
+    monkeypatch.setattr(units_mod.UnitRecorder, "_note_escapes", lambda self, output: None)
+    monkeypatch.setattr(units_mod, "_METADATA_OPS", _EVERY_OP)
+    out = tmp_path / model
+    prepare(f"tinymodels:{model}", out, input_shape=(2, 8))
+    assert read_manifest(out).resident is None  # streamed, as before the rule
+    x = example_input((2, 8), "float32")
+    for pipeline in PIPELINES:
+        with load(out, pipeline=pipeline) as engine, pytest.raises(LayerfitError, match=error):
+            engine(x)
+
+
+class _EveryOp(frozenset):
+    """Pretends every op reads only metadata: the recorder then sees no outside read."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+_EVERY_OP = _EveryOp()

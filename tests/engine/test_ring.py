@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections import deque
 
 import pytest
@@ -81,3 +82,14 @@ def test_reshape_reuses_the_mapping_and_releases_pages():
     assert ring.allocate(64 * PAGE) == 0
     assert not ring.reshape(65 * PAGE)  # beyond the mapping: the caller maps anew
     ring.close()
+
+
+def test_closing_leaves_bytes_a_view_still_points_to_mapped():
+    # A tensor that escaped the engine must never point into unmapped memory (a crash):
+    # the mapping then goes with the last view.
+    ring = RingBuffer(4096)
+    view = ring.bytes[:8]
+    view.fill_(7)
+    ring.close()
+    gc.collect()
+    assert view.tolist() == [7] * 8

@@ -16,6 +16,7 @@ MODELS = {
     "chain": ("tinymodels:chain", {"widths": [32, 64, 64, 16]}, (1, 32)),
     "slow": ("tinymodels:chain", {"widths": [8, 8, 8, 8], "delays": [0.1, 0.1, 0.1]}, (1, 8)),
     "big": ("tinymodels:chain", {"widths": [4, 2048, 4]}, (1, 4)),
+    "outside": ("tinymodels:outside_reads", {}, (2, 8)),
 }
 
 

@@ -3,6 +3,8 @@ the progress rule, precedence holds, at most ``workers`` tasks run at once."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -152,6 +154,19 @@ def test_the_runtime_fixes_the_mmap_threshold_unless_told_not_to(repo):
         assert rt.stats()["returns_freed_memory"] is False
     with Runtime(repo, "1MB", load=False) as rt:
         assert rt.stats()["returns_freed_memory"] is is_glibc()
+
+
+def test_weights_used_outside_their_module_and_outputs_viewing_them(tmp_path):
+    # Capture keeps such weights resident, so the outputs that are views of them stay
+    # the model's bytes after every unit is unloaded and the runtime is gone.
+    repo = prepare_models(tmp_path, ["outside"])
+    x = model_input("outside")
+    expected = reference("outside", x)
+    with Runtime(repo, "1MB", workers=2) as rt:
+        got = rt.infer("outside", x).result(timeout=60)
+    del rt
+    gc.collect()
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
 def test_per_network_inputs_batches_and_repeated_models(repo, refs):

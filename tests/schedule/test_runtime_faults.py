@@ -3,7 +3,9 @@ and shut-down jobs resolve their futures, return their memory and leave no threa
 
 from __future__ import annotations
 
+import gc
 import shutil
+import threading
 from concurrent.futures import CancelledError
 
 import pytest
@@ -23,8 +25,10 @@ from layerfit.errors import (
     ScheduleError,
     UnknownModelError,
 )
+from layerfit.schedule.network_run import NetworkRun
 from layerfit.schedule.runtime import Job, Runtime
 from layerfit.store import read_manifest
+from layerfit.store.reader import aligned_buffer
 
 
 @pytest.fixture(scope="module")
@@ -220,3 +224,22 @@ def test_constructor_rejects_bad_settings(repo, tmp_path):
         Runtime(repo, "lots", load=False)
     with pytest.raises(ScheduleError, match="at least one worker"):
         Runtime(repo, "1MB", workers=0, load=False)
+
+
+def test_unloading_a_unit_leaves_bytes_a_view_still_points_to_mapped():
+    # Defence in depth beside capture's resident rule: a view of a unit's bytes that
+    # outlives its unload keeps the mapping (freed with the view) instead of a crash.
+    class OneUnit:
+        blocks = [None]
+
+        def read_unit_buffer(self, i: int):
+            buffer = aligned_buffer(4096)
+            buffer[:4] = bytes([1, 2, 3, 4])
+            return buffer
+
+    run = NetworkRun("n0", "j0", "m", OneUnit(), (), threading.RLock(), on_exit=lambda run: None)
+    assert run.load(0) == 4096
+    view = run._units[0].tensor[:4]
+    assert run.unload(0) == 4096
+    gc.collect()
+    assert view.tolist() == [1, 2, 3, 4]

@@ -5,7 +5,12 @@ owns any (a "leaf owner"), and that runs exactly once per forward pass. Its tens
 be brought in just before it runs and dropped right after. Everything else that holds
 tensors is *resident*: shared or tied tensors (bound at several places), tensors owned
 by a container whose children also own tensors, and tensors of a module called several
-times. Modules that never run in the forward pass are reported as unused and not stored.
+times. A tensor must also stay resident when it is used while its module is not running:
+an op outside the module's ``forward`` reads it (``x @ self.embed.weight.t()`` in the
+parent), or a view of it leaves the module's ``forward`` in the output. Streamed, such a
+tensor would be unbound (a meta tensor, so a silent meta result) or its bytes reused by
+the next unit when it is read. Modules that never run in the forward pass, and whose
+tensors nothing reads, are reported as unused and not stored.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 from layerfit.capture.graph import ParamSpec, ResidentTensor, UnitInfo
 from layerfit.capture.macs import module_macs
@@ -60,11 +67,57 @@ def _direct_tensors(module: nn.Module) -> list[tuple[str, str, torch.Tensor]]:
     return found
 
 
+def storage_address(t: torch.Tensor) -> int | None:
+    """The address of ``t``'s storage (None where it has none to compare)."""
+    if t.device.type == "meta" or t.layout != torch.strided or t.numel() == 0:
+        return None
+    return t.untyped_storage().data_ptr()
+
+
+# Ops that read a tensor's metadata, not its bytes: a meta tensor answers them alike.
+_METADATA_OPS = frozenset({
+    "shape", "dtype", "device", "size", "dim", "ndim", "ndimension", "numel", "nelement",
+    "layout", "requires_grad", "is_cuda", "is_meta", "is_leaf", "is_sparse", "is_quantized",
+    "is_floating_point", "is_complex", "is_contiguous", "stride", "element_size", "itemsize",
+    "nbytes", "names", "get_device", "__len__",
+})
+
+
+def _op_name(func) -> str:
+    name = getattr(func, "__name__", str(func))
+    if name in ("__get__", "__set__"):  # a property: name it after the attribute
+        name = getattr(getattr(func, "__self__", None), "__name__", name)
+    return name
+
+
+class _OutsideUse(TorchFunctionMode):
+    """Notes every owned tensor an op reads while none of its owning modules is running."""
+
+    def __init__(self, recorder: UnitRecorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        rec = self.recorder
+        if not rec._in_hook:
+            for leaf in tree_leaves((args, kwargs)):
+                if isinstance(leaf, torch.Tensor) and id(leaf) not in rec.outside:
+                    owners = rec._owners.get(id(leaf))
+                    if owners and not any(rec._running[o] for o in owners):
+                        name = _op_name(func)
+                        if name not in _METADATA_OPS:
+                            rec.outside[id(leaf)] = name
+        return func(*args, **kwargs)
+
+
 class UnitRecorder:
     """Forward hooks that record the call order, call counts and MACs of every module.
 
     Use as a context manager around one forward pass; then :meth:`build` classifies the
-    tensors into units and resident tensors.
+    tensors into units and resident tensors. A torch function mode watches, meanwhile,
+    for owned tensors read outside their module's ``forward``, and the hooks for views of
+    them in a module's output.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -84,6 +137,20 @@ class UnitRecorder:
                     self.stats[name].children_owning = True
                     break
         self._modules = names
+        self._owners: dict[int, set[str]] = defaultdict(set)  # id(tensor) -> owning modules
+        for name, st in self.stats.items():
+            for place in st.places:
+                self._owners[id(place.tensor)].add(name)
+        self._by_storage: dict[int, set[int]] = defaultdict(set)  # storage -> id(tensor)
+        for st in self.stats.values():
+            for place in st.places:
+                if (key := storage_address(place.tensor)) is not None:
+                    self._by_storage[key].add(id(place.tensor))
+        self._running: dict[str, int] = defaultdict(int)  # module -> calls in progress
+        self._in_hook = False  # our own hooks' ops are not the model's reads
+        self.outside: dict[int, str] = {}  # id(tensor) -> the op that read it outside
+        self.escaped: set[int] = set()  # id(tensor) whose view left its module's forward
+        self._mode = _OutsideUse(self)
 
     def __enter__(self) -> UnitRecorder:
         seen: set[int] = set()
@@ -93,9 +160,11 @@ class UnitRecorder:
             seen.add(id(module))
             self._handles.append(module.register_forward_pre_hook(self._pre(name)))
             self._handles.append(module.register_forward_hook(self._post(name)))
+        self._mode.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._mode.__exit__(None, None, None)
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -107,18 +176,33 @@ class UnitRecorder:
                 st.first_call = self._clock
                 self._clock += 1
             st.calls += 1
+            self._running[name] += 1
 
         return hook
 
     def _post(self, name: str):
         def hook(module: nn.Module, args: tuple, output: object) -> None:
-            st = self.stats[name]
-            st.macs += module_macs(module, args, output)
-            if not st.input_shapes:
-                st.input_shapes = _shapes(args)
-                st.output_shapes = _shapes(output)
+            self._running[name] -= 1
+            self._in_hook = True
+            try:
+                st = self.stats[name]
+                st.macs += module_macs(module, args, output)
+                if not st.input_shapes:
+                    st.input_shapes = _shapes(args)
+                    st.output_shapes = _shapes(output)
+                self._note_escapes(output)
+            finally:
+                self._in_hook = False
 
         return hook
+
+    def _note_escapes(self, output: object) -> None:
+        """Owned tensors that ``output`` holds a view of while no owner of theirs runs."""
+        for leaf in tree_leaves(output):
+            if isinstance(leaf, torch.Tensor) and (key := storage_address(leaf)) is not None:
+                for tid in self._by_storage.get(key, ()):
+                    if not any(self._running[o] for o in self._owners[tid]):
+                        self.escaped.add(tid)
 
     def build(self) -> tuple[list[UnitInfo], list[ResidentTensor], list[str]]:
         """Classify every tensor: ``(units in execution order, resident, unused names)``."""
@@ -144,24 +228,38 @@ class UnitRecorder:
                 nbytes=t.numel() * t.element_size(),
             )
 
+        def used_outside(p: _Place) -> str | None:
+            if id(p.tensor) in self.outside:
+                return f"read outside its module's forward (by {self.outside[id(p.tensor)]})"
+            if id(p.tensor) in self.escaped:
+                return "a view of it leaves its module's forward"
+            return None
+
+        def needed(q: _Place) -> bool:
+            return self.stats[q.module].calls > 0 or id(q.tensor) in self.outside
+
         resident: dict[int, ResidentTensor] = {}
         unused: list[str] = []
         streamed: list[tuple[int, str, _CallStats]] = []
         for name, st in self.stats.items():
             if not st.places:
                 continue
-            if st.calls == 0:
-                unused.extend(canonical[id(p.tensor)] for p in st.places)
-                continue
             reason = None
+            if st.calls == 0:
+                unused.extend(canonical[id(p.tensor)] for p in st.places if id(p.tensor) not in self.outside)
+                if not any(id(p.tensor) in self.outside for p in st.places):
+                    continue
+                reason = "its module never runs"
             if st.children_owning:
                 reason = "owned by a module whose children also own tensors"
             elif st.calls > 1:
                 reason = f"module runs {st.calls} times per forward pass"
             keep: list[_Place] = []
             for p in st.places:
+                if st.calls == 0 and id(p.tensor) not in self.outside:
+                    continue  # unused
                 shared = len({pl.module for pl in places_of[id(p.tensor)]}) > 1
-                why = "shared by several modules" if shared else reason
+                why = "shared by several modules" if shared else used_outside(p) or reason
                 if why is None:
                     keep.append(p)
                 elif id(p.tensor) not in resident:
@@ -172,11 +270,7 @@ class UnitRecorder:
                         dtype=s.dtype,
                         shape=s.shape,
                         nbytes=s.nbytes,
-                        places=tuple(
-                            place_str(q)
-                            for q in places_of[id(p.tensor)]
-                            if self.stats[q.module].calls > 0
-                        ),
+                        places=tuple(place_str(q) for q in places_of[id(p.tensor)] if needed(q)),
                         reason=why,
                     )
             if keep:

@@ -25,7 +25,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
+from layerfit.capture.units import storage_address
 from layerfit.engine.arena import PlannedActivations, make_activations
 from layerfit.engine.binding import Binder, get_binder
 from layerfit.engine.device import Device, get_device
@@ -83,6 +85,13 @@ class _Run:
         self.reader_waits = False  # the reader waits for room or its policy's gate
         self.reader_wants: tuple[int, int] = (0, 0)  # (unit, bytes of room) it waits for
         self.copier_waits: int | None = None  # the unit the copy thread waits to copy
+        self.source_storages: set[int | None] = set()  # the unit source's buffers used
+
+
+_UNBOUND_READ = (
+    "the forward pass read a weight outside the module that owns it, which this prepared "
+    "model streams (it was prepared by an older layerfit); prepare the model again"
+)
 
 
 class Engine:
@@ -532,6 +541,7 @@ class Engine:
                 return
             if run.source is not None:  # the unit source decides when the unit may run
                 buffer, off = run.source.acquire(i)
+                run.source_storages.add(storage_address(buffer))
                 run.kernel_start[i] = time.perf_counter() - run.t0
                 self.binder.bind(self._bindings[i], buffer, off)
                 run.bound[i] = off
@@ -639,16 +649,22 @@ class Engine:
                 for thread in threads:
                     thread.start()
             try:
-                if self.arena is None:
-                    out = self.model(*args, **kwargs)
-                else:
-                    out = self.arena.run(self.model, args, kwargs)
+                try:
+                    if self.arena is None:
+                        out = self.model(*args, **kwargs)
+                    else:
+                        out = self.arena.run(self.model, args, kwargs)
+                except RuntimeError as exc:
+                    if "device meta" not in str(exc):
+                        raise
+                    raise LayerfitError(f"{_UNBOUND_READ}: {exc}") from exc
                 self.device.finish_kernels()  # latency counts the kernels, not their launch
                 if run.done != len(self.blocks):
                     raise LayerfitError(
                         f"the forward pass ran {run.done} of {len(self.blocks)} units: the model's "
                         "control flow differs from the captured one (prepare it with this input shape)"
                     )
+                self._check_output(out, run)
             finally:
                 end = time.perf_counter()
                 if streaming:
@@ -676,6 +692,30 @@ class Engine:
             rings = [r.peak for r in (self.ring, self.device_ring) if r is not None]
             self.last_weights_peak = self.memory.resident_bytes + sum(rings) + self.binder.peak_bytes
             return out
+
+    def _check_output(self, out: Any, run: _Run) -> None:
+        """Refuse an output that is not the model's: a tensor left unbound (meta), or a
+        view of a streamed unit's bytes, which the next read overwrites or frees.
+
+        Capture keeps every weight read outside its module resident, so a model prepared
+        by this version never trips either; one prepared by an older version may.
+        """
+        streamed = set(run.source_storages)
+        for ring in (self.ring, self.device_ring):
+            if ring is not None:
+                streamed.add(storage_address(ring.bytes))
+        streamed.discard(None)
+        for leaf in tree_leaves(out):
+            if not isinstance(leaf, torch.Tensor):
+                continue
+            if leaf.device.type == "meta":
+                raise LayerfitError(f"{_UNBOUND_READ} (the output holds a tensor on device meta)")
+            if storage_address(leaf) in streamed:
+                raise LayerfitError(
+                    "the model's output is a view of a streamed weight, whose bytes the engine "
+                    "reuses; prepare the model again with this version of layerfit (it keeps "
+                    "such weights resident)"
+                )
 
     def _occupancy(self, t0: float) -> list[tuple[float, int]]:
         """Bytes held in the unit buffers over time (read + device buffer), from ``t0``."""

@@ -45,7 +45,7 @@ class RingBuffer:
             self.mmap: mmap.mmap | None = aligned_buffer(capacity)
             self.mapped = len(self.mmap)
             self.view: memoryview | None = memoryview(self.mmap)
-            self.bytes = torch.frombuffer(self.mmap, dtype=torch.uint8)
+            self.bytes = torch.frombuffer(memoryview(self.mmap), dtype=torch.uint8)
         else:  # device memory (a copy stage's target): only the allocator is shared
             self.mmap, self.view = None, None
             self.mapped = storage.numel()

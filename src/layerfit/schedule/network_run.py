@@ -136,7 +136,10 @@ class NetworkRun:
     def load(self, i: int) -> int:
         """Read unit ``i`` into a buffer of its own; returns its bytes."""
         buffer = self.engine.read_unit_buffer(i)
-        unit = _Unit(buffer, torch.frombuffer(buffer, dtype=torch.uint8), len(buffer))
+        # Through a memoryview: the tensor then holds an export of the mapping, so
+        # free() cannot unmap bytes that a view still points to (close() raises
+        # BufferError and the mapping goes with the last view).
+        unit = _Unit(buffer, torch.frombuffer(memoryview(buffer), dtype=torch.uint8), len(buffer))
         with self.cond:
             if not self.abandoned:
                 self._units[i] = unit
