@@ -59,6 +59,9 @@ def test_freed_large_blocks_go_back_to_the_os_once_set() -> None:
     assert seen["mapping"] > 19 * MB, seen  # and a large block is a mapping again
 
 
-def test_a_negative_threshold_is_refused() -> None:
-    with pytest.raises(BudgetError, match="mmap threshold"):
-        return_large_frees_to_os(-1)
+def test_a_threshold_mallopt_cannot_take_is_refused() -> None:
+    # 2**32 + 4096 once reached glibc as 4096 (ctypes cut it to a C int): every block
+    # over 4 kB would have been a mapping of its own.
+    for bad in (-1, 2**31, 2**32 + 4096):
+        with pytest.raises(BudgetError, match="mmap threshold"):
+            return_large_frees_to_os(bad)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import shutil
 import threading
+import time
 from concurrent.futures import CancelledError
 
 import pytest
@@ -144,7 +145,7 @@ def test_cancel_queued_and_running_jobs_frees_their_memory(repo, x, refs):
 
 
 def test_timeout_cancels_the_job_and_frees_its_memory(repo, x, refs):
-    rt = Runtime(repo, "200KB", workers=2)
+    rt = Runtime(repo, "200KB", workers=2, trace=True)
     late = rt.infer("slow", x["slow"], timeout=0.05)
     on_time = rt.infer("tiny", x["tiny"], timeout=60)
     with pytest.raises(JobTimeoutError, match="timeout of 0.05 s") as info:
@@ -153,6 +154,7 @@ def test_timeout_cancels_the_job_and_frees_its_memory(repo, x, refs):
     assert torch.equal(on_time.result(timeout=60), refs["tiny"])
     stats = settle(rt)
     assert stats["jobs"]["timed_out"] == 1 and stats["jobs"]["done"] == 1
+    assert sorted(j.status for j in rt.run_report().jobs) == ["done", "timed_out"]  # as stats say
 
 
 def test_queue_full_is_refused_then_accepted_again(repo, x, refs):
@@ -195,6 +197,10 @@ def test_repository_index_names_and_model_states(repo, x, refs):
         settle(rt)
 
 
+def refs_tiny(x) -> torch.Tensor:
+    return reference("tiny", x["tiny"])
+
+
 def test_bad_requests_raise_at_submit(repo, x):
     rt = Runtime(repo, "200KB", workers=1)
     try:
@@ -208,9 +214,12 @@ def test_bad_requests_raise_at_submit(repo, x):
             rt.submit(Job(("tiny", "tiny"), x["tiny"]))
         with pytest.raises(ScheduleError, match="at least one network"):
             rt.submit(Job((), x["tiny"]))
-        with pytest.raises(ScheduleError, match="timeout must be"):
-            rt.infer("tiny", x["tiny"], timeout=-1)
+        for bad in (-1, float("inf"), float("nan")):  # inf once crashed the timer thread
+            with pytest.raises(ScheduleError, match="timeout must be a finite"):
+                rt.infer("tiny", x["tiny"], timeout=bad)
         assert rt.stats()["jobs"]["submitted"] == 0
+        # beyond what a condition can wait for: waits anyway, the job is unaffected
+        assert torch.equal(rt.infer("tiny", x["tiny"], timeout=1e12).result(timeout=60), refs_tiny(x))
     finally:
         settle(rt)
 
@@ -224,6 +233,78 @@ def test_constructor_rejects_bad_settings(repo, tmp_path):
         Runtime(repo, "lots", load=False)
     with pytest.raises(ScheduleError, match="at least one worker"):
         Runtime(repo, "1MB", workers=0, load=False)
+    with pytest.raises(ScheduleError, match="policy must be"):
+        Runtime(repo, "1MB", policy=None, load=False)
+    for factor in (0, -1, float("nan"), float("inf"), "2"):
+        with pytest.raises(ScheduleError, match="estimate_factor must be"):
+            Runtime(repo, "1MB", estimate_factor=factor, load=False)
+    assert runtime_threads() == []
+
+
+def test_unloading_a_model_lets_the_jobs_already_accepted_finish(repo, x, refs):
+    rt = Runtime(repo, "200KB", workers=1)
+    running = rt.infer("slow", x["slow"])
+    queued = [rt.infer("slow", x["slow"]) for _ in range(2)]
+    rt.unload_model("slow")
+    with pytest.raises(ModelNotReadyError, match="unloaded"):
+        rt.infer("slow", x["slow"])
+    for future in (running, *queued):
+        assert torch.equal(future.result(timeout=60), refs["slow"])
+    rt.load_model("slow")  # and a reload while jobs of the old engines are queued
+    queued = [rt.infer("slow", x["slow"]) for _ in range(2)]
+    rt.load_model("slow")
+    assert all(torch.equal(f.result(timeout=60), refs["slow"]) for f in queued)
+    assert settle(rt)["jobs"]["done"] == 5
+
+
+def test_shutdown_from_a_futures_callback_does_not_deadlock(repo, x, refs):
+    # The callback runs on the only worker; waiting there for the queued job would wait
+    # for itself, so shutdown returns and the runtime finishes the job on its own.
+    rt = Runtime(repo, "200KB", workers=1, policy="linear-fcfs")
+    first = rt.infer("slow", x["slow"])
+    second = rt.infer("slow", x["slow"])
+    returned = threading.Event()
+    first.add_done_callback(lambda f: (rt.shutdown(wait=True), returned.set()))
+    assert returned.wait(60)
+    assert torch.equal(second.result(timeout=60), refs["slow"])
+    settle(rt)
+
+
+def test_shutdown_without_waiting_closes_the_engines_after_the_last_job(repo, x, refs):
+    rt = Runtime(repo, "200KB", workers=2)
+    future = rt.infer("slow", x["slow"])
+    rt.shutdown(wait=False)
+    assert torch.equal(future.result(timeout=60), refs["slow"])
+    deadline = time.monotonic() + 60
+    while runtime_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert runtime_threads() == []
+    assert {m["state"] for m in rt.index() if m["name"] in ("slow", "tiny")} == {"UNAVAILABLE"}
+    assert all(info.pool is None for info in rt.models.values())
+
+
+def test_ledger_check_and_report_need_a_trace(repo):
+    with Runtime(repo, "200KB", load=False) as rt:
+        with pytest.raises(ScheduleError, match="trace=True"):
+            rt.check_ledger()
+        with pytest.raises(ScheduleError, match="trace=True"):
+            rt.run_report()
+
+
+def test_a_crash_of_the_scheduling_core_fails_jobs_and_says_why(repo, x, monkeypatch):
+    rt = Runtime(repo, "200KB", workers=1)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("scheduler bug")
+
+    monkeypatch.setattr(rt._dispatcher, "assign", broken)
+    future = rt.infer("tiny", x["tiny"])
+    with pytest.raises(ScheduleError, match="internal error: RuntimeError: scheduler bug"):
+        future.result(timeout=60)
+    with pytest.raises(ScheduleError, match="shut down: .*scheduler bug"):
+        rt.infer("tiny", x["tiny"])
+    rt.shutdown(wait=True)
+    assert runtime_threads() == []
 
 
 def test_unloading_a_unit_leaves_bytes_a_view_still_points_to_mapped():

@@ -44,11 +44,12 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ from layerfit.errors import (
     InputError,
     JobTimeoutError,
     LayerfitError,
+    ModelNotReadyError,
     QueueFullError,
     ScheduleError,
     UnknownModelError,
@@ -124,6 +126,7 @@ class _JobRun:
     future: Future
     models: dict[str, str]  # network uid -> model name
     inputs: dict[str, tuple[Any, ...]]  # network uid -> forward arguments, until its init
+    pools: dict[str, EnginePool] = field(default_factory=dict)  # network uid -> its model's engines
     unwrap: str | None = None  # infer(): resolve with this model's output alone
     expires: float | None = None
     submitted: float = 0.0  # runtime clock at submit, for the queue time
@@ -187,6 +190,17 @@ class Runtime:
             raise ScheduleError(f"queue_limit must be a positive whole number, got {queue_limit!r}")
         if estimates not in ESTIMATES:
             raise ScheduleError(f"estimates must be one of {', '.join(ESTIMATES)}, got {estimates!r}")
+        if not isinstance(policy, str):
+            raise ScheduleError(f"policy must be a policy's name, got {policy!r}")
+        if (
+            isinstance(estimate_factor, bool)
+            or not isinstance(estimate_factor, int | float)
+            or not math.isfinite(estimate_factor)
+            or estimate_factor <= 0
+        ):
+            raise ScheduleError(f"estimate_factor must be a finite number > 0, got {estimate_factor!r}")
+        budget = parse_bytes(memory_budget)
+        policy_object = make_policy(policy, gated=gated)
         self.repository = Path(repository)
         self.workers = workers
         self.queue_limit = queue_limit
@@ -198,11 +212,10 @@ class Runtime:
         self.returns_freed_memory = return_freed_memory and return_large_frees_to_os()
         self._lock = threading.RLock()
         self._t0 = time.monotonic()
-        budget = parse_bytes(memory_budget)
         self._ledger = MemoryLedger(budget, clock=self._clock, record=trace, lock=self._lock)
         self._work = self._ledger.condition  # notified by every ledger and dispatcher change
         self._timer_cond = threading.Condition(self._lock)
-        self._policy = make_policy(policy, gated=gated)
+        self._policy = policy_object
         self._dispatcher = Dispatcher(
             self._policy, self._ledger, workers, estimate_factor=estimate_factor
         )
@@ -213,6 +226,8 @@ class Runtime:
         self._jobs: dict[str, _JobRun] = {}  # unresolved jobs
         self._nets: dict[str, NetworkRun] = {}  # networks with a forward thread or buffers
         self._net_pools: dict[str, EnginePool] = {}
+        self._retiring: list[EnginePool] = []  # unloaded or replaced, closed when no job holds them
+        self._threads_running = workers + 1  # workers and timer; the last out closes the pools
         self._expiries: list[tuple[float, int, str]] = []
         self._seq = 0
         self._closing = False
@@ -280,7 +295,7 @@ class Runtime:
             old_pool, info.pool = info.pool, None
             info.loaded, info.reason = False, "loading"
         if old_pool is not None:
-            old_pool.close()
+            self._retire_pool(old_pool)
         engine: Engine | None = None
         try:
             engine = self._new_engine(directory)
@@ -304,7 +319,8 @@ class Runtime:
         return info
 
     def unload_model(self, name: str) -> None:
-        """Stop serving model ``name``: new jobs naming it are refused; jobs in flight finish."""
+        """Stop serving model ``name``: new jobs naming it are refused; jobs already accepted
+        (running or queued) finish, and its engines close when the last of them ends."""
         check_name(name)
         with self._lock:
             info = self.models.get(name)
@@ -313,6 +329,22 @@ class Runtime:
             pool, info.pool = info.pool, None
             info.loaded, info.reason = False, "unloaded"
         if pool is not None:
+            self._retire_pool(pool)
+
+    def _retire_pool(self, pool: EnginePool) -> None:
+        """Close ``pool`` now, or once no unresolved job was accepted with it."""
+        with self._lock:
+            if any(pool in run.pools.values() for run in self._jobs.values()):
+                self._retiring.append(pool)
+                return
+        pool.close()
+
+    def _close_retired_locked(self) -> None:
+        """Close the retired pools that no unresolved job holds any more."""
+        held = {id(p) for run in self._jobs.values() for p in run.pools.values()}
+        done = [p for p in self._retiring if id(p) not in held]
+        self._retiring = [p for p in self._retiring if id(p) in held]
+        for pool in done:
             pool.close()
 
     def _new_engine(self, directory: Path) -> Engine:
@@ -401,9 +433,14 @@ class Runtime:
         for key in ("timeout", "deadline"):
             value = getattr(spec, key)
             if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not value > 0
+                or not math.isfinite(value)
             ):
-                raise ScheduleError(f"a job's {key} must be a number of seconds > 0, got {value!r}")
+                raise ScheduleError(
+                    f"a job's {key} must be a finite number of seconds > 0 (None: no limit), got {value!r}"
+                )
         profiles, inputs = [], []
         for name in spec.networks:
             profile, manifest = self._ready(name)
@@ -413,7 +450,15 @@ class Runtime:
         deliveries: list[Delivery] = []
         with self._lock:
             if self._closing:
+                if self._crashed is not None:
+                    raise ScheduleError(f"the runtime is shut down: {self._crashed}") from self._crashed
                 raise ScheduleError("the runtime is shut down: it takes no new jobs")
+            pools = {}
+            for name in spec.networks:
+                pool = self.models[name].pool
+                if pool is None:  # unloaded since the check above
+                    raise ModelNotReadyError(f"model {name!r} is not ready ({self.models[name].reason}); load it first")
+                pools[name] = pool
             if self.queue_limit is not None and len(self._jobs) >= self.queue_limit:
                 raise QueueFullError(
                     f"the queue is full ({len(self._jobs)} unfinished jobs, limit "
@@ -430,6 +475,7 @@ class Runtime:
                 future=future,
                 models=dict(zip(uids, spec.networks, strict=True)),
                 inputs=dict(zip(uids, inputs, strict=True)),
+                pools={uid: pools[name] for uid, name in zip(uids, spec.networks, strict=True)},
                 unwrap=unwrap,
                 expires=None if spec.timeout is None else now + spec.timeout,
                 submitted=now,
@@ -484,7 +530,10 @@ class Runtime:
             }.get(state.status, "failed")
         self._outcomes[run.outcome] += 1
         if self.trace:
-            self._results.append(JobResult.from_state(state))
+            result = JobResult.from_state(state)
+            if result.status != run.outcome:  # timed out, or failed by a crash: not "cancelled"
+                result = replace(result, status=run.outcome)
+            self._results.append(result)
         delivery: Delivery
         if state.status is JobStatus.DONE:
             outputs = {}
@@ -506,6 +555,8 @@ class Runtime:
         for net in run.networks:
             self._retire_network_locked(net)
         self._prune_locked(run.id)
+        if self._retiring:
+            self._close_retired_locked()
         self._work.notify_all()
         self._timer_cond.notify_all()
         return delivery
@@ -533,6 +584,7 @@ class Runtime:
                 with self._lock:
                     while True:
                         if self._closing and not self._jobs:
+                            self._thread_exits_locked()
                             return
                         assignment = self._dispatcher.assign(index, self._clock())
                         if assignment is not None:
@@ -608,10 +660,7 @@ class Runtime:
             if run is None or run.resolved:
                 raise Abandoned(f"job {task.job} ended before network {task.network} started")
             model = run.models[task.network]
-            info = self.models[model]
-            pool = info.pool
-            if pool is None:
-                raise ScheduleError(f"model {model!r} was unloaded while job {task.job} waited")
+            pool = run.pools[task.network]
             args = run.inputs.pop(task.network)
         engine = pool.checkout()
         net = NetworkRun(task.network, task.job, model, engine, args, self._lock, self._network_exited)
@@ -655,6 +704,7 @@ class Runtime:
                 with self._lock:
                     while True:
                         if self._closing and not self._jobs:
+                            self._thread_exits_locked()
                             return
                         now = self._clock()
                         due = []
@@ -667,7 +717,7 @@ class Runtime:
                         while self._expiries and self._expiries[0][2] not in self._jobs:
                             heapq.heappop(self._expiries)
                         wait = self._expiries[0][0] - now if self._expiries else None
-                        self._timer_cond.wait(wait)
+                        self._timer_cond.wait(None if wait is None else min(wait, threading.TIMEOUT_MAX))
                     deliveries = [
                         self._cancel_locked(
                             run, ScheduleError(f"job {run.id} timed out"), "timed_out"
@@ -735,6 +785,8 @@ class Runtime:
 
     def check_ledger(self) -> None:
         """Raise if the ledger ever exceeded the budget outside the progress rule (needs ``trace``)."""
+        if not self.trace:
+            raise ScheduleError("check_ledger() needs a Runtime created with trace=True")
         with self._lock:
             self._ledger.check()
 
@@ -770,7 +822,9 @@ class Runtime:
 
         With ``wait`` this returns when every future is resolved and every thread of the
         runtime has ended; without it, the threads end by themselves once the last job
-        is resolved.
+        is resolved, and the last one closes the models' engines. Called on one of the
+        runtime's own threads (a future's callback), it does not wait: that thread may
+        be the one the remaining jobs need.
         """
         with self._lock:
             self._closing = True
@@ -780,22 +834,35 @@ class Runtime:
         if cancel_pending:
             for future in futures:
                 future.cancel()
-        if not wait:
+        me = threading.current_thread()
+        with self._lock:
+            own = me in self._threads or me in self._forward_threads
+        if not wait or own:
             return
         with self._lock:
             self._work.wait_for(lambda: not self._jobs)
             forward = list(self._forward_threads)
-        me = threading.current_thread()  # e.g. a future's callback running on a worker
         for thread in [*self._threads, *forward]:
-            if thread is not me:
-                thread.join()
+            thread.join()
         with self._lock:
-            pools = [info.pool for info in self.models.values() if info.pool is not None]
-            for info in self.models.values():
-                info.pool = None
-                if info.loaded:
-                    info.loaded, info.reason = False, "the runtime is shut down"
-        for pool in pools:
+            self._close_pools_locked()
+
+    def _thread_exits_locked(self) -> None:
+        """A worker or the timer leaves for good; the last one closes the engines."""
+        self._threads_running -= 1
+        if self._threads_running == 0:
+            self._close_pools_locked()
+
+    def _close_pools_locked(self) -> None:
+        """Close every model's engines (the runtime is shut down and no job is left)."""
+        pools = [info.pool for info in self.models.values() if info.pool is not None]
+        pools += self._retiring
+        self._retiring = []
+        for info in self.models.values():
+            info.pool = None
+            if info.loaded:
+                info.loaded, info.reason = False, "the runtime is shut down"
+        for pool in pools:  # engines still checked out close as their forward threads return them
             pool.close()
 
     def __enter__(self) -> Runtime:
