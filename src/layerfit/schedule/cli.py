@@ -1,20 +1,28 @@
 """``layerfit schedule …``: task graphs, workloads and simulated runs. Thin: parse, call, print.
 
 Heavy libraries (networkx, SimPy, matplotlib, OR-Tools) are imported inside the
-commands, so building the ``layerfit`` command stays fast.
+commands, so building the ``layerfit`` command stays fast. Every output path is checked
+(:func:`~layerfit.schedule.files.check_output`) before the work whose result it holds,
+and ``--json`` is strict JSON: a figure that does not exist is ``null``, never ``NaN``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 
-from layerfit.errors import OutputExistsError, ScheduleError
+from layerfit.errors import ScheduleError
+from layerfit.schedule.files import check_output
+
+if TYPE_CHECKING:
+    from layerfit.schedule.contention import ContentionModel
+    from layerfit.schedule.report import RunReport
 
 app = typer.Typer(
     help="Schedule many requests over one memory budget (MASA and baselines): graphs, workloads, runs.",
@@ -24,12 +32,23 @@ _console = Console()
 
 
 def _print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    """Print strict JSON: NaN and infinities (figures that do not exist) become null."""
+    sys.stdout.write(json.dumps(_finite(obj), indent=2, default=str, allow_nan=False) + "\n")
 
 
-def _check_output(path: Path, force: bool) -> None:
-    if path.exists() and not force:
-        raise OutputExistsError(f"{path} already exists (pass --force to replace it)")
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {key: _finite(value) for key, value in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(value) for value in obj]
+    return obj
+
+
+def _seconds(value: float | None) -> str:
+    """A duration for the text report; "-" where it does not exist."""
+    return "-" if value is None or not math.isfinite(value) else f"{value:.3f} s"
 
 
 def _network(name: str, profiles: str | None):
@@ -79,8 +98,7 @@ def graph_command(
     from layerfit.schedule.graph import build_graph, draw_graph, parse_scheme
 
     scheme_value = parse_scheme(scheme)
-    image_path = Path(output)
-    _check_output(image_path, force)
+    image_path = check_output(output, force=force, option="--output", image=True)
     profile = _network(network, profiles)
     graph = build_graph([profile], scheme_value, job=profile.name)
     draw_graph(graph, image_path, title=f"{profile.name}: {scheme_value.value} dependency graph")
@@ -115,9 +133,10 @@ def profiles_command(
     from layerfit.schedule.profile import resolve_profiles
     from layerfit.sizes import format_bytes
 
+    if save is not None:
+        check_output(save, force=force, option="--save")
     known = resolve_profiles(profiles)
     if save is not None:
-        _check_output(Path(save), force)
         known.save(save)
     rows = [
         {
@@ -177,8 +196,8 @@ def contention_command(
     simulator runs every task at its profiled speed however many run at once."""
     from layerfit.schedule.profiler import measure_contention
 
-    if save is not None:
-        _check_output(Path(save), force)
+    if save is not None:  # before measuring: a bad path must not lose the measurement
+        check_output(save, force=force, option="--save")
     model = measure_contention([Path(m) for m in models], repeats=repeats)
     if save is not None:
         model.save(save)
@@ -240,7 +259,9 @@ def generate_command(
         "random-composition, all-random (stochastic I-III), or 'batch' with --networks",
     ),
     output: str = typer.Option(..., "-o", "--output", help="workload YAML to write"),
-    count: int = typer.Option(150, "--count", min=1, help="number of arrivals (images)"),
+    count: int = typer.Option(
+        150, "--count", min=1, help="number of arrivals (images), at most 1,000,000"
+    ),
     intensity: float = typer.Option(
         1.0, "--intensity", help="traffic intensity (stochastic): 0.8, 1.0, 1.2"
     ),
@@ -259,7 +280,7 @@ def generate_command(
     from layerfit.schedule.generate import batch_workload, scenario_workload, stochastic_workload
     from layerfit.schedule.profile import resolve_profiles
 
-    _check_output(Path(output), force)
+    check_output(output, force=force, option="--output")
     known = resolve_profiles(profiles)
     if scenario == "batch":
         if not networks:
@@ -325,8 +346,11 @@ def run_command(
         False, "--plot", help="write memory over time and the worker timeline"
     ),
     plot_file: str = typer.Option(
-        None, "--plot-file", help="image for --plot (default <workload>-<policy>.png)"
+        None,
+        "--plot-file",
+        help="image for --plot (default <workload>-<policy>.png); implies --plot",
     ),
+    force: bool = typer.Option(False, "--force", help="replace an existing plot image"),
     physical_memory: str = typer.Option(
         None, "--physical-memory", help="RAM for the paging model (default: budget)"
     ),
@@ -366,17 +390,33 @@ def run_command(
 ) -> None:
     """Run a workload under a policy and report response times, deadlines, memory, utilisation.
 
-    Without --simulate the real executor runs prepared models (--repository or --zoo-cache)."""
+    Without --simulate the real executor runs prepared models (--repository or --zoo-cache).
+    Exits 2 (after the report) when no job was served, e.g. a budget below every job."""
+    from layerfit.schedule.graph import check_estimate_factor
     from layerfit.schedule.policies import make_policy
     from layerfit.schedule.profile import resolve_profiles
     from layerfit.schedule.workload import load_workload
-    from layerfit.sizes import format_bytes, parse_bytes
+    from layerfit.sizes import parse_bytes
 
+    # every option and the plot path are checked before the (possibly long) run
     budget = parse_bytes(memory)
-    physical = parse_bytes(physical_memory) if physical_memory else None
-    make_policy(policy)  # fail early on an unknown name
+    if budget <= 0:
+        raise ScheduleError(f"--memory must be a positive size, got {memory!r}")
+    physical = parse_bytes(physical_memory) if physical_memory is not None else None
+    if physical is not None and physical <= 0:
+        raise ScheduleError(f"--physical-memory must be a positive size, got {physical_memory!r}")
+    check_estimate_factor(estimate_factor, "--estimate-factor")
+    policy_name = make_policy(policy).name  # fail early on an unknown name
     if oversize not in ("reject", "alone"):
         raise ScheduleError(f"--oversize must be 'reject' or 'alone', got {oversize!r}")
+    plot_path = None
+    if plot or plot_file is not None:
+        plot_path = check_output(
+            plot_file or f"{Path(workload).stem}-{policy_name}.png",
+            force=force,
+            option="--plot-file",
+            image=True,
+        )
     from layerfit.schedule.contention import NO_CONTENTION, load_contention
 
     contention = load_contention(contention_file) if contention_file else NO_CONTENTION
@@ -426,26 +466,54 @@ def run_command(
                 served, workers=workers, contention=contention, mode=loaded.mode
             )
             extra["lower_bound"] = bound.to_dict()
-    image = None
-    if plot:
+    image, plot_error = None, None
+    if plot_path is not None:
         from layerfit.schedule.plot import plot_run
 
-        image = plot_run(report, Path(plot_file or f"{Path(workload).stem}-{report.policy}.png"))
+        try:
+            image = plot_run(report, plot_path)
+        except ScheduleError as exc:  # e.g. the disk filled up: print the report first
+            plot_error = exc
     if as_json:
         data = report.to_dict(trace=trace)
         if image is not None:
             data["plot"] = str(image)
         data.update(extra)
         _print_json(data)
-        return
+    else:
+        _print_run(report, loaded.name, budget, workers, simulate, contention, extra, image)
+    if plot_error is not None:  # the report is out; now say what failed
+        raise plot_error
+    unserved = report.unserved()
+    if unserved:
+        raise ScheduleError(unserved)
+
+
+def _print_run(
+    report: RunReport,
+    name: str,
+    budget: int,
+    workers: int,
+    simulate: bool,
+    contention: ContentionModel,
+    extra: dict[str, Any],
+    image: Path | None,
+) -> None:
+    """The text report of ``schedule run``."""
+    from layerfit.sizes import format_bytes
+
     summary = report.summary()
     stats = summary["response_time_s"]
     lines = [
-        f"{loaded.name}: {summary['jobs']} jobs, policy {report.policy}, {workers} workers, "
+        f"{name}: {summary['jobs']} jobs, policy {report.policy}, {workers} workers, "
         f"budget {format_bytes(budget)} ({'simulated' if simulate else 'real executor'}"
         f"{', with contention' if simulate and not contention.free else ''})",
-        f"response time: mean {stats['mean']:.3f} s, p50 {stats['p50']:.3f} s, p95 {stats['p95']:.3f} s, "
-        f"max {stats['max']:.3f} s",
+        "response time: "
+        + (
+            "- (no job completed)"
+            if stats["mean"] is None
+            else ", ".join(f"{key} {_seconds(stats[key])}" for key in ("mean", "p50", "p95", "max"))
+        ),
         f"jobs: {summary['jobs_by_status']}; deadline misses: {summary['deadline_misses']}",
         f"makespan {summary['makespan_s']:.3f} s; utilisation "
         + ", ".join(f"{u:.0%}" for u in summary["worker_utilisation"]),
@@ -453,9 +521,15 @@ def run_command(
         f"{format_bytes(summary['peak_resident_bytes'])}; progress rule fired {summary['progress_rule_fired']}x, "
         f"over-commits {summary['overcommits']}, slowed tasks {summary['slowed_tasks']}",
     ]
-    for job in report.jobs:
-        if job.status == "rejected":
-            lines.append(f"[yellow]rejected[/] {job.error}")
+    rejected = [job for job in report.jobs if job.status == "rejected"]
+    for job in rejected:
+        lines.append(f"[yellow]rejected[/] {job.error}")
+    needs = [job.min_budget for job in rejected if job.min_budget is not None]
+    if needs and report.completed:  # served some: say what would serve them all
+        lines.append(
+            f"[yellow]{len(rejected)} of {len(report.jobs)} jobs rejected[/]: a budget of at "
+            f"least {format_bytes(max(needs))} ({max(needs)} bytes) serves every job"
+        )
     if "lower_bound" in extra:
         least = extra["lower_bound"]["mean_response_s"]
         lines.append(
@@ -476,8 +550,8 @@ def run_command(
             sim = comparison[key]
             diff = sim["difference"]["mean_response_s"]
             lines.append(
-                f"simulator ({label}): mean response {sim['mean_response_s']:.3f} s "
-                f"vs real {real_mean:.3f} s"
+                f"simulator ({label}): mean response {_seconds(sim['mean_response_s'])} "
+                f"vs real {_seconds(real_mean)}"
                 + (f" ({diff:+.0%})" if diff is not None else "")
             )
     for key, label in (("profiled_work", "profiled work"), ("run_work", "the run's own work")):

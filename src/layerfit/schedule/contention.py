@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from layerfit.errors import ScheduleError
+from layerfit.schedule.files import read_text, write_text
 from layerfit.schedule.tasks import TaskKind
 
 FORMAT = "layerfit-contention"
@@ -92,7 +93,8 @@ class ContentionModel:
         }
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.describe(), indent=2) + "\n")
+        """Write the model as JSON via a temp file and rename (never half-written)."""
+        write_text(path, json.dumps(self.describe(), indent=2) + "\n")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "contention") -> ContentionModel:
@@ -117,10 +119,8 @@ def load_contention(path: str | Path) -> ContentionModel:
     """Read a contention file written by :meth:`ContentionModel.save`."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ScheduleError(f"contention file not found: {path}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(read_text(path, "contention file"))
+    except json.JSONDecodeError as exc:
         raise ScheduleError(f"{path}: not valid JSON ({exc})") from None
     return ContentionModel.from_dict(data, str(path))
 

@@ -17,10 +17,15 @@ As in the thesis, compositions are drawn first; the mean inter-arrival time is t
 mean serial service time of the drawn jobs divided by ρ (service time of a job = the sum
 of its networks' :attr:`~layerfit.schedule.profile.NetworkProfile.total_time`).
 Inter-arrival times are clipped at zero.
+
+Counts, periods, intensities and deviations are checked before anything is drawn: a
+workload holds 1 to :data:`MAX_COUNT` arrivals (more would take minutes to generate
+and simulate, and is almost certainly a typo), and every number must be finite.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 
@@ -51,6 +56,7 @@ BATCH_SCENARIOS: dict[str, tuple[tuple[str, ...], float]] = {
     "all-networks": (ALL_NETWORKS, 500.0),
 }
 
+MAX_COUNT = 1_000_000  # arrivals in one generated workload
 STOCHASTIC_SCENARIOS = {"random-arrivals": 1, "random-composition": 2, "all-random": 3}
 SCENARIOS = (*BATCH_SCENARIOS, *STOCHASTIC_SCENARIOS)
 
@@ -85,8 +91,8 @@ def batch_workload(
         return Workload(
             arrivals, name=name or "batch", mode="closed", deadline=deadline, profiles="thesis"
         )
-    if period <= 0:
-        raise ScheduleError(f"the period must be positive, got {period}")
+    if not math.isfinite(period) or period <= 0:
+        raise ScheduleError(f"the period must be a finite number of seconds > 0, got {period}")
     arrivals = tuple(Arrival(i * period, networks) for i in range(count))
     return Workload(
         arrivals,
@@ -115,10 +121,13 @@ def stochastic_workload(
     if number not in (1, 2, 3):
         names = ", ".join(f"{n} ({k})" for k, n in STOCHASTIC_SCENARIOS.items())
         raise ScheduleError(f"unknown stochastic scenario {scenario!r}; choose one of: {names}")
-    if intensity <= 0:
-        raise ScheduleError(f"traffic intensity must be positive, got {intensity}")
-    if iat_sd < 0:
-        raise ScheduleError(f"the inter-arrival standard deviation must be >= 0, got {iat_sd}")
+    if not math.isfinite(intensity) or intensity <= 0:
+        raise ScheduleError(f"traffic intensity must be a finite number > 0, got {intensity}")
+    if not math.isfinite(iat_sd) or iat_sd < 0:
+        raise ScheduleError(
+            "the inter-arrival standard deviation must be a finite number of seconds >= 0, "
+            f"got {iat_sd}"
+        )
     candidates = tuple(candidates)
     if not candidates:
         raise ScheduleError("a stochastic workload needs at least one candidate network")
@@ -169,5 +178,8 @@ def scenario_workload(
 
 
 def _check_count(count: int) -> None:
+    """1 to :data:`MAX_COUNT` arrivals: reject nonsense before generating it."""
     if count < 1:
         raise ScheduleError(f"a workload needs at least one arrival, got count={count}")
+    if count > MAX_COUNT:
+        raise ScheduleError(f"a workload holds at most {MAX_COUNT:,} arrivals, got count={count:,}")

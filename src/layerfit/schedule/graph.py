@@ -11,6 +11,7 @@ Nodes are task ids; each node's ``task`` attribute is its :class:`Task`.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import networkx as nx
 
 from layerfit.errors import ScheduleError
+from layerfit.schedule.files import save_figure
 from layerfit.schedule.profile import NetworkProfile
 from layerfit.schedule.tasks import Job, Pool, Scheme, Task, TaskKind, task_id
 
@@ -243,6 +245,7 @@ class GraphCache:
     """
 
     def __init__(self, scheme: Scheme | str, estimate_factor: float = 1.0) -> None:
+        check_estimate_factor(estimate_factor)
         self.scheme = parse_scheme(scheme)
         self.estimate_factor = estimate_factor
         self._templates: dict[tuple[int, ...], tuple[tuple[NetworkProfile, ...], TaskGraph]] = {}
@@ -284,6 +287,19 @@ class GraphCache:
             indegree=template.indegree,
             index={t.id: i for i, t in enumerate(tasks)},
         )
+
+
+def check_estimate_factor(factor: float, name: str = "estimate_factor") -> float:
+    """``factor`` if it is a finite number > 0; memory estimates are rounded to whole
+    bytes, which NaN or infinity cannot be."""
+    if (
+        isinstance(factor, bool)
+        or not isinstance(factor, int | float)
+        or not math.isfinite(factor)
+        or factor <= 0
+    ):
+        raise ScheduleError(f"{name} must be a finite number > 0, got {factor!r}")
+    return float(factor)
 
 
 def parse_scheme(scheme: Scheme | str) -> Scheme:
@@ -348,12 +364,7 @@ def draw_graph(graph: nx.DiGraph, path: str | Path, title: str | None = None) ->
     nx.draw_networkx_labels(graph, positions, labels=labels, ax=ax, font_size=6)
     ax.set_title(title or "task graph")
     ax.axis("off")
-    path = Path(path)
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp, dpi=150, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path, dpi=150)
 
 
 def _short_label(task: Task) -> str:

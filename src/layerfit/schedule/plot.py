@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from layerfit.schedule.files import save_figure
 from layerfit.schedule.report import RunReport
 
 _COLOURS = {"INIT": "#9e9e9e", "LOAD": "#4e79a7", "EXEC": "#f28e2b", "UNLOAD": "#76b7b2"}
@@ -53,15 +54,10 @@ def plot_run(report: RunReport, path: str | Path, title: str | None = None) -> P
     gantt_ax.set_yticks(range(report.workers), [f"worker {w}" for w in range(report.workers)])
     gantt_ax.set_xlabel("time (s)")
     gantt_ax.legend(loc="upper right", fontsize=7, ncol=4)
-    stats = report.response_stats()
+    mean = report.response_stats()["mean"]
     fig.suptitle(
         title
         or f"{report.workload}: {report.policy}, {report.workers} workers, budget {report.budget / mib:.0f} MiB — "
-        f"mean response {stats['mean']:.2f} s"
+        + ("no job completed" if mean is None else f"mean response {mean:.2f} s")
     )
-    path = Path(path)
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp, dpi=130, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path, dpi=130)

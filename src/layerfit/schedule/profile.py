@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from layerfit.errors import ScheduleError
+from layerfit.schedule.files import read_text, write_text
 
 if TYPE_CHECKING:
     from layerfit.capture.graph import ModelGraph
@@ -164,7 +165,7 @@ class NetworkProfile:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "profile") -> NetworkProfile:
-        """Build a profile from plain data; errors name the offending field."""
+        """Build a profile from plain data; errors name ``where`` (the file) and the field."""
         if not isinstance(data, Mapping):
             raise ScheduleError(f"{where}: expected a mapping with 'name' and 'layers'")
         known = {
@@ -209,7 +210,7 @@ class NetworkProfile:
         kwargs = {k: v for k, v in data.items() if k != "layers"}
         try:
             return cls(layers=tuple(layers), **kwargs)
-        except TypeError as exc:
+        except (TypeError, ScheduleError) as exc:  # a wrong field type or a bad value
             raise ScheduleError(f"{where}: {exc}") from None
 
 
@@ -237,8 +238,13 @@ def _validate(profile: NetworkProfile) -> None:
 
 
 def _non_negative(value: Any, where: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != value:
-        raise ScheduleError(f"{where}: expected a number of seconds >= 0, got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ScheduleError(f"{where}: expected a finite number of seconds >= 0, got {value!r}")
 
 
 def _non_negative_int(value: Any, where: str) -> None:
@@ -294,9 +300,7 @@ class ProfileSet(Mapping[str, NetworkProfile]):
             if path.suffix == ".json"
             else yaml.dump(data, Dumper=_YAML_DUMPER, sort_keys=False)
         )
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_text(path, text)
 
 
 def profiles_from_data(data: Any, label: str) -> ProfileSet:
@@ -323,10 +327,7 @@ def profiles_from_data(data: Any, label: str) -> ProfileSet:
 def load_profiles(path: str | Path) -> ProfileSet:
     """Read a profile file (JSON or YAML; a set of networks or a single network)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ScheduleError(f"cannot read profile file {path}: {exc.strerror or exc}") from None
+    text = read_text(path, "profile file")
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 - safe loader
     except (json.JSONDecodeError, yaml.YAMLError) as exc:

@@ -1,18 +1,22 @@
 """What a run reports: per-job response times, deadlines, memory over time, utilisation.
 
 The same record serves the simulator and (later) the real executor, so their results
-can be compared field by field.
+can be compared field by field. A figure that does not exist (the mean response of a
+run in which no job completed) is ``None``, so the JSON stays strict (no ``NaN``).
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from layerfit.errors import JobRejectedError
 from layerfit.schedule.dispatch import JobState, JobStatus
 from layerfit.schedule.ledger import MemorySample
+from layerfit.sizes import format_bytes
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class JobResult:
     missed_deadline: bool
     status: str
     error: str | None = None
+    min_budget: int | None = None  # rejected for its size: the budget that would serve it
 
     @classmethod
     def from_state(cls, state: JobState) -> JobResult:
@@ -60,6 +65,9 @@ class JobResult:
             missed_deadline=state.missed_deadline,
             status=state.status.value,
             error=None if state.error is None else str(state.error),
+            min_budget=(
+                state.error.min_budget if isinstance(state.error, JobRejectedError) else None
+            ),
         )
 
 
@@ -126,14 +134,35 @@ class RunReport:
         span = self.makespan
         return [busy / span if span > 0 else 0.0 for busy in self.busy_time]
 
-    def response_stats(self) -> dict[str, float]:
+    def response_stats(self) -> dict[str, float | None]:
+        """Mean, median, 95th percentile and maximum response time; all ``None`` when no
+        job completed (there is nothing to average)."""
         values = self.responses
+        if not values:
+            return dict.fromkeys(("mean", "p50", "p95", "max"))
         return {
-            "mean": sum(values) / len(values) if values else math.nan,
+            "mean": sum(values) / len(values),
             "p50": percentile(values, 50),
             "p95": percentile(values, 95),
-            "max": max(values) if values else math.nan,
+            "max": max(values),
         }
+
+    def unserved(self) -> str | None:
+        """Why no job completed, with the budget the workload needs if the budget was the
+        reason; ``None`` when at least one job completed (or there were none)."""
+        if not self.jobs or self.completed:
+            return None
+        rejected = [j.min_budget for j in self.jobs if j.min_budget is not None]
+        counts = Counter(j.status for j in self.jobs)
+        message = f"no job was served ({', '.join(f'{n} {s}' for s, n in counts.items())})"
+        if len(rejected) == len(self.jobs):
+            need = max(rejected)
+            message += (
+                f": the budget of {format_bytes(self.budget)} is below every job's largest "
+                f"task; the workload needs a budget of at least {format_bytes(need)} "
+                f"({need} bytes)"
+            )
+        return message
 
     def summary(self) -> dict[str, Any]:
         """The headline numbers, JSON-ready."""

@@ -26,6 +26,7 @@ import simpy
 from layerfit.errors import ScheduleError
 from layerfit.schedule.contention import NO_CONTENTION, SHARED_KINDS, ContentionModel
 from layerfit.schedule.dispatch import Dispatcher, JobState, Oversize
+from layerfit.schedule.graph import check_estimate_factor
 from layerfit.schedule.ledger import MemoryLedger
 from layerfit.schedule.penalty import PagingModel
 from layerfit.schedule.policies import Policy, make_policy
@@ -142,9 +143,12 @@ def simulate(
         name = "jobs"
     if mode not in ("open", "closed"):
         raise ScheduleError(f"mode must be 'open' or 'closed', got {mode!r}")
-    physical = int(physical_memory or memory)
-    if physical <= 0:
-        raise ScheduleError(f"physical memory must be positive, got {physical}")
+    if memory <= 0:
+        raise ScheduleError(f"a memory budget must be positive, got {memory} bytes")
+    physical = int(memory if physical_memory is None else physical_memory)
+    if physical <= 0:  # 0 is not "default": it would divide the paging model by zero
+        raise ScheduleError(f"physical memory must be positive, got {physical} bytes")
+    check_estimate_factor(estimate_factor)
     policy_obj = make_policy(policy, gated=gated)
 
     env = simpy.Environment()

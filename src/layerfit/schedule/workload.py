@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from layerfit.errors import ScheduleError, WorkloadError
+from layerfit.schedule.files import read_text, write_text
 from layerfit.schedule.profile import ProfileSet, resolve_profiles
 from layerfit.schedule.tasks import Job
 
@@ -109,11 +110,7 @@ class Workload:
 
     def save(self, path: str | Path) -> Path:
         """Write the YAML via a temp file and rename (never half-written)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.to_yaml())
-        tmp.replace(path)
-        return path
+        return write_text(path, self.to_yaml())
 
 
 # --- reading with line numbers --------------------------------------------------------
@@ -287,11 +284,7 @@ def _arrival(item: Any, where: str, line: int, profiles: ProfileSet) -> Arrival:
 def load_workload(path: str | Path, profiles: ProfileSet | None = None) -> Workload:
     """Read and validate a workload file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise WorkloadError(f"cannot read workload {path}: {exc.strerror or exc}") from None
-    return parse_workload(text, path, profiles)
+    return parse_workload(read_text(path, "workload", WorkloadError), path, profiles)
 
 
 def workload_from_jobs(

@@ -1,0 +1,112 @@
+"""Reading inputs and writing outputs of the ``layerfit schedule`` commands.
+
+Every file the commands read goes through :func:`read_text`, so a missing, binary or
+directory path is a :class:`~layerfit.errors.ScheduleError` naming the file, never a
+traceback. Every output is checked by :func:`check_output` *before* any long work (a
+measurement, a run), because finding out afterwards loses that work; it is then
+written by :func:`write_text` or :func:`save_figure` through a temporary file and a
+rename, so nothing is half-written, and an existing file is replaced only with
+``--force`` (a directory never).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from layerfit.errors import OutputExistsError, ScheduleError
+
+
+def read_text(path: str | Path, what: str, error: type[ScheduleError] = ScheduleError) -> str:
+    """The UTF-8 text of ``path``; ``error("cannot read {what} {path}: …")`` when it
+    is missing, a directory, unreadable or not text."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        reason = "file not found"
+    except IsADirectoryError:
+        reason = "it is a directory, not a file"
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    except UnicodeDecodeError as exc:
+        reason = f"not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+    raise error(f"cannot read {what} {path}: {reason}")
+
+
+def image_formats() -> list[str]:
+    """The image extensions matplotlib can write (png, svg, pdf, …)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    return sorted(FigureCanvasAgg.get_supported_filetypes())
+
+
+def check_output(
+    path: str | Path, *, force: bool, option: str = "--output", image: bool = False
+) -> Path:
+    """Raise unless ``path`` can be written: its folder exists and is writable, it is not
+    a directory, it exists only with ``force``, and (``image``) matplotlib writes its
+    extension. Call it before the work whose result goes there."""
+    path = Path(path)
+    parent = path.parent
+    if path.is_dir():
+        raise ScheduleError(f"{option} {path} is a directory: name a file to write")
+    if not parent.is_dir():
+        raise ScheduleError(f"{option} {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ScheduleError(f"{option} {path}: folder {parent} is not writable")
+    if image:
+        suffix = path.suffix.lower().lstrip(".")
+        formats = image_formats()
+        if suffix not in formats:
+            found = f"matplotlib cannot write '.{suffix}' images" if suffix else "no extension"
+            raise ScheduleError(
+                f"{option} {path}: {found}; end the name with one of: "
+                + ", ".join(f".{f}" for f in formats)
+            )
+    if (path.exists() or path.is_symlink()) and not force:
+        raise OutputExistsError(f"{path} already exists (pass --force to replace it)")
+    return path
+
+
+def _temporary(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp")
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` via a temporary file and a rename (never half-written)."""
+    path = Path(path)
+    tmp = _temporary(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ScheduleError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int = 130) -> Path:
+    """Save a matplotlib figure to ``path`` (format from its extension) via a temporary
+    file and a rename, and close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    suffix = path.suffix.lower().lstrip(".")
+    tmp = _temporary(path)
+    try:
+        if suffix not in image_formats():
+            raise ScheduleError(f"{path}: matplotlib cannot write '.{suffix}' images")
+        fig.savefig(tmp, format=suffix, dpi=dpi, bbox_inches="tight")
+        tmp.replace(path)
+    except (OSError, ValueError) as exc:
+        tmp.unlink(missing_ok=True)
+        reason = getattr(exc, "strerror", None) or exc
+        raise ScheduleError(f"cannot write {path}: {reason}") from None
+    finally:
+        plt.close(fig)
+    return path
+
+
+__all__ = ["check_output", "image_formats", "read_text", "save_figure", "write_text"]
