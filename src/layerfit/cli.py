@@ -76,8 +76,12 @@ def serve_command(
     queue_limit: int = typer.Option(64, "--queue-limit", min=1, help="most inference requests held at once; more get 429"),
     max_body: str = typer.Option("64MB", "--max-body", help="largest request body; larger ones get 413"),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds before a request is cancelled (503)"),
-    shutdown_grace: float = typer.Option(30.0, "--shutdown-grace", help="seconds requests may finish after SIGTERM"),
-    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level"),
+    shutdown_grace: float = typer.Option(
+        30.0, "--shutdown-grace", help="seconds (0 or more) requests may finish after SIGTERM"
+    ),
+    log_level: str = typer.Option(
+        "info", "--log-level", help="uvicorn log level: critical, error, warning, info, debug or trace"
+    ),
 ) -> None:
     """Serve the repository's models over the Open Inference Protocol (KServe v2 REST)."""
     from layerfit.serve.server import ServeSettings, serve
@@ -85,7 +89,7 @@ def serve_command(
     settings = ServeSettings(
         repository=repository, memory_budget=memory_budget, workers=workers, policy=policy, host=host,
         port=port, queue_limit=queue_limit, max_body=max_body, timeout=timeout,
-        shutdown_grace=shutdown_grace, log_level=log_level, access_log=log_level in ("debug", "trace"),
+        shutdown_grace=shutdown_grace, log_level=log_level, access_log=log_level.lower() in ("debug", "trace"),
     )
 
     def ready(url: str, built: Any) -> None:

@@ -9,6 +9,15 @@ row-major, no padding). Responses mirror that: an output goes as binary data whe
 Decoding is strict, because a model prepared for ``FP32 [1, 3, 224, 224]`` runs on
 nothing else: the datatype and shape must equal the model's, and the message of every
 refusal names the input and what the model expects. Nothing is converted silently.
+
+JSON (RFC 8259) has no NaN or infinity, and the protocol defines no encoding for them;
+Triton writes bare ``NaN``/``Infinity`` tokens, which strict parsers (JavaScript's
+``JSON.parse``, Go's ``encoding/json``) reject. A JSON response here is always strict
+JSON: a non-finite element of a floating-point output is the string ``"NaN"``,
+``"Infinity"`` or ``"-Infinity"`` — the protobuf JSON mapping's encoding, which
+``float()``, ``Number()`` and numpy (so tritonclient's ``as_numpy``) turn back into
+the value. Requests may use those strings (or the bare tokens) for floating-point
+inputs. Binary tensor data carries every value exactly and needs none of this.
 """
 
 from __future__ import annotations
@@ -188,10 +197,9 @@ def _from_json(name: str, data: Any, dtype: torch.dtype, spec: TensorSpec, count
             f"input {name!r}: data must be a JSON array of {count} values "
             f"(row-major, flat or nested) for {spec.describe()}"
         )
-    try:
-        array = np.asarray(data)
-    except ValueError:
-        array = np.asarray([], dtype=object)
+    array = _asarray(data)
+    if array.dtype.kind == "U" and dtype.is_floating_point:
+        array = _asarray(_nonfinite_from_json(data))
     if array.dtype == object:
         raise BadRequestError(f"input {name!r}: data must be numbers in nested arrays of equal length")
     if array.size != count:
@@ -215,7 +223,39 @@ def _from_json(name: str, data: Any, dtype: torch.dtype, spec: TensorSpec, count
     return torch.from_numpy(array).to(dtype)
 
 
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _asarray(data: list[Any]) -> np.ndarray:
+    """``data`` as an array; ragged nesting becomes an empty object array (refused later)."""
+    try:
+        return np.asarray(data)
+    except ValueError:
+        return np.asarray([], dtype=object)
+
+
+def _nonfinite_from_json(data: list[Any]) -> list[Any]:
+    """``data`` with the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` as floats (any other
+    string is kept, and refused by the caller)."""
+    return [
+        _nonfinite_from_json(v) if isinstance(v, list) else _NONFINITE.get(v, v) if isinstance(v, str) else v
+        for v in data
+    ]
+
+
 # --- response -----------------------------------------------------------------------
+
+
+def json_values(flat: torch.Tensor) -> list[Any]:
+    """The elements of a flat tensor as strict JSON values: numbers, or for non-finite
+    floating-point elements the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``
+    (JSON has no such numbers; see the module's docstring)."""
+    values = flat.tolist()
+    if flat.dtype.is_floating_point:
+        for i in (~torch.isfinite(flat)).nonzero().flatten().tolist():
+            v = values[i]
+            values[i] = "NaN" if math.isnan(v) else "Infinity" if v > 0 else "-Infinity"
+    return values
 
 
 def _wants_binary(parameters: dict[str, Any] | None, default: bool) -> bool:
@@ -267,13 +307,13 @@ def encode_response(
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
-            entry["data"] = flat.tolist()
+            entry["data"] = json_values(flat)
         entries.append(entry)
     header: dict[str, Any] = {"model_name": model, "model_version": version}
     if request.id is not None:
         header["id"] = request.id
     header["outputs"] = entries
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
     if not blobs:
         return head, {"content-type": JSON_TYPE}
     return head + b"".join(blobs), {"content-type": BINARY_TYPE, HEADER_LENGTH: str(len(head))}

@@ -4,13 +4,15 @@ As in Seldon MLServer, there is one error type: every failure the server reports
 :class:`~layerfit.errors.LayerfitError` and becomes ``{"error": "<message>"}`` with the
 status from :func:`status_of`. The errors below are the server's own; errors raised by
 the layers underneath (the runtime, the store) are mapped by their class, so a corrupt
-model folder is a 400, a full runtime queue a 429, a model that is not loaded or a job
-that timed out a 503, without the server re-wrapping them.
+model folder is a 400, a full runtime queue a 429, a model that is not loaded, a job
+that timed out or one the memory budget cannot run (the server's configuration, not
+the request's fault) a 503, without the server re-wrapping them.
 """
 
 from __future__ import annotations
 
 from layerfit.errors import (
+    JobRejectedError,
     JobTimeoutError,
     LayerfitError,
     ModelNotReadyError,
@@ -63,7 +65,7 @@ def status_of(exc: BaseException) -> int:
         return 404
     if isinstance(exc, QueueFullError):
         return 429
-    if isinstance(exc, ModelNotReadyError | JobTimeoutError):
+    if isinstance(exc, ModelNotReadyError | JobTimeoutError | JobRejectedError):
         return 503
     if isinstance(exc, LayerfitError):
         return 400

@@ -10,6 +10,11 @@ file — weights are never unpickled.
 Each model has one version, ``"1"``. Its one input is called ``input``; its outputs
 ``output`` (one) or ``output_0``, ``output_1``, … (several), with the shapes captured
 when the model was prepared.
+
+A model is READY only if it can run under the server's memory budget: the runtime
+rejects every job whose largest task exceeds the budget, so a model that loads but
+needs more is unloaded again and UNAVAILABLE with its minimum budget as the reason —
+a configuration problem of the server, answered 503, never blamed on the request.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from layerfit.schedule.repository import NAME_PATTERN
 from layerfit.serve.codec import TensorSpec
 from layerfit.serve.datatypes import datatype_of
 from layerfit.serve.errors import BadRequestError, ModelNotFoundError
+from layerfit.sizes import format_bytes
 from layerfit.store import read_manifest
 
 VERSION = "1"
@@ -80,6 +86,10 @@ class ModelRegistry:
     def __init__(self, runtime: Any) -> None:
         self.runtime = runtime
         self.load_errors: dict[str, str] = {}
+        self.over_budget: dict[str, int] = {}  # loadable models the budget cannot run: bytes they need
+        stats = runtime.stats()
+        self.budget: int = stats["budget_bytes"]
+        self._estimate_factor: float = stats["estimate_factor"]
         self._signatures: dict[str, tuple[Any, Signature]] = {}
 
     def names(self) -> list[str]:
@@ -145,6 +155,8 @@ class ModelRegistry:
     def require_ready(self, name: str, version: str | None = None) -> Signature:
         """The signature of a loaded model; 503 with what to do if it is not loaded."""
         if not self.is_ready(name, version):
+            if name in self.over_budget:
+                raise ModelNotReadyError(f"model {name!r} is unavailable on this server: {self.load_errors[name]}")
             raise ModelNotReadyError(
                 f"model {name!r} is not loaded ({self._reason(name)}): "
                 f"POST /v2/repository/models/{name}/load loads it"
@@ -179,19 +191,48 @@ class ModelRegistry:
     def load(self, name: str) -> None:
         """Check and (re)load ``name`` in the runtime; a failure is remembered for the index.
 
-        Any failure is a 400 naming the model: the folder exists (else 404), so what
-        went wrong is its content, and the other models keep serving.
+        A failure of the folder's content is a 400 naming the model: the folder exists
+        (else 404) and the other models keep serving. A model that loads but needs a
+        larger memory budget than the server's is unloaded again and refused with 503:
+        the server's configuration, not the request, is what cannot serve it.
         """
         self.info(name)
+        self.over_budget.pop(name, None)
         try:
             self.check_loadable(name)
-            self.runtime.load_model(name)
+            info = self.runtime.load_model(name)
         except LayerfitError as exc:
             self.load_errors[name] = str(exc)
             if isinstance(exc, BadRequestError):
                 raise
             raise BadRequestError(f"cannot load model {name!r}: {exc}") from exc
+        needed = int(round(info.profile.largest_task_memory * self._estimate_factor))
+        if needed > self.budget:
+            self.runtime.unload_model(name)
+            self.over_budget[name] = needed
+            self.load_errors[name] = (
+                f"the model needs a memory budget of at least {format_bytes(needed)} ({needed} bytes), "
+                f"more than the server's --memory-budget of {format_bytes(self.budget)}"
+            )
+            raise ModelNotReadyError(f"cannot load model {name!r}: {self.load_errors[name]}")
         self.load_errors.pop(name, None)
+
+    def check_budget(self) -> None:
+        """Refuse a budget under which no model can run: such a server could only answer 503.
+
+        The message gives the smallest budget that serves one model and the one that
+        serves every model that loads.
+        """
+        if not self.over_budget or any(self.is_ready(name) for name in self.names()):
+            return
+        need = self.over_budget
+        least, most = min(need, key=need.__getitem__), max(need, key=need.__getitem__)
+        raise LayerfitError(
+            f"--memory-budget {format_bytes(self.budget)} is too small for every model of "
+            f"{self.runtime.repository}: give at least {format_bytes(need[least])} ({need[least]} bytes) "
+            f"to serve {least}, or {format_bytes(need[most])} ({need[most]} bytes) to serve all "
+            f"{len(need)} that load"
+        )
 
     def load_all(self) -> dict[str, str]:
         """Load every model of the repository; returns the failures by name."""

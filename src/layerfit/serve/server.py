@@ -14,6 +14,8 @@ on a background thread (for embedding and for tests) on a given or free loopback
 from __future__ import annotations
 
 import asyncio
+import errno
+import math
 import socket
 import threading
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.config import LOG_LEVELS
 
 from layerfit.errors import LayerfitError
 from layerfit.serve.dataplane import DataPlane
@@ -48,13 +51,24 @@ class ServeSettings:
     access_log: bool = False
 
     def validate(self) -> None:
-        """Refuse settings that cannot work, with the option to change."""
+        """Refuse settings that cannot work, with the option to change, before anything loads."""
         if self.workers < 1:
             raise LayerfitError(f"--workers must be at least 1, not {self.workers}")
         if self.queue_limit < 1:
             raise LayerfitError(f"--queue-limit must be at least 1, not {self.queue_limit}")
-        if not self.timeout > 0:
-            raise LayerfitError(f"--timeout must be a positive number of seconds, not {self.timeout}")
+        if not (self.timeout > 0 and math.isfinite(self.timeout)):
+            raise LayerfitError(f"--timeout must be a positive, finite number of seconds, not {self.timeout}")
+        if not (self.shutdown_grace >= 0 and math.isfinite(self.shutdown_grace)):
+            raise LayerfitError(
+                f"--shutdown-grace must be a finite number of seconds, 0 or more (0: cancel "
+                f"unfinished requests at once), not {self.shutdown_grace}"
+            )
+        if str(self.log_level).lower() not in LOG_LEVELS:
+            raise LayerfitError(
+                f"--log-level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}"
+            )
+        if not 0 <= self.port <= 65535:
+            raise LayerfitError(f"--port must be from 0 (a free port) to 65535, not {self.port}")
         if parse_bytes(self.max_body) < 1:
             raise LayerfitError("--max-body must be at least one byte")
         if not Path(self.repository).is_dir():
@@ -79,8 +93,9 @@ class Built:
 def build(settings: ServeSettings) -> Built:
     """Create the runtime over the repository, load its models and wire the app.
 
-    A model that fails to load is reported (``load_errors``, and UNAVAILABLE in the
-    repository index) while the others serve.
+    A model that fails to load, or needs more than the memory budget, is reported
+    (``load_errors``, and UNAVAILABLE in the repository index) while the others serve;
+    a budget under which no model can run is refused (:meth:`ModelRegistry.check_budget`).
     """
     from layerfit.schedule.runtime import Runtime
     from layerfit.serve.app import create_app
@@ -93,6 +108,7 @@ def build(settings: ServeSettings) -> Built:
     try:
         registry = ModelRegistry(runtime)
         load_errors = registry.load_all() if settings.load_models else {}
+        registry.check_budget()
         metrics = ServerMetrics()
         dataplane = DataPlane(
             runtime, registry, timeout=settings.timeout,
@@ -128,7 +144,7 @@ class Server(uvicorn.Server):
 
 def make_server(settings: ServeSettings, built: Built) -> Server:
     config = uvicorn.Config(
-        built.app, host=settings.host, port=settings.port, log_level=settings.log_level,
+        built.app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
         access_log=settings.access_log, lifespan="off",
         # uvicorn's own graceful timeout only backs up the drain, which comes first.
         timeout_graceful_shutdown=settings.shutdown_grace + settings.timeout + 10.0,
@@ -137,7 +153,11 @@ def make_server(settings: ServeSettings, built: Built) -> Server:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket (port 0: a free one), so the caller knows the port."""
+    """A listening TCP socket (port 0: a free one), so the caller knows the port.
+
+    A failure names the option to change: ``--port`` when the port is taken or
+    privileged, ``--host`` when the address does not resolve or is not this machine's.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -145,7 +165,13 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise LayerfitError(f"cannot listen on {host}:{port}: {exc.strerror} (choose another --port)") from None
+        if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+            hint = "give an address of this machine as --host, e.g. 127.0.0.1, or 0.0.0.0 for all"
+        elif exc.errno in (errno.EADDRINUSE, errno.EACCES):
+            hint = "choose another --port, or 0 for a free one"
+        else:
+            hint = "check --host and --port"
+        raise LayerfitError(f"cannot listen on {host}:{port}: {exc.strerror or exc} ({hint})") from None
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
