@@ -78,7 +78,7 @@ def test_job_too_large_for_the_budget_is_rejected_with_the_minimum(repo, x, refs
     small = [rt.infer("chain", x["chain"]) for _ in range(3)]
     with pytest.raises(JobRejectedError, match="needs a budget of at least") as info:
         big.result(timeout=60)
-    assert info.value.min_budget == largest
+    assert info.value.min_budget == largest == rt.required_budget("big")
     assert all(torch.equal(f.result(timeout=60), refs["chain"]) for f in small)
     stats = settle(rt)
     assert stats["jobs"]["rejected"] == 1 and stats["jobs"]["done"] == 3

@@ -85,7 +85,6 @@ class _Run:
         self.reader_waits = False  # the reader waits for room or its policy's gate
         self.reader_wants: tuple[int, int] = (0, 0)  # (unit, bytes of room) it waits for
         self.copier_waits: int | None = None  # the unit the copy thread waits to copy
-        self.source_storages: set[int | None] = set()  # the unit source's buffers used
 
 
 _UNBOUND_READ = (
@@ -541,7 +540,6 @@ class Engine:
                 return
             if run.source is not None:  # the unit source decides when the unit may run
                 buffer, off = run.source.acquire(i)
-                run.source_storages.add(storage_address(buffer))
                 run.kernel_start[i] = time.perf_counter() - run.t0
                 self.binder.bind(self._bindings[i], buffer, off)
                 run.bound[i] = off
@@ -664,7 +662,7 @@ class Engine:
                         f"the forward pass ran {run.done} of {len(self.blocks)} units: the model's "
                         "control flow differs from the captured one (prepare it with this input shape)"
                     )
-                self._check_output(out, run)
+                self._check_output(out)
             finally:
                 end = time.perf_counter()
                 if streaming:
@@ -693,17 +691,16 @@ class Engine:
             self.last_weights_peak = self.memory.resident_bytes + sum(rings) + self.binder.peak_bytes
             return out
 
-    def _check_output(self, out: Any, run: _Run) -> None:
+    def _check_output(self, out: Any) -> None:
         """Refuse an output that is not the model's: a tensor left unbound (meta), or a
-        view of a streamed unit's bytes, which the next read overwrites or frees.
+        view of the read (or device) buffer, whose bytes the next units overwrite.
 
         Capture keeps every weight read outside its module resident, so a model prepared
-        by this version never trips either; one prepared by an older version may.
+        by this version never trips either; one prepared by an older version may. A unit
+        source's buffers (the scheduler's) are each one unit's own and stay mapped while
+        a view lives, so a view of them keeps the model's bytes and needs no check.
         """
-        streamed = set(run.source_storages)
-        for ring in (self.ring, self.device_ring):
-            if ring is not None:
-                streamed.add(storage_address(ring.bytes))
+        streamed = {storage_address(r.bytes) for r in (self.ring, self.device_ring) if r is not None}
         streamed.discard(None)
         for leaf in tree_leaves(out):
             if not isinstance(leaf, torch.Tensor):

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 from layerfit.errors import JobRejectedError, ScheduleError
-from layerfit.schedule.graph import GraphCache, TaskGraph
+from layerfit.schedule.graph import GraphCache, TaskGraph, check_estimate_factor
 from layerfit.schedule.ledger import Admission, MemoryLedger
 from layerfit.schedule.policies import Policy
 from layerfit.schedule.tasks import Job, Task
@@ -109,10 +109,7 @@ class Dispatcher:
             raise ScheduleError(f"need at least one worker, got {workers}")
         if oversize not in ("reject", "alone"):
             raise ScheduleError(f"oversize must be 'reject' or 'alone', got {oversize!r}")
-        if estimate_factor <= 0:
-            raise ScheduleError(
-                f"the memory estimate factor must be positive, got {estimate_factor}"
-            )
+        check_estimate_factor(estimate_factor)
         self.policy = policy
         self.ledger = ledger
         self.resident = resident

@@ -192,15 +192,6 @@ class Runtime:
             raise ScheduleError(f"estimates must be one of {', '.join(ESTIMATES)}, got {estimates!r}")
         if not isinstance(policy, str):
             raise ScheduleError(f"policy must be a policy's name, got {policy!r}")
-        if (
-            isinstance(estimate_factor, bool)
-            or not isinstance(estimate_factor, int | float)
-            or not math.isfinite(estimate_factor)
-            or estimate_factor <= 0
-        ):
-            raise ScheduleError(f"estimate_factor must be a finite number > 0, got {estimate_factor!r}")
-        budget = parse_bytes(memory_budget)
-        policy_object = make_policy(policy, gated=gated)
         self.repository = Path(repository)
         self.workers = workers
         self.queue_limit = queue_limit
@@ -208,14 +199,13 @@ class Runtime:
         self.trace = trace
         self._profiles = dict(profiles or {})
         self._direct_io = direct_io
-        # before any model loads: only later allocations follow the fixed thresholds
-        self.returns_freed_memory = return_freed_memory and return_large_frees_to_os()
         self._lock = threading.RLock()
         self._t0 = time.monotonic()
+        budget = parse_bytes(memory_budget)
         self._ledger = MemoryLedger(budget, clock=self._clock, record=trace, lock=self._lock)
         self._work = self._ledger.condition  # notified by every ledger and dispatcher change
         self._timer_cond = threading.Condition(self._lock)
-        self._policy = policy_object
+        self._policy = make_policy(policy, gated=gated)
         self._dispatcher = Dispatcher(
             self._policy, self._ledger, workers, estimate_factor=estimate_factor
         )
@@ -223,6 +213,9 @@ class Runtime:
         self.models: dict[str, ModelInfo] = {
             name: ModelInfo(name, self.repository / name) for name in scan(self.repository)
         }
+        # every setting and the repository are valid (the dispatcher checks estimate_factor); before any
+        # model loads, since only later allocations follow the fixed thresholds
+        self.returns_freed_memory = return_freed_memory and return_large_frees_to_os()
         self._jobs: dict[str, _JobRun] = {}  # unresolved jobs
         self._nets: dict[str, NetworkRun] = {}  # networks with a forward thread or buffers
         self._net_pools: dict[str, EnginePool] = {}
@@ -374,6 +367,12 @@ class Runtime:
                 f"model has {len(manifest.units)} units: profile this prepared model"
             )
         return profile
+
+    def required_budget(self, name: str) -> int:
+        """The least memory budget under which jobs of model ``name`` are not rejected:
+        its largest task as the scheduler is told it (profile × ``estimate_factor``)."""
+        profile, _ = self._ready(name)
+        return int(round(profile.largest_task_memory * self._dispatcher.estimate_factor))
 
     def profile_set(self, *, ready_only: bool = True) -> ProfileSet:
         """The scheduler's profiles of the loaded models (for workloads and the simulator);

@@ -26,7 +26,6 @@ import simpy
 from layerfit.errors import ScheduleError
 from layerfit.schedule.contention import NO_CONTENTION, SHARED_KINDS, ContentionModel
 from layerfit.schedule.dispatch import Dispatcher, JobState, Oversize
-from layerfit.schedule.graph import check_estimate_factor
 from layerfit.schedule.ledger import MemoryLedger
 from layerfit.schedule.penalty import PagingModel
 from layerfit.schedule.policies import Policy, make_policy
@@ -148,7 +147,6 @@ def simulate(
     physical = int(memory if physical_memory is None else physical_memory)
     if physical <= 0:  # 0 is not "default": it would divide the paging model by zero
         raise ScheduleError(f"physical memory must be positive, got {physical} bytes")
-    check_estimate_factor(estimate_factor)
     policy_obj = make_policy(policy, gated=gated)
 
     env = simpy.Environment()

@@ -87,9 +87,7 @@ class ModelRegistry:
         self.runtime = runtime
         self.load_errors: dict[str, str] = {}
         self.over_budget: dict[str, int] = {}  # loadable models the budget cannot run: bytes they need
-        stats = runtime.stats()
-        self.budget: int = stats["budget_bytes"]
-        self._estimate_factor: float = stats["estimate_factor"]
+        self.budget: int = runtime.stats()["budget_bytes"]
         self._signatures: dict[str, tuple[Any, Signature]] = {}
 
     def names(self) -> list[str]:
@@ -200,13 +198,13 @@ class ModelRegistry:
         self.over_budget.pop(name, None)
         try:
             self.check_loadable(name)
-            info = self.runtime.load_model(name)
+            self.runtime.load_model(name)
         except LayerfitError as exc:
             self.load_errors[name] = str(exc)
             if isinstance(exc, BadRequestError):
                 raise
             raise BadRequestError(f"cannot load model {name!r}: {exc}") from exc
-        needed = int(round(info.profile.largest_task_memory * self._estimate_factor))
+        needed = self.runtime.required_budget(name)
         if needed > self.budget:
             self.runtime.unload_model(name)
             self.over_budget[name] = needed
