@@ -171,6 +171,44 @@ def test_coalesced_reads_cover_every_unit_once_in_fewer_requests(tiny: Path, ref
         assert len(reads) == len(units)
 
 
+class _SlowWaker(threading.Condition):
+    """A condition whose waiter, once notified, takes a while to run again: the
+    executing thread of a loaded machine, not yet scheduled after its unit arrived."""
+
+    def wait(self, timeout=None):
+        woken = super().wait(timeout)
+        self.release()
+        time.sleep(0.02)
+        self.acquire()
+        return woken
+
+
+def test_reader_coalesces_while_the_woken_kernel_thread_is_not_yet_running(tiny: Path, reference, monkeypatch):
+    x, y = reference
+    units = read_manifest(tiny).units
+    real = os.preadv
+    reads: list[tuple[int, int]] = []
+
+    def spy(fd, buffers, offset, *rest):
+        reads.append((offset, sum(len(b) for b in buffers)))
+        return real(fd, buffers, offset, *rest)
+
+    with load(tiny, pipeline="async", coalesce="1MiB", budget="1MiB") as engine:
+        engine(x)  # first inference verifies checksums; count the second
+        engine._ready = _SlowWaker(engine._state)
+        monkeypatch.setattr(reader_mod.os, "preadv", spy)
+        assert torch.equal(engine(x), y)
+        cap = min(engine.coalesce_bytes, engine.memory.buffer_bytes // 2)
+    # The kernel waited for unit 0 only: the units after it are read in requests as
+    # large as the cap allows, not one by one as if the kernel still waited for each.
+    assert sum(n for _, n in reads) == sum(u.nbytes for u in units)
+    assert reads[0] == (units[0].offset, units[0].nbytes)
+    first_unit = {u.offset: u for u in units}
+    for (_, n), (b, _) in zip(reads[1:], reads[2:], strict=False):
+        assert n + first_unit[b].nbytes > cap  # the next unit could not have joined
+    assert len(reads) < len(units)
+
+
 @pytest.mark.parametrize("budget", [20480, 24576, 32768, 45056, 10**6])
 @pytest.mark.parametrize("units", ["layers", "blocks:2", "blocks:3"])
 def test_async_budgets_and_blocks(tiny: Path, reference, budget: int, units: str):
@@ -230,11 +268,14 @@ def test_read_error_mid_inference_names_unit_and_engine_recovers(tiny: Path, ref
             raise OSError(errno.EIO, "Input/output error")
         return real(fd, buffers, offset, *rest)
 
-    # Coalesced (the whole model fits the buffer): units 0-3 are read with one request,
-    # which fails; reading them one by one then names the unit that cannot be read.
+    # Coalesced (the whole model fits the buffer): units 1-3 are read with one request,
+    # which fails; reading them one by one then names the unit that cannot be read. A
+    # slow first kernel lets the reader run ahead, so unit 3 is not the one the kernel
+    # waits for (that one is read alone) even on a loaded machine.
     for coalesce, budget, stages in (("1MiB", "1MiB", 2), (0, None, 2), (0, None, 3)):
         fail["armed"], failed_lengths = True, []
         with load(tiny, pipeline="async", coalesce=coalesce, budget=budget, stages=stages) as engine:
+            engine.model.conv1.register_forward_pre_hook(lambda module, args: time.sleep(0.05))
             monkeypatch.setattr(reader_mod.os, "preadv", flaky)
             fails_cleanly_then_recovers(
                 engine, reference, ReadError, r"unit 3 \(bn2\)", disarm=lambda: fail.update(armed=False)

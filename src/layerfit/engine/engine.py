@@ -417,7 +417,15 @@ class Engine:
         # Hysteresis: while the kernels have other units to run, wait for room for a
         # whole batch (``want`` bytes) instead of waking for every small unit released.
         # The unit the next kernel needs is read at once, and alone.
-        return run.main_waits is not None or i == run.started or self.ring.fits(want)
+        return self._kernel_needs(run, i) or self.ring.fits(want)
+
+    @staticmethod
+    def _kernel_needs(run: _Run, i: int) -> bool:
+        """Whether the executing thread waits (or will next) for the read of unit ``i``.
+        ``main_waits`` is cleared only once that thread runs again, so a unit it waited
+        for that has already arrived must not count: on a loaded machine it may not run
+        for a while, and meanwhile the reader would read every unit alone."""
+        return run.main_waits == i or i == run.started
 
     def _wake_reader(self, run: _Run) -> None:
         """Wake the reader if what it waits for has happened (lock held)."""
@@ -444,8 +452,8 @@ class Engine:
                         run.reader_waits, run.reader_wants = True, (i, want)
                         room.wait()
                     run.reader_waits = False
-                    if run.main_waits is not None or i == run.started:
-                        want = first  # the kernel waits (or will next) for this unit: read it alone
+                    if self._kernel_needs(run, i):
+                        want = first  # read it alone, the kernel waits for it
                     off = ring.allocate_locked(first)
                     # Coalesce: the following units join this read while they are
                     # allowed to start, land right after it in the ring and the read
