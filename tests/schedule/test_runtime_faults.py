@@ -324,3 +324,92 @@ def test_unloading_a_unit_leaves_bytes_a_view_still_points_to_mapped():
     assert run.unload(0) == 4096
     gc.collect()
     assert view.tolist() == [1, 2, 3, 4]
+
+
+def _counting_engines(rt: Runtime, monkeypatch, delay: float) -> list:
+    """Record every engine the runtime opens; each takes ``delay`` s to open (a large model)."""
+    opened = []
+    new_engine = rt._new_engine
+
+    def slow_new_engine(directory):
+        time.sleep(delay)
+        engine = new_engine(directory)
+        opened.append(engine)
+        return engine
+
+    monkeypatch.setattr(rt, "_new_engine", slow_new_engine)
+    return opened
+
+
+def test_concurrent_loads_and_unloads_of_one_model_leave_no_engine_open(repo, x, refs, monkeypatch):
+    rt = Runtime(repo, "200KB", workers=1, load=False)
+    opened = _counting_engines(rt, monkeypatch, delay=0.2)
+    # Two loads at once: one pool wins, and the other's engine is not left open beside it.
+    errors: list[BaseException] = []
+
+    def load():
+        try:
+            rt.load_model("tiny")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert torch.equal(rt.infer("tiny", x["tiny"]).result(timeout=60), refs["tiny"])
+    # An unload called while a load runs takes effect after it: the model ends unloaded.
+    loading = threading.Thread(target=rt.load_model, args=("tiny",))
+    loading.start()
+    time.sleep(0.05)
+    rt.unload_model("tiny")
+    loading.join()
+    with pytest.raises(ModelNotReadyError, match="unloaded"):
+        rt.infer("tiny", x["tiny"])
+    settle(rt)
+    assert len(opened) == 3  # one per load: the job ran on the first load's engine
+    assert all(engine.reader._fd == -1 for engine in opened)  # every engine closed
+
+
+def test_a_load_that_ends_after_shutdown_closes_its_engine(repo, monkeypatch):
+    rt = Runtime(repo, "200KB", workers=1, load=False)
+    opened = _counting_engines(rt, monkeypatch, delay=0.3)
+    errors: list[BaseException] = []
+    loading = threading.Thread(target=lambda: errors.extend(_raised(rt.load_model, "tiny")))
+    loading.start()
+    time.sleep(0.05)
+    settle(rt)
+    loading.join()
+    assert len(opened) == 1 and opened[0].reader._fd == -1
+    assert len(errors) == 1 and "shut down" in str(errors[0])
+    assert rt.index()[[m["name"] for m in rt.index()].index("tiny")]["state"] == "UNAVAILABLE"
+
+
+def _raised(call, *args) -> list[BaseException]:
+    try:
+        call(*args)
+    except BaseException as exc:  # noqa: BLE001 - the caller checks it
+        return [exc]
+    return []
+
+
+def test_a_forward_thread_that_cannot_start_fails_its_job_and_returns_the_engine(repo, x, refs, monkeypatch):
+    rt = Runtime(repo, "200KB", workers=1)
+    real_start = NetworkRun.start
+    calls = {"n": 0}
+
+    def start_once_fails(net):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("can't start new thread")
+        real_start(net)
+
+    monkeypatch.setattr(NetworkRun, "start", start_once_fails)
+    failed = rt.infer("tiny", x["tiny"])
+    with pytest.raises(LayerfitError, match="cannot start the forward thread of network .*can't start new thread"):
+        failed.result(timeout=60)
+    assert torch.equal(rt.infer("tiny", x["tiny"]).result(timeout=60), refs["tiny"])
+    assert rt.models["tiny"].pool.created == 1  # the failed job's engine went back to the pool
+    settle(rt)  # shutdown joins no thread that never started

@@ -106,6 +106,8 @@ class ModelInfo:
     reason: str = "not loaded"
     profile: NetworkProfile | None = field(default=None, repr=False)
     pool: EnginePool | None = field(default=None, repr=False)
+    # held for a whole load or unload: they take effect one after the other, in call order
+    changing: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def state(self) -> ModelState:

@@ -273,10 +273,13 @@ class Runtime:
         """(Re)load model ``name``: validate its folder, open it, fix its profile.
 
         A folder that cannot be loaded raises a :class:`~layerfit.errors.LayerfitError`
-        and is marked UNAVAILABLE with the reason; other models are not affected.
+        and is marked UNAVAILABLE with the reason; other models are not affected. Loads
+        and unloads of one model take effect one after the other, in the order called;
+        a load still running when the runtime shuts down closes what it opened and raises.
         """
         directory = model_directory(self.repository, name)
         with self._lock:
+            self._refuse_if_closing("it loads no models")
             info = self.models.get(name)
             if info is None:
                 if not directory.is_dir():
@@ -285,6 +288,13 @@ class Runtime:
                         f"{', '.join(sorted(self.models)) or 'none'}"
                     )
                 info = self.models[name] = ModelInfo(name, directory)
+        with info.changing:
+            return self._load_locked(info, directory)
+
+    def _load_locked(self, info: ModelInfo, directory: Path) -> ModelInfo:
+        """:meth:`load_model` with the model's ``changing`` lock held."""
+        name = info.name
+        with self._lock:
             old_pool, info.pool = info.pool, None
             info.loaded, info.reason = False, "loading"
         if old_pool is not None:
@@ -293,6 +303,12 @@ class Runtime:
         try:
             engine = self._new_engine(directory)
             profile = self._profile(name, directory, engine.manifest)
+            with self._lock:
+                self._refuse_if_closing("it loads no models")
+                info.manifest = engine.manifest
+                info.profile = profile
+                info.pool = EnginePool(partial(self._new_engine, directory), engine)
+                info.loaded, info.reason = True, ""
         except Exception as exc:
             if engine is not None:
                 engine.close()
@@ -300,16 +316,18 @@ class Runtime:
                 f"cannot load model {name!r} from {directory}: {type(exc).__name__}: {exc}"
             )
             with self._lock:
-                info.reason = str(error)
+                info.reason = "the runtime is shut down" if self._closing else str(error)
             if error is exc:
                 raise
             raise error from exc
-        with self._lock:
-            info.manifest = engine.manifest
-            info.profile = profile
-            info.pool = EnginePool(partial(self._new_engine, directory), engine)
-            info.loaded, info.reason = True, ""
         return info
+
+    def _refuse_if_closing(self, what: str) -> None:
+        """Raise if :meth:`shutdown` was called (lock held)."""
+        if self._closing:
+            if self._crashed is not None:
+                raise ScheduleError(f"the runtime is shut down: {self._crashed}") from self._crashed
+            raise ScheduleError(f"the runtime is shut down: {what}")
 
     def unload_model(self, name: str) -> None:
         """Stop serving model ``name``: new jobs naming it are refused; jobs already accepted
@@ -319,10 +337,12 @@ class Runtime:
             info = self.models.get(name)
             if info is None:
                 raise UnknownModelError(f"no model {name!r} in {self.repository}")
-            pool, info.pool = info.pool, None
-            info.loaded, info.reason = False, "unloaded"
-        if pool is not None:
-            self._retire_pool(pool)
+        with info.changing:  # after a load in progress, not before it ends
+            with self._lock:
+                pool, info.pool = info.pool, None
+                info.loaded, info.reason = False, "unloaded"
+            if pool is not None:
+                self._retire_pool(pool)
 
     def _retire_pool(self, pool: EnginePool) -> None:
         """Close ``pool`` now, or once no unresolved job was accepted with it."""
@@ -448,10 +468,7 @@ class Runtime:
         future: Future = Future()
         deliveries: list[Delivery] = []
         with self._lock:
-            if self._closing:
-                if self._crashed is not None:
-                    raise ScheduleError(f"the runtime is shut down: {self._crashed}") from self._crashed
-                raise ScheduleError("the runtime is shut down: it takes no new jobs")
+            self._refuse_if_closing("it takes no new jobs")
             pools = {}
             for name in spec.networks:
                 pool = self.models[name].pool
@@ -667,12 +684,18 @@ class Runtime:
             if run.resolved:
                 pool.checkin(engine)
                 raise Abandoned(f"job {task.job} ended while network {task.network} started")
+            try:
+                net.start()
+            except RuntimeError as exc:  # no thread to be had: the job fails, the engine goes back
+                pool.checkin(engine)
+                raise LayerfitError(
+                    f"cannot start the forward thread of network {task.network}: {exc}"
+                ) from exc
             self._nets[net.uid] = net
             self._net_pools[net.uid] = pool
             run.networks.append(net)
             self._forward_threads = [t for t in self._forward_threads if t.is_alive()]
             self._forward_threads.append(net.thread)
-            net.start()
 
     def _network_exited(self, net: NetworkRun) -> None:
         """Called by a forward thread as it leaves: return the engine, fail the job on error."""
