@@ -135,7 +135,7 @@ def scan(repository: Path) -> list[str]:
     if not repository.is_dir():
         raise LayerfitError(
             f"model repository {repository} is not a folder: create it and prepare models "
-            "into sub-folders (`layerfit prepare MODEL REPO/NAME`)"
+            "into sub-folders (`layerfit prepare MODEL -o REPO/NAME`)"
         )
     return sorted(
         entry.name
