@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
@@ -122,6 +124,42 @@ class WeightView(nn.Module):
 def weight_view() -> nn.Module:
     torch.manual_seed(5)
     return WeightView()
+
+
+def no_weights() -> nn.Module:
+    """No parameters at all: nothing to stream."""
+    return nn.Sequential(nn.ReLU(), nn.Flatten(), nn.Softmax(dim=-1))
+
+
+class _Pause(nn.Module):
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return x * 2
+
+
+def pause(seconds: float) -> nn.Module:
+    """No parameters; the forward pass takes ``seconds``."""
+    return _Pause(seconds)
+
+
+class _OnlyOutsideReads(nn.Module):
+    """Every weight is read outside its module (a holder that never runs): all resident."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ self.proj.weight.t() + self.proj.bias)
+
+
+def all_resident() -> nn.Module:
+    torch.manual_seed(6)
+    return _OnlyOutsideReads()
 
 
 def not_a_module() -> int:

@@ -17,6 +17,9 @@ MODELS = {
     "slow": ("tinymodels:chain", {"widths": [8, 8, 8, 8], "delays": [0.1, 0.1, 0.1]}, (1, 8)),
     "big": ("tinymodels:chain", {"widths": [4, 2048, 4]}, (1, 4)),
     "outside": ("tinymodels:outside_reads", {}, (2, 8)),
+    "noweights": ("tinymodels:no_weights", {}, (2, 3, 4, 4)),
+    "resident": ("tinymodels:all_resident", {}, (2, 8)),
+    "pause": ("tinymodels:pause", {"seconds": 0.2}, (1, 4)),
 }
 
 

@@ -4,6 +4,7 @@ the progress rule, precedence holds, at most ``workers`` tasks run at once."""
 from __future__ import annotations
 
 import gc
+import shutil
 
 import pytest
 import torch
@@ -167,6 +168,45 @@ def test_weights_used_outside_their_module_and_outputs_viewing_them(tmp_path):
     del rt
     gc.collect()
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+@pytest.mark.parametrize("estimates", ["capture", "profile"])
+def test_models_with_nothing_to_stream_run_as_one_execution(tmp_path, estimates):
+    # No parameters, or every weight resident: the forward pass is one execute task
+    # (after a load and before an unload of nothing), inside a worker slot like any other.
+    repo = prepare_models(tmp_path, ["noweights", "resident", "chain"])
+    x = {name: model_input(name) for name in ("noweights", "resident", "chain")}
+    expected = {name: reference(name, x[name]) for name in x}
+    for policy in ("masa", "bulk", "linear-fcfs"):
+        with Runtime(repo, "1MB", workers=2, policy=policy, estimates=estimates, trace=True) as rt:
+            assert {m["name"]: m["state"] for m in rt.index()} == dict.fromkeys(x, "READY")
+            assert [layer.name for layer in rt.models["noweights"].profile.layers] == ["forward"]
+            futures = [rt.submit(Job(tuple(x), x)) for _ in range(3)]
+            futures += [rt.infer("resident", x["resident"])]
+            for future in futures[:3]:
+                got = future.result(timeout=60)
+                assert all(torch.equal(got[name], expected[name]) for name in x)
+            assert torch.equal(futures[3].result(timeout=60), expected["resident"])
+            rt.check_ledger()
+            tasks = [(r.kind, r.layer) for r in rt.run_report().tasks if r.network.endswith(".noweights")]
+        assert sorted(set(tasks)) == [("EXEC", 0), ("INIT", -1), ("LOAD", 0), ("UNLOAD", 0)]
+        assert len(tasks) == 4 * 3
+        assert rt.stats()["in_use_bytes"] == 0
+    assert runtime_threads() == []
+
+
+def test_a_model_with_nothing_to_stream_runs_inside_its_execute_task(tmp_path):
+    # FCFS on one worker starts both networks before either executes: a forward pass
+    # that did not wait for its execute task would run beside the other one.
+    repo = prepare_models(tmp_path, ["pause"])
+    shutil.copytree(repo / "pause", repo / "pause2")
+    with Runtime(repo, "1MB", workers=1, policy="fcfs", trace=True) as rt:
+        x = model_input("pause")
+        out = rt.submit(Job(("pause", "pause2"), x)).result(timeout=60)
+        assert torch.equal(out["pause"], x * 2) and torch.equal(out["pause2"], x * 2)
+        first, second = sorted((r for r in rt.run_report().tasks if r.kind == "EXEC"), key=lambda r: r.start)
+    assert first.end - first.start >= 0.2 and second.end - second.start >= 0.2
+    assert first.end <= second.start
 
 
 def test_per_network_inputs_batches_and_repeated_models(repo, refs):

@@ -73,7 +73,10 @@ class NetworkRun:
         self.engine = engine
         self.inputs = inputs
         self.cond = threading.Condition(lock)
-        self.last = len(engine.blocks) - 1
+        # No unit (no parameters, or every weight resident): the forward pass is the one
+        # execute task of the scheduler's single layer, and its load and unload hold nothing.
+        self.whole = not engine.blocks
+        self.last = max(len(engine.blocks) - 1, 0)
         self._units: dict[int, _Unit] = {}
         self._granted: set[int] = set()
         self._done: set[int] = set()
@@ -95,6 +98,11 @@ class NetworkRun:
 
     def _forward(self) -> None:
         try:
+            if self.whole:  # no unit asks for the worker slot: wait for it before running
+                with self.cond:
+                    self.cond.wait_for(lambda: self.abandoned or 0 in self._granted)
+                    if self.abandoned:
+                        raise Abandoned(f"network {self.uid} was abandoned before it ran")
             output = self.engine.run_from(self, *self.inputs)
         except BaseException as exc:  # handed to the job (the runtime fails it)
             with self.cond:
@@ -135,6 +143,8 @@ class NetworkRun:
 
     def load(self, i: int) -> int:
         """Read unit ``i`` into a buffer of its own; returns its bytes."""
+        if self.whole:
+            return 0  # nothing to read
         buffer = self.engine.read_unit_buffer(i)
         # Through a memoryview: the tensor then holds an export of the mapping, so
         # free() cannot unmap bytes that a view still points to (close() raises

@@ -36,6 +36,8 @@ _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 FORMAT = "layerfit-profiles"
 VERSION = 1
 LAYER_KINDS = ("conv", "fc", "other")
+# The one layer of a model with no unit: its whole forward pass, nothing to load.
+WHOLE_MODEL = "forward"
 
 
 @dataclass(frozen=True)
@@ -372,9 +374,21 @@ def profile_from_graph(
     One layer per captured unit: weights are its parameter bytes, the load time reads them
     at ``disk_bytes_per_s``, the execute time runs its MACs at ``macs_per_s``, the execute
     memory is its output activations. Good enough to draw task graphs and try schedules
-    before a prepared model has been profiled on the device.
+    before a prepared model has been profiled on the device. A model with no unit (no
+    parameters, or every weight resident) gets one layer, :data:`WHOLE_MODEL`, with nothing
+    to load: the whole forward pass is its execution.
     """
-    layers = []
+    if not graph.units:
+        out_bytes = sum(math.prod(shape) for shape in graph.output_shapes) * 4
+        whole = LayerProfile(
+            name=WHOLE_MODEL,
+            kind="other",
+            load_time=0.0,
+            exec_time=0.0,  # the capture counts MACs in units only; profile the model to know
+            memory=0,
+            exec_memory=int(out_bytes),
+        )
+    layers = [] if graph.units else [whole]
     for unit in graph.units:
         module = unit.module_type.lower()
         kind = "conv" if "conv" in module else "fc" if "linear" in module else "other"

@@ -74,15 +74,17 @@ def estimate_profile(manifest: Manifest, name: str) -> NetworkProfile:
     """The scheduler's estimates for a prepared model, from its capture alone."""
     graph = manifest.graph
     base = profile_from_graph(graph, name, architecture=manifest.model.get("name"))
-    if len(base.layers) != len(manifest.units):
+    if len(graph.units) != len(manifest.units):
         raise ScheduleError(
-            f"model {name}: the capture has {len(base.layers)} units but the store "
+            f"model {name}: the capture has {len(graph.units)} units but the store "
             f"{len(manifest.units)} (prepare it again)"
         )
-    layers = tuple(
-        replace(layer, memory=segment.nbytes, kind=_layer_kind(segment.module_type))
-        for layer, segment in zip(base.layers, manifest.units, strict=True)
-    )
+    layers = base.layers  # no unit: the one layer of the whole forward pass
+    if manifest.units:
+        layers = tuple(
+            replace(layer, memory=segment.nbytes, kind=_layer_kind(segment.module_type))
+            for layer, segment in zip(base.layers, manifest.units, strict=True)
+        )
     return replace(
         base,
         layers=layers,
@@ -244,6 +246,8 @@ def measure_profile(
             if inputs is not None
             else (example_input(manifest.input_shape, manifest.input_dtype, manifest.seed),)
         )
+        if not engine.blocks:
+            return _profile_whole_model(engine, estimate, x, repeats, warmup, interval)
         measures = [_UnitMeasure() for _ in engine.blocks]
         sampler = StatmSampler(interval)
         try:
@@ -287,6 +291,40 @@ def measure_profile(
             "sample_interval_s": interval,
             "page_size": PAGE_SIZE,
         },
+    )
+
+
+def _profile_whole_model(
+    engine: Engine,
+    estimate: NetworkProfile,
+    x: tuple[torch.Tensor, ...],
+    repeats: int,
+    warmup: int,
+    interval: float,
+) -> NetworkProfile:
+    """:func:`measure_profile` of a model with no unit: its one layer's execution is
+    the whole forward pass (median of the timed runs), its memory the last run's peak."""
+    times = []
+    for _ in range(warmup + max(1, repeats)):
+        t0 = time.perf_counter()
+        engine.run_from(_ProfilingSource(engine, None, []), *x)
+        times.append(time.perf_counter() - t0)
+    sampler = StatmSampler(interval)
+    try:
+        sampler.start()
+        engine.run_from(_ProfilingSource(engine, None, []), *x)
+        peak = sampler.stop()
+    finally:
+        sampler.close()
+    (whole,) = estimate.layers
+    layer = replace(whole, exec_time=statistics.median(times[warmup:]), exec_memory=peak)
+    return replace(
+        estimate,
+        layers=(layer,),
+        unload_time=0.0,
+        source="profiled",
+        notes={**dict(estimate.notes), "estimates": "statm", "repeats": repeats,
+               "sample_interval_s": interval, "page_size": PAGE_SIZE},
     )
 
 

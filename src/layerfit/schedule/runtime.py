@@ -381,7 +381,7 @@ class Runtime:
                 source=profile.source,
                 notes=dict(profile.notes),
             )
-        if len(profile.layers) != len(manifest.units):
+        if len(profile.layers) != max(1, len(manifest.units)):  # no unit: the whole model
             raise ScheduleError(
                 f"the profile of {name!r} has {len(profile.layers)} layers but the prepared "
                 f"model has {len(manifest.units)} units: profile this prepared model"
