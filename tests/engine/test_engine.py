@@ -138,10 +138,9 @@ def test_nonsense_coalesce_size_is_refused(tiny: Path):
         load(tiny, pipeline="async", coalesce="lots")
 
 
-@pytest.mark.parametrize(("coalesce", "budget"), [(0, None), ("1MiB", None), ("1MiB", "1MiB"), (8192, "1MiB")])
-def test_coalesced_reads_cover_every_unit_once_in_fewer_requests(tiny: Path, reference, monkeypatch, coalesce, budget):
-    x, y = reference
-    units = read_manifest(tiny).units
+def read_spy():
+    """(reads, spy): ``spy`` stands in for ``os.preadv`` and records each request's
+    (offset, length) in ``reads``."""
     real = os.preadv
     reads: list[tuple[int, int]] = []
 
@@ -149,6 +148,14 @@ def test_coalesced_reads_cover_every_unit_once_in_fewer_requests(tiny: Path, ref
         reads.append((offset, sum(len(b) for b in buffers)))
         return real(fd, buffers, offset, *rest)
 
+    return reads, spy
+
+
+@pytest.mark.parametrize(("coalesce", "budget"), [(0, None), ("1MiB", None), ("1MiB", "1MiB"), (8192, "1MiB")])
+def test_coalesced_reads_cover_every_unit_once_in_fewer_requests(tiny: Path, reference, monkeypatch, coalesce, budget):
+    x, y = reference
+    units = read_manifest(tiny).units
+    reads, spy = read_spy()
     with load(tiny, pipeline="async", coalesce=coalesce, budget=budget) as engine:
         engine(x)  # first inference verifies checksums; count the second
         # A slow first kernel lets the reader run ahead: the unit the next kernel needs
@@ -186,13 +193,7 @@ class _SlowWaker(threading.Condition):
 def test_reader_coalesces_while_the_woken_kernel_thread_is_not_yet_running(tiny: Path, reference, monkeypatch):
     x, y = reference
     units = read_manifest(tiny).units
-    real = os.preadv
-    reads: list[tuple[int, int]] = []
-
-    def spy(fd, buffers, offset, *rest):
-        reads.append((offset, sum(len(b) for b in buffers)))
-        return real(fd, buffers, offset, *rest)
-
+    reads, spy = read_spy()
     with load(tiny, pipeline="async", coalesce="1MiB", budget="1MiB") as engine:
         engine(x)  # first inference verifies checksums; count the second
         engine._ready = _SlowWaker(engine._state)
