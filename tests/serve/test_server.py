@@ -235,3 +235,20 @@ def test_safetensors_only(repository: Path, tmp_path: Path, make_server) -> None
         response = session.post("/v2/repository/models/pickled/load")
         assert response.status_code == 400 and "safetensors" in response.json()["error"]
         assert infer_json(session, "chain", torch.randn(1, 8)).status_code == 200
+
+
+def test_a_model_with_nothing_to_stream_is_served(tmp_path: Path, make_server) -> None:
+    # No parameters: no unit to stream, the forward pass is one execute task.
+    import tinymodels
+
+    from layerfit.store import ModelSpec, prepare
+
+    prepare(ModelSpec("factory", "tinymodels:no_weights", {}), tmp_path / "softmax", input_shape=(1, 3, 2, 2))
+    running = make_server(repository=tmp_path)
+    with httpx.Client(base_url=running.url, timeout=30) as session:
+        assert session.get("/v2/models/softmax/ready").status_code == 200
+        x = torch.randn(1, 3, 2, 2)
+        response = infer_json(session, "softmax", x)
+        assert response.status_code == 200, response.text
+        y = torch.tensor(response.json()["outputs"][0]["data"]).reshape(1, 12)
+    assert torch.equal(y, tinymodels.no_weights()(x))
