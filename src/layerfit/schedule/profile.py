@@ -378,17 +378,7 @@ def profile_from_graph(
     parameters, or every weight resident) gets one layer, :data:`WHOLE_MODEL`, with nothing
     to load: the whole forward pass is its execution.
     """
-    if not graph.units:
-        out_bytes = sum(math.prod(shape) for shape in graph.output_shapes) * 4
-        whole = LayerProfile(
-            name=WHOLE_MODEL,
-            kind="other",
-            load_time=0.0,
-            exec_time=0.0,  # the capture counts MACs in units only; profile the model to know
-            memory=0,
-            exec_memory=int(out_bytes),
-        )
-    layers = [] if graph.units else [whole]
+    layers = []
     for unit in graph.units:
         module = unit.module_type.lower()
         kind = "conv" if "conv" in module else "fc" if "linear" in module else "other"
@@ -400,6 +390,18 @@ def profile_from_graph(
                 load_time=unit.s / disk_bytes_per_s,
                 exec_time=unit.f * max(unit.calls, 1) / macs_per_s,
                 memory=unit.s,
+                exec_memory=int(out_bytes),
+            )
+        )
+    if not layers:
+        out_bytes = sum(math.prod(shape) for shape in graph.output_shapes) * 4
+        layers.append(
+            LayerProfile(
+                name=WHOLE_MODEL,
+                kind="other",
+                load_time=0.0,
+                exec_time=0.0,  # the capture counts MACs in units only: profile the model
+                memory=0,
                 exec_memory=int(out_bytes),
             )
         )
