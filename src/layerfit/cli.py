@@ -242,6 +242,11 @@ def tradeoff_parts(
 
     from layerfit.tradeoff.cli_support import run_parts_command
 
+    plot_path = None
+    if plot:  # checked before the search, which may take minutes
+        from layerfit.tradeoff.report import plot_target
+
+        plot_path = plot_target(Path(Path(app_file).stem + "-pareto.png"), named=False)
     if threads is not None:
         import torch
 
@@ -250,10 +255,10 @@ def tradeoff_parts(
     result, lines, rows = run_parts_command(
         app_file, memory, throughput or [], model_throughput, generations, population, seed, select, phase_rows
     )
-    if plot:
+    if plot_path is not None:
         from layerfit.tradeoff.report import plot_pareto
 
-        lines.append(f"plot written to {plot_pareto(result, Path(Path(app_file).stem + '-pareto.png'))}")
+        lines.append(f"plot written to {plot_pareto(result, plot_path)}")
     if json_output:
         print_json(result.to_dict())
     else:
@@ -294,12 +299,13 @@ def profile_command(
     import warnings
 
     from layerfit.tradeoff.swapnet_profile import (
+        check_profile_target,
         default_profile_path,
         previous_profile,
         profile_models,
     )
 
-    path = profile or default_profile_path()
+    path = check_profile_target(profile or default_profile_path())  # before measuring
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         previous = None if replace else previous_profile(path)
@@ -682,8 +688,17 @@ def tradeoff_delay(
     """Find the minimal-delay buffer size by growing the budget (Demand Layering V-D)."""
     from layerfit.engine import load
     from layerfit.sizes import format_bytes, parse_bytes
-    from layerfit.tradeoff.delay import minimal_delay_search, plot_delay_curve, timed_call
+    from layerfit.tradeoff.delay import (
+        check_search_options,
+        minimal_delay_search,
+        plot_delay_curve,
+        timed_call,
+    )
+    from layerfit.tradeoff.report import plot_target
 
+    check_search_options(tolerance, patience)  # before loading and measuring anything
+    if plot:
+        plot_target(plot)
     with load(directory, pipeline=pipeline, device=device, stages=stages) as engine:
         x = engine.device.to_device(_load_input(None, engine.manifest))
         curve = minimal_delay_search(

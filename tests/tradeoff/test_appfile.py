@@ -106,3 +106,45 @@ cnns:
     assert len(app.partitions) == 2 and constraints.memory is None
     with pytest.raises(TradeoffError, match=r"cnns\[0\]\.model"):
         application_from_dict({"cnns": [{"name": "x", "model": "mobilenet_v9"}]})
+
+
+@pytest.mark.parametrize(
+    "throughput",
+    [float("nan"), float("inf"), -1, {"cnn1": float("nan")}, {"cnn1": float("-inf")}, pytest.param(10**400, id="1e400")],
+)
+def test_non_finite_or_negative_throughput_constraint_is_refused(throughput):
+    data = yaml.safe_load(PAPER_APP)
+    data["constraints"] = {"throughput": throughput}
+    with pytest.raises(TradeoffError, match=r"constraints\.throughput.*finite, non-negative"):
+        application_from_dict(data)
+
+
+def test_yaml_nan_throughput_in_a_file_is_refused(tmp_path):
+    text = PAPER_APP.replace("throughput: {cnn1: 5}", "throughput: {cnn1: .nan}")
+    with pytest.raises(TradeoffError, match=r"app\.yaml: constraints\.throughput\.cnn1"):
+        load_application(write(tmp_path, text))
+
+
+def test_binary_application_file_is_a_clean_error(tmp_path):
+    path = tmp_path / "app.yaml"
+    path.write_bytes(b"\xff\xfe\x00\x00binary")
+    with pytest.raises(TradeoffError, match="app.yaml: not a text file"):
+        load_application(path)
+
+
+def test_errors_give_the_line_of_the_field(tmp_path):
+    text = PAPER_APP.replace("kernel: 3, padding: 1, params: 584", "kernel: three, padding: 1, params: 584")
+    with pytest.raises(TradeoffError, match=r"cnns\[0\]\.layers\[2\]\.kernel: .* \(line 10\)$"):
+        load_application(write(tmp_path, text))
+    text = PAPER_APP.replace("partitions: [[l1, l2], [2, 3]]", "partitions: [[l1, l2], [2, 9]]")
+    with pytest.raises(TradeoffError, match=r"cnns\[1\]\.partitions\[1\]: .* \(line 19\)$"):
+        load_application(write(tmp_path, text))
+
+
+def test_messages_survive_the_cli_console(tmp_path, capsys):
+    """The CLI prints errors through rich: `[word, ...]` in a message would vanish as markup."""
+    from layerfit.cli import main
+
+    text = "cnns:\n  - name: a\n    model: mobilenet_v1_025\n    input: [1, 3, 32]\n"
+    assert main(["tradeoff", "parts", str(write(tmp_path, text)), "--memory", "1MB"]) == 2
+    assert "(batch, channels, height, width), got [1, 3, 32] (line 4)" in capsys.readouterr().err

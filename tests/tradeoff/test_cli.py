@@ -85,3 +85,26 @@ def test_bad_input_is_a_clean_error(tmp_path, capsys):
     assert code == 2 and "no memory constraint" in err
     code, _, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "1MB", "--throughput", "x=3", *ARGS)
     assert code == 2 and "unknown CNN" in err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "net=nan", "net=-inf"])
+def test_non_finite_throughput_option_is_refused(tmp_path, capsys, value):
+    path = tmp_path / "app.yaml"
+    path.write_text(APP)
+    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "1MB", "--throughput", value, "--json", *ARGS)
+    assert code == 2 and out == ""
+    assert "--throughput" in err and "finite, non-negative" in err
+
+
+def test_plot_over_a_directory_fails_before_the_search(tmp_path, capsys, monkeypatch):
+    import layerfit.tradeoff.cli_support as cli_support
+
+    path = tmp_path / "app.yaml"
+    path.write_text(APP)
+    (tmp_path / "app-pareto.png").mkdir()
+    (tmp_path / "app-pareto.png" / "keep.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli_support, "reduce_buffers", lambda *a, **k: pytest.fail("searched before checking --plot"))
+    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "1MB", "--plot", *ARGS)
+    assert code == 2 and "app-pareto.png" in err and "is a directory" in err and "Traceback" not in err
+    assert (tmp_path / "app-pareto.png" / "keep.txt").read_text() == "mine"

@@ -81,3 +81,43 @@ def test_reference_scores_points_by_relative_delay(tiny: Path, monkeypatch):
         assert p.relative is not None and p.relative > 0 and p.score == p.relative
     minimum = min(p.relative for p in curve.points)
     assert curve.minimal == next(p for p in curve.points if p.relative <= minimum * (1 + curve.tolerance))
+
+
+@pytest.mark.parametrize(("tolerance", "patience"), [(float("nan"), None), (-0.5, None), (float("inf"), None), (0.01, -1)])
+def test_search_refuses_nonsense_tolerance_and_patience(tiny: Path, tolerance: float, patience: int | None):
+    x = example_input((1, 3, 16, 16))
+    with load(tiny, pipeline="async") as engine, pytest.raises(LayerfitError, match="tolerance|patience"):
+        minimal_delay_search(engine, (x,), step=4096, repeats=1, warmup=0, tolerance=tolerance, patience=patience)
+
+
+@pytest.mark.parametrize("option", [["--tolerance", "nan"], ["--tolerance", "-1"], ["--patience", "-2"]])
+def test_cli_bad_search_options_are_one_line_errors(tiny: Path, capsys, option: list[str]):
+    code = main(["tradeoff", "delay", str(tiny), "--step", "16KiB", "--repeats", "1", "--warmup", "0", "--json", *option])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and option[0][2:] in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("adir", "is a directory"),
+    ("missing/curve.png", "does not exist"),
+    ("curve.xyz", "unknown image format"),
+    ("curve", "no image format"),
+])
+def test_cli_checks_the_plot_path_before_searching(tiny: Path, tmp_path: Path, capsys, monkeypatch, name, message):
+    import layerfit.tradeoff.delay as delay
+
+    (tmp_path / "adir").mkdir()
+    monkeypatch.setattr(delay, "minimal_delay_search", lambda *a, **k: pytest.fail("searched before checking --plot"))
+    code = main(["tradeoff", "delay", str(tiny), "--plot", str(tmp_path / name)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--plot" in err and message in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]  # nothing written
+
+
+def test_cli_plot_format_follows_the_extension(tiny: Path, tmp_path: Path, capsys):
+    svg = tmp_path / "curve.svg"
+    argv = ["tradeoff", "delay", str(tiny), "--step", "64KiB", "--repeats", "1", "--warmup", "0", "--json", "--plot", str(svg)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert svg.read_text().lstrip().startswith("<?xml")
+    assert [p.name for p in tmp_path.iterdir()] == ["curve.svg"]  # no temporary file left

@@ -14,7 +14,7 @@ import tinymodels
 import torch
 
 from layerfit.cli import main
-from layerfit.errors import BudgetError, PartitionError, ProfileWarning
+from layerfit.errors import BudgetError, PartitionError, ProfileError, ProfileWarning
 from layerfit.multi import ModelTask, MultiRunner
 from layerfit.store import ModelSpec, example_input, prepare
 from layerfit.tradeoff.partition import SwapNetPlan
@@ -243,3 +243,50 @@ def test_cli_profile_partition_and_run(chain: Path, tmp_path: Path, capsys, monk
     assert "warning: no device profile" in out.err  # measured instead, and said so
     assert main(["run", str(chain), "--units", "swapnet"]) == 2
     assert "--budget" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_cli_profile_never_overwrites_a_file_that_is_not_a_profile(chain: Path, tmp_path: Path, capsys, replace: bool):
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"my": "notes"}')
+    argv = ["profile", str(chain), "--profile", str(notes), "--repeats", "1", "--warmup", "0"]
+    assert main(argv + (["--replace"] if replace else [])) == 2
+    assert "not a layerfit device profile" in capsys.readouterr().err
+    assert notes.read_text() == '{"my": "notes"}'
+
+
+@pytest.mark.parametrize("target", ["adir", "afile/p.json"])
+def test_cli_profile_to_an_unwritable_path_fails_before_measuring(chain: Path, tmp_path: Path, capsys, monkeypatch, target):
+    import layerfit.tradeoff.swapnet_profile as swapnet_profile
+
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setattr(swapnet_profile, "profile_models", lambda *a, **k: pytest.fail("measured before checking"))
+    assert main(["profile", str(chain), "--profile", str(tmp_path / target)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and ("is a directory" in err or "is not a directory" in err)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda d: d.update(fits=[]), "fits: expected a mapping"),
+        (lambda d: d.update(models=[1]), "models: expected a mapping"),
+        (lambda d: d["coefficients"].update(alpha_s_per_byte=float("nan")), "coefficients.alpha_s_per_byte"),
+        (lambda d: d["coefficients"].update(gamma_s_per_mac=-1.0), "coefficients.gamma_s_per_mac"),
+        (lambda d: d.update(coefficients=None), "coefficients: expected a mapping"),
+        (lambda d: next(iter(d["models"].values())).update(kernel_s=[1.0]), r"\.kernel_s: expected a list of 6"),
+        (lambda d: next(iter(d["models"].values())).update(glue_s=["x"] * 6), r"\.glue_s\[0\]"),
+        (lambda d: next(iter(d["models"].values())).update(colour=1), r"unknown field\(s\) \['colour'\]"),
+    ],
+)
+def test_malformed_profile_names_the_file_and_field(chain: Path, profile_file: Path, tmp_path: Path, capsys, change, field):
+    data = json.loads(profile_file.read_text())
+    change(data)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))  # NaN is written as the bare token NaN, as a hand edit might
+    with pytest.raises(ProfileError, match=field):
+        load_profile(bad)
+    code = main(["partition", str(chain), "--budget", "1MB", "--profile", str(bad), "--no-measure", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and "bad.json is malformed" in err and "Traceback" not in err

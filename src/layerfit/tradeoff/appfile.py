@@ -24,6 +24,8 @@ Every malformed field raises :class:`~layerfit.errors.TradeoffError` naming the 
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,9 +55,13 @@ def load_application(path: str | Path) -> tuple[Application, Constraints]:
     """Read an application file; raise TradeoffError naming any malformed field."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TradeoffError(f"cannot read application file {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise TradeoffError(
+            f"{path}: not a text file (byte {exc.start} is not UTF-8): give a YAML application file"
+        ) from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -63,7 +69,39 @@ def load_application(path: str | Path) -> tuple[Application, Constraints]:
     try:
         return application_from_dict(data)
     except TradeoffError as exc:
-        raise TradeoffError(f"{path}: {exc}") from exc
+        line = field_line(text, str(exc))
+        raise TradeoffError(f"{path}: {exc}" + (f" (line {line})" if line else "")) from exc
+
+
+_FIELD = re.compile(r"^[A-Za-z_][\w-]*(?:\[[^\]]+\]|\.[\w-]+)*")
+_TOKEN = re.compile(r"\[([^\]]+)\]|\.?([\w-]+)")
+
+
+def field_line(text: str, message: str) -> int | None:
+    """Line (1-based) of the field an error message starts with, e.g. ``cnns[0].layers[1].kernel``.
+
+    The deepest part of the path found in the YAML text counts; None when the message
+    names no field of the file.
+    """
+    match = _FIELD.match(message)
+    if match is None:
+        return None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for token in _TOKEN.finditer(match.group(0)):
+        key = token.group(1) if token.group(1) is not None else token.group(2)
+        child = None
+        if isinstance(node, yaml.SequenceNode) and key.isdigit() and int(key) < len(node.value):
+            child = node.value[int(key)]
+        elif isinstance(node, yaml.MappingNode):
+            child = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == key), None)
+        if child is None:
+            break
+        node, line = child, child.start_mark.line + 1
+    return line
 
 
 def application_from_dict(data: Any) -> tuple[Application, Constraints]:
@@ -148,7 +186,7 @@ def _zoo_cnn(name: str, item: dict[str, Any], where: str) -> CNN:
         raise TradeoffError(f"{where}.model: {exc}") from exc
     shape = item.get("input", list(entry.input_shape))
     if not isinstance(shape, list) or len(shape) != 4 or not all(isinstance(s, int) and s > 0 for s in shape):
-        raise TradeoffError(f"{where}.input: expected [batch, channels, height, width], got {shape!r}")
+        raise TradeoffError(f"{where}.input: expected four positive integers (batch, channels, height, width), got {shape!r}")
     seed = item.get("seed", 0)
     if not isinstance(seed, int):
         raise TradeoffError(f"{where}.seed: expected an integer, got {seed!r}")
@@ -163,11 +201,11 @@ def _partitions(cnn: CNN, spec: Any, where: str) -> list[Partition]:
             raise TradeoffError(f"{where}: expected a positive number of partitions, got {spec}")
         return split_partitions(cnn, spec)
     if not isinstance(spec, list) or not spec:
-        raise TradeoffError(f"{where}: expected a count or a list of [first, last] layer ranges, got {spec!r}")
+        raise TradeoffError(f"{where}: expected a count or a list of layer ranges (first, last), got {spec!r}")
     result = []
     for k, rng in enumerate(spec):
         if not isinstance(rng, list) or len(rng) != 2:
-            raise TradeoffError(f"{where}[{k}]: expected [first, last] (layer names or indices), got {rng!r}")
+            raise TradeoffError(f"{where}[{k}]: expected a range of two layers, first and last (names or indices), got {rng!r}")
         bounds = []
         for end in rng:
             if isinstance(end, bool) or not isinstance(end, (int, str)):
@@ -205,16 +243,31 @@ def parse_throughput(value: Any, cnn_names: set[str], where: str) -> dict[str, f
     if value is None:
         return {}
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value < 0:
-            raise TradeoffError(f"{where}: expected a non-negative number of frames per second, got {value}")
+        if not _is_fps(value):
+            raise TradeoffError(
+                f"{where}: expected a finite, non-negative number of frames per second (e.g. 40), got {value}"
+            )
         return dict.fromkeys(sorted(cnn_names), float(value))
     if isinstance(value, dict):
         result = {}
         for key, fps in value.items():
             if key not in cnn_names:
                 raise TradeoffError(f"{where}.{key}: unknown CNN (have {sorted(cnn_names)})")
-            if not isinstance(fps, (int, float)) or isinstance(fps, bool) or fps < 0:
-                raise TradeoffError(f"{where}.{key}: expected a non-negative number, got {fps!r}")
+            if not _is_fps(fps):
+                raise TradeoffError(
+                    f"{where}.{key}: expected a finite, non-negative number of frames per second, got {fps!r}"
+                )
             result[key] = float(fps)
         return result
     raise TradeoffError(f"{where}: expected a number or a mapping CNN -> fps, got {value!r}")
+
+
+def _is_fps(value: Any) -> bool:
+    """A throughput constraint: a finite number >= 0 (NaN and infinity are not)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float
+        return False
+    return math.isfinite(number) and number >= 0

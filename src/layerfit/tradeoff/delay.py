@@ -18,6 +18,7 @@ cost). Not in the paper either; ``bench/demand_layering.py`` uses it.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -94,6 +95,22 @@ def _measure(
     return times, peak, relative
 
 
+def check_search_options(tolerance: float, patience: int | None) -> None:
+    """Refuse a tolerance that is not a finite number >= 0 and a negative patience."""
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not (
+        math.isfinite(tolerance) and tolerance >= 0
+    ):
+        raise LayerfitError(
+            f"the tolerance is the relative slack when matching the minimal delay: give a finite "
+            f"number >= 0, e.g. --tolerance 0.01 (got {tolerance!r})"
+        )
+    if patience is not None and patience < 0:
+        raise LayerfitError(
+            f"the patience is a number of points without a new minimum: give 0 or more (0: measure the "
+            f"start only), e.g. --patience 3, or leave it out to search up to --until (got {patience})"
+        )
+
+
 def minimal_delay_search(
     engine: Engine,
     inputs: tuple,
@@ -115,6 +132,7 @@ def minimal_delay_search(
         )
     if step <= 0:
         raise LayerfitError("the search step must be positive, e.g. --step 1MB")
+    check_search_options(tolerance, patience)
     mem = engine.memory
     start = mem.resident_bytes + 2 * mem.largest_unit_bytes  # async's minimum with 2 or 3 stages
     # the whole model fits each buffer: one with two stages, a read and a device one with three
@@ -151,15 +169,22 @@ def minimal_delay_search(
     return DelayCurve(engine.policy.name, step, points, minimal, tolerance)
 
 
-def plot_delay_curve(curve: DelayCurve, path: str | Path, title: str | None = None) -> None:
-    """Delay (mean, with min-max band) against weight memory, as the paper's Fig. 13."""
+def plot_delay_curve(curve: DelayCurve, path: str | Path, title: str | None = None) -> Path:
+    """Delay (mean, with min-max band) against weight memory, as the paper's Fig. 13.
+
+    Written atomically; the path is checked as :func:`~layerfit.tradeoff.report.plot_target`
+    does (call that before a long search to fail early).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    from layerfit.tradeoff.report import save_figure
 
     mb = [p.budget_bytes / 1e6 for p in curve.points]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
     ax.plot(mb, [p.mean_s * 1e3 for p in curve.points], color="tab:blue", label=f"{curve.pipeline} (mean)")
     ax.fill_between(
         mb, [p.min_s * 1e3 for p in curve.points], [p.max_s * 1e3 for p in curve.points],
@@ -174,5 +199,4 @@ def plot_delay_curve(curve: DelayCurve, path: str | Path, title: str | None = No
     ax.set_title(title or "minimal-delay search")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save_figure(fig, path, dpi=120)

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from layerfit.errors import TradeoffError
 from layerfit.sizes import format_bytes
 from layerfit.tradeoff.search import Evaluation, TradeoffResult
 
@@ -63,12 +64,52 @@ def plot_pareto(result: TradeoffResult, path: str | Path) -> Path:
     ax.set_title(f"{result.derived.app.name}: memory vs throughput (chosen: *)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent if str(path.parent) else ".")
+    return save_figure(fig, path, dpi=110)
+
+
+def plot_target(path: str | Path, option: str = "--plot", named: bool = True) -> Path:
+    """Check, before any work is done, that a figure can be written to ``path``.
+
+    The path must name a file (not a directory) in an existing directory, with an
+    extension matplotlib writes (png, svg, pdf, ...); otherwise TradeoffError says so.
+    ``named=False``: the user did not choose the name (the hint says so).
+    """
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = Path(path)
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    if path.is_dir():
+        hint = (
+            f"give an image file name, e.g. {path / 'plot.png'}"
+            if named
+            else f"{option} writes the plot to {path}: rename that directory or run from another one"
+        )
+        raise TradeoffError(f"{option} {path}: is a directory; {hint}")
+    parent = path.parent
+    if not parent.is_dir():
+        raise TradeoffError(f"{option} {path}: directory {parent} does not exist; create it or choose another path")
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix not in formats:
+        raise TradeoffError(
+            f"{option} {path}: {'no image format' if not suffix else f'unknown image format .{suffix}'}; "
+            "end the name in one of "
+            f"{', '.join('.' + f for f in formats)} (e.g. {path.with_suffix('.png').name})"
+        )
+    return path
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int = 110) -> Path:
+    """Write a matplotlib figure atomically (temporary file in the same directory, then
+    rename), in the format of ``path``'s extension; checked by :func:`plot_target`."""
+    path = plot_target(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
     os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
+        fig.savefig(tmp, dpi=dpi, format=path.suffix.lower().lstrip("."))
         os.chmod(tmp, 0o644)  # mkstemp creates the file private
         os.replace(tmp, path)
+    except OSError as exc:
+        raise TradeoffError(f"cannot write the plot {path}: {exc.strerror or exc}") from exc
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

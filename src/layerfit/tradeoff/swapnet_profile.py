@@ -38,6 +38,7 @@ instead (:func:`profile_for`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -46,6 +47,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from dataclasses import fields as dataclass_fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -136,10 +138,36 @@ class LayerTimes:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> LayerTimes:
-        fields = dict(d)
-        fields["input_shape"] = tuple(fields["input_shape"])
-        return cls(**fields)
+    def from_dict(cls, d: Any, where: str = "model") -> LayerTimes:
+        """Read one model's table, checking every field (ProfileError naming it)."""
+        d = _mapping(d, where)
+        unknown = set(d) - _LAYER_FIELDS
+        if unknown:
+            raise ProfileError(f"{where}: unknown field(s) {sorted(unknown)}")
+        missing = [k for k in _LAYER_FIELDS if k not in d and k not in ("tail_s", "latency_s", "stream_latency_s")]
+        if missing:
+            raise ProfileError(f"{where}: missing field(s) {sorted(missing)}")
+        names = d["layer_names"]
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise ProfileError(f"{where}.layer_names: expected a non-empty list of layer names")
+        shape = d["input_shape"]
+        if not isinstance(shape, list) or not all(_is_int(v) and v > 0 for v in shape):
+            raise ProfileError(f"{where}.input_shape: expected a list of positive integers, got {shape!r}")
+        lists: dict[str, list] = {}
+        for key in ("nbytes", "payload_bytes", "d", "f"):
+            lists[key] = _list(d[key], f"{where}.{key}", len(names), integer=True)
+        for key in ("read_s", "bind_s", "unbind_s", "kernel_s", "glue_s"):
+            lists[key] = _list(d[key], f"{where}.{key}", len(names), integer=False)
+        return cls(
+            key=_string(d["key"], f"{where}.key"),
+            name=_string(d["name"], f"{where}.name"),
+            input_shape=tuple(shape),
+            layer_names=list(names),
+            tail_s=_seconds(d.get("tail_s", 0.0), f"{where}.tail_s"),
+            latency_s=_seconds(d.get("latency_s", 0.0), f"{where}.latency_s"),
+            stream_latency_s=_seconds(d.get("stream_latency_s", 0.0), f"{where}.stream_latency_s"),
+            **lists,
+        )
 
 
 @dataclass(frozen=True)
@@ -190,38 +218,76 @@ class DeviceProfile:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DeviceProfile:
-        try:
-            c = d["coefficients"]
-            return cls(
-                device=dict(d["device"]),
-                alpha=float(c["alpha_s_per_byte"]),
-                beta=float(c["beta_s_per_tensor"]),
-                gamma=float(c["gamma_s_per_mac"]),
-                eta=float(c["eta_s_per_tensor"]),
-                glue_ratio=float(c.get("glue_ratio", 0.0)),
-                kappa_read=float(c.get("kappa_read_s_per_block", 0.0)),
-                kappa_exec=float(c.get("kappa_exec_s_per_block", 0.0)),
-                fits={k: Fit(**v) for k, v in d.get("fits", {}).items()},
-                models={k: LayerTimes.from_dict(v) for k, v in d.get("models", {}).items()},
-                created=str(d.get("created", "")),
-                repeats=int(d.get("repeats", 0)),
-                version=int(d["version"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProfileError(f"device profile is malformed ({type(exc).__name__}: {exc})") from exc
+    def from_dict(cls, d: Any) -> DeviceProfile:
+        """Read a profile, checking every field: a malformed one raises ProfileError
+        naming the field (e.g. ``coefficients.alpha_s_per_byte``) and what it expects."""
+        d = _mapping(d, "the profile")
+        for key in ("version", "device", "coefficients"):
+            if key not in d:
+                raise ProfileError(f"missing field {key!r}")
+        c = _mapping(d["coefficients"], "coefficients")
+        coefficient = {}
+        for key in _COEFFICIENTS:
+            if key in c:
+                coefficient[key] = _seconds(c[key], f"coefficients.{key}")
+            elif key in _OPTIONAL_COEFFICIENTS:
+                coefficient[key] = 0.0
+            else:
+                raise ProfileError(f"coefficients: missing {key!r}")
+        fits = {}
+        for name, fit in _mapping(d.get("fits", {}), "fits").items():
+            where = f"fits.{name}"
+            fit = _mapping(fit, where)
+            coefs = _mapping(fit.get("coefficients"), f"{where}.coefficients")
+            r2, samples = fit.get("r2"), fit.get("samples")
+            if not _is_number(r2):
+                raise ProfileError(f"{where}.r2: expected a finite number, got {r2!r}")
+            if not (_is_int(samples) and samples >= 0):
+                raise ProfileError(f"{where}.samples: expected a non-negative integer, got {samples!r}")
+            fits[str(name)] = Fit({str(k): _seconds(v, f"{where}.coefficients.{k}", negative=True)
+                                   for k, v in coefs.items()}, float(r2), int(samples))
+        models = {
+            str(key): LayerTimes.from_dict(value, f"models[{key!r}]")
+            for key, value in _mapping(d.get("models", {}), "models").items()
+        }
+        version, repeats = d["version"], d.get("repeats", 0)
+        if not _is_int(version):
+            raise ProfileError(f"version: expected an integer, got {version!r}")
+        if not (_is_int(repeats) and repeats >= 0):
+            raise ProfileError(f"repeats: expected a non-negative integer, got {repeats!r}")
+        return cls(
+            device=dict(_mapping(d["device"], "device")),
+            alpha=coefficient["alpha_s_per_byte"],
+            beta=coefficient["beta_s_per_tensor"],
+            gamma=coefficient["gamma_s_per_mac"],
+            eta=coefficient["eta_s_per_tensor"],
+            glue_ratio=coefficient["glue_ratio"],
+            kappa_read=coefficient["kappa_read_s_per_block"],
+            kappa_exec=coefficient["kappa_exec_s_per_block"],
+            fits=fits,
+            models=models,
+            created=str(d.get("created", "")),
+            repeats=int(repeats),
+            version=int(version),
+        )
 
     def save(self, path: str | Path) -> Path:
-        """Write atomically (temporary file, then rename)."""
-        path = Path(path).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".device-profile-", suffix=".json")
+        """Write atomically (temporary file, then rename); never over a file that is not a
+        device profile, nor over a directory (:func:`check_profile_target`)."""
+        path = check_profile_target(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".device-profile-", suffix=".json")
+        except OSError as exc:
+            raise ProfileError(f"cannot write device profile {path}: {exc.strerror or exc}") from exc
         try:
             with os.fdopen(fd, "w") as fh:
-                json.dump(self.to_dict(), fh, indent=1)
+                json.dump(self.to_dict(), fh, indent=1, allow_nan=False)
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as exc:
             Path(tmp).unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                raise ProfileError(f"cannot write device profile {path}: {exc.strerror or exc}") from exc
             raise
         return path
 
@@ -230,6 +296,62 @@ class DeviceProfile:
         d = self.to_dict()
         d["models"] = sorted(m.name for m in self.models.values())
         return d
+
+
+# --- reading a profile: every field checked -----------------------------------------------
+
+_COEFFICIENTS = (
+    "alpha_s_per_byte",
+    "beta_s_per_tensor",
+    "gamma_s_per_mac",
+    "eta_s_per_tensor",
+    "kappa_read_s_per_block",
+    "kappa_exec_s_per_block",
+    "glue_ratio",
+)
+_OPTIONAL_COEFFICIENTS = {"kappa_read_s_per_block", "kappa_exec_s_per_block", "glue_ratio"}
+_LAYER_FIELDS = {f.name for f in dataclass_fields(LayerTimes)}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: expected a mapping, got {type(value).__name__} {value!r:.60}")
+    return value
+
+
+def _string(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise ProfileError(f"{where}: expected a string, got {value!r:.60}")
+    return value
+
+
+def _seconds(value: Any, where: str, negative: bool = False) -> float:
+    """A finite number, >= 0 unless ``negative`` (NaN and infinity are refused)."""
+    if not _is_number(value) or (not negative and value < 0):
+        kind = "a finite number" if negative else "a finite number >= 0"
+        raise ProfileError(f"{where}: expected {kind}, got {value!r:.60}")
+    return float(value)
+
+
+def _list(value: Any, where: str, length: int, *, integer: bool) -> list:
+    """One value per layer: ``length`` non-negative integers or finite seconds."""
+    if not isinstance(value, list) or len(value) != length:
+        got = f"{len(value)} values" if isinstance(value, list) else f"{type(value).__name__} {value!r:.60}"
+        raise ProfileError(f"{where}: expected a list of {length} values (one per layer), got {got}")
+    for k, v in enumerate(value):
+        if integer and not (_is_int(v) and v >= 0):
+            raise ProfileError(f"{where}[{k}]: expected a non-negative integer, got {v!r:.60}")
+        if not integer:
+            _seconds(v, f"{where}[{k}]")
+    return [int(v) for v in value] if integer else [float(v) for v in value]
 
 
 # --- measuring ---------------------------------------------------------------------------
@@ -453,7 +575,7 @@ def _read(path: Path) -> DeviceProfile:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProfileError(
-            f"cannot read device profile {path}: {exc} (delete it or run `layerfit profile` again)"
+            f"cannot read device profile {path}: {exc} (delete it and run `layerfit profile` again)"
         ) from exc
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ProfileError(f"{path} is not a layerfit device profile")
@@ -462,7 +584,42 @@ def _read(path: Path) -> DeviceProfile:
             f"device profile {path} has format version {data.get('version')!r}, this layerfit "
             f"reads version {VERSION}"
         )
-    return DeviceProfile.from_dict(data)
+    try:
+        return DeviceProfile.from_dict(data)
+    except ProfileError as exc:
+        raise ProfileError(
+            f"device profile {path} is malformed: {exc} (delete it and run `layerfit profile` again)"
+        ) from exc
+
+
+def check_profile_target(path: str | Path) -> Path:
+    """``path`` expanded, if a device profile may be written there; else ProfileError.
+
+    Call it before measuring: a directory, a path under a file, or an existing file that
+    is not a layerfit device profile (the user's data, which writing would destroy) is
+    refused. An existing profile may be replaced.
+    """
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise ProfileError(
+            f"device profile path {path} is a directory: give a file, e.g. {path / 'device-profile.json'}"
+        )
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ProfileError(f"cannot write device profile {path}: {parent} is not a directory")
+            break
+    if path.exists():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            data = None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ProfileError(
+                f"{path} exists and is not a layerfit device profile; writing the profile there would "
+                "destroy it: choose another --profile path, or move that file away"
+            )
+    return path
 
 
 def load_profile(path: str | Path | None = None) -> DeviceProfile:
