@@ -7,13 +7,14 @@ traceback and exit with status 2.
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
+from layerfit import strict_json
 from layerfit.errors import LayerfitError
 
 app = typer.Typer(
@@ -27,8 +28,9 @@ console = Console()
 
 
 def print_json(obj: Any) -> None:
-    """Print ``obj`` as JSON on stdout (machine-readable output of ``--json``)."""
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    """Print ``obj`` as strict JSON on stdout (machine-readable output of ``--json``):
+    a figure that is not finite is null, never a bare NaN that parsers refuse."""
+    sys.stdout.write(strict_json.dumps(obj) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app(args=argv, standalone_mode=False)
     except LayerfitError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        # escaped: "[...]" in a message (a path, a shape the user wrote) is text, not style
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2
     except typer.Exit as exc:
         return exc.exit_code
@@ -98,7 +101,8 @@ def serve_command(
         console.print(f"layerfit serving {loaded} of {len(index)} models at {url}/v2 (SIGTERM drains and stops)",
                       highlight=False, soft_wrap=True)
         for name, message in built.load_errors.items():
-            console.print(f"[yellow]model {name} not loaded:[/] {message}", highlight=False, soft_wrap=True)
+            console.print(f"[yellow]model {escape(name)} not loaded:[/] {escape(message)}",
+                          highlight=False, soft_wrap=True)
 
     serve(settings, on_ready=ready)
 
@@ -283,7 +287,7 @@ def tradeoff_parts(
 
 def _print_profile_warnings(caught: list) -> None:
     for w in caught:
-        Console(stderr=True).print(f"[yellow]warning:[/] {w.message}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(f"[yellow]warning:[/] {escape(str(w.message))}", highlight=False, soft_wrap=True)
 
 
 @app.command("profile")

@@ -8,7 +8,6 @@ and ``--json`` is strict JSON: a figure that does not exist is ``null``, never `
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.console import Console
 
+from layerfit import strict_json
 from layerfit.errors import ScheduleError
 from layerfit.schedule.files import check_output
 
@@ -33,17 +33,7 @@ _console = Console()
 
 def _print_json(obj: Any) -> None:
     """Print strict JSON: NaN and infinities (figures that do not exist) become null."""
-    sys.stdout.write(json.dumps(_finite(obj), indent=2, default=str, allow_nan=False) + "\n")
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {key: _finite(value) for key, value in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(value) for value in obj]
-    return obj
+    sys.stdout.write(strict_json.dumps(obj) + "\n")
 
 
 def _seconds(value: float | None) -> str:
