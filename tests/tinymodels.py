@@ -225,3 +225,54 @@ def tiny_gpt2() -> nn.Module:
         bos_token_id=0, eos_token_id=0, use_cache=False,
     )
     return GPT2LMHeadModel(config).eval()
+
+
+def needs_width(width: int) -> nn.Module:
+    """A factory with a required argument: called without it, it raises TypeError."""
+    return nn.Linear(width, width)
+
+
+class _RaisesInForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("this model refuses every input")
+
+
+def raises_in_forward() -> nn.Module:
+    return _RaisesInForward()
+
+
+class _WithUnused(nn.Module):
+    """A module that never runs beside one that does (its tensors are not stored)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = nn.Linear(4, 4)
+        self.spare = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+def with_unused() -> nn.Module:
+    torch.manual_seed(3)
+    return _WithUnused()
+
+
+class _ScaledTinyCNN(TinyCNN):
+    """tiny_cnn with one more parameter: a factory that changed after prepare."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Conv2d(3, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.pre(x))
+
+
+def scaled_tiny_cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return _ScaledTinyCNN()

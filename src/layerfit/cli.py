@@ -561,8 +561,13 @@ def _load_input(path: str | None, manifest):
 
     try:
         arr = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError) as exc:
         raise InputError(f"cannot read input {path}: {exc}") from exc
+    if not isinstance(arr, np.ndarray):  # an .npz archive
+        arr.close()
+        raise InputError(f"input {path} is an .npz archive: save the one input tensor with numpy.save as .npy")
+    if not arr.dtype.isnative:  # the same values in this machine's byte order
+        arr = arr.astype(arr.dtype.newbyteorder("="))
     if tuple(arr.shape) != tuple(manifest.input_shape) or str(arr.dtype) != manifest.input_dtype:
         raise InputError(
             f"input {path} is {arr.dtype} {tuple(arr.shape)}; the model expects "
@@ -572,15 +577,18 @@ def _load_input(path: str | None, manifest):
 
 
 def _save_output(path: str, out) -> None:
+    """Write the output tensors to ``path`` (.npy: the one output; .npz: every output),
+    through a temporary file and a rename."""
     import numpy as np
 
     from layerfit.engine import flat_outputs
+    from layerfit.store.outputs import write_atomic
 
-    outs = [t.cpu().numpy() for t in flat_outputs(out)]
-    if path.endswith(".npz"):
-        np.savez(path, *outs)
+    outs = [t.detach().cpu().numpy() for t in flat_outputs(out)]
+    if path.lower().endswith(".npz"):
+        write_atomic(path, lambda tmp: np.savez(tmp, *outs))
     elif len(outs) == 1:
-        np.save(path, outs[0])
+        write_atomic(path, lambda tmp: np.save(tmp, outs[0]))
     else:
         from layerfit.errors import InputError
 
@@ -609,12 +617,19 @@ def run(
     stages: int = typer.Option(
         None, "--stages", help="2: kernels use the read buffer (cpu default); 3: read, copy, kernel (cuda)"
     ),
+    force: bool = typer.Option(False, "--force", help="replace existing --output and --trace files"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Execute a prepared model under a weight budget and report latency and memory."""
     from layerfit.engine import load, measure
     from layerfit.sizes import format_bytes
+    from layerfit.store.outputs import check_output_file
 
+    # Checked before the model runs: finding out afterwards would lose the run.
+    if output_path:
+        check_output_file(output_path, force=force, option="--output", suffixes=(".npy", ".npz"))
+    if trace:
+        check_output_file(trace, force=force, option="--trace")
     options = {"budget": budget, "pipeline": pipeline, "units": units}
     if units == "swapnet":
         import warnings
@@ -665,11 +680,14 @@ def run(
 def plot_trace(
     trace_file: str = typer.Argument(..., help="trace written by `layerfit run --trace`"),
     output: str = typer.Option(..., "-o", "--output", help="image to write (png, svg, pdf)"),
+    force: bool = typer.Option(False, "--force", help="replace an existing image"),
 ) -> None:
     """Draw the read/copy/kernel Gantt chart with the weight buffer's use beneath it."""
-    from layerfit.engine.plot import plot_timeline
+    from layerfit.engine.plot import image_suffixes, plot_timeline
     from layerfit.engine.trace import load_timeline
+    from layerfit.store.outputs import check_output_file
 
+    check_output_file(output, force=force, option="--output", suffixes=image_suffixes())
     plot_timeline(load_timeline(trace_file), output)
     console.print(f"wrote {output}")
 

@@ -35,6 +35,11 @@ class OutputExistsError(LayerfitError):
     """An output path that already exists (pass --force to replace it)."""
 
 
+class OutputPathError(LayerfitError):
+    """An output path that cannot be written: a directory, a missing or read-only
+    folder, or an extension the writer does not produce."""
+
+
 class BudgetError(LayerfitError):
     """A memory budget that cannot be parsed or is below what the model needs."""
 

@@ -25,7 +25,7 @@ from layerfit.capture.graph import (
     UnitInfo,
 )
 from layerfit.capture.units import UnitRecorder, dtype_name
-from layerfit.errors import CaptureError
+from layerfit.errors import CaptureError, LayerfitError
 
 __all__ = [
     "ModelGraph",
@@ -57,6 +57,12 @@ def split_input(example_input: Any) -> tuple[tuple, dict]:
     )
 
 
+def _describe(args: tuple, kwargs: dict) -> str:
+    """``float32 (1, 3, 224, 224)`` for each tensor of the example input."""
+    tensors = _flat_tensors((args, kwargs))
+    return ", ".join(f"{dtype_name(t.dtype)} {tuple(t.shape)}" for t in tensors) or "no tensors"
+
+
 def capture(model: nn.Module, example_input: Any, *, method: str = "auto") -> ModelGraph:
     """Units, ops and activation tensors of ``model`` run on ``example_input``.
 
@@ -69,8 +75,17 @@ def capture(model: nn.Module, example_input: Any, *, method: str = "auto") -> Mo
     model.eval()
     try:
         recorder = UnitRecorder(model)
-        with recorder, torch.no_grad():
-            output = model(*args, **kwargs)
+        try:
+            with recorder, torch.no_grad():
+                output = model(*args, **kwargs)
+        except LayerfitError:
+            raise
+        except Exception as exc:  # the model's own code may raise anything
+            raise CaptureError(
+                f"{type(model).__name__} fails on the example input ({_describe(args, kwargs)}): "
+                f"{type(exc).__name__}: {exc}. Give an input shape and dtype the model accepts "
+                "(layerfit prepare --input-shape, --input-dtype)"
+            ) from exc
         units, resident, unused = recorder.build()
         ops = tensors = None
         used = method

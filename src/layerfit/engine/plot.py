@@ -7,8 +7,28 @@ from pathlib import Path
 from layerfit.engine.trace import STAGES, Timeline
 
 
+def image_suffixes() -> list[str]:
+    """The extensions matplotlib writes images in (``.png``, ``.svg``, ``.pdf`` …)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    return sorted(f".{s}" for s in FigureCanvasAgg.get_supported_filetypes())
+
+
 def plot_timeline(timeline: Timeline, path: str | Path, title: str | None = None) -> None:
-    """Write a PNG/SVG/PDF: one row per stage, one bar per unit, occupancy below."""
+    """Write a PNG/SVG/PDF: one row per stage, one bar per unit, occupancy below.
+
+    The format is the extension of ``path`` (one of :func:`image_suffixes`); the image is
+    written through a temporary file and a rename, so an existing one is never left
+    half-written.
+    """
+    from layerfit.errors import OutputPathError
+    from layerfit.store.outputs import write_atomic
+
+    suffix = Path(path).suffix.lower()
+    if suffix not in image_suffixes():
+        raise OutputPathError(
+            f"cannot write an image to {path}: end the name with one of {', '.join(image_suffixes())}"
+        )
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,5 +54,7 @@ def plot_timeline(timeline: Timeline, path: str | Path, title: str | None = None
     ax2.set_xlabel("time (ms)")
     ax2.legend(loc="upper right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format=suffix[1:]))
+    finally:
+        plt.close(fig)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from layerfit.errors import ManifestError
+from layerfit.errors import FactoryImportError, ManifestError
 from layerfit.store.manifest import Manifest, Segment
 from layerfit.store.model_spec import ModelSpec
 
@@ -35,9 +35,38 @@ class Binding:
 def build_skeleton(manifest: Manifest) -> nn.Module:
     """The model rebuilt on the meta device from the manifest's factory and arguments."""
     spec = ModelSpec(manifest.model["source"], manifest.model["name"], manifest.model.get("kwargs", {}))
-    with torch.device("meta"):
-        model = spec.factory()(**spec.kwargs)
+    factory = spec.factory()
+    try:
+        with torch.device("meta"):
+            model = factory(**spec.kwargs)
+    except Exception as exc:  # the user's factory may raise anything
+        raise FactoryImportError(
+            f"the manifest's factory {spec.name!r} with arguments {spec.kwargs} fails: "
+            f"{type(exc).__name__}: {exc} (prepare the model again)"
+        ) from exc
+    if not isinstance(model, nn.Module):
+        raise FactoryImportError(f"factory {spec.name!r} returned {type(model).__name__}, not a torch.nn.Module")
+    _check_every_tensor_is_stored(model, manifest)
     return model.eval()
+
+
+def _check_every_tensor_is_stored(model: nn.Module, manifest: Manifest) -> None:
+    """Refuse a skeleton with a parameter or buffer the store neither holds nor lists as
+    unused: left on the meta device it would run as garbage (PyTorch computes with it
+    on CPU without complaint), so the output would not be the model's."""
+    known = {p for seg in manifest.segments for t in seg.tensors for p in t.places} | set(manifest.graph.unused)
+    places: dict[int, list[str]] = {}  # a tied tensor is covered by any of its places
+    for name, module in model.named_modules(remove_duplicate=False):
+        for attr, t in [*module._parameters.items(), *module._buffers.items()]:
+            if t is not None:
+                places.setdefault(id(t), []).append(f"{name}.{attr}" if name else attr)
+    missing = [ps[0] for ps in places.values() if not known.intersection(ps)]
+    if missing:
+        raise ManifestError(
+            f"the prepared model stores no weights for {', '.join(missing[:5])}"
+            f"{' ...' if len(missing) > 5 else ''}: its manifest does not match the model's "
+            "factory (edited, or the factory changed since); prepare the model again"
+        )
 
 
 def segment_bindings(

@@ -50,12 +50,33 @@ class Timeline:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Timeline:
+        """The timeline of :meth:`to_dict`; ``ValueError`` naming the first bad field."""
+        events = []
+        for k, e in enumerate(d["events"]):
+            if not isinstance(e, dict):
+                raise ValueError(f"event {k} is not an object")
+            ev = Event(
+                unit=_number(e["unit"], int, f"event {k} unit"),
+                name=str(e["name"]),
+                stage=str(e["stage"]),
+                start=_number(e["start"], float, f"event {k} start"),
+                end=_number(e["end"], float, f"event {k} end"),
+                nbytes=_number(e.get("nbytes", 0), int, f"event {k} nbytes"),
+            )
+            if ev.stage not in STAGES:
+                raise ValueError(f"event {k} has stage {ev.stage!r}, not one of {', '.join(STAGES)}")
+            events.append(ev)
+        occupancy = []
+        for k, point in enumerate(d["occupancy"]):
+            if not isinstance(point, (list, tuple)) or len(point) != 2:
+                raise ValueError(f"occupancy point {k} is not a [seconds, bytes] pair")
+            occupancy.append((_number(point[0], float, f"occupancy point {k}"), _number(point[1], int, f"occupancy point {k}")))
         return cls(
-            pipeline=d["pipeline"],
-            budget_bytes=int(d["budget_bytes"]),
-            latency_s=float(d.get("latency_s", 0.0)),
-            events=[Event(**e) for e in d["events"]],
-            occupancy=[(float(t), int(b)) for t, b in d["occupancy"]],
+            pipeline=str(d["pipeline"]),
+            budget_bytes=_number(d["budget_bytes"], int, "budget_bytes"),
+            latency_s=_number(d.get("latency_s", 0.0), float, "latency_s"),
+            events=events,
+            occupancy=occupancy,
         )
 
     def to_chrome(self) -> dict[str, Any]:
@@ -84,15 +105,40 @@ class Timeline:
         return {"traceEvents": events, "displayTimeUnit": "ms", "layerfit": self.to_dict()}
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_chrome()))
+        """Write the Chrome trace to ``path`` (through a temporary file and a rename)."""
+        from layerfit.store.outputs import write_atomic
+
+        text = json.dumps(self.to_chrome())
+        write_atomic(path, lambda tmp: tmp.write_text(text))
+
+
+def _number(value: Any, kind: type, what: str) -> Any:
+    """``value`` as an int or float; ``ValueError`` for text, booleans, NaN or infinity."""
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{what} is {value!r}, not a finite number")
+    if kind is int and value != int(value):
+        raise ValueError(f"{what} is {value!r}, not a whole number")
+    return kind(value)
 
 
 def load_timeline(path: str | Path) -> Timeline:
-    """Read a trace written by :meth:`Timeline.save`."""
+    """Read a trace written by :meth:`Timeline.save`; an :class:`InputError` naming the
+    file and the problem for anything else."""
     from layerfit.errors import InputError
 
     try:
-        data = json.loads(Path(path).read_text())
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path} is not a layerfit trace (not a UTF-8 text file)") from None
+    except OSError as exc:
+        raise InputError(f"cannot read trace {path}: {exc.strerror or exc}") from exc
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or not isinstance(data.get("layerfit"), dict):
+            raise ValueError("it has no 'layerfit' timeline; write one with `layerfit run --trace`")
         return Timeline.from_dict(data["layerfit"])
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise InputError(f"{path} is not a layerfit trace ({exc})") from exc
+    except (ValueError, KeyError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
+        what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise InputError(f"{path} is not a layerfit trace ({what})") from exc

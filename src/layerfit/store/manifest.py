@@ -12,6 +12,9 @@ byte tensors because safetensors forbids holes.
 from __future__ import annotations
 
 import json
+import math
+import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,6 +197,8 @@ class Manifest:
                 f"prepared model has format version {d.get('version')!r}, this layerfit reads "
                 f"version {VERSION}: prepare the model again with this version"
             )
+        if not isinstance(d.get("graph"), dict):
+            raise ManifestError("manifest is malformed (its graph is not a JSON object): prepare the model again")
         try:
             return cls(
                 model=dict(d["model"]),
@@ -206,12 +211,20 @@ class Manifest:
                 units=tuple(Segment.from_dict(u) for u in d["units"]),
                 graph=ModelGraph.from_dict(d["graph"]),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ManifestError(f"manifest is malformed ({type(exc).__name__}: {exc})") from exc
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ManifestError(
+                f"manifest is malformed ({type(exc).__name__}: {exc}): prepare the model again"
+            ) from exc
 
 
 def read_manifest(directory: str | Path) -> Manifest:
-    """Load and validate ``DIR/manifest.json``; a clear error if anything is off."""
+    """Load and validate ``DIR/manifest.json``; a clear error if anything is off.
+
+    Beyond parsing, the manifest is checked for consistency (every value the engine
+    trusts: offsets, lengths, tensor layouts, unit order, the capture) and, when the
+    weights file is there, against the safetensors header of that file, so a manifest
+    edited by hand is refused here rather than answered with wrong bytes.
+    """
     path = Path(directory) / MANIFEST
     if not Path(directory).is_dir():
         raise ManifestError(f"{directory} is not a directory (create one with `layerfit prepare`)")
@@ -221,10 +234,170 @@ def read_manifest(directory: str | Path) -> Manifest:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{path} is not valid JSON: {exc}") from exc
+    except OSError as exc:
+        raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from exc
     if not isinstance(data, dict):
         raise ManifestError(f"{path} does not hold a JSON object")
-    manifest = Manifest.from_dict(data)
+    try:
+        manifest = Manifest.from_dict(data)
+    except ManifestError as exc:
+        raise ManifestError(f"{path}: {exc}") from exc.__cause__
+    if not isinstance(data["weights"].get("file"), str):
+        raise ManifestError(f"{path} is malformed (weights file is not a name): prepare the model again")
     name = Path(manifest.weights_file).name
     if name != manifest.weights_file:  # never follow a path out of the model folder
         raise ManifestError(f"weights file {manifest.weights_file!r} must be a plain file name")
+    try:
+        check_manifest(manifest)
+    except ManifestError as exc:
+        raise ManifestError(f"{path} is inconsistent: {exc}; prepare the model again") from None
+    check_weights_header(manifest, Path(directory) / manifest.weights_file)
     return manifest
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def check_manifest(m: Manifest) -> None:
+    """Raise :class:`ManifestError` naming the first value that cannot be what ``prepare``
+    wrote: a shape or dtype out of range, a segment that is unaligned, overlaps another or
+    lies past the end of the weights file, a tensor outside its segment or whose length
+    does not match its shape, a place bound twice, units out of order or not the ones
+    the capture recorded."""
+    if not m.input_shape or any(d <= 0 for d in m.input_shape):
+        raise ManifestError(f"input shape {list(m.input_shape)} has a dimension below 1")
+    if m.input_dtype not in DTYPES:
+        raise ManifestError(f"input dtype {m.input_dtype!r} is not one of {', '.join(DTYPES)}")
+    g = m.graph
+    if tuple(g.input_shape) != tuple(m.input_shape) or g.input_dtype != m.input_dtype:
+        raise ManifestError(
+            f"input {m.input_dtype} {list(m.input_shape)} differs from the captured input "
+            f"{g.input_dtype} {list(g.input_shape)}"
+        )
+    if m.weights_size < 0:
+        raise ManifestError(f"weights size {m.weights_size} is negative")
+    if m.resident is not None and m.resident.index != -1:
+        raise ManifestError(f"the resident segment has index {m.resident.index}, not -1")
+    captured = [(u.index, u.name) for u in g.units]
+    stored = [(u.index, u.name) for u in m.units]
+    if stored != captured:
+        raise ManifestError(
+            "its units are not the captured ones in execution order "
+            f"(stored {len(stored)}, captured {len(captured)}"
+            + (f"; first difference at position {next(i for i, (a, b) in enumerate(zip(stored, captured, strict=False)) if a != b)}"
+               if any(a != b for a, b in zip(stored, captured, strict=False)) else "")
+            + ")"
+        )
+    stored_resident = sorted(t.name for t in (m.resident.tensors if m.resident else ()))
+    if stored_resident != sorted(r.name for r in g.resident):
+        raise ManifestError("its resident tensors are not the captured ones")
+    end = 0
+    places: dict[str, str] = {}
+    names: set[str] = set()
+    for seg in m.segments:
+        what = "the resident segment" if seg.index < 0 else f"unit {seg.index} ({seg.name or '<root>'})"
+        if seg.offset < end or seg.offset % ALIGN:
+            raise ManifestError(
+                f"{what} starts at offset {seg.offset}: segments start on {ALIGN}-byte boundaries, "
+                "in order, after the previous one"
+            )
+        if seg.nbytes <= 0 or seg.nbytes % ALIGN or seg.offset + seg.nbytes > m.weights_size:
+            raise ManifestError(
+                f"{what} has length {seg.nbytes}: segment lengths are positive multiples of {ALIGN} "
+                f"within the {m.weights_size}-byte weights file"
+            )
+        if not 0 <= seg.payload_bytes <= seg.nbytes:
+            raise ManifestError(f"{what} has {seg.payload_bytes} payload bytes in a {seg.nbytes}-byte segment")
+        if not _SHA256.match(seg.sha256):
+            raise ManifestError(f"{what} has no valid SHA-256 ({seg.sha256[:20]!r})")
+        end = seg.offset + seg.nbytes
+        if not seg.tensors:
+            raise ManifestError(f"{what} holds no tensors")
+        for t in seg.tensors:
+            _check_tensor(t, seg, what, places, names)
+
+
+def _check_tensor(t: TensorLayout, seg: Segment, what: str, places: dict[str, str], names: set[str]) -> None:
+    if t.name in names:
+        raise ManifestError(f"tensor {t.name!r} is stored twice")
+    names.add(t.name)
+    if t.dtype not in DTYPES:
+        raise ManifestError(f"tensor {t.name!r} in {what} has dtype {t.dtype!r}, not one of {', '.join(DTYPES)}")
+    if t.kind not in ("param", "buffer"):
+        raise ManifestError(f"tensor {t.name!r} in {what} has kind {t.kind!r}, not param or buffer")
+    if any(d < 0 for d in t.shape):
+        raise ManifestError(f"tensor {t.name!r} in {what} has a negative dimension in {list(t.shape)}")
+    expected = math.prod(t.shape) * DTYPES[t.dtype].itemsize
+    if t.nbytes != expected:
+        raise ManifestError(
+            f"tensor {t.name!r} in {what} has {t.nbytes} bytes; {t.dtype} {list(t.shape)} needs {expected}"
+        )
+    if t.offset < 0 or t.offset + t.nbytes > seg.payload_bytes:
+        raise ManifestError(
+            f"tensor {t.name!r} in {what} lies at [{t.offset}, {t.offset + t.nbytes}), outside the "
+            f"segment's {seg.payload_bytes} payload bytes"
+        )
+    if not t.places or not all(isinstance(p, str) and p for p in t.places):
+        raise ManifestError(f"tensor {t.name!r} in {what} is bound nowhere (its places are {list(t.places)})")
+    for place in t.places:
+        if place in places:
+            raise ManifestError(f"{place} is bound to both {places[place]!r} and {t.name!r}")
+        places[place] = t.name
+
+
+def check_weights_header(m: Manifest, path: Path) -> None:
+    """Raise unless the safetensors header of the weights file at ``path`` places every
+    tensor of the manifest where the manifest does (dtype, shape, byte range).
+
+    A missing or short file is left to :class:`~layerfit.store.reader.SegmentReader`,
+    which names it; the header is covered by no segment checksum, so this is also what
+    finds it damaged.
+    """
+    from layerfit.errors import CorruptStoreError
+
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(0)
+            if size != m.weights_size or size < 8:
+                return  # the reader reports a truncated or replaced file
+            (length,) = struct.unpack("<Q", fh.read(8))
+            if length > size - 8:
+                raise CorruptStoreError(
+                    f"weights file {path} has a header of {length} bytes in a {size}-byte file: "
+                    "the file is corrupt (prepare the model again)"
+                )
+            raw = fh.read(length)
+    except FileNotFoundError:
+        return  # the reader names the missing file
+    except OSError as exc:
+        raise CorruptStoreError(f"cannot read weights file {path}: {exc.strerror or exc}") from exc
+    try:
+        header = json.loads(raw)
+        if not isinstance(header, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptStoreError(
+            f"weights file {path} has a corrupt safetensors header ({exc}): prepare the model again"
+        ) from exc
+    data_start = 8 + length
+    stored = {t.name for seg in m.segments for t in seg.tensors}
+    extra = sorted(k for k in header if k != "__metadata__" and not k.startswith("__pad_") and k not in stored)
+    if extra:
+        raise ManifestError(
+            f"weights file {path} holds tensors the manifest does not ({', '.join(extra[:5])}"
+            f"{' ...' if len(extra) > 5 else ''}): the manifest was edited or belongs to another "
+            "model; prepare the model again"
+        )
+    for seg in m.segments:
+        for t in seg.tensors:
+            begin = seg.offset - data_start + t.offset
+            want = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [begin, begin + t.nbytes]}
+            entry = header.get(t.name)
+            got = {k: entry.get(k) for k in want} if isinstance(entry, dict) else None
+            if got != want:
+                raise ManifestError(
+                    f"the manifest and weights file {path} disagree about tensor {t.name!r} "
+                    f"(manifest {want}, file {got}): one of them was edited or replaced; prepare "
+                    "the model again"
+                )

@@ -43,7 +43,14 @@ class ModelSpec:
             from layerfit import zoo
 
             return zoo.build(self.name, seed=seed, **self.kwargs)
-        module = self.factory()(**self.kwargs)
+        factory = self.factory()
+        try:
+            module = factory(**self.kwargs)
+        except Exception as exc:  # the user's factory may raise anything
+            raise FactoryImportError(
+                f"factory {self.name!r} fails when called with arguments {self.kwargs}: "
+                f"{type(exc).__name__}: {exc} (a factory takes no required arguments)"
+            ) from exc
         if not isinstance(module, nn.Module):
             raise FactoryImportError(
                 f"factory {self.name!r} returned {type(module).__name__}, not a torch.nn.Module"

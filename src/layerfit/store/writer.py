@@ -14,7 +14,7 @@ import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from torch import nn
 
 from layerfit.capture import capture
 from layerfit.capture.graph import ModelGraph
-from layerfit.errors import CheckpointError, InputError, OutputExistsError
+from layerfit.errors import CheckpointError, InputError, OutputExistsError, OutputPathError
 from layerfit.store.manifest import (
     ALIGN,
     DTYPES,
@@ -37,6 +37,7 @@ from layerfit.store.manifest import (
     align_up,
 )
 from layerfit.store.model_spec import ModelSpec, resolve
+from layerfit.store.outputs import current_umask
 
 Progress = Callable[[int, int], None]
 
@@ -70,11 +71,15 @@ def _lookup(model: nn.Module, place: str) -> torch.Tensor:
     return t
 
 
-def load_checkpoint(model: nn.Module, path: str | Path, graph_places: dict[str, list[str]]) -> None:
+def load_checkpoint(
+    model: nn.Module, path: str | Path, graph_places: dict[str, list[str]], unused: Iterable[str] = ()
+) -> None:
     """Copy tensors from a safetensors checkpoint into ``model``, checking every name.
 
     ``graph_places`` maps each stored tensor name to every "module.attr" it is bound at;
-    a checkpoint may carry a tied tensor under any of them.
+    a checkpoint may carry a tied tensor under any of them. ``unused`` names tensors of
+    modules that never run: the model has them but does not store them, so a checkpoint
+    (a full ``state_dict``) may carry them and they are skipped.
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -101,7 +106,7 @@ def load_checkpoint(model: nn.Module, path: str | Path, graph_places: dict[str, 
             continue
         with torch.no_grad():
             target.copy_(tensors[key].to(target.dtype))
-    unexpected = sorted(set(tensors) - used)
+    unexpected = sorted(set(tensors) - used - set(unused))
     problems = []
     if missing:
         problems.append(f"missing tensors: {', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else ""))
@@ -234,8 +239,9 @@ def prepare(
     """
     spec = resolve(model) if isinstance(model, str) else model
     out = Path(out_dir)
-    if out.exists() and not force:
-        raise OutputExistsError(f"{out} already exists: choose another directory or pass --force")
+    _check_output_dir(out, force)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**64:
+        raise InputError(f"seed {seed!r} is not a 64-bit integer: use a whole number such as 0 or 1234")
     shape = tuple(input_shape or spec.input_shape or ())
     if not shape:
         raise InputError(f"{spec.name} has no default input shape: pass --input-shape, e.g. 1,3,224,224")
@@ -250,10 +256,14 @@ def prepare(
         for u in graph.units:
             for p in u.params:
                 places.setdefault(p.name, []).append(f"{u.name}.{p.attr}" if u.name else p.attr)
-        load_checkpoint(module, checkpoint, places)
+        load_checkpoint(module, checkpoint, places, graph.unused)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private to its owner
+    except OSError as exc:
+        raise OutputPathError(f"cannot create {out}: {exc.strerror or exc} (choose another directory)") from exc
     try:
         segments = _write_weights(tmp / WEIGHTS, _groups(module, graph), progress)
         resident = segments[0] if graph.resident else None
@@ -277,6 +287,33 @@ def prepare(
     finally:
         module.train(was_training)
     return manifest
+
+
+def _check_output_dir(out: Path, force: bool) -> None:
+    """Raise unless ``out`` may become the prepared model: it does not exist, or ``force``
+    is given and it is a prepared model (or an empty directory) — never a file, a link,
+    the working directory or a folder holding anything else, which ``--force`` would
+    otherwise delete."""
+    if not (out.exists() or out.is_symlink()):
+        ancestor = next((a for a in out.absolute().parents if a.exists()), None)
+        if ancestor is not None and not ancestor.is_dir():
+            raise OutputPathError(f"cannot create {out}: {ancestor} is a file, not a folder")
+        return
+    if not force:
+        raise OutputExistsError(f"{out} already exists: choose another directory or pass --force")
+    refuse = f"{out} is not a prepared model, so --force leaves it alone: choose another directory"
+    if out.is_symlink() or not out.is_dir():
+        raise OutputExistsError(f"{refuse} (it is {'a link' if out.is_symlink() else 'a file'})")
+    here = Path.cwd().resolve()
+    if out.resolve() == here or out.resolve() in here.parents:
+        raise OutputExistsError(f"{refuse} (it is or holds the working directory)")
+    try:
+        entries = set(os.listdir(out))
+    except OSError as exc:
+        raise OutputExistsError(f"{out} cannot be listed ({exc.strerror or exc}): choose another directory") from exc
+    if entries and (MANIFEST not in entries or entries - {MANIFEST, WEIGHTS}):
+        foreign = sorted(entries - {MANIFEST, WEIGHTS}) or [f"no {MANIFEST}"]
+        raise OutputExistsError(f"{refuse} (it holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''})")
 
 
 def _replace_dir(tmp: Path, out: Path) -> None:

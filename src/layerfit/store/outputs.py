@@ -1,0 +1,84 @@
+"""Files the commands write beside a prepared model: outputs, traces, images.
+
+Every output path is checked by :func:`check_output_file` *before* the work whose result
+goes there (finding out afterwards loses that work): its folder exists and is writable,
+it is not a directory, its extension is one the writer keeps (numpy and matplotlib
+would otherwise append their own and write somewhere else), and it exists only with
+``force``. :func:`write_atomic` then writes through a temporary file in the same folder
+and a rename, so an existing file is never left half-overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from layerfit.errors import OutputExistsError, OutputPathError
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it (Linux), else the usual 022."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+def check_output_file(
+    path: str | Path, *, force: bool, option: str, suffixes: Iterable[str] | None = None
+) -> Path:
+    """Raise unless ``path`` can be written as asked; see the module docstring."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputPathError(f"{option} {path} is a directory: name a file to write")
+    parent = path.parent
+    if not parent.is_dir():
+        raise OutputPathError(f"{option} {path}: folder {parent} does not exist (create it first)")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{option} {path}: folder {parent} is not writable")
+    if suffixes is not None:
+        allowed = sorted({s.lower() for s in suffixes})
+        if path.suffix.lower() not in allowed:
+            found = f"'{path.suffix}'" if path.suffix else "no extension"
+            raise OutputPathError(
+                f"{option} {path} has {found}: end the name with one of {', '.join(allowed)}"
+            )
+    if (path.exists() or path.is_symlink()) and not force:
+        raise OutputExistsError(f"{path} already exists (pass --force to replace it)")
+    return path
+
+
+def write_atomic(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp)`` for a temporary file beside ``path`` (same extension), then
+    rename it over ``path``; on any failure the temporary file is removed and ``path``
+    is untouched. An :class:`OSError` becomes an :class:`OutputPathError`."""
+    path = Path(path)
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+    except OSError as exc:
+        raise OutputPathError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes it private
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise OutputPathError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return path
+
+
+__all__ = ["check_output_file", "current_umask", "write_atomic"]

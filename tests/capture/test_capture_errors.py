@@ -1,0 +1,33 @@
+"""A model that fails on the example input is a CaptureError naming the input, not a
+traceback from inside the model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tinymodels
+import torch
+
+from layerfit.capture import capture
+from layerfit.cli import main
+from layerfit.errors import CaptureError
+
+
+def test_model_that_rejects_the_example_input():
+    with pytest.raises(CaptureError, match=r"float32 \(1, 3\).*Expected 3D \(unbatched\) or 4D"):
+        capture(tinymodels.tiny_cnn(), torch.zeros(1, 3))
+    with pytest.raises(CaptureError, match="refuses every input"):
+        capture(tinymodels.raises_in_forward(), torch.zeros(1, 4))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--input-shape", "1,3"], ["--input-shape", "1,3,8,8", "--input-dtype", "int64"]],
+)
+def test_prepare_with_an_input_the_model_rejects(tmp_path: Path, capsys, args):
+    assert main(["prepare", "tinymodels:tiny_cnn", "-o", str(tmp_path / "m"), *args]) == 2
+    err = capsys.readouterr().err
+    assert "fails on the example input" in err and "--input-shape" in err
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
