@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from layerfit.errors import FactoryImportError, ManifestError
+from layerfit.errors import ManifestError
 from layerfit.store.manifest import Manifest, Segment
 from layerfit.store.model_spec import ModelSpec
 
@@ -35,17 +35,8 @@ class Binding:
 def build_skeleton(manifest: Manifest) -> nn.Module:
     """The model rebuilt on the meta device from the manifest's factory and arguments."""
     spec = ModelSpec(manifest.model["source"], manifest.model["name"], manifest.model.get("kwargs", {}))
-    factory = spec.factory()
-    try:
-        with torch.device("meta"):
-            model = factory(**spec.kwargs)
-    except Exception as exc:  # the user's factory may raise anything
-        raise FactoryImportError(
-            f"the manifest's factory {spec.name!r} with arguments {spec.kwargs} fails: "
-            f"{type(exc).__name__}: {exc} (prepare the model again)"
-        ) from exc
-    if not isinstance(model, nn.Module):
-        raise FactoryImportError(f"factory {spec.name!r} returned {type(model).__name__}, not a torch.nn.Module")
+    with torch.device("meta"):
+        model = spec.instantiate("the manifest's factory or arguments changed: prepare the model again")
     _check_every_tensor_is_stored(model, manifest)
     return model.eval()
 

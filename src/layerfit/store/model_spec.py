@@ -43,13 +43,19 @@ class ModelSpec:
             from layerfit import zoo
 
             return zoo.build(self.name, seed=seed, **self.kwargs)
+        return self.instantiate("a factory takes no required arguments")
+
+    def instantiate(self, hint: str) -> nn.Module:
+        """Call the factory with the spec's arguments (on the current default device);
+        a factory that raises or returns something else is a FactoryImportError ending
+        in ``hint``, not a traceback from the user's code."""
         factory = self.factory()
         try:
             module = factory(**self.kwargs)
         except Exception as exc:  # the user's factory may raise anything
             raise FactoryImportError(
                 f"factory {self.name!r} fails when called with arguments {self.kwargs}: "
-                f"{type(exc).__name__}: {exc} (a factory takes no required arguments)"
+                f"{type(exc).__name__}: {exc} ({hint})"
             ) from exc
         if not isinstance(module, nn.Module):
             raise FactoryImportError(
