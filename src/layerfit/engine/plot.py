@@ -5,13 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from layerfit.engine.trace import STAGES, Timeline
-
-
-def image_suffixes() -> list[str]:
-    """The extensions matplotlib writes images in (``.png``, ``.svg``, ``.pdf`` …)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    return sorted(f".{s}" for s in FigureCanvasAgg.get_supported_filetypes())
+from layerfit.store.outputs import image_suffixes, save_figure
 
 
 def plot_timeline(timeline: Timeline, path: str | Path, title: str | None = None) -> None:
@@ -22,10 +16,8 @@ def plot_timeline(timeline: Timeline, path: str | Path, title: str | None = None
     half-written.
     """
     from layerfit.errors import OutputPathError
-    from layerfit.store.outputs import write_atomic
 
-    suffix = Path(path).suffix.lower()
-    if suffix not in image_suffixes():
+    if Path(path).suffix.lower() not in image_suffixes():  # before drawing anything
         raise OutputPathError(
             f"cannot write an image to {path}: end the name with one of {', '.join(image_suffixes())}"
         )
@@ -55,6 +47,6 @@ def plot_timeline(timeline: Timeline, path: str | Path, title: str | None = None
     ax2.legend(loc="upper right")
     fig.tight_layout()
     try:
-        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format=suffix[1:]))
+        save_figure(fig, path, dpi=120)
     finally:
         plt.close(fig)

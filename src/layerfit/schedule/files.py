@@ -15,7 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from layerfit.errors import OutputExistsError, ScheduleError
+from layerfit.errors import OutputExistsError, OutputPathError, ScheduleError
+from layerfit.store import outputs
 
 
 def read_text(path: str | Path, what: str, error: type[ScheduleError] = ScheduleError) -> str:
@@ -37,9 +38,7 @@ def read_text(path: str | Path, what: str, error: type[ScheduleError] = Schedule
 
 def image_formats() -> list[str]:
     """The image extensions matplotlib can write (png, svg, pdf, …)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    return sorted(FigureCanvasAgg.get_supported_filetypes())
+    return [suffix[1:] for suffix in outputs.image_suffixes()]
 
 
 def check_output(
@@ -70,21 +69,12 @@ def check_output(
     return path
 
 
-def _temporary(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp")
-
-
 def write_text(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` via a temporary file and a rename (never half-written)."""
-    path = Path(path)
-    tmp = _temporary(path)
     try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise ScheduleError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return path
+        return outputs.write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    except OutputPathError as exc:
+        raise ScheduleError(str(exc)) from None
 
 
 def save_figure(fig: Any, path: str | Path, dpi: int = 130) -> Path:
@@ -92,21 +82,12 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 130) -> Path:
     file and a rename, and close it."""
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    suffix = path.suffix.lower().lstrip(".")
-    tmp = _temporary(path)
     try:
-        if suffix not in image_formats():
-            raise ScheduleError(f"{path}: matplotlib cannot write '.{suffix}' images")
-        fig.savefig(tmp, format=suffix, dpi=dpi, bbox_inches="tight")
-        tmp.replace(path)
-    except (OSError, ValueError) as exc:
-        tmp.unlink(missing_ok=True)
-        reason = getattr(exc, "strerror", None) or exc
-        raise ScheduleError(f"cannot write {path}: {reason}") from None
+        return outputs.save_figure(fig, path, dpi=dpi, bbox_inches="tight")
+    except OutputPathError as exc:
+        raise ScheduleError(str(exc)) from None
     finally:
         plt.close(fig)
-    return path
 
 
 __all__ = ["check_output", "image_formats", "read_text", "save_figure", "write_text"]

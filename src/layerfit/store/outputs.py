@@ -15,6 +15,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from layerfit.errors import OutputExistsError, OutputPathError
 
@@ -81,4 +82,23 @@ def write_atomic(path: str | Path, write: Callable[[Path], None]) -> Path:
     return path
 
 
-__all__ = ["check_output_file", "current_umask", "write_atomic"]
+def image_suffixes() -> list[str]:
+    """The extensions matplotlib writes images in (``.png``, ``.svg``, ``.pdf`` …)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    return sorted(f".{s}" for s in FigureCanvasAgg.get_supported_filetypes())
+
+
+def save_figure(fig: Any, path: str | Path, **savefig: Any) -> Path:
+    """Write a matplotlib figure to ``path`` in the format of its extension, atomically
+    (:func:`write_atomic`); an extension matplotlib does not write is an OutputPathError."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in image_suffixes():
+        raise OutputPathError(
+            f"cannot write an image to {path}: end the name with one of {', '.join(image_suffixes())}"
+        )
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, format=suffix[1:], **savefig))
+
+
+__all__ = ["check_output_file", "current_umask", "image_suffixes", "save_figure", "write_atomic"]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from layerfit.errors import TradeoffError
+from layerfit.errors import OutputPathError, TradeoffError
 from layerfit.sizes import format_bytes
+from layerfit.store import outputs
 from layerfit.tradeoff.search import Evaluation, TradeoffResult
 
 
@@ -74,10 +73,8 @@ def plot_target(path: str | Path, option: str = "--plot", named: bool = True) ->
     extension matplotlib writes (png, svg, pdf, ...); otherwise TradeoffError says so.
     ``named=False``: the user did not choose the name (the hint says so).
     """
-    from matplotlib.backend_bases import FigureCanvasBase
-
     path = Path(path)
-    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    formats = [suffix[1:] for suffix in outputs.image_suffixes()]
     if path.is_dir():
         hint = (
             f"give an image file name, e.g. {path / 'plot.png'}"
@@ -101,19 +98,10 @@ def plot_target(path: str | Path, option: str = "--plot", named: bool = True) ->
 def save_figure(fig: Any, path: str | Path, dpi: int = 110) -> Path:
     """Write a matplotlib figure atomically (temporary file in the same directory, then
     rename), in the format of ``path``'s extension; checked by :func:`plot_target`."""
-    path = plot_target(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=dpi, format=path.suffix.lower().lstrip("."))
-        os.chmod(tmp, 0o644)  # mkstemp creates the file private
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise TradeoffError(f"cannot write the plot {path}: {exc.strerror or exc}") from exc
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+        return outputs.save_figure(fig, plot_target(path), dpi=dpi)
+    except OutputPathError as exc:
+        raise TradeoffError(str(exc)) from exc
 
 
 def describe(result: TradeoffResult) -> list[str]:
