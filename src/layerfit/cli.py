@@ -584,11 +584,18 @@ def _save_output(path: str, out) -> None:
     from layerfit.engine import flat_outputs
     from layerfit.store.outputs import write_atomic
 
+    def into(save):  # through an open file: numpy appends .npy/.npz to a name not ending in it
+        def write(tmp) -> None:
+            with open(tmp, "wb") as fh:
+                save(fh)
+
+        return write
+
     outs = [t.detach().cpu().numpy() for t in flat_outputs(out)]
     if path.lower().endswith(".npz"):
-        write_atomic(path, lambda tmp: np.savez(tmp, *outs))
+        write_atomic(path, into(lambda fh: np.savez(fh, *outs)))
     elif len(outs) == 1:
-        write_atomic(path, lambda tmp: np.save(tmp, outs[0]))
+        write_atomic(path, into(lambda fh: np.save(fh, outs[0])))
     else:
         from layerfit.errors import InputError
 

@@ -168,3 +168,13 @@ def test_malformed_trace_is_one_line_error(tmp_path: Path, capsys, changes: dict
 def test_binary_file_as_trace_is_one_line_error(tiny: Path, tmp_path: Path, capsys):
     assert main(["plot-trace", str(tiny / "weights.safetensors"), "-o", str(tmp_path / "g.png")]) == 2
     _one_line_error(capsys, "not a UTF-8 text file")
+
+
+@pytest.mark.parametrize("name", ["Y.NPY", "Y.NPZ"])
+def test_run_output_with_an_upper_case_extension_is_the_file_written(tiny: Path, tmp_path: Path, name: str):
+    # numpy appends '.npy' to a name that does not end in it (case-sensitively)
+    assert main(["run", str(tiny), "--output", str(tmp_path / name)]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    loaded = np.load(tmp_path / name, allow_pickle=False)
+    first = loaded if isinstance(loaded, np.ndarray) else loaded["arr_0"]
+    assert first.size > 0
