@@ -76,6 +76,15 @@ class JobRejectedError(ScheduleError):
         self.min_budget = min_budget
 
 
+class ModelOverBudgetError(ScheduleError):
+    """A model whose largest task needs more memory than the runtime's whole budget, so
+    none of its jobs could run; ``min_budget`` is the least budget that serves it."""
+
+    def __init__(self, message: str, min_budget: int) -> None:
+        super().__init__(message)
+        self.min_budget = min_budget
+
+
 class QueueFullError(ScheduleError):
     """A request refused because the runtime already holds its limit of unfinished jobs;
     retry later or raise the queue limit."""

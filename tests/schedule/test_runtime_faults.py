@@ -22,10 +22,12 @@ from layerfit.errors import (
     LayerfitError,
     ManifestError,
     ModelNotReadyError,
+    ModelOverBudgetError,
     QueueFullError,
     ScheduleError,
     UnknownModelError,
 )
+from layerfit.schedule import runtime as runtime_module
 from layerfit.schedule.network_run import NetworkRun
 from layerfit.schedule.runtime import Job, Runtime
 from layerfit.store import read_manifest
@@ -82,6 +84,29 @@ def test_job_too_large_for_the_budget_is_rejected_with_the_minimum(repo, x, refs
     assert all(torch.equal(f.result(timeout=60), refs["chain"]) for f in small)
     stats = settle(rt)
     assert stats["jobs"]["rejected"] == 1 and stats["jobs"]["done"] == 3
+
+
+def test_a_model_too_large_loaded_within_budget_is_never_ready(repo, x, refs, monkeypatch):
+    rt = Runtime(repo, "32KB", workers=1, load=False)
+    opened = _counting_engines(rt, monkeypatch, delay=0)
+    pools, pool_class = [], runtime_module.EnginePool  # a model gets a pool when it becomes READY
+    monkeypatch.setattr(runtime_module, "EnginePool", lambda *a: pools.append(pool_class(*a)) or pools[-1])
+    with pytest.raises(ModelOverBudgetError, match=r"needs a memory budget of at least .* more than the runtime") as info:
+        rt.load_model("big", within_budget=True)
+    assert info.value.min_budget > 32_000
+    assert pools == [] and all(engine.reader._fd == -1 for engine in opened)  # never READY, nothing open
+    big = next(row for row in rt.index() if row["name"] == "big")
+    assert big["state"] == "UNAVAILABLE" and str(info.value.min_budget) in big["reason"]
+    with pytest.raises(ModelNotReadyError, match="needs a memory budget of at least"):
+        rt.infer("big", x["big"])
+    # what fits loads as before; by default a model too large loads and its jobs are rejected
+    rt.load_model("chain", within_budget=True)
+    assert torch.equal(rt.infer("chain", x["chain"]).result(timeout=60), refs["chain"])
+    rt.load_model("big")
+    assert rt.required_budget("big") == info.value.min_budget
+    with pytest.raises(JobRejectedError):
+        rt.infer("big", x["big"]).result(timeout=60)
+    settle(rt)
 
 
 def test_failing_load_fails_its_job_returns_memory_others_complete(repo, x, refs):

@@ -19,6 +19,7 @@ import torch
 from serve_helpers import reference, settings
 
 from layerfit.errors import JobRejectedError, LayerfitError
+from layerfit.schedule import runtime as runtime_module
 from layerfit.schedule.profiler import estimate_profile
 from layerfit.serve.errors import status_of
 from layerfit.serve.server import ServerThread
@@ -89,13 +90,21 @@ def test_port_in_use_points_at_port(repository: Path) -> None:
 
 
 def test_model_over_budget_is_unavailable_not_a_bad_request(
-    repository: Path, make_server: Callable[..., ServerThread]
+    repository: Path, make_server: Callable[..., ServerThread], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     need = needs(repository)
     budget = need["cnn"] - 1
     assert max(need["chain"], need["slow"], need["sleepy"]) <= budget
+    pooled, pool_class = [], runtime_module.EnginePool  # a model gets its pool as it becomes READY
+
+    def pool(new_engine: Callable[[], object], engine: object) -> object:
+        pooled.append(Path(new_engine.args[0]).name)
+        return pool_class(new_engine, engine)
+
+    monkeypatch.setattr(runtime_module, "EnginePool", pool)
     running = make_server(memory_budget=budget)
     assert "cnn" in running.built.load_errors
+    assert "cnn" not in pooled and "chain" in pooled  # never READY, not even for a moment
     with httpx.Client(base_url=running.url, timeout=30) as http:
         index = {row["name"]: row for row in http.post("/v2/repository/index").json()}
         assert index["chain"]["state"] == "READY"

@@ -63,6 +63,7 @@ from layerfit.errors import (
     JobTimeoutError,
     LayerfitError,
     ModelNotReadyError,
+    ModelOverBudgetError,
     QueueFullError,
     ScheduleError,
     UnknownModelError,
@@ -83,7 +84,7 @@ from layerfit.schedule.repository import (
 )
 from layerfit.schedule.tasks import Job as ScheduledJob
 from layerfit.schedule.tasks import TaskKind
-from layerfit.sizes import parse_bytes
+from layerfit.sizes import format_bytes, parse_bytes
 from layerfit.store.manifest import DTYPES, Manifest
 
 ESTIMATES = ("capture", "profile")
@@ -269,13 +270,19 @@ class Runtime:
         with self._lock:
             return [self.models[name].index_entry() for name in sorted(self.models)]
 
-    def load_model(self, name: str) -> ModelInfo:
+    def load_model(self, name: str, *, within_budget: bool = False) -> ModelInfo:
         """(Re)load model ``name``: validate its folder, open it, fix its profile.
 
         A folder that cannot be loaded raises a :class:`~layerfit.errors.LayerfitError`
         and is marked UNAVAILABLE with the reason; other models are not affected. Loads
         and unloads of one model take effect one after the other, in the order called;
         a load still running when the runtime shuts down closes what it opened and raises.
+
+        By default a model too large for the budget loads and each of its jobs is
+        rejected with the minimum budget; with ``within_budget`` such a model is never
+        READY: it stays UNAVAILABLE and :class:`~layerfit.errors.ModelOverBudgetError`
+        (carrying ``min_budget``) is raised — what a server wants, whose clients must
+        not see a model it cannot run.
         """
         directory = model_directory(self.repository, name)
         with self._lock:
@@ -289,9 +296,9 @@ class Runtime:
                     )
                 info = self.models[name] = ModelInfo(name, directory)
         with info.changing:
-            return self._load_locked(info, directory)
+            return self._load_locked(info, directory, within_budget)
 
-    def _load_locked(self, info: ModelInfo, directory: Path) -> ModelInfo:
+    def _load_locked(self, info: ModelInfo, directory: Path, within_budget: bool) -> ModelInfo:
         """:meth:`load_model` with the model's ``changing`` lock held."""
         name = info.name
         with self._lock:
@@ -303,6 +310,8 @@ class Runtime:
         try:
             engine = self._new_engine(directory)
             profile = self._profile(name, directory, engine.manifest)
+            if within_budget:
+                self._check_fits(name, profile)
             with self._lock:
                 self._refuse_if_closing("it loads no models")
                 info.manifest = engine.manifest
@@ -392,7 +401,21 @@ class Runtime:
         """The least memory budget under which jobs of model ``name`` are not rejected:
         its largest task as the scheduler is told it (profile × ``estimate_factor``)."""
         profile, _ = self._ready(name)
+        return self._required(profile)
+
+    def _required(self, profile: NetworkProfile) -> int:
         return int(round(profile.largest_task_memory * self._dispatcher.estimate_factor))
+
+    def _check_fits(self, name: str, profile: NetworkProfile) -> None:
+        """Raise :class:`ModelOverBudgetError` if no job of ``profile`` could run under the budget."""
+        needed = self._required(profile)
+        if needed > self._ledger.budget:
+            raise ModelOverBudgetError(
+                f"model {name!r} needs a memory budget of at least {format_bytes(needed)} "
+                f"({needed} bytes), more than the runtime's budget of "
+                f"{format_bytes(self._ledger.budget)}",
+                min_budget=needed,
+            )
 
     def profile_set(self, *, ready_only: bool = True) -> ProfileSet:
         """The scheduler's profiles of the loaded models (for workloads and the simulator);

@@ -12,8 +12,8 @@ Each model has one version, ``"1"``. Its one input is called ``input``; its outp
 when the model was prepared.
 
 A model is READY only if it can run under the server's memory budget: the runtime
-rejects every job whose largest task exceeds the budget, so a model that loads but
-needs more is unloaded again and UNAVAILABLE with its minimum budget as the reason —
+rejects every job whose largest task exceeds the budget, so a model that needs more
+is never made READY: it stays UNAVAILABLE with its minimum budget as the reason —
 a configuration problem of the server, answered 503, never blamed on the request.
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from layerfit.errors import LayerfitError, ModelNotReadyError
+from layerfit.errors import LayerfitError, ModelNotReadyError, ModelOverBudgetError
 from layerfit.schedule.repository import NAME_PATTERN
 from layerfit.serve.codec import TensorSpec
 from layerfit.serve.datatypes import datatype_of
@@ -190,29 +190,27 @@ class ModelRegistry:
         """Check and (re)load ``name`` in the runtime; a failure is remembered for the index.
 
         A failure of the folder's content is a 400 naming the model: the folder exists
-        (else 404) and the other models keep serving. A model that loads but needs a
-        larger memory budget than the server's is unloaded again and refused with 503:
+        (else 404) and the other models keep serving. A model that needs a larger
+        memory budget than the server's stays UNAVAILABLE (never READY) and is refused with 503:
         the server's configuration, not the request, is what cannot serve it.
         """
         self.info(name)
         self.over_budget.pop(name, None)
         try:
             self.check_loadable(name)
-            self.runtime.load_model(name)
+            self.runtime.load_model(name, within_budget=True)  # never READY if it cannot run
+        except ModelOverBudgetError as exc:
+            needed = self.over_budget[name] = exc.min_budget
+            self.load_errors[name] = (
+                f"the model needs a memory budget of at least {format_bytes(needed)} ({needed} bytes), "
+                f"more than the server's --memory-budget of {format_bytes(self.budget)}"
+            )
+            raise ModelNotReadyError(f"cannot load model {name!r}: {self.load_errors[name]}") from None
         except LayerfitError as exc:
             self.load_errors[name] = str(exc)
             if isinstance(exc, BadRequestError):
                 raise
             raise BadRequestError(f"cannot load model {name!r}: {exc}") from exc
-        needed = self.runtime.required_budget(name)
-        if needed > self.budget:
-            self.runtime.unload_model(name)
-            self.over_budget[name] = needed
-            self.load_errors[name] = (
-                f"the model needs a memory budget of at least {format_bytes(needed)} ({needed} bytes), "
-                f"more than the server's --memory-budget of {format_bytes(self.budget)}"
-            )
-            raise ModelNotReadyError(f"cannot load model {name!r}: {self.load_errors[name]}")
         self.load_errors.pop(name, None)
 
     def check_budget(self) -> None:
