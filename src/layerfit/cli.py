@@ -229,6 +229,7 @@ def tradeoff_parts(
     ),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     plot: bool = typer.Option(False, "--plot", help="Write the Pareto front to <APP>-pareto.png."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing <APP>-pareto.png."),
     model_throughput: bool = typer.Option(
         False, "--model-throughput", help="Use the analytic delay model instead of measuring."
     ),
@@ -248,9 +249,14 @@ def tradeoff_parts(
 
     plot_path = None
     if plot:  # checked before the search, which may take minutes
-        from layerfit.tradeoff.report import plot_target
+        from layerfit.errors import OutputPathError
+        from layerfit.store.outputs import check_output_file
 
-        plot_path = plot_target(Path(Path(app_file).stem + "-pareto.png"), named=False)
+        plot_path = Path(Path(app_file).stem + "-pareto.png")
+        try:
+            check_output_file(plot_path, force=force, option="--plot", image=True)
+        except OutputPathError as exc:  # the user did not choose the name: say where it comes from
+            raise OutputPathError(f"{exc} (--plot writes <APP>-pareto.png in the current folder)") from None
     if threads is not None:
         import torch
 
@@ -690,11 +696,11 @@ def plot_trace(
     force: bool = typer.Option(False, "--force", help="replace an existing image"),
 ) -> None:
     """Draw the read/copy/kernel Gantt chart with the weight buffer's use beneath it."""
-    from layerfit.engine.plot import image_suffixes, plot_timeline
+    from layerfit.engine.plot import plot_timeline
     from layerfit.engine.trace import load_timeline
     from layerfit.store.outputs import check_output_file
 
-    check_output_file(output, force=force, option="--output", suffixes=image_suffixes())
+    check_output_file(output, force=force, option="--output", image=True)
     plot_timeline(load_timeline(trace_file), output)
     console.print(f"wrote {output}")
 
@@ -711,23 +717,24 @@ def tradeoff_delay(
     tolerance: float = typer.Option(0.01, "--tolerance", help="relative slack when matching the minimum"),
     as_json: bool = typer.Option(False, "--json"),
     plot: str = typer.Option(None, "--plot", help="write the delay-memory curve (Fig. 13) here"),
+    force: bool = typer.Option(False, "--force", help="replace an existing --plot image"),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
     stages: int = typer.Option(None, "--stages", help="2 (cpu default) or 3: read, copy, kernel (cuda)"),
 ) -> None:
     """Find the minimal-delay buffer size by growing the budget (Demand Layering V-D)."""
     from layerfit.engine import load
     from layerfit.sizes import format_bytes, parse_bytes
+    from layerfit.store.outputs import check_output_file
     from layerfit.tradeoff.delay import (
         check_search_options,
         minimal_delay_search,
         plot_delay_curve,
         timed_call,
     )
-    from layerfit.tradeoff.report import plot_target
 
     check_search_options(tolerance, patience)  # before loading and measuring anything
     if plot:
-        plot_target(plot)
+        check_output_file(plot, force=force, option="--plot", image=True)
     with load(directory, pipeline=pipeline, device=device, stages=stages) as engine:
         x = engine.device.to_device(_load_input(None, engine.manifest))
         curve = minimal_delay_search(

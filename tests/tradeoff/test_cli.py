@@ -57,7 +57,14 @@ def test_parts_command_table_early_exit_and_plot(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, _ = run(capsys, "tradeoff", "parts", str(path), "--memory", "10MB", "--plot", *ARGS)
     assert code == 0 and "buffer reuse alone fits" in out
-    assert (tmp_path / "app-pareto.png").stat().st_size > 0
+    plot = (tmp_path / "app-pareto.png").read_bytes()
+    assert plot
+    # a second run keeps the first plot unless asked to replace it
+    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "10MB", "--plot", *ARGS)
+    assert code == 2 and out == "" and "app-pareto.png already exists (pass --force" in err
+    assert (tmp_path / "app-pareto.png").read_bytes() == plot
+    code, _, _ = run(capsys, "tradeoff", "parts", str(path), "--memory", "10MB", "--plot", "--force", *ARGS)
+    assert code == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["app-pareto.png", "app.yaml"]
 
 
 def test_unsatisfiable_constraints_print_the_front_and_fail(tmp_path, capsys):

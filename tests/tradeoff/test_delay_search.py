@@ -100,8 +100,8 @@ def test_cli_bad_search_options_are_one_line_errors(tiny: Path, capsys, option: 
 @pytest.mark.parametrize(("name", "message"), [
     ("adir", "is a directory"),
     ("missing/curve.png", "does not exist"),
-    ("curve.xyz", "unknown image format"),
-    ("curve", "no image format"),
+    ("curve.xyz", "'.xyz', which matplotlib does not write"),
+    ("curve", "no extension"),
 ])
 def test_cli_checks_the_plot_path_before_searching(tiny: Path, tmp_path: Path, capsys, monkeypatch, name, message):
     import layerfit.tradeoff.delay as delay
@@ -121,3 +121,7 @@ def test_cli_plot_format_follows_the_extension(tiny: Path, tmp_path: Path, capsy
     capsys.readouterr()
     assert svg.read_text().lstrip().startswith("<?xml")
     assert [p.name for p in tmp_path.iterdir()] == ["curve.svg"]  # no temporary file left
+    before = svg.read_bytes()
+    assert main(argv) == 2  # an existing plot is replaced only with --force
+    assert "curve.svg already exists (pass --force" in capsys.readouterr().err and svg.read_bytes() == before
+    assert main([*argv, "--force"]) == 0

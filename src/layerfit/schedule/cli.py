@@ -2,7 +2,7 @@
 
 Heavy libraries (networkx, SimPy, matplotlib, OR-Tools) are imported inside the
 commands, so building the ``layerfit`` command stays fast. Every output path is checked
-(:func:`~layerfit.schedule.files.check_output`) before the work whose result it holds,
+(:func:`~layerfit.store.outputs.check_output_file`) before the work whose result it holds,
 and ``--json`` is strict JSON: a figure that does not exist is ``null``, never ``NaN``.
 """
 
@@ -18,7 +18,7 @@ from rich.console import Console
 
 from layerfit import strict_json
 from layerfit.errors import ScheduleError
-from layerfit.schedule.files import check_output
+from layerfit.store.outputs import check_output_file
 
 if TYPE_CHECKING:
     from layerfit.schedule.contention import ContentionModel
@@ -88,7 +88,7 @@ def graph_command(
     from layerfit.schedule.graph import build_graph, draw_graph, parse_scheme
 
     scheme_value = parse_scheme(scheme)
-    image_path = check_output(output, force=force, option="--output", image=True)
+    image_path = check_output_file(output, force=force, option="--output", image=True)
     profile = _network(network, profiles)
     graph = build_graph([profile], scheme_value, job=profile.name)
     draw_graph(graph, image_path, title=f"{profile.name}: {scheme_value.value} dependency graph")
@@ -124,7 +124,7 @@ def profiles_command(
     from layerfit.sizes import format_bytes
 
     if save is not None:
-        check_output(save, force=force, option="--save")
+        check_output_file(save, force=force, option="--save")
     known = resolve_profiles(profiles)
     if save is not None:
         known.save(save)
@@ -187,7 +187,7 @@ def contention_command(
     from layerfit.schedule.profiler import measure_contention
 
     if save is not None:  # before measuring: a bad path must not lose the measurement
-        check_output(save, force=force, option="--save")
+        check_output_file(save, force=force, option="--save")
     model = measure_contention([Path(m) for m in models], repeats=repeats)
     if save is not None:
         model.save(save)
@@ -270,7 +270,7 @@ def generate_command(
     from layerfit.schedule.generate import batch_workload, scenario_workload, stochastic_workload
     from layerfit.schedule.profile import resolve_profiles
 
-    check_output(output, force=force, option="--output")
+    check_output_file(output, force=force, option="--output")
     known = resolve_profiles(profiles)
     if scenario == "batch":
         if not networks:
@@ -401,7 +401,7 @@ def run_command(
         raise ScheduleError(f"--oversize must be 'reject' or 'alone', got {oversize!r}")
     plot_path = None
     if plot or plot_file is not None:
-        plot_path = check_output(
+        plot_path = check_output_file(
             plot_file or f"{Path(workload).stem}-{policy_name}.png",
             force=force,
             option="--plot-file",

@@ -2,20 +2,19 @@
 
 Every file the commands read goes through :func:`read_text`, so a missing, binary or
 directory path is a :class:`~layerfit.errors.ScheduleError` naming the file, never a
-traceback. Every output is checked by :func:`check_output` *before* any long work (a
-measurement, a run), because finding out afterwards loses that work; it is then
-written by :func:`write_text` or :func:`save_figure` through a temporary file and a
-rename, so nothing is half-written, and an existing file is replaced only with
-``--force`` (a directory never).
+traceback. Every output is checked by :func:`~layerfit.store.outputs.check_output_file`
+*before* any long work (a measurement, a run), because finding out afterwards loses
+that work; it is then written by :func:`write_text` or :func:`save_figure` through a
+temporary file and a rename, so nothing is half-written, and an existing file is
+replaced only with ``--force`` (a directory never).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
-from layerfit.errors import OutputExistsError, OutputPathError, ScheduleError
+from layerfit.errors import OutputPathError, ScheduleError
 from layerfit.store import outputs
 
 
@@ -34,39 +33,6 @@ def read_text(path: str | Path, what: str, error: type[ScheduleError] = Schedule
     except UnicodeDecodeError as exc:
         reason = f"not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
     raise error(f"cannot read {what} {path}: {reason}")
-
-
-def image_formats() -> list[str]:
-    """The image extensions matplotlib can write (png, svg, pdf, …)."""
-    return [suffix[1:] for suffix in outputs.image_suffixes()]
-
-
-def check_output(
-    path: str | Path, *, force: bool, option: str = "--output", image: bool = False
-) -> Path:
-    """Raise unless ``path`` can be written: its folder exists and is writable, it is not
-    a directory, it exists only with ``force``, and (``image``) matplotlib writes its
-    extension. Call it before the work whose result goes there."""
-    path = Path(path)
-    parent = path.parent
-    if path.is_dir():
-        raise ScheduleError(f"{option} {path} is a directory: name a file to write")
-    if not parent.is_dir():
-        raise ScheduleError(f"{option} {path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ScheduleError(f"{option} {path}: folder {parent} is not writable")
-    if image:
-        suffix = path.suffix.lower().lstrip(".")
-        formats = image_formats()
-        if suffix not in formats:
-            found = f"matplotlib cannot write '.{suffix}' images" if suffix else "no extension"
-            raise ScheduleError(
-                f"{option} {path}: {found}; end the name with one of: "
-                + ", ".join(f".{f}" for f in formats)
-            )
-    if (path.exists() or path.is_symlink()) and not force:
-        raise OutputExistsError(f"{path} already exists (pass --force to replace it)")
-    return path
 
 
 def write_text(path: str | Path, text: str) -> Path:
@@ -90,4 +56,4 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 130) -> Path:
         plt.close(fig)
 
 
-__all__ = ["check_output", "image_formats", "read_text", "save_figure", "write_text"]
+__all__ = ["read_text", "save_figure", "write_text"]

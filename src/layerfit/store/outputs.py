@@ -4,7 +4,8 @@ Every output path is checked by :func:`check_output_file` *before* the work whos
 goes there (finding out afterwards loses that work): its folder exists and is writable,
 it is not a directory, its extension is one the writer keeps (numpy and matplotlib
 would otherwise append their own and write somewhere else), and it exists only with
-``force``. :func:`write_atomic` then writes through a temporary file in the same folder
+``force``. Every command checks its outputs here, so the messages are the same
+everywhere and name the option. :func:`write_atomic` then writes through a temporary file in the same folder
 and a rename, so an existing file is never left half-overwritten.
 """
 
@@ -33,10 +34,14 @@ def current_umask() -> int:
 
 
 def check_output_file(
-    path: str | Path, *, force: bool, option: str, suffixes: Iterable[str] | None = None
+    path: str | Path, *, force: bool, option: str, suffixes: Iterable[str] | None = None, image: bool = False
 ) -> Path:
-    """Raise unless ``path`` can be written as asked; see the module docstring."""
+    """Raise unless ``path`` can be written as asked; see the module docstring. ``image``:
+    the extensions matplotlib writes (:func:`image_suffixes`) are the ``suffixes``."""
     path = Path(path)
+    writer = "layerfit"
+    if image:
+        suffixes, writer = image_suffixes(), "matplotlib"
     if path.is_dir():
         raise OutputPathError(f"{option} {path} is a directory: name a file to write")
     parent = path.parent
@@ -47,7 +52,7 @@ def check_output_file(
     if suffixes is not None:
         allowed = sorted({s.lower() for s in suffixes})
         if path.suffix.lower() not in allowed:
-            found = f"'{path.suffix}'" if path.suffix else "no extension"
+            found = f"'{path.suffix}', which {writer} does not write" if path.suffix else "no extension"
             raise OutputPathError(
                 f"{option} {path} has {found}: end the name with one of {', '.join(allowed)}"
             )

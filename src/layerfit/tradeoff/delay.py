@@ -172,8 +172,8 @@ def minimal_delay_search(
 def plot_delay_curve(curve: DelayCurve, path: str | Path, title: str | None = None) -> Path:
     """Delay (mean, with min-max band) against weight memory, as the paper's Fig. 13.
 
-    Written atomically; the path is checked as :func:`~layerfit.tradeoff.report.plot_target`
-    does (call that before a long search to fail early).
+    Written atomically (check the path with :func:`~layerfit.store.outputs.check_output_file`
+    before a long search, to fail early).
     """
     import matplotlib
 

@@ -66,40 +66,12 @@ def plot_pareto(result: TradeoffResult, path: str | Path) -> Path:
     return save_figure(fig, path, dpi=110)
 
 
-def plot_target(path: str | Path, option: str = "--plot", named: bool = True) -> Path:
-    """Check, before any work is done, that a figure can be written to ``path``.
-
-    The path must name a file (not a directory) in an existing directory, with an
-    extension matplotlib writes (png, svg, pdf, ...); otherwise TradeoffError says so.
-    ``named=False``: the user did not choose the name (the hint says so).
-    """
-    path = Path(path)
-    formats = [suffix[1:] for suffix in outputs.image_suffixes()]
-    if path.is_dir():
-        hint = (
-            f"give an image file name, e.g. {path / 'plot.png'}"
-            if named
-            else f"{option} writes the plot to {path}: rename that directory or run from another one"
-        )
-        raise TradeoffError(f"{option} {path}: is a directory; {hint}")
-    parent = path.parent
-    if not parent.is_dir():
-        raise TradeoffError(f"{option} {path}: directory {parent} does not exist; create it or choose another path")
-    suffix = path.suffix.lower().lstrip(".")
-    if suffix not in formats:
-        raise TradeoffError(
-            f"{option} {path}: {'no image format' if not suffix else f'unknown image format .{suffix}'}; "
-            "end the name in one of "
-            f"{', '.join('.' + f for f in formats)} (e.g. {path.with_suffix('.png').name})"
-        )
-    return path
-
-
 def save_figure(fig: Any, path: str | Path, dpi: int = 110) -> Path:
     """Write a matplotlib figure atomically (temporary file in the same directory, then
-    rename), in the format of ``path``'s extension; checked by :func:`plot_target`."""
+    rename), in the format of ``path``'s extension (the CLI checks the path first, with
+    :func:`~layerfit.store.outputs.check_output_file`)."""
     try:
-        return outputs.save_figure(fig, plot_target(path), dpi=dpi)
+        return outputs.save_figure(fig, path, dpi=dpi)
     except OutputPathError as exc:
         raise TradeoffError(str(exc)) from exc
 
