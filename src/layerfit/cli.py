@@ -137,7 +137,9 @@ def zoo_command(
 
 @app.command("plan")
 def plan_activations(
-    model: str | None = typer.Argument(None, help="zoo model name, planned at its paper resolution"),
+    model: str | None = typer.Argument(
+        None, help="zoo model name (planned at its paper resolution) or a prepared model directory"
+    ),
     records: str | None = typer.Option(
         None, "--records", help='JSON list of {"id", "first_op", "last_op", "size"} instead of MODEL'
     ),
@@ -145,6 +147,9 @@ def plan_activations(
     strategy: str = typer.Option("all", "--strategy", help="a strategy name, a comma list, or all"),
     align: int = typer.Option(64, "--align", help="round tensor sizes up to this many bytes"),
     order: str = typer.Option("captured", "--order", help="MODEL only: captured or searched operator order"),
+    input_shape: str = typer.Option(
+        None, "--input-shape", help="zoo MODEL only: plan at this input shape, e.g. 1,3,96,96"
+    ),
     time_limit: float = typer.Option(10.0, "--time-limit", help="seconds for each exact CP-SAT model"),
     as_json: bool = typer.Option(False, "--json", help="totals, bounds and every tensor's assignment as JSON"),
 ) -> None:
@@ -156,18 +161,19 @@ def plan_activations(
     from layerfit.memory.report import MIB, plan_report
 
     if (model is None) == (records is None):
-        raise PlanError("give either a zoo MODEL name or --records FILE.json (not both)")
+        raise PlanError("give either a MODEL (zoo name or prepared directory) or --records FILE.json (not both)")
     if order not in ("captured", "searched"):
         raise PlanError(f"--order must be captured or searched, not {order!r}")
     extra: dict[str, Any] = {}
     if records is not None:
+        if input_shape is not None:
+            raise PlanError("--input-shape applies to a zoo MODEL, not to --records")
         recs = load_records(records, alignment=align)
     else:
         from layerfit.memory.from_graph import records_from_graph
         from layerfit.memory.operator_order import search_operator_order
-        from layerfit.memory.zoo_records import capture_zoo_model
 
-        graph = capture_zoo_model(model)
+        graph = _graph_to_plan(model, _parse_shape(input_shape))
         chosen = None
         if order == "searched":
             found = search_operator_order(graph, alignment=align)
@@ -205,6 +211,27 @@ def plan_activations(
             f"operator order search: offsets bound {s['captured_peak'] / MIB:.3f} → {s['peak'] / MIB:.3f} MiB "
             f"({100 * s['saving']:.1f}% saved, {'exact' if s['exact'] else 'beam'})"
         )
+
+
+def _graph_to_plan(model: str, input_shape: tuple[int, ...] | None):
+    """The captured graph of a prepared model directory (as prepared: its manifest holds
+    it, no weights are read) or of a zoo model (captured now, at ``input_shape``)."""
+    from pathlib import Path
+
+    from layerfit.errors import PlanError
+    from layerfit.memory.zoo_records import capture_zoo_model
+    from layerfit.store import read_manifest
+
+    if Path(model).is_dir():
+        if input_shape is not None:
+            raise PlanError(
+                f"{model} was prepared for one input shape; --input-shape applies to zoo models "
+                "(prepare the model again with `layerfit prepare --input-shape` to plan another)"
+            )
+        return read_manifest(model).graph
+    if "/" in model or model.startswith("."):
+        raise PlanError(f"{model} is not a directory (MODEL is a zoo name or a prepared model directory)")
+    return capture_zoo_model(model, input_shape)
 
 
 # --- schedule (MASA / EdgeCaffe: task graphs, policies, simulator, exact optimum) -------

@@ -56,7 +56,7 @@ def test_plan_errors_are_one_line_and_exit_2(tmp_path, capsys) -> None:
     assert main(["plan", "--records", path, "--strategy", "magic"]) == 2
     assert "valid names" in capsys.readouterr().err
     assert main(["plan"]) == 2
-    assert "either a zoo MODEL" in capsys.readouterr().err
+    assert "either a MODEL" in capsys.readouterr().err
     assert main(["plan", "--records", str(tmp_path / "nope.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
@@ -83,3 +83,34 @@ def test_plan_zoo_model_with_searched_order(capsys) -> None:
     assert report["order_search"]["peak"] <= report["order_search"]["captured_peak"]
     buffers = {str(r["strategy"]): r for r in part["strategies"]}["best"]["assignment"]
     assert set(report["buffer_of_tensor"].values()) == {int(b) for b in buffers}
+
+
+def test_plan_a_prepared_model_as_the_engine_plans_it(tmp_path, capsys) -> None:
+    from layerfit.engine.arena import plan_activations
+    from layerfit.store import prepare, read_manifest
+
+    directory = tmp_path / "mnv1"
+    prepare("mobilenet_v1_025", directory, input_shape=(1, 3, 32, 32))
+    argv = ["plan", str(directory), "--approach", "offsets", "--strategy", "best", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    best = report["approaches"]["offsets"]["strategies"][0]
+    assert best["total"] == plan_activations(read_manifest(directory).graph).arena_bytes > 0
+    # the prepared shape is the one planned; another needs another prepare
+    assert main([*argv, "--input-shape", "1,3,64,64"]) == 2
+    assert "prepared for one input shape" in capsys.readouterr().err
+
+
+def test_plan_a_zoo_model_at_another_input_shape(capsys) -> None:
+    argv = ["plan", "mobilenet_v1_025", "--approach", "offsets", "--strategy", "best", "--json"]
+    totals = []
+    for shape in ("1,3,32,32", "1,3,64,64"):
+        assert main([*argv, "--input-shape", shape]) == 0
+        totals.append(json.loads(capsys.readouterr().out)["approaches"]["offsets"]["lower_bound"])
+    assert 0 < totals[0] < totals[1]  # four times the pixels, larger activations
+    assert main([*argv, "--input-shape", "1,3"]) == 2
+    assert "fails on the example input" in capsys.readouterr().err
+    assert main(["plan", "missing/model"]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    assert main(["plan", "--records", "r.json", "--input-shape", "1,3,8,8"]) == 2
+    assert "--input-shape applies to a zoo MODEL" in capsys.readouterr().err
