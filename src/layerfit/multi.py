@@ -15,6 +15,7 @@ to that thread alone). Threads start together at a barrier and report their late
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import threading
@@ -35,12 +36,34 @@ from layerfit.tradeoff.swapnet_profile import DeviceProfile, profile_for
 
 @dataclass(frozen=True)
 class ModelTask:
-    """One model to run: its prepared directory, urgency ``u`` and optional CPU set."""
+    """One model to run: its prepared directory, urgency ``u`` and optional CPU set.
+
+    ``urgency`` scales the model's share of the budget (Eq. 1): finite and above zero.
+    ``cpus`` must be CPUs this process may run on (``os.sched_getaffinity(0)``).
+    """
 
     directory: str | Path
     urgency: float = 1.0
     name: str | None = None
     cpus: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            urgency = float(self.urgency)
+        except (TypeError, ValueError):
+            urgency = math.nan
+        if not (math.isfinite(urgency) and urgency > 0):
+            raise LayerfitError(f"urgency of {self.directory} must be a finite number above 0, got {self.urgency!r}")
+        if self.cpus is not None:
+            allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+            if not self.cpus or any(
+                not isinstance(c, int) or isinstance(c, bool) or (allowed is not None and c not in allowed)
+                for c in self.cpus
+            ):
+                raise LayerfitError(
+                    f"cpus of {self.directory} must name CPUs this process may use "
+                    f"({', '.join(map(str, allowed)) if allowed is not None else 'any'}), got {self.cpus!r}"
+                )
 
 
 @dataclass
@@ -173,12 +196,24 @@ class MultiRunner:
     # --- running ------------------------------------------------------------------------
 
     def run(self, iterations: int = 3, warmup: int = 1, inputs: Sequence[tuple] | None = None) -> list[ModelRun]:
-        """Run every model ``warmup + iterations`` times, all concurrently, one thread each."""
+        """Run every model ``warmup + iterations`` times, all concurrently, one thread each.
+
+        ``inputs``: per model, its input or a tuple of its arguments (default: each
+        model's example input).
+        """
+        if not self.models:
+            raise LayerfitError("this MultiRunner is closed: create a new one to run again")
+        if iterations < 1 or warmup < 0:
+            raise LayerfitError(f"iterations must be at least 1 and warmup at least 0, got {iterations} and {warmup}")
+        if inputs is not None and len(inputs) != len(self.models):
+            raise LayerfitError(f"{len(inputs)} inputs for {len(self.models)} models: give one tuple per model")
         if inputs is None:
             inputs = [
                 (example_input(p.manifest.input_shape, p.manifest.input_dtype, p.manifest.seed),)
                 for p in self.plans
             ]
+        else:  # a bare tensor is one argument (unpacking it would split its batch dimension)
+            inputs = [inp if isinstance(inp, tuple) else (inp,) for inp in inputs]
         runs = [
             ModelRun(nm, m.decision.budget if self.total_budget is not None else None, m.decision.choice.blocks,
                      m.decision.points)

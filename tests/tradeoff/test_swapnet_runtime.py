@@ -14,7 +14,7 @@ import tinymodels
 import torch
 
 from layerfit.cli import main
-from layerfit.errors import BudgetError, PartitionError, ProfileError, ProfileWarning
+from layerfit.errors import BudgetError, LayerfitError, PartitionError, ProfileError, ProfileWarning
 from layerfit.multi import ModelTask, MultiRunner
 from layerfit.store import ModelSpec, example_input, prepare
 from layerfit.tradeoff.partition import SwapNetPlan
@@ -216,6 +216,30 @@ def test_multi_runs_models_concurrently_within_the_split(chain: Path, tiny: Path
         with pytest.raises(BudgetError):
             runner.set_total_budget(total // 2)
         assert runner.budgets == [p.demand for p in plans]
+
+
+def test_multi_refuses_bad_tasks_and_runs_before_touching_a_model(chain: Path, tiny: Path, profile):
+    for bad in ({"urgency": 0}, {"urgency": -1.0}, {"urgency": float("nan")}, {"urgency": "high"}):
+        with pytest.raises(LayerfitError, match="urgency .* finite number above 0"):
+            ModelTask(chain, **bad)
+    for cpus in ((), (10_000,), (-1,), ("0",)):
+        with pytest.raises(LayerfitError, match="cpus .* CPUs this process may use"):
+            ModelTask(chain, cpus=cpus)
+    (xc, yc), (xt, yt) = chain_reference(), tiny_reference()
+    runner = MultiRunner([ModelTask(chain), ModelTask(tiny)], None, profile=profile)
+    with runner:
+        for kwargs, message in (
+            ({"iterations": 0}, "iterations must be at least 1"),
+            ({"warmup": -1}, "warmup at least 0"),
+            ({"inputs": [(xc,)]}, "1 inputs for 2 models"),
+        ):
+            with pytest.raises(LayerfitError, match=message):
+                runner.run(**kwargs)
+        # a bare tensor is the model's one input, not a tuple of its rows
+        runs = runner.run(iterations=1, warmup=0, inputs=[xc, xt])
+        assert torch.equal(runs[0].output, yc) and torch.equal(runs[1].output, yt)
+    with pytest.raises(LayerfitError, match="closed"):
+        runner.run()
 
 
 # --- command line ------------------------------------------------------------------------
