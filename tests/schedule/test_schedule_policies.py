@@ -94,6 +94,24 @@ def test_masa_fair_avoids_the_memory_deadlock_masa_breaks_with_the_progress_rule
     assert all(j.status == "done" for j in fair.jobs)
 
 
+def test_masa_fair_counts_a_held_layer_as_returned_before_the_later_layers_load():
+    # EmotionNet's shape (bench/masa.py): fc6 (300) then fc7 (70) do not fit together, but
+    # the network runs alone within the budget, fc6 being executed and unloaded before fc7
+    # is needed. Claiming "the largest pending load on top of everything held" made both
+    # loads unsafe and only the progress rule moved on, over the budget.
+    jobs = [Job("j0", (net("e", [5, 300, 70, 1], load=[0.1, 1.0, 0.3, 0.1]),), arrival=0.0, seq=0)]
+    fcfs = simulate(jobs, "masa-fcfs", memory=320, workers=2, paging=None)
+    fair = simulate(jobs, "masa-fair", memory=320, workers=2, paging=None)
+    assert fcfs.progress_count == 0 and fcfs.peak_memory <= 320
+    assert fair.progress_count == 0 and fair.peak_memory <= 320
+    assert all(j.status == "done" for j in fair.jobs)
+    # and loading fc7 first, which would leave no room for fc6, is still held back
+    fair_first = make_policy("masa-fair")
+    fair_first.add(task("L2", K.LOAD, 70, layer=2, seq=0))
+    fair_first.add(task("L1", K.LOAD, 300, layer=1, seq=1))
+    assert fair_first.next(0, 320).id == "L1"
+
+
 def test_masa_fcfs_takes_each_group_in_arrival_order():
     p = make_policy("masa-fcfs")
     for i, (name, kind, mem, job_seq, layer) in enumerate(

@@ -13,11 +13,15 @@ reached 145 s, against 0.7 s for Bulk.
 ``masa-fair`` (not in the thesis; ``masa`` stays the thesis's algorithm) keeps
 Algorithm 1's order — execute and unload before load, ascending memory — but starts a
 memory-taking task only if the state after it is *safe*: there is an order in which
-every network in flight can finish, each needing room for its largest pending load and
-giving back what it holds when it finishes (the Banker's algorithm, with a network's
-largest pending load as its claim; a new network claims its largest task). When no task
-is safe and nothing runs, the oldest job's task runs (the progress rule, first come
-first served instead of smallest first). The safety check costs concurrency where one
+every network in flight can finish, one after the other, each giving back what it holds
+when it finishes (the Banker's algorithm; a new network claims its largest task). A
+network runs its layers in order and unloads each after executing it, so when it
+reaches a pending load it still holds only the loads of *later* layers: its claim is
+the most any pending load needs beyond the loads it holds of earlier layers. (Counting
+every held load as kept until the network ends made a network refuse to load its own
+large layer before a smaller later one, and only the progress rule moved it on: EmotionNet
+alone at 377 MB in ``bench/masa.py``.) When no task is safe and nothing runs, the oldest
+job's task runs (the progress rule, first come first served instead of smallest first). The safety check costs concurrency where one
 task nearly fills the budget (mixed-3 in ``bench/masa.py``). ``masa-fcfs`` avoids the
 deadlock in practice by order alone (arrival order, as EdgeCaffe's code has it) without
 holding back a task that fits; only ``masa-fair`` rules it out.
@@ -40,8 +44,8 @@ class MasaFair(Masa):
 
     def __init__(self, *, gated: bool = True) -> None:
         super().__init__(gated=gated)
-        self._held: dict[str, int] = defaultdict(int)  # network -> retained load bytes
-        self._retained: dict[str, tuple[str, str, int]] = {}  # load id -> (network, job, bytes)
+        self._held: dict[str, dict[int, int]] = defaultdict(dict)  # network -> layer -> retained bytes
+        self._retained: dict[str, tuple[str, str, int]] = {}  # load id -> (network, job, layer)
         self.unsafe_skips = 0  # tasks that fitted but were held back as unsafe
 
     # --- bookkeeping of what each network holds -------------------------------------
@@ -49,8 +53,8 @@ class MasaFair(Masa):
     def _take(self, task: Task) -> Task:
         task = super()._take(task)
         if task.kind is TaskKind.LOAD and task.retained:
-            self._held[task.network] += task.retained
-            self._retained[task.id] = (task.network, task.job, task.retained)
+            self._held[task.network][task.layer] = task.retained
+            self._retained[task.id] = (task.network, task.job, task.layer)
         return task
 
     def complete(self, task: Task) -> None:
@@ -67,9 +71,9 @@ class MasaFair(Masa):
         """Load ``key``'s weights are gone: its network holds that much less."""
         entry = self._retained.pop(key, None)
         if entry is not None:
-            network, _, nbytes = entry
-            self._held[network] -= nbytes
-            if self._held[network] <= 0:
+            network, _, layer = entry
+            self._held[network].pop(layer, None)
+            if not self._held[network]:
                 del self._held[network]
 
     # --- choice ---------------------------------------------------------------------
@@ -78,10 +82,10 @@ class MasaFair(Masa):
         task = self._frees.first()
         if task is not None and fits(task, free_memory):
             return self._take(task)
-        claims: dict[str, list[int]] = defaultdict(list)  # network -> its ready loads' bytes
+        claims: dict[str, dict[int, int]] = defaultdict(dict)  # network -> layer -> ready load bytes
         for t in self._takes:
             if t.kind is TaskKind.LOAD:
-                claims[t.network].append(t.memory)
+                claims[t.network][t.layer] = t.memory
         for candidate in self._takes:  # ascending memory: stop at the first that does not fit
             if not fits(candidate, free_memory):
                 break
@@ -96,21 +100,31 @@ class MasaFair(Masa):
                 return self._take(task)
         return None
 
-    def _safe(self, candidate: Task, free_memory: int, claims: dict[str, list[int]]) -> bool:
+    def _safe(self, candidate: Task, free_memory: int, claims: dict[str, dict[int, int]]) -> bool:
         """After ``candidate`` starts, can every network in flight still finish?"""
         free = free_memory - candidate.memory
-        need = {net: max(sizes) for net, sizes in claims.items()}
-        held = dict(self._held)
+        pending = {net: dict(loads) for net, loads in claims.items()}
+        held = {net: dict(layers) for net, layers in self._held.items()}
         if candidate.kind is TaskKind.LOAD:
-            rest = list(claims[candidate.network])
-            rest.remove(candidate.memory)
-            need[candidate.network] = max(rest, default=0)
-            held[candidate.network] = held.get(candidate.network, 0) + candidate.retained
-        elif candidate.kind is TaskKind.INIT:
+            del pending[candidate.network][candidate.layer]
+            if candidate.retained:
+                held.setdefault(candidate.network, {})[candidate.layer] = candidate.retained
+        need = {net: _claim(loads, held.get(net, {})) for net, loads in pending.items()}
+        if candidate.kind is TaskKind.INIT:
             need[candidate.network] = max(need.get(candidate.network, 0), candidate.network_largest)
-        free += sum(nbytes for net, nbytes in held.items() if net not in need)  # nothing left to load
+        free += sum(sum(layers.values()) for net, layers in held.items() if net not in need)  # nothing left to load
         for net, claim in sorted(need.items(), key=lambda item: item[1]):
             if claim > free:
                 return False
-            free += held.get(net, 0)
+            free += sum(held.get(net, {}).values())
         return True
+
+
+def _claim(pending: dict[int, int], held: dict[int, int]) -> int:
+    """The most memory a network still needs beyond what it holds, running alone: at each
+    pending load, the loads it holds of earlier layers have been executed and unloaded."""
+    need = 0
+    for layer, nbytes in pending.items():
+        returned = sum(b for held_layer, b in held.items() if held_layer < layer)
+        need = max(need, nbytes - returned)
+    return need
