@@ -145,30 +145,52 @@ def plan_activations(
     ),
     approach: str | None = typer.Option(None, "--approach", help="objects or offsets (default: both)"),
     strategy: str = typer.Option("all", "--strategy", help="a strategy name, a comma list, or all"),
-    align: int = typer.Option(64, "--align", help="round tensor sizes up to this many bytes"),
+    align: int = typer.Option(64, "--align", help="round tensor sizes up to this many bytes (a power of two)"),
     order: str = typer.Option("captured", "--order", help="MODEL only: captured or searched operator order"),
     input_shape: str = typer.Option(
         None, "--input-shape", help="zoo MODEL only: plan at this input shape, e.g. 1,3,96,96"
     ),
-    time_limit: float = typer.Option(10.0, "--time-limit", help="seconds for each exact CP-SAT model"),
+    time_limit: float = typer.Option(
+        10.0, "--time-limit", help="seconds for each exact CP-SAT model and for the operator order search"
+    ),
     as_json: bool = typer.Option(False, "--json", help="totals, bounds and every tensor's assignment as JSON"),
 ) -> None:
     """Plan activation memory: every strategy's total next to the lower bound and naive total."""
+    import math
+
     from rich.table import Table
 
     from layerfit.errors import PlanError
-    from layerfit.memory import load_records
+    from layerfit.memory import check_alignment, get_strategy, load_records
+    from layerfit.memory.registry import check_approach
     from layerfit.memory.report import MIB, plan_report
 
     if (model is None) == (records is None):
         raise PlanError("give either a MODEL (zoo name or prepared directory) or --records FILE.json (not both)")
     if order not in ("captured", "searched"):
         raise PlanError(f"--order must be captured or searched, not {order!r}")
+    check_alignment(align, "--align")
+    if not math.isfinite(time_limit) or time_limit <= 0:
+        raise PlanError(f"--time-limit must be a positive, finite number of seconds, got {time_limit:g}")
+    approaches = ("objects", "offsets") if approach is None else (approach,)
+    names: str | list[str] = "all"
+    if strategy.strip() != "all":  # a comma list, each name once, in the order given
+        names = list(dict.fromkeys(s.strip() for s in strategy.split(",") if s.strip()))
+    if not names:
+        raise PlanError("--strategy names no strategy; give a name, a comma list, or all")
+    for kind in approaches:  # bad names fail before a model is captured
+        check_approach(kind)
+        for name in names if names != "all" else ():
+            get_strategy(kind, name)
     extra: dict[str, Any] = {}
     if records is not None:
         if input_shape is not None:
             raise PlanError("--input-shape applies to a zoo MODEL, not to --records")
+        if order != "captured":
+            raise PlanError("--order applies to a MODEL; records files carry their own operator order")
         recs = load_records(records, alignment=align)
+        if not recs:
+            raise PlanError(f"records file {records!r} holds no tensor usage records; nothing to plan")
     else:
         from layerfit.memory.from_graph import records_from_graph
         from layerfit.memory.operator_order import search_operator_order
@@ -176,15 +198,13 @@ def plan_activations(
         graph = _graph_to_plan(model, _parse_shape(input_shape))
         chosen = None
         if order == "searched":
-            found = search_operator_order(graph, alignment=align)
+            found = search_operator_order(graph, alignment=align, time_limit=time_limit)
             chosen = found.order
             extra["order_search"] = {k: v for k, v in found.to_dict().items() if k != "order"}
         converted = records_from_graph(graph, chosen, alignment=align)
         recs = converted.records
         if as_json:  # tensors folded into a buffer (views, in-place) take that buffer's place
             extra["buffer_of_tensor"] = {str(t): b for t, b in sorted(converted.record_of.items())}
-    approaches = ("objects", "offsets") if approach is None else (approach,)
-    names = "all" if strategy == "all" else [s.strip() for s in strategy.split(",") if s.strip()]
     report = plan_report(recs, approaches, names, time_limit=time_limit, assignments=as_json)
     report.update(extra)
     if as_json:
@@ -229,6 +249,11 @@ def _graph_to_plan(model: str, input_shape: tuple[int, ...] | None):
                 "(prepare the model again with `layerfit prepare --input-shape` to plan another)"
             )
         return read_manifest(model).graph
+    if Path(model).is_file():
+        raise PlanError(
+            f"{model} is a file, not a zoo name or a prepared model directory; "
+            f"plan a records file with --records {model}"
+        )
     if "/" in model or model.startswith("."):
         raise PlanError(f"{model} is not a directory (MODEL is a zoo name or a prepared model directory)")
     return capture_zoo_model(model, input_shape)

@@ -9,7 +9,9 @@ breadths by record order and operator order:
      both strip-packing priorities and the shared-objects plans laid end to end).
   2. Variants of the input: as given; record order reversed (other ties); time mirrored
      (op ``t`` becomes ``T − t``, which maps legal plans to legal plans); both.
-     The min-cost flow member, the slowest, runs on the input as given only.
+     The min-cost flow member, the slowest, runs on the input as given only, and not at
+     all past ``PORTFOLIO_ARC_LIMIT`` reuse arcs (its network is quadratic: minutes and
+     gigabytes for ten thousand tensors); the note then says so.
   3. Keep the first plan of minimal total; stop early once a plan meets the lower bound,
      since nothing can beat it.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 
 from layerfit.memory.bounds import objects_lower_bound, offsets_lower_bound
+from layerfit.memory.objects_min_cost_flow import PORTFOLIO_ARC_LIMIT, reuse_arc_count
 from layerfit.memory.plans import OffsetsPlan, Plan, SharedObjectsPlan
 from layerfit.memory.records import TensorUsageRecord, mirror
 from layerfit.memory.registry import STRATEGIES, register
@@ -40,10 +43,12 @@ SLOW_MEMBERS = ("min_cost_flow", "objects:min_cost_flow")
 
 
 def _members(
-    approach: str, first_variant: bool
+    approach: str, first_variant: bool, slow: bool = True
 ) -> Iterator[tuple[str, Callable[[Sequence[TensorUsageRecord]], Plan]]]:
     for name, entry in STRATEGIES[approach].items():
-        if not entry.heuristic or name == "naive" or (name in SLOW_MEMBERS and not first_variant):
+        if not entry.heuristic or name == "naive":
+            continue
+        if name in SLOW_MEMBERS and not (first_variant and slow):
             continue
         if approach == "offsets" and name == "strip_packing":
             for priority in ("lifetime", "size"):
@@ -58,9 +63,10 @@ def _members(
 def _portfolio(records: Sequence[TensorUsageRecord], approach: str, bound: int) -> tuple[Plan, str]:
     best: Plan | None = None
     label = "naive"
+    slow = reuse_arc_count(records) <= PORTFOLIO_ARC_LIMIT
     for number, (variant, transform) in enumerate(VARIANTS):
         variant_records = transform(records)
-        for name, function in _members(approach, number == 0):
+        for name, function in _members(approach, number == 0, slow):
             candidate = function(variant_records)
             if best is None or candidate.total < best.total:
                 best, label = candidate, f"{name} ({variant})"
@@ -68,6 +74,8 @@ def _portfolio(records: Sequence[TensorUsageRecord], approach: str, bound: int) 
                 return best, label
     if best is None:  # no heuristic registered: fall back to no sharing
         best = STRATEGIES[approach]["naive"].function(records)
+    if not slow:
+        label += f"; min_cost_flow left out (over {PORTFOLIO_ARC_LIMIT} reuse arcs)"
     return best, label
 
 

@@ -29,8 +29,17 @@ def size_unit(records: Sequence[TensorUsageRecord]) -> int:
 
 
 def check_solver_options(time_limit: float, workers: int) -> None:
-    if not time_limit > 0:
-        raise PlanError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
+    """PlanError unless ``time_limit`` is a positive, finite number of seconds (an infinite
+    one would let the solver run for hours) and ``workers`` a positive integer."""
+    if (
+        not isinstance(time_limit, int | float)
+        or isinstance(time_limit, bool)
+        or not math.isfinite(time_limit)
+        or not time_limit > 0
+    ):
+        raise PlanError(
+            f"time_limit must be a positive, finite number of seconds, got {time_limit!r}"
+        )
     if not isinstance(workers, int) or workers < 1:
         raise PlanError(f"workers must be a positive integer, got {workers!r}")
 
@@ -73,11 +82,34 @@ class SolveResult:
     optimal: bool
     has_solution: bool
     proven_bound: float  # the solver's best objective bound (in model units)
+    invalid: str = ""  # why CP-SAT refused the model (values beyond its range), if it did
+
+    def bound_units(self) -> int:
+        """The proven objective bound as an integer that is certainly not above the true one.
+
+        CP-SAT reports it as a double: past 2**53 units the rounding may go up, so the
+        bound is lowered by its precision before rounding up to an integer.
+        """
+        slack = max(1e-6, abs(self.proven_bound) * 2.0**-50)
+        return max(0, math.ceil(self.proven_bound - slack))
+
+    def failure(self, time_limit: float) -> str:
+        """The note of a plan kept from the heuristic hint because CP-SAT found none."""
+        if self.invalid:
+            return f"CP-SAT cannot take this model ({self.invalid}); best heuristic kept"
+        return f"no CP-SAT solution within {time_limit:g} s; best heuristic kept"
 
 
 def solve(model: Any, lower_bound: int, time_limit: float, workers: int) -> SolveResult:
-    """Solve the CP-SAT ``model`` within ``time_limit`` seconds on ``workers`` threads."""
+    """Solve the CP-SAT ``model`` within ``time_limit`` seconds on ``workers`` threads.
+
+    A model CP-SAT refuses (values beyond ±2**62, which sizes near 2**63 bytes with a
+    small greatest common divisor reach) gives no solution and says why in ``invalid``.
+    """
     module = cp_model()
+    invalid = model.validate()
+    if invalid:
+        return SolveResult(None, False, False, float("-inf"), invalid.split(". ")[0])
     solver = module.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit)
     solver.parameters.num_workers = int(workers)

@@ -24,7 +24,6 @@ positional-maxima bound, never a solver bound it could not prove for all plans.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -121,9 +120,7 @@ def cpsat_objects(
 
     result = solve(model, lb // unit, time_limit, workers)
     if not result.has_solution:
-        return _done(
-            hint, FEASIBLE, lb, f"no CP-SAT solution within {time_limit:g} s; best heuristic kept"
-        )
+        return _done(hint, FEASIBLE, lb, result.failure(time_limit))
     solver = result.solver
     object_ids: dict[int, int] = {}
     sizes = [0] * k_max
@@ -140,7 +137,7 @@ def cpsat_objects(
     )
     bound = lb
     if complete:
-        bound = max(lb, math.ceil(result.proven_bound - 1e-6) * unit)
+        bound = max(lb, result.bound_units() * unit)
     if plan.total <= bound or (complete and result.optimal):
         return _done(plan, OPTIMAL, plan.total, "proven optimal")
     note = "" if complete else f"objects capped at {k_max}; gap is to the positional-maxima bound"

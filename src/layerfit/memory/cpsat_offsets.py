@@ -15,7 +15,6 @@ Model (sizes in units of their gcd):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -87,14 +86,12 @@ def cpsat_offsets(
 
     result = solve(model, lb // unit, time_limit, workers)
     if not result.has_solution:
-        return _done(
-            hint, FEASIBLE, lb, f"no CP-SAT solution within {time_limit:g} s; best heuristic kept"
-        )
+        return _done(hint, FEASIBLE, lb, result.failure(time_limit))
     solver = result.solver
     offsets = {r.id: solver.value(offset[i]) * unit for i, r in enumerate(records)}
     total = max((offsets[r.id] + r.size for r in records), default=0)
     plan = OffsetsPlan(total, offsets)
-    bound = max(lb, math.ceil(result.proven_bound - 1e-6) * unit)
+    bound = max(lb, result.bound_units() * unit)
     if plan.total <= bound or result.optimal:
         return _done(plan, OPTIMAL, plan.total, "proven optimal")
     return _done(plan, FEASIBLE, bound, "")

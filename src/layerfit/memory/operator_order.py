@@ -18,6 +18,10 @@ Algorithm — dynamic programming over *executed sets* (downsets of the dependen
   5. Beyond ``max_states`` sets in one layer keep the best ones — the captured order's
      prefix always among them, so the result is never worse than the captured order —
      and report the search as not exact. Otherwise the order found is optimal.
+  6. Once the search has run ``time_limit`` seconds, the remaining layers keep at most
+     ``FALLBACK_STATES`` sets (a narrow beam, same rules), so wide graphs — where every
+     layer fills ``max_states`` and the work is ``ops × max_states × branches`` — still
+     finish in about ``time_limit`` seconds; the result says so (``time_limited``).
 
 Branchy graphs (Inception, DeepLab's ASPP, DenseNet, YOLO routes) have few reachable
 sets between their join points, so the search stays exact on them (Inception v3: 36 k
@@ -26,11 +30,13 @@ sets, about two seconds).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from layerfit.errors import PlanError
 from layerfit.memory.bounds import offsets_lower_bound
 from layerfit.memory.from_graph import _Storage, records_from_graph
 from layerfit.memory.profiles import operator_profiles
@@ -40,6 +46,8 @@ if TYPE_CHECKING:
     from layerfit.capture.graph import ModelGraph
 
 DEFAULT_MAX_STATES = 20_000
+DEFAULT_TIME_LIMIT = 10.0  # seconds of full-width search before the beam narrows
+FALLBACK_STATES = 64
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,7 @@ class OrderSearchResult:
     exact: bool  # True when no state was pruned: ``peak`` is minimal over all valid orders
     states: int  # executed sets examined
     seconds: float
+    time_limited: bool = False  # the beam narrowed to FALLBACK_STATES at the time limit
 
     @property
     def saving(self) -> float:
@@ -66,6 +75,7 @@ class OrderSearchResult:
             "exact": self.exact,
             "states": self.states,
             "seconds": self.seconds,
+            "time_limited": self.time_limited,
             "order": list(self.order),
         }
 
@@ -142,8 +152,24 @@ def search_operator_order(
     inplace: bool = True,
     alignment: int = DEFAULT_ALIGNMENT,
     max_states: int = DEFAULT_MAX_STATES,
+    time_limit: float | None = DEFAULT_TIME_LIMIT,
 ) -> OrderSearchResult:
-    """The valid execution order of ``graph`` with the smallest offsets lower bound."""
+    """The valid execution order of ``graph`` with the smallest offsets lower bound.
+
+    ``time_limit`` (seconds, None for none) bounds the full-width search; past it the
+    beam narrows to ``FALLBACK_STATES`` sets per layer (see the module docstring).
+    """
+    if not isinstance(max_states, int) or isinstance(max_states, bool) or max_states < 1:
+        raise PlanError(f"max_states must be a positive integer, got {max_states!r}")
+    if time_limit is not None and (
+        not isinstance(time_limit, int | float)
+        or isinstance(time_limit, bool)
+        or not math.isfinite(time_limit)
+        or not time_limit > 0
+    ):
+        raise PlanError(
+            f"time_limit must be a positive, finite number of seconds or None, got {time_limit!r}"
+        )
     start = time.perf_counter()
     model = _Model(graph, inplace, alignment)
     m = model.m
@@ -157,8 +183,17 @@ def search_operator_order(
     layer: dict[int, tuple[int, int, int, int, int, int]] = {0: (0, 0, 0, -1, -1, initial_ready)}
     history: list[dict[int, tuple[int, int]]] = []  # per layer: mask -> (parent mask, op)
     exact = True
+    time_limited = False
     states = 0
     for depth in range(m):
+        if (
+            not time_limited
+            and time_limit is not None
+            and time.perf_counter() - start > time_limit
+            and max_states > FALLBACK_STATES
+        ):
+            time_limited = True
+            max_states = FALLBACK_STATES
         nxt: dict[int, tuple[int, int, int, int, int, int]] = {}
         captured_mask = (1 << depth) - 1
         for done, (peak, resident, _rank, _parent, _op, ready) in layer.items():
@@ -200,7 +235,7 @@ def search_operator_order(
         mask = parent
     order.reverse()
     return OrderSearchResult(
-        tuple(order), peak, captured_peak, exact, states, time.perf_counter() - start
+        tuple(order), peak, captured_peak, exact, states, time.perf_counter() - start, time_limited
     )
 
 

@@ -8,7 +8,10 @@ intervals intersect can never share memory. Sizes are the *aligned* sizes in byt
 so every offset a planner computes from them is aligned too.
 
 Records are plain frozen dataclasses; bad values raise :class:`~layerfit.errors.PlanError`
-naming the record, so a planner never sees a nonsensical input.
+naming the record, so a planner never sees a nonsensical input. Every plan is a set of
+int64 byte offsets (NumPy, OR-Tools), so sizes — and their sum, which bounds every
+plan's total — are at most ``2**63 - 1`` bytes, and operator indices at most
+``2**31 - 1``; the alignment is a power of two up to ``2**30``.
 """
 
 from __future__ import annotations
@@ -22,17 +25,32 @@ from typing import Any
 from layerfit.errors import PlanError
 
 DEFAULT_ALIGNMENT = 64
-
-
-def align_up(size: int, alignment: int = DEFAULT_ALIGNMENT) -> int:
-    """``size`` rounded up to a multiple of ``alignment`` (``alignment`` ≥ 1)."""
-    if alignment < 1:
-        raise PlanError(f"alignment must be a positive number of bytes, got {alignment}")
-    return -(-size // alignment) * alignment
+MAX_BYTES = 2**63 - 1  # int64: a size, and the sum of all sizes (every plan's total fits)
+MAX_OP = 2**31 - 1  # operator indices are positions in one execution order
+MAX_ALIGNMENT = 2**30
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_alignment(alignment: Any, name: str = "alignment") -> int:
+    """``alignment`` if it is a power of two from 1 to ``2**30`` bytes, else PlanError.
+
+    ``name`` is how the caller spells the value (``--align`` on the command line).
+    """
+    if not _is_int(alignment) or not 1 <= alignment <= MAX_ALIGNMENT or alignment & (alignment - 1):
+        raise PlanError(
+            f"{name} must be a power of two from 1 to 2**30 bytes (1, 2, 4, …, 64, …), "
+            f"got {alignment!r}"
+        )
+    return alignment
+
+
+def align_up(size: int, alignment: int = DEFAULT_ALIGNMENT) -> int:
+    """``size`` rounded up to a multiple of ``alignment`` (a power of two, see :func:`check_alignment`)."""
+    check_alignment(alignment)
+    return -(-size // alignment) * alignment
 
 
 @dataclass(frozen=True, order=False)
@@ -60,6 +78,13 @@ class TensorUsageRecord:
                 f"tensor usage record {self.id}: first_op {self.first_op} is negative; "
                 "operator indices start at 0"
             )
+        for name in ("first_op", "last_op"):
+            if getattr(self, name) > MAX_OP:
+                raise PlanError(
+                    f"tensor usage record {self.id}: {name} {getattr(self, name)} is beyond "
+                    f"{MAX_OP} (2**31 - 1); number operators by their position in the "
+                    "execution order"
+                )
         if self.first_op > self.last_op:
             raise PlanError(
                 f"tensor usage record {self.id}: first_op {self.first_op} is after "
@@ -69,6 +94,11 @@ class TensorUsageRecord:
             raise PlanError(
                 f"tensor usage record {self.id}: size {self.size} is negative; "
                 "sizes are byte counts"
+            )
+        if self.size > MAX_BYTES:
+            raise PlanError(
+                f"tensor usage record {self.id}: size {self.size} is beyond {MAX_BYTES} "
+                "(2**63 - 1) bytes, more than any arena can address"
             )
 
     def intersects(self, other: TensorUsageRecord) -> bool:
@@ -85,8 +115,10 @@ class TensorUsageRecord:
 
 
 def check_records(records: Sequence[TensorUsageRecord]) -> None:
-    """Raise PlanError unless ``records`` is a sequence of records with unique ids."""
+    """Raise PlanError unless ``records`` is a sequence of records with unique ids whose
+    sizes add up to at most ``2**63 - 1`` bytes (so every plan's offsets fit int64)."""
     seen: set[int] = set()
+    total = 0
     for rec in records:
         if not isinstance(rec, TensorUsageRecord):
             raise PlanError(
@@ -98,17 +130,35 @@ def check_records(records: Sequence[TensorUsageRecord]) -> None:
                 f"duplicate tensor id {rec.id} in the usage records; ids must be unique"
             )
         seen.add(rec.id)
+        total += rec.size
+    if total > MAX_BYTES:
+        largest = max(records, key=lambda r: r.size)
+        raise PlanError(
+            f"the {len(records)} tensor usage records add up to {total} bytes, beyond "
+            f"{MAX_BYTES} (2**63 - 1) that int64 offsets can address (largest: record "
+            f"{largest.id} of {largest.size} bytes); check the sizes and the alignment"
+        )
+
+
+_FIELDS = ("id", "first_op", "last_op", "size")
 
 
 def _record_from(item: Any, position: int) -> TensorUsageRecord:
     if isinstance(item, TensorUsageRecord):
         return item
     if isinstance(item, Mapping):
-        missing = [k for k in ("id", "first_op", "last_op", "size") if k not in item]
+        missing = [k for k in _FIELDS if k not in item]
         if missing:
             raise PlanError(
                 f"tensor usage record #{position} {dict(item)!r} lacks {', '.join(missing)}; "
                 'each record needs "id", "first_op", "last_op" and "size"'
+            )
+        unknown = [k for k in item if k not in _FIELDS]
+        if unknown:
+            raise PlanError(
+                f"tensor usage record #{position} {dict(item)!r} has unknown field(s) "
+                f"{', '.join(map(repr, unknown))}; a record has exactly "
+                '"id", "first_op", "last_op" and "size"'
             )
         return TensorUsageRecord(item["id"], item["first_op"], item["last_op"], item["size"])
     if isinstance(item, Sequence) and not isinstance(item, str | bytes) and len(item) == 4:
@@ -129,10 +179,16 @@ def make_records(
     be unique. The order of ``items`` is kept: it is the tie-break order of every
     strategy, as in TFLite.
     """
+    check_alignment(alignment)
     out = []
     for position, item in enumerate(items):
         rec = _record_from(item, position)
         size = align_up(rec.size, alignment) if rec.size > 0 else rec.size
+        if size > MAX_BYTES:
+            raise PlanError(
+                f"tensor usage record {rec.id}: size {rec.size} rounded up to {alignment} "
+                f"bytes is {size}, beyond {MAX_BYTES} (2**63 - 1) bytes"
+            )
         out.append(
             rec if size == rec.size else TensorUsageRecord(rec.id, rec.first_op, rec.last_op, size)
         )
@@ -147,6 +203,15 @@ def load_records(path: str | Path, alignment: int = DEFAULT_ALIGNMENT) -> list[T
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise PlanError(f"records file {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise PlanError(
+            f"records file {str(path)!r} is a directory; give a JSON file of "
+            '{"id", "first_op", "last_op", "size"} records'
+        ) from None
+    except RecursionError:
+        raise PlanError(
+            f"cannot read records file {str(path)!r} as JSON: it is nested too deeply"
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PlanError(f"cannot read records file {str(path)!r} as JSON: {exc}") from None
     if isinstance(data, Mapping) and "records" in data:
