@@ -276,3 +276,243 @@ class _ScaledTinyCNN(TinyCNN):
 def scaled_tiny_cnn() -> nn.Module:
     torch.manual_seed(0)
     return _ScaledTinyCNN()
+
+
+# --- unusual models (tests/engine/test_unusual_models.py) -------------------------------
+
+
+class _Branch(nn.Module):
+    """Runs ``opt`` only where the input's first element is positive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.opt = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        if x[0, 0] > 0:
+            h = self.opt(h)
+        return self.b(h)
+
+
+def branch() -> nn.Module:
+    torch.manual_seed(11)
+    return _Branch()
+
+
+class _InputLoop(nn.Module):
+    """Runs ``step`` once per positive element of the input's first row (at least once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.step = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        for _ in range(max(1, int((x[0] > 0).sum()))):
+            h = torch.tanh(self.step(h))
+        return self.b(h)
+
+
+def input_loop() -> nn.Module:
+    torch.manual_seed(12)
+    return _InputLoop()
+
+
+class _CounterLeaf(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+        self.scale = nn.Parameter(torch.rand(8) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x * self.scale * self.calls
+
+
+class _RunningState(nn.Module):
+    """Buffers the forward pass writes: a counter (in place), a running sum (in place)
+    and a state replaced by a new tensor (``self.state = self.state + 1``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.count = _CounterLeaf()
+        self.b = nn.Linear(8, 8)
+        self.register_buffer("total", torch.zeros(8))
+        self.register_buffer("state", torch.zeros(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.count(self.a(x))
+        self.total.add_(h.mean(0))
+        self.state = self.state + 1
+        return self.b(h) + self.total + self.state
+
+
+def running_state() -> nn.Module:
+    torch.manual_seed(13)
+    return _RunningState()
+
+
+class _DeviceProbe(nn.Module):
+    """Makes a tensor on ``b.weight``'s device while ``b`` is not running (``self.device``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.b.weight
+        bias = torch.ones(x.shape[0], 8, device=w.device, dtype=w.dtype)
+        return self.b(self.a(x) + bias)
+
+
+def device_probe() -> nn.Module:
+    torch.manual_seed(14)
+    return _DeviceProbe()
+
+
+class _Layouts(nn.Module):
+    """A channels-last convolution and a linear layer whose weight is a transposed tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+        self.conv2 = nn.Conv2d(4, 4, 3)
+        self.fc = nn.Linear(16, 8)
+        self.fc.weight = nn.Parameter(torch.randn(16, 8).t())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv2(self.conv(x)).flatten(1))
+
+
+def layouts() -> nn.Module:
+    torch.manual_seed(15)
+    return _Layouts()
+
+
+class _Outputs(nn.Module):
+    """Returns a dict holding a list, a tuple with None and a number."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> dict:
+        h = self.a(x)
+        return {"out": self.b(h), "all": [h, (h * 2, None)], "n": 3}
+
+
+def outputs() -> nn.Module:
+    torch.manual_seed(16)
+    return _Outputs()
+
+
+class _PlainTensor(nn.Module):
+    """Reads a tensor held in a plain attribute (neither parameter nor buffer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.offset = torch.randn(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + self.offset
+
+
+def plain_tensor() -> nn.Module:
+    torch.manual_seed(17)
+    return _PlainTensor()
+
+
+class _Scripted(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.s = torch.jit.script(nn.Linear(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.s(self.a(x))
+
+
+def scripted() -> nn.Module:
+    torch.manual_seed(18)
+    return _Scripted()
+
+
+class _Complex(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.w = nn.Parameter(torch.randn(8, dtype=torch.complex64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.a(x) * self.w).abs()
+
+
+def complex_weights() -> nn.Module:
+    torch.manual_seed(19)
+    return _Complex()
+
+
+class _Noise(nn.Module):
+    """Adds a fresh random draw on every call (``torch.randn(8)``: constant arguments)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + torch.randn(8)
+
+
+def noise() -> nn.Module:
+    torch.manual_seed(20)
+    return _Noise()
+
+
+class _Reads(nn.Module):
+    """Returns a number computed with ``.item()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor):
+        h = self.a(x)
+        return h * h.abs().max().item()
+
+
+def item_read() -> nn.Module:
+    torch.manual_seed(21)
+    return _Reads()
+
+
+def many_linear(n: int) -> nn.Module:
+    """``n`` tiny linear layers in a row."""
+    torch.manual_seed(22)
+    return nn.Sequential(*[nn.Linear(4, 4) for _ in range(n)])
+
+
+class _PythonCounter(nn.Module):
+    """Counts its calls in a Python attribute and scales its output by the count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.a(x) * self.calls
+
+
+def python_counter() -> nn.Module:
+    torch.manual_seed(23)
+    return _PythonCounter()

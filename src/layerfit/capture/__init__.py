@@ -24,7 +24,7 @@ from layerfit.capture.graph import (
     TensorRecord,
     UnitInfo,
 )
-from layerfit.capture.units import UnitRecorder, dtype_name
+from layerfit.capture.units import StateGuard, UnitRecorder, dtype_name
 from layerfit.errors import CaptureError, LayerfitError
 
 __all__ = [
@@ -71,12 +71,17 @@ def capture(model: nn.Module, example_input: Any, *, method: str = "auto") -> Mo
     if method not in ("auto", "fx", "hooks"):
         raise CaptureError(f"unknown capture method {method!r}: use auto, fx or hooks")
     args, kwargs = split_input(example_input)
+    _check_modules(model)
     was_training = model.training
     model.eval()
     try:
+        # Every pass runs under a StateGuard: what the forward pass writes to the model's
+        # weights (a counter, a cache) is undone after it, so each pass, and the weights
+        # ``prepare`` packs, start from the model as it was given.
         recorder = UnitRecorder(model)
+        guard = StateGuard(model)
         try:
-            with recorder, torch.no_grad():
+            with recorder, guard, torch.no_grad():
                 output = model(*args, **kwargs)
         except LayerfitError:
             raise
@@ -86,19 +91,22 @@ def capture(model: nn.Module, example_input: Any, *, method: str = "auto") -> Mo
                 f"{type(exc).__name__}: {exc}. Give an input shape and dtype the model accepts "
                 "(layerfit prepare --input-shape, --input-dtype)"
             ) from exc
-        units, resident, unused = recorder.build()
+        _check_plain_reads(recorder.plain_reads)
+        units, resident, unused = recorder.build(guard.written)
         ops = tensors = None
         used = method
         if method in ("auto", "fx") and not kwargs:
             try:
-                ops, tensors = trace_fx(model, args, kwargs)
+                with StateGuard(model):
+                    ops, tensors = trace_fx(model, args, kwargs)
                 used = "fx"
             except Exception as exc:  # fx raises many kinds of errors on untraceable code
                 if method == "fx":
                     raise CaptureError(f"torch.fx cannot trace {type(model).__name__}: {exc}") from exc
                 log.info("fx tracing failed (%s); falling back to module hooks", exc)
         if ops is None:
-            ops, tensors = trace_hooks(model, args, kwargs)
+            with StateGuard(model):
+                ops, tensors = trace_hooks(model, args, kwargs)
             used = "hooks"
     finally:
         model.train(was_training)
@@ -115,6 +123,33 @@ def capture(model: nn.Module, example_input: Any, *, method: str = "auto") -> Mo
         unused=unused,
         output_shapes=[tuple(t.shape) for t in _flat_tensors(output)],
     )
+
+
+def _check_modules(model: nn.Module) -> None:
+    """Refuse modules the engine cannot hook or bind weights to (TorchScript)."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.jit.ScriptModule):
+            where = f"submodule {name}" if name else "the model"
+            raise CaptureError(
+                f"{where} is a TorchScript module (torch.jit.script or trace), which takes no "
+                "hooks and keeps its weights inside TorchScript: layerfit cannot stream it; "
+                "prepare the eager (unscripted) module"
+            )
+
+
+def _check_plain_reads(plain_reads: dict[str, str]) -> None:
+    """Refuse a forward pass that reads a tensor held in a plain attribute: only
+    parameters and buffers are stored, so the engine's skeleton, built on device meta,
+    would hold an empty meta tensor there."""
+    if plain_reads:
+        place, op = next(iter(plain_reads.items()))
+        attr = place.rpartition(".")[2]
+        raise CaptureError(
+            f"the forward pass reads tensor attribute {place} (by {op}), which is neither a "
+            "parameter nor a buffer, so layerfit cannot store it: register it with "
+            f"register_buffer({attr!r}, tensor, persistent=False)"
+            + (f" (and {len(plain_reads) - 1} more)" if len(plain_reads) > 1 else "")
+        )
 
 
 class _CallableModule(types.ModuleType):

@@ -9,8 +9,14 @@ times. A tensor must also stay resident when it is used while its module is not 
 an op outside the module's ``forward`` reads it (``x @ self.embed.weight.t()`` in the
 parent), or a view of it leaves the module's ``forward`` in the output. Streamed, such a
 tensor would be unbound (a meta tensor, so a silent meta result) or its bytes reused by
-the next unit when it is read. Modules that never run in the forward pass, and whose
-tensors nothing reads, are reported as unused and not stored.
+the next unit when it is read. A tensor the forward pass writes (a counter, a cache: an
+in-place op on it, or a new tensor assigned to it) stays resident too, so its state
+carries over from call to call as in the model; streamed, each call would start again
+from the stored bytes. Modules that never run in the forward pass, and whose tensors
+nothing reads, are reported as unused and not stored.
+
+:class:`StateGuard` undoes what the capture's forward passes write, so ``prepare`` packs
+the model's weights as they were before it ran, never after.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from layerfit.capture.graph import ParamSpec, ResidentTensor, UnitInfo
@@ -75,11 +82,14 @@ def storage_address(t: torch.Tensor) -> int | None:
 
 
 # Ops that read a tensor's metadata, not its bytes: a meta tensor answers them alike.
+# Not ``device`` (nor ``is_meta``, ``is_cuda``, ``get_device``): an unbound weight of the
+# skeleton is on device meta, so ``torch.zeros(n, device=self.fc.weight.device)`` read
+# outside ``fc`` would make a meta tensor; such a weight stays resident.
 _METADATA_OPS = frozenset({
-    "shape", "dtype", "device", "size", "dim", "ndim", "ndimension", "numel", "nelement",
-    "layout", "requires_grad", "is_cuda", "is_meta", "is_leaf", "is_sparse", "is_quantized",
+    "shape", "dtype", "size", "dim", "ndim", "ndimension", "numel", "nelement",
+    "layout", "requires_grad", "is_leaf", "is_sparse", "is_quantized",
     "is_floating_point", "is_complex", "is_contiguous", "stride", "element_size", "itemsize",
-    "nbytes", "names", "get_device", "__len__",
+    "nbytes", "names", "__len__",
 })
 
 
@@ -102,13 +112,84 @@ class _OutsideUse(TorchFunctionMode):
         rec = self.recorder
         if not rec._in_hook:
             for leaf in tree_leaves((args, kwargs)):
-                if isinstance(leaf, torch.Tensor) and id(leaf) not in rec.outside:
+                if not isinstance(leaf, torch.Tensor):
+                    continue
+                if id(leaf) in rec._plain and _op_name(func) not in _METADATA_OPS:
+                    rec.plain_reads.setdefault(rec._plain[id(leaf)], _op_name(func))
+                if id(leaf) not in rec.outside:
                     owners = rec._owners.get(id(leaf))
                     if owners and not any(rec._running[o] for o in owners):
                         name = _op_name(func)
                         if name not in _METADATA_OPS:
                             rec.outside[id(leaf)] = name
         return func(*args, **kwargs)
+
+
+def _written_args(func, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensor arguments an ATen op writes (in-place and ``out=`` arguments)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return []
+    out = []
+    for k, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = args[k] if k < len(args) else kwargs.get(arg.name)
+        out.extend(t for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+    return out
+
+
+class StateGuard(TorchDispatchMode):
+    """Undoes what forward passes write to a model's parameters and buffers.
+
+    While active, the first in-place write to an owned tensor's storage saves a copy of
+    every owned tensor on that storage (copy on write: nothing is copied for a model that
+    writes nothing); :meth:`restore` copies them back and puts back every parameter and
+    buffer the forward pass replaced (``self.state = self.state + 1``). ``written`` maps
+    ``id`` of each such tensor to what changed it, for the capture to keep it resident.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self._slots: list[tuple[dict, str, torch.Tensor]] = []
+        self._by_storage: dict[int, list[torch.Tensor]] = defaultdict(list)
+        seen: set[int] = set()
+        for _, module in model.named_modules(remove_duplicate=False):
+            for holder in (module._parameters, module._buffers):
+                for attr, t in holder.items():
+                    if t is None:
+                        continue
+                    self._slots.append((holder, attr, t))
+                    if id(t) not in seen and (key := storage_address(t)) is not None:
+                        seen.add(id(t))
+                        self._by_storage[key].append(t)
+        self._saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (tensor, copy)
+        self.written: dict[int, str] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for t in _written_args(func, args, kwargs):
+            key = storage_address(t)
+            for owned in self._by_storage.get(key, ()) if key is not None else ():
+                if id(owned) not in self._saved:
+                    self._saved[id(owned)] = (owned, owned.detach().clone())
+                self.written.setdefault(id(owned), f"in place by {func.overloadpacket.__name__}")
+        return func(*args, **kwargs)
+
+    def restore(self) -> None:
+        """Put back every written value and every replaced tensor (the mode is off)."""
+        with torch.no_grad():
+            for tensor, copy in self._saved.values():
+                tensor.copy_(copy)
+        self._saved.clear()
+        for holder, attr, t in self._slots:
+            if holder.get(attr) is not t:
+                holder[attr] = t
+                self.written.setdefault(id(t), "replaced by a new tensor")
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self.restore()
 
 
 class UnitRecorder:
@@ -131,11 +212,12 @@ class UnitRecorder:
             for attr, kind, tensor in _direct_tensors(module):
                 st.places.append(_Place(name, attr, kind, tensor))
         owners = {n for n, st in self.stats.items() if st.places}
-        for name in owners:
-            for other in owners:
-                if other != name and (name == "" or other.startswith(name + ".")):
-                    self.stats[name].children_owning = True
-                    break
+        for name in owners:  # mark each owner's owning ancestors (linear in the modules)
+            parts = name.split(".") if name else []
+            for k in range(len(parts)):
+                ancestor = ".".join(parts[:k])
+                if ancestor in owners:
+                    self.stats[ancestor].children_owning = True
         self._modules = names
         self._owners: dict[int, set[str]] = defaultdict(set)  # id(tensor) -> owning modules
         for name, st in self.stats.items():
@@ -150,6 +232,22 @@ class UnitRecorder:
         self._in_hook = False  # our own hooks' ops are not the model's reads
         self.outside: dict[int, str] = {}  # id(tensor) -> the op that read it outside
         self.escaped: set[int] = set()  # id(tensor) whose view left its module's forward
+        # Tensors held in plain attributes (neither parameter nor buffer): never stored,
+        # so the skeleton has them only as its factory makes them on device meta.
+        self._plain: dict[int, str] = {}  # id(tensor) -> "module.attr"
+        for name, module in names.items():
+            for attr, value in vars(module).items():
+                if attr in ("_parameters", "_buffers", "_modules") or isinstance(value, nn.Module):
+                    continue
+                for leaf in tree_leaves(value) if isinstance(value, (list, tuple, dict)) else [value]:
+                    if isinstance(leaf, torch.Tensor) and not isinstance(leaf, nn.Parameter):
+                        self._plain.setdefault(id(leaf), f"{name}.{attr}" if name else attr)
+        for tid in self._owners:
+            self._plain.pop(tid, None)
+        self.plain_reads: dict[str, str] = {}  # "module.attr" -> the op that read it
+        self.canonical: dict[int, str] = {}  # id(tensor) -> its first qualified name
+        for qual, tensor in _named_state(model):
+            self.canonical.setdefault(id(tensor), qual)
         self._mode = _OutsideUse(self)
 
     def __enter__(self) -> UnitRecorder:
@@ -204,11 +302,14 @@ class UnitRecorder:
                     if not any(self._running[o] for o in self._owners[tid]):
                         self.escaped.add(tid)
 
-    def build(self) -> tuple[list[UnitInfo], list[ResidentTensor], list[str]]:
-        """Classify every tensor: ``(units in execution order, resident, unused names)``."""
-        canonical: dict[int, str] = {}
-        for qual, tensor in _named_state(self.model):
-            canonical.setdefault(id(tensor), qual)
+    def build(self, written: dict[int, str] | None = None) -> tuple[list[UnitInfo], list[ResidentTensor], list[str]]:
+        """Classify every tensor: ``(units in execution order, resident, unused names)``.
+
+        ``written`` maps ``id`` of each tensor the forward pass wrote to how
+        (:attr:`StateGuard.written`): those stay resident.
+        """
+        written = written or {}
+        canonical = self.canonical
         places_of: dict[int, list[_Place]] = defaultdict(list)
         for st in self.stats.values():
             for place in st.places:
@@ -229,6 +330,8 @@ class UnitRecorder:
             )
 
         def used_outside(p: _Place) -> str | None:
+            if id(p.tensor) in written:
+                return f"the forward pass writes it ({written[id(p.tensor)]})"
             if id(p.tensor) in self.outside:
                 return f"read outside its module's forward (by {self.outside[id(p.tensor)]})"
             if id(p.tensor) in self.escaped:

@@ -29,7 +29,10 @@ overload with the node's planned slice of the arena as ``out``. So:
   bit-identical to ``model(x)``.
 
 A graph is refused (:class:`~layerfit.errors.LayerfitError` naming the op) where a node's
-output comes from an op with no ``out=`` overload, or where capture did not use fx.
+output comes from an op with no ``out=`` overload, or where capture did not use fx. So is
+a forward pass whose result the traced graph would not reproduce: one that writes state
+(a buffer, a Python attribute) the graph does not carry from call to call, or creates a
+tensor from constants (``torch.randn(8)``, a plain tensor attribute) that tracing froze.
 """
 
 from __future__ import annotations
@@ -167,6 +170,7 @@ class _Target:
     out_index: int  # which return is the node's output
     offset: int
     shapes: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]  # every return
+    inputs: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()  # (shape, stride) of each tensor argument
 
 
 class _Recorder(TorchDispatchMode):
@@ -175,10 +179,12 @@ class _Recorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple[Any, list[Any]]] = []
+        self.inputs: list[tuple] = []  # the layout of each call's tensor arguments
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         result = func(*args, **(kwargs or {}))
         self.calls.append((func, _flat(result)))
+        self.inputs.append(_layouts(args, kwargs))
         return result
 
 
@@ -233,13 +239,17 @@ class _CalibrationMode(_Recorder):
     def __init__(self) -> None:
         super().__init__()
         self.by_node: dict[str, list[tuple[Any, list[Any]]]] = {}
+        self.inputs_by_node: dict[str, list[tuple]] = {}
 
     def begin(self, name: str) -> None:
         self.calls = []
+        self.inputs = []
         self.by_node[name] = self.calls
+        self.inputs_by_node[name] = self.inputs
 
     def end(self) -> None:
         self.calls = []
+        self.inputs = []
 
 
 class _RecordingInterpreter(_SkeletonInterpreter):
@@ -294,6 +304,11 @@ class _ArenaMode(TorchDispatchMode):
                         f"node {t.node}: ATen call {k} is {func}, calibration saw {t.func}; "
                         "the model's control flow differs from the traced graph"
                     )
+                if _layouts(args, kwargs) != t.inputs:
+                    # Another input shape or memory layout than the plan's: the op may give
+                    # another shape or layout (channels-last) than its planned slice, so it
+                    # allocates its own result, as in the model.
+                    return func(*args, **kwargs)
                 outs = {}
                 for j, (name, (shape, stride, dtype)) in enumerate(
                     zip(t.out_names, t.shapes, strict=True)
@@ -336,11 +351,47 @@ class PlannedActivations:
             )
         from layerfit.engine.skeleton import build_skeleton
 
+        strided = [t.name for seg in self.manifest.segments for t in seg.tensors if t.stride is not None]
+        if strided:
+            raise ActivationPlanError(
+                f"weight {strided[0]} is not row-major (channels-last or transposed): the arena's "
+                "layout, planned on the meta device, could differ from the one PyTorch gives "
+                "its outputs, and so the output's last bits; run it with activations='default'"
+            )
+        writes = [r.name for r in graph.resident if r.reason.startswith("the forward pass writes it")]
+        if writes:
+            raise ActivationPlanError(
+                f"the forward pass writes {writes[0]}, a state the traced graph does not carry "
+                "from call to call: run it with activations='default'"
+            )
         meta = build_skeleton(self.manifest)
-        self.gm = torch.fx.symbolic_trace(meta)
+        before = _python_state(meta)
+        try:
+            self.gm = torch.fx.symbolic_trace(meta)
+        except Exception as exc:  # the skeleton traced at prepare; its factory may differ now
+            raise ActivationPlanError(
+                f"torch.fx cannot trace the model's skeleton ({type(exc).__name__}: {exc}): "
+                "run it with activations='default'"
+            ) from exc
+        changed = [k for k, v in _python_state(meta).items() if k in before and before[k] != v]
+        if changed:
+            raise ActivationPlanError(
+                f"the forward pass changes attribute {changed[0]}, a state the traced graph "
+                "froze at trace time: run it with activations='default'"
+            )
         self._check_units(graph)
+        self._check_constants()
+        self.placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         self.plan = plan_activations(graph, self.strategy)
-        self.targets, self.notes = self._calibrate(meta, graph)
+        try:
+            self.targets, self.notes = self._calibrate(meta, graph)
+        except ActivationPlanError:
+            raise
+        except Exception as exc:  # the forward pass needs real values (.item(), printing ...)
+            raise ActivationPlanError(
+                f"the traced graph cannot be laid out without weights ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0]}): run it with activations='default'"
+            ) from exc
         self.arena = torch.empty(self.plan.arena_bytes, dtype=torch.uint8)
         self._interpreters: dict[int, _SkeletonInterpreter] = {}
 
@@ -351,6 +402,22 @@ class PlannedActivations:
             raise ActivationPlanError(
                 f"planned activations need every unit to be one module call of the traced graph; "
                 f"{len(loose)} are not (first: {loose[0] or '<root>'})"
+            )
+
+    def _check_constants(self) -> None:
+        """Refuse tensors tracing froze into the graph: created from constant arguments
+        (``torch.randn(8)``, ``torch.zeros(2)``) or held in a plain attribute. Each call of
+        the model makes them anew (a new random draw); the graph would reuse one."""
+        frozen = [
+            n.target
+            for n in self.gm.graph.nodes
+            if n.op == "get_attr" and n.target.rpartition(".")[2].startswith("_tensor_constant")
+        ]
+        if frozen:
+            raise ActivationPlanError(
+                f"the forward pass creates {len(frozen)} tensor(s) from constant arguments "
+                "(such as torch.randn(8) or torch.zeros(2)), which torch.fx freezes into the "
+                "traced graph: run it with activations='default'"
             )
 
     def _calibrate(
@@ -417,6 +484,7 @@ class PlannedActivations:
                 tuple(a.name for a in out_func._schema.arguments if a.is_out), j,
                 self.plan.offsets.offsets[record],
                 tuple((tuple(o.shape), tuple(o.stride()), o.dtype) for o in outs),
+                mode.inputs_by_node[name][k],
             )  # fmt: skip
         if missing:
             raise ActivationPlanError(
@@ -442,10 +510,31 @@ class PlannedActivations:
             )
         interp.mode = mode
         with mode:
-            out = interp.run(*args, *kwargs.values())
+            out = interp.run(*self._inputs(args, kwargs))
         if log is not None:
             self.last_writes = log
-        return out
+        return _mutable(out)
+
+    def _inputs(self, args: tuple, kwargs: dict) -> list[Any]:
+        """The traced graph's placeholders, in order, from positional and keyword inputs."""
+        names = [n.target for n in self.placeholders]
+        unknown = [k for k in kwargs if k not in names[len(args):]]
+        if len(args) > len(names) or unknown:
+            raise LayerfitError(
+                f"the traced model takes inputs ({', '.join(names)}); it was called with "
+                f"{len(args)} positional input(s)"
+                + (f" and keyword(s) {', '.join(unknown)}" if unknown else "")
+                + " (run it with activations='default' for other arguments)"
+            )
+        values = list(args)
+        for node in self.placeholders[len(args):]:
+            if node.target in kwargs:
+                values.append(kwargs[node.target])
+            elif node.args:  # the forward's default
+                values.append(node.args[0])
+            else:
+                raise LayerfitError(f"input {node.target!r} of the traced model is missing")
+        return values
 
     def report(self) -> dict[str, Any]:
         """What the arena holds: nodes written there, and nodes PyTorch allocated."""
@@ -457,6 +546,39 @@ class PlannedActivations:
             "nodes_in_arena": len(self.targets),
             "nodes_allocated_by_pytorch": fallback,
         }
+
+
+def _layouts(args: Any, kwargs: Any) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """``(shape, stride)`` of every tensor among an op's arguments."""
+    return tuple(
+        (tuple(t.shape), tuple(t.stride()))
+        for t in _flat([args, kwargs or {}])
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided
+    )
+
+
+def _python_state(model: nn.Module) -> dict[str, Any]:
+    """Every module's plain Python attributes (numbers, strings, flags), by qualified name."""
+    state: dict[str, Any] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        for attr, value in vars(module).items():
+            if isinstance(value, (bool, int, float, str, type(None))) and not attr.startswith("_"):
+                state[f"{name}.{attr}" if name else attr] = value
+    return state
+
+
+def _mutable(x: Any) -> Any:
+    """``x`` with torch.fx's immutable lists and dicts (what the interpreter returns for
+    a model that returns a list or dict) made plain lists and dicts again, as the model
+    returns them; tuples, named tuples and tensors are kept."""
+    if isinstance(x, list):
+        return [_mutable(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _mutable(v) for k, v in x.items()}
+    if isinstance(x, tuple):
+        items = [_mutable(v) for v in x]
+        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+    return x
 
 
 def _producer(calls: list[tuple[Any, list[Any]]], result: torch.Tensor) -> tuple[int, int] | None:

@@ -65,8 +65,7 @@ class CopyBinder(Binder):
     def bind(self, bindings: list[Binding], buffer: torch.Tensor, base: int) -> None:
         total = 0
         for b in bindings:
-            start = base + b.offset
-            fresh = buffer[start : start + b.nbytes].view(b.dtype).view(b.shape).clone()
+            fresh = b.view(buffer, base + b.offset).clone()
             holder = b.module._parameters if b.kind == "param" else b.module._buffers
             holder[b.attr] = fresh
             total += b.nbytes
@@ -103,8 +102,7 @@ class InstantiateBinder(Binder):
                 dummy.reset_parameters()  # the random weights of a freshly built model
             state = {}
             for b in group:
-                start = base + b.offset
-                state[b.attr] = buffer[start : start + b.nbytes].view(b.dtype).view(b.shape)
+                state[b.attr] = b.view(buffer, base + b.offset)
             dummy.load_state_dict(state, strict=False)
             for b in group:
                 holder = b.module._parameters if b.kind == "param" else b.module._buffers

@@ -88,8 +88,16 @@ class _Run:
 
 
 _UNBOUND_READ = (
-    "the forward pass read a weight outside the module that owns it, which this prepared "
-    "model streams (it was prepared by an older layerfit); prepare the model again"
+    "the forward pass read a weight outside the module that owns it while it was not loaded "
+    "(on a path the example input did not take at prepare, or in a model prepared by an "
+    "older layerfit); prepare the model again, with an input that takes this path"
+)
+
+_OTHER_PATH = (
+    "the model's control flow differs from the one captured at prepare (a branch or loop "
+    "that depends on the input, or another input shape), so its weights cannot stream in "
+    "the prepared order: prepare it with an input that takes this path, or load it with "
+    "pipeline='preload'"
 )
 
 
@@ -162,6 +170,7 @@ class Engine:
         self._bindings: list[list[Binding]] = []
         self._preloaded = False  # every unit bound for good (preload policy)
         self._units_spec = units
+        self._closed = False
         # activations="planned": one pre-allocated arena laid out by the memory planner
         self.arena: PlannedActivations | None = None
         try:
@@ -310,6 +319,7 @@ class Engine:
         """
         t0 = time.perf_counter()
         with self._lock:
+            self._check_open()
             old_policy = self.policy
             if pipeline is not None:
                 self.policy = get_policy(pipeline)
@@ -344,6 +354,40 @@ class Engine:
             m_first, m_last = self._modules[first], self._modules[last]
             self._hooks.append(m_first.register_forward_pre_hook(self._pre_hook(i)))
             self._hooks.append(m_last.register_forward_hook(self._post_hook(i)))
+            for seg in blk.segments[1:]:  # a later layer of the block needs the block bound
+                self._hooks.append(self._modules[seg.name].register_forward_pre_hook(self._inner_hook(i, seg.name)))
+        # Modules that did not run at prepare have no stored weights: running one now
+        # would compute with the skeleton's meta tensors.
+        for name in sorted({n.rpartition(".")[0] for n in self.manifest.graph.unused}):
+            module = self._modules.get(name)
+            if module is not None:
+                self._hooks.append(module.register_forward_pre_hook(self._unstored_hook(name)))
+
+    def _unstored_hook(self, name: str):
+        def hook(module: nn.Module, args: tuple) -> None:
+            if self._run is not None:
+                raise LayerfitError(
+                    f"module {name or '<root>'} runs, but it did not run on the example input "
+                    "at prepare, so its weights were not stored (a branch that depends on the "
+                    f"input): prepare the model with an input that runs {name or '<root>'}"
+                )
+
+        return hook
+
+    def _inner_hook(self, i: int, name: str):
+        def hook(module: nn.Module, args: tuple) -> None:
+            run = self._run
+            if run is None or i in run.bound or (self.policy.name == "preload" and run.source is None):
+                return
+            first = self.blocks[i].segments[0].name or "<root>"
+            raise self._out_of_order(i, f"runs {name or '<root>'}, but not its first layer {first}")
+
+        return hook
+
+    def _out_of_order(self, i: int, what: str) -> LayerfitError:
+        """The error for unit ``i`` running out of the prepared order."""
+        name = self.blocks[i].name or "<root>"
+        return LayerfitError(f"unit {i} ({name}) {what}: {_OTHER_PATH}")
 
     # --- the two threads ---------------------------------------------------------------
 
@@ -546,6 +590,17 @@ class Engine:
             run = self._run
             if run is None:
                 return
+            if self.policy.name != "preload" or run.source is not None:
+                # Streamed units run once each, in the prepared order: a unit skipped or run
+                # again would wait for a read that never comes, or use released bytes.
+                if run.bound:
+                    running = self.blocks[next(iter(run.bound))].name or "<root>"
+                    raise self._out_of_order(i, f"runs inside unit {next(iter(run.bound))} ({running})")
+                if i < run.done:
+                    raise self._out_of_order(i, "runs a second time")
+                if i > run.done:
+                    skipped = self.blocks[run.done].name or "<root>"
+                    raise self._out_of_order(i, f"runs, but unit {run.done} ({skipped}) before it did not")
             if run.source is not None:  # the unit source decides when the unit may run
                 buffer, off = run.source.acquire(i)
                 run.kernel_start[i] = time.perf_counter() - run.t0
@@ -597,6 +652,12 @@ class Engine:
                     run.events.append(
                         Event(i, self.blocks[i].name, "kernel", run.kernel_start[i], end, self.blocks[i].nbytes)
                     )
+            if i not in run.bound:
+                if not streaming and run.source is None:  # preload: every unit stays bound
+                    with self._state:
+                        run.done = i + 1
+                    return
+                raise self._out_of_order(i, "ends, but its first layer did not run")
             off = run.bound.pop(i)
             if run.source is not None:
                 self.binder.unbind(self._bindings[i])
@@ -636,9 +697,11 @@ class Engine:
                 "this engine has pipeline 'external': it runs only with a unit source "
                 "(Engine.run_from); load it with another pipeline to call it directly"
             )
+        self._check_open()
         if source is not None and self.device_ring is not None:
             raise LayerfitError("a unit source supplies host memory: run it on an engine with stages=2 on cpu")
         with self._lock:
+            self._check_open()
             self.reader.check_unchanged()
             run = _Run(len(self.blocks))
             run.source = source
@@ -666,10 +729,7 @@ class Engine:
                     raise LayerfitError(f"{_UNBOUND_READ}: {exc}") from exc
                 self.device.finish_kernels()  # latency counts the kernels, not their launch
                 if run.done != len(self.blocks):
-                    raise LayerfitError(
-                        f"the forward pass ran {run.done} of {len(self.blocks)} units: the model's "
-                        "control flow differs from the captured one (prepare it with this input shape)"
-                    )
+                    raise LayerfitError(f"the forward pass ran {run.done} of {len(self.blocks)} units: {_OTHER_PATH}")
                 self._check_output(out)
             finally:
                 end = time.perf_counter()
@@ -748,8 +808,14 @@ class Engine:
         """``direct`` (O_DIRECT) or ``buffered`` (fallback with fadvise DONTNEED)."""
         return self.reader.mode
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LayerfitError("this engine is closed: load the prepared model again to run it")
+
     def close(self) -> None:
-        """Remove hooks and free the buffers and the file descriptor."""
+        """Remove hooks and free the buffers and the file descriptor; calling the engine
+        afterwards is a clear error. Closing twice does nothing more."""
+        self._closed = True
         self._release_configuration()
         if getattr(self, "reader", None) is not None:
             self.reader.close()

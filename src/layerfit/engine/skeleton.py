@@ -30,6 +30,13 @@ class Binding:
     offset: int  # from the segment start
     nbytes: int
     meta: torch.Tensor  # the skeleton's own tensor, restored on unbind
+    stride: tuple[int, ...] | None = None  # the stored strides; None: row-major
+
+    def view(self, buffer: torch.Tensor, start: int) -> torch.Tensor:
+        """The tensor as a view of ``buffer`` (uint8) from byte ``start``, in the layout it
+        was stored in (the model's own)."""
+        typed = buffer[start : start + self.nbytes].view(self.dtype)
+        return typed.view(self.shape) if self.stride is None else typed.as_strided(self.shape, self.stride)
 
 
 def build_skeleton(manifest: Manifest) -> nn.Module:
@@ -89,15 +96,16 @@ def segment_bindings(
                 raise ManifestError(
                     f"{place} has shape {tuple(meta.shape)} in the model and {t.shape} in the store"
                 )
-            out.append(Binding(module, attr, t.kind, t.torch_dtype, t.shape, base + t.offset, t.nbytes, meta))
+            out.append(
+                Binding(module, attr, t.kind, t.torch_dtype, t.shape, base + t.offset, t.nbytes, meta, t.stride)
+            )
     return out
 
 
 def bind(bindings: list[Binding], buffer: torch.Tensor, base: int) -> None:
     """Point every binding at its bytes in ``buffer`` (a uint8 tensor) from ``base``."""
     for b in bindings:
-        start = base + b.offset
-        view = buffer[start : start + b.nbytes].view(b.dtype).view(b.shape)
+        view = b.view(buffer, base + b.offset)
         if b.kind == "param":
             b.module._parameters[b.attr] = view
         else:

@@ -61,9 +61,30 @@ def align_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
+def storage_order(shape: tuple[int, ...], stride: tuple[int, ...]) -> list[int] | None:
+    """The dimensions of a tensor from the outermost in memory to the innermost, where
+    ``stride`` lays ``shape`` out densely (a permutation of row-major, as channels-last
+    or a transposed weight); None where it leaves gaps or overlaps."""
+    if len(shape) != len(stride):
+        return None
+    order = sorted(range(len(shape)), key=lambda d: (-stride[d], d))
+    expected = 1
+    for d in reversed(order):
+        if shape[d] != 1 and stride[d] != expected:
+            return None
+        expected *= shape[d]
+    return order
+
+
 @dataclass(frozen=True)
 class TensorLayout:
-    """Where one tensor lies inside its segment and where it is bound in the model."""
+    """Where one tensor lies inside its segment and where it is bound in the model.
+
+    ``stride`` is None for a row-major tensor. A tensor the model holds in another dense
+    layout (channels-last, a transposed weight) is stored in its memory order, with its
+    strides, and bound with them: the same layout runs the same kernels, so the output
+    is the model's to the bit. Its safetensors entry has the shape in memory order.
+    """
 
     name: str
     kind: str  # param or buffer
@@ -72,10 +93,19 @@ class TensorLayout:
     offset: int  # from the segment's start
     nbytes: int
     places: tuple[str, ...]  # "module.attr" paths the tensor is bound to
+    stride: tuple[int, ...] | None = None  # element strides of the bound view; None: row-major
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def storage_shape(self) -> tuple[int, ...]:
+        """The shape of the bytes as stored (in memory order)."""
+        if self.stride is None:
+            return self.shape
+        order = storage_order(self.shape, self.stride) or range(len(self.shape))
+        return tuple(self.shape[d] for d in order)
 
 
 @dataclass(frozen=True)
@@ -113,6 +143,7 @@ class Segment:
                     "offset": t.offset,
                     "nbytes": t.nbytes,
                     "places": list(t.places),
+                    **({"stride": list(t.stride)} if t.stride is not None else {}),
                 }
                 for t in self.tensors
             ],
@@ -139,6 +170,7 @@ class Segment:
                     offset=int(t["offset"]),
                     nbytes=int(t["nbytes"]),
                     places=tuple(t["places"]),
+                    stride=tuple(int(x) for x in t["stride"]) if t.get("stride") is not None else None,
                 )
                 for t in d["tensors"]
             ),
@@ -327,6 +359,11 @@ def _check_tensor(t: TensorLayout, seg: Segment, what: str, places: dict[str, st
         raise ManifestError(f"tensor {t.name!r} in {what} has kind {t.kind!r}, not param or buffer")
     if any(d < 0 for d in t.shape):
         raise ManifestError(f"tensor {t.name!r} in {what} has a negative dimension in {list(t.shape)}")
+    if t.stride is not None and storage_order(t.shape, t.stride) is None:
+        raise ManifestError(
+            f"tensor {t.name!r} in {what} has strides {list(t.stride)} that do not lay out "
+            f"shape {list(t.shape)} densely"
+        )
     expected = math.prod(t.shape) * DTYPES[t.dtype].itemsize
     if t.nbytes != expected:
         raise ManifestError(
@@ -392,7 +429,7 @@ def check_weights_header(m: Manifest, path: Path) -> None:
     for seg in m.segments:
         for t in seg.tensors:
             begin = seg.offset - data_start + t.offset
-            want = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [begin, begin + t.nbytes]}
+            want = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.storage_shape), "data_offsets": [begin, begin + t.nbytes]}
             entry = header.get(t.name)
             got = {k: entry.get(k) for k in want} if isinstance(entry, dict) else None
             if got != want:

@@ -35,6 +35,7 @@ from layerfit.store.manifest import (
     Segment,
     TensorLayout,
     align_up,
+    storage_order,
 )
 from layerfit.store.model_spec import ModelSpec, resolve
 from layerfit.store.outputs import current_umask
@@ -159,7 +160,7 @@ def _write_weights(
             add_pad(cursor, seg_start + off)
             header[lay.name] = {
                 "dtype": SAFETENSORS_DTYPES[lay.dtype],
-                "shape": list(lay.shape),
+                "shape": list(lay.storage_shape),
                 "data_offsets": [seg_start + off, seg_start + off + lay.nbytes],
             }
             cursor = seg_start + off + lay.nbytes
@@ -201,20 +202,32 @@ def _write_weights(
     return segments
 
 
+def _stored(t: torch.Tensor, lay: TensorLayout) -> tuple[torch.Tensor, TensorLayout]:
+    """``t`` as its bytes are stored, and its layout: a tensor in another dense layout than
+    row-major (channels-last, transposed) keeps it, in memory order with its strides, so
+    the engine binds it as the model holds it; any other is stored row-major."""
+    if t.is_contiguous() or t.numel() == 0:
+        return t, lay
+    order = storage_order(tuple(t.shape), tuple(t.stride()))
+    if order is None:  # gaps or overlaps: row-major, the same values
+        return t, lay
+    return t.permute(order), TensorLayout(**{**lay.__dict__, "stride": tuple(t.stride())})
+
+
 def _groups(model: nn.Module, graph: ModelGraph) -> list:
     groups = []
     if graph.resident:
         items = []
         for r in graph.resident:
             t = _lookup(model, r.places[0])
-            items.append((t, TensorLayout(r.name, r.kind, r.dtype, r.shape, 0, r.nbytes, r.places)))
+            items.append(_stored(t, TensorLayout(r.name, r.kind, r.dtype, r.shape, 0, r.nbytes, r.places)))
         groups.append((-1, "<resident>", "resident", items, len(items), 0))
     for u in graph.units:
         items = []
         for p in u.params:
             place = f"{u.name}.{p.attr}" if u.name else p.attr
             t = _lookup(model, place)
-            items.append((t, TensorLayout(p.name, p.kind, p.dtype, p.shape, 0, p.nbytes, (place,))))
+            items.append(_stored(t, TensorLayout(p.name, p.kind, p.dtype, p.shape, 0, p.nbytes, (place,))))
         groups.append((u.index, u.name, u.module_type, items, u.d, u.f))
     return groups
 
@@ -249,6 +262,7 @@ def prepare(
     module = (module if module is not None else spec.build(seed=seed)).eval()
     x = example_input(shape, input_dtype, seed)
     graph = capture(module, x)
+    _check_dtypes(graph)
     if checkpoint is not None:
         places: dict[str, list[str]] = {}
         for r in graph.resident:
@@ -287,6 +301,19 @@ def prepare(
     finally:
         module.train(was_training)
     return manifest
+
+
+def _check_dtypes(graph: ModelGraph) -> None:
+    """Refuse, before anything is written, a tensor of a dtype the store cannot hold
+    (complex, float8, quantized): one line naming it and the dtypes it can."""
+    specs = [(r.name, r.dtype) for r in graph.resident] + [(p.name, p.dtype) for u in graph.units for p in u.params]
+    for name, dtype in specs:
+        if dtype not in SAFETENSORS_DTYPES:
+            raise InputError(
+                f"tensor {name} has dtype {dtype}, which layerfit cannot store (it stores "
+                f"{', '.join(SAFETENSORS_DTYPES)}): convert it before prepare, or keep it out of the model's "
+                "parameters and buffers"
+            )
 
 
 def _check_output_dir(out: Path, force: bool) -> None:
