@@ -310,3 +310,21 @@ def test_capture_of_many_modules_is_not_quadratic():
     UnitRecorder(model)
     assert time.perf_counter() - t0 < 3.0  # quadratic in the modules, it took ~10 s
     assert [u.name for u in capture(tinymodels.many_linear(3), torch.zeros(1, 4)).units] == ["0", "1", "2"]
+
+
+def test_a_strided_layout_is_format_version_2_so_older_readers_refuse_it(tmp_path: Path):
+    import json
+
+    from layerfit.errors import ManifestError
+
+    prepare("tinymodels:layouts", tmp_path / "strided", input_shape=(1, 3, 6, 6))
+    prepare("tinymodels:tiny_cnn", tmp_path / "plain", input_shape=(1, 3, 6, 6))
+    manifests = {name: tmp_path / name / "manifest.json" for name in ("strided", "plain")}
+    versions = {name: json.loads(path.read_text())["version"] for name, path in manifests.items()}
+    assert versions == {"strided": 2, "plain": 1}  # a layerfit that reads version 1 only refuses the first
+    for name, wrong in (("strided", 1), ("plain", 2)):
+        data = json.loads(manifests[name].read_text())
+        data["version"] = wrong
+        manifests[name].write_text(json.dumps(data))
+        with pytest.raises(ManifestError, match="tensor strides"):
+            read_manifest(tmp_path / name)

@@ -25,7 +25,9 @@ from layerfit.capture.graph import ModelGraph
 from layerfit.errors import ManifestError
 
 FORMAT = "layerfit-prepared"
-VERSION = 1
+VERSION = 1  # row-major tensors only: what every layerfit reads
+STRIDED_VERSION = 2  # some tensor has a ``stride``: an older layerfit must refuse it, not bind it row-major
+VERSIONS = (VERSION, STRIDED_VERSION)
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 ALIGN = 4096  # segment alignment: direct I/O needs block-aligned offsets and lengths
@@ -207,10 +209,13 @@ class Manifest:
     def total_bytes(self) -> int:
         return sum(s.nbytes for s in self.segments)
 
+    def _strided(self) -> bool:
+        return any(t.stride is not None for seg in self.segments for t in seg.tensors)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
-            "version": VERSION,
+            "version": STRIDED_VERSION if self._strided() else VERSION,
             "model": self.model,
             "seed": self.seed,
             "input": {"shape": list(self.input_shape), "dtype": self.input_dtype},
@@ -224,15 +229,15 @@ class Manifest:
     def from_dict(cls, d: dict[str, Any]) -> Manifest:
         if d.get("format") != FORMAT:
             raise ManifestError(f"not a layerfit prepared model (format {d.get('format')!r})")
-        if d.get("version") != VERSION:
+        if d.get("version") not in VERSIONS:
             raise ManifestError(
                 f"prepared model has format version {d.get('version')!r}, this layerfit reads "
-                f"version {VERSION}: prepare the model again with this version"
+                f"versions {' and '.join(map(str, VERSIONS))}: prepare the model again with this version"
             )
         if not isinstance(d.get("graph"), dict):
             raise ManifestError("manifest is malformed (its graph is not a JSON object): prepare the model again")
         try:
-            return cls(
+            manifest = cls(
                 model=dict(d["model"]),
                 seed=int(d.get("seed", 0)),
                 input_shape=tuple(int(x) for x in d["input"]["shape"]),
@@ -247,6 +252,12 @@ class Manifest:
             raise ManifestError(
                 f"manifest is malformed ({type(exc).__name__}: {exc}): prepare the model again"
             ) from exc
+        if manifest._strided() != (d["version"] == STRIDED_VERSION):
+            raise ManifestError(
+                f"manifest is malformed (format version {d['version']} "
+                f"{'cannot have' if d['version'] == VERSION else 'needs'} tensor strides): prepare the model again"
+            )
+        return manifest
 
 
 def read_manifest(directory: str | Path) -> Manifest:
