@@ -21,10 +21,13 @@ the most any pending load needs beyond the loads it holds of earlier layers. (Co
 every held load as kept until the network ends made a network refuse to load its own
 large layer before a smaller later one, and only the progress rule moved it on: EmotionNet
 alone at 377 MB in ``bench/masa.py``.) When no task is safe and nothing runs, the oldest
-job's task runs (the progress rule, first come first served instead of smallest first). The safety check costs concurrency where one
-task nearly fills the budget (mixed-3 in ``bench/masa.py``). ``masa-fcfs`` avoids the
-deadlock in practice by order alone (arrival order, as EdgeCaffe's code has it) without
-holding back a task that fits; only ``masa-fair`` rules it out.
+job's task runs (the progress rule, first come first served instead of smallest first).
+The safety check costs concurrency where one task nearly fills the budget (mixed-3 in
+``bench/masa.py``). ``masa-fcfs`` avoids the deadlock in practice by order alone (arrival
+order, as EdgeCaffe's code has it) without holding back a task that fits. Known gap: the
+claim counts loads, not what the network's executions need beside them, nor networks
+whose loads are not ready yet; with the thesis's profiles (13-50 MB of scratch per
+execution) the progress rule still fires under heavy traffic at 1 GB.
 """
 
 from __future__ import annotations
