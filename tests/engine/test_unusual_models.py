@@ -232,6 +232,7 @@ def test_planned_inputs_are_matched_by_name_and_extra_ones_refused(tmp_path: Pat
         ("complex_weights", InputError, "tensor w has dtype complex64, which layerfit cannot store"),
     ],
 )
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # the scripted model
 def test_unsupported_models_are_refused_at_prepare(tmp_path: Path, factory: str, error: type, message: str):
     with pytest.raises(error, match=message) as info:
         prepare(f"tinymodels:{factory}", tmp_path / "m", input_shape=(2, 8))
