@@ -81,6 +81,7 @@ class _Run:
         self.events: list[Event] = []
         self.kernel_start: dict[int, float] = {}
         self.source: UnitSource | None = None  # supplies the units instead of the reader thread
+        self.ordered = True  # units must run once each, in the prepared order (all but plain preload)
         self.main_waits: int | None = None  # the unit the executing thread waits for
         self.reader_waits = False  # the reader waits for room or its policy's gate
         self.reader_wants: tuple[int, int] = (0, 0)  # (unit, bytes of room) it waits for
@@ -377,7 +378,7 @@ class Engine:
     def _inner_hook(self, i: int, name: str):
         def hook(module: nn.Module, args: tuple) -> None:
             run = self._run
-            if run is None or i in run.bound or (self.policy.name == "preload" and run.source is None):
+            if run is None or i in run.bound or not run.ordered:
                 return
             first = self.blocks[i].segments[0].name or "<root>"
             raise self._out_of_order(i, f"runs {name or '<root>'}, but not its first layer {first}")
@@ -590,7 +591,7 @@ class Engine:
             run = self._run
             if run is None:
                 return
-            if self.policy.name != "preload" or run.source is not None:
+            if run.ordered:
                 # Streamed units run once each, in the prepared order: a unit skipped or run
                 # again would wait for a read that never comes, or use released bytes.
                 if run.bound:
@@ -653,7 +654,7 @@ class Engine:
                         Event(i, self.blocks[i].name, "kernel", run.kernel_start[i], end, self.blocks[i].nbytes)
                     )
             if i not in run.bound:
-                if not streaming and run.source is None:  # preload: every unit stays bound
+                if not run.ordered:  # preload: every unit stays bound
                     with self._state:
                         run.done = i + 1
                     return
@@ -705,6 +706,7 @@ class Engine:
             self.reader.check_unchanged()
             run = _Run(len(self.blocks))
             run.source = source
+            run.ordered = source is not None or self.policy.name != "preload"
             self._run = run
             self.binder.reset()
             streaming = source is None and self.policy.name != "preload" and self.blocks
