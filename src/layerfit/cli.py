@@ -156,12 +156,11 @@ def plan_activations(
     as_json: bool = typer.Option(False, "--json", help="totals, bounds and every tensor's assignment as JSON"),
 ) -> None:
     """Plan activation memory: every strategy's total next to the lower bound and naive total."""
-    import math
 
     from rich.table import Table
 
     from layerfit.errors import PlanError
-    from layerfit.memory import check_alignment, get_strategy, load_records
+    from layerfit.memory import check_alignment, check_time_limit, get_strategy, load_records
     from layerfit.memory.registry import check_approach
     from layerfit.memory.report import MIB, plan_report
 
@@ -170,8 +169,7 @@ def plan_activations(
     if order not in ("captured", "searched"):
         raise PlanError(f"--order must be captured or searched, not {order!r}")
     check_alignment(align, "--align")
-    if not math.isfinite(time_limit) or time_limit <= 0:
-        raise PlanError(f"--time-limit must be a positive, finite number of seconds, got {time_limit:g}")
+    check_time_limit(time_limit, "--time-limit")
     approaches = ("objects", "offsets") if approach is None else (approach,)
     names: str | list[str] = "all"
     if strategy.strip() != "all":  # a comma list, each name once, in the order given

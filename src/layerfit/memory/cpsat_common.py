@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from layerfit.errors import PlanError
-from layerfit.memory.records import TensorUsageRecord
+from layerfit.memory.records import TensorUsageRecord, check_time_limit
 
 DEFAULT_TIME_LIMIT = 10.0
 DEFAULT_WORKERS = 2
@@ -31,15 +31,7 @@ def size_unit(records: Sequence[TensorUsageRecord]) -> int:
 def check_solver_options(time_limit: float, workers: int) -> None:
     """PlanError unless ``time_limit`` is a positive, finite number of seconds (an infinite
     one would let the solver run for hours) and ``workers`` a positive integer."""
-    if (
-        not isinstance(time_limit, int | float)
-        or isinstance(time_limit, bool)
-        or not math.isfinite(time_limit)
-        or not time_limit > 0
-    ):
-        raise PlanError(
-            f"time_limit must be a positive, finite number of seconds, got {time_limit!r}"
-        )
+    check_time_limit(time_limit)
     if not isinstance(workers, int) or workers < 1:
         raise PlanError(f"workers must be a positive integer, got {workers!r}")
 

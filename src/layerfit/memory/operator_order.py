@@ -30,7 +30,6 @@ sets, about two seconds).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from layerfit.errors import PlanError
 from layerfit.memory.bounds import offsets_lower_bound
 from layerfit.memory.from_graph import _Storage, records_from_graph
 from layerfit.memory.profiles import operator_profiles
-from layerfit.memory.records import DEFAULT_ALIGNMENT, TensorUsageRecord, align_up
+from layerfit.memory.records import DEFAULT_ALIGNMENT, TensorUsageRecord, align_up, check_time_limit
 
 if TYPE_CHECKING:
     from layerfit.capture.graph import ModelGraph
@@ -161,15 +160,8 @@ def search_operator_order(
     """
     if not isinstance(max_states, int) or isinstance(max_states, bool) or max_states < 1:
         raise PlanError(f"max_states must be a positive integer, got {max_states!r}")
-    if time_limit is not None and (
-        not isinstance(time_limit, int | float)
-        or isinstance(time_limit, bool)
-        or not math.isfinite(time_limit)
-        or not time_limit > 0
-    ):
-        raise PlanError(
-            f"time_limit must be a positive, finite number of seconds or None, got {time_limit!r}"
-        )
+    if time_limit is not None:
+        check_time_limit(time_limit)
     start = time.perf_counter()
     model = _Model(graph, inplace, alignment)
     m = model.m

@@ -17,6 +17,7 @@ plan's total — are at most ``2**63 - 1`` bytes, and operator indices at most
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,19 @@ def check_alignment(alignment: Any, name: str = "alignment") -> int:
             f"got {alignment!r}"
         )
     return alignment
+
+
+def check_time_limit(seconds: Any, name: str = "time_limit") -> float:
+    """``seconds`` if it is a positive, finite number, else PlanError: an infinite limit
+    would let a solver or search run for hours. ``name`` as in :func:`check_alignment`."""
+    if (
+        not isinstance(seconds, int | float)
+        or isinstance(seconds, bool)
+        or not math.isfinite(seconds)
+        or not seconds > 0
+    ):
+        raise PlanError(f"{name} must be a positive, finite number of seconds, got {seconds!r}")
+    return float(seconds)
 
 
 def align_up(size: int, alignment: int = DEFAULT_ALIGNMENT) -> int:
