@@ -7,38 +7,17 @@ import itertools
 import networkx as nx
 import pytest
 import torch
+from graph_helpers import toy_graph as graph
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 from layerfit.capture import capture
-from layerfit.capture.graph import ModelGraph, OpRecord, TensorRecord
+from layerfit.capture.graph import ModelGraph
 from layerfit.errors import PlanError
 from layerfit.memory import offsets_lower_bound, plan_offsets, validate_plan
 from layerfit.memory.from_graph import _Storage, records_from_graph
 from layerfit.memory.operator_order import breadth_first_order, peak_position, search_operator_order
-
-
-def graph(
-    ops: list[tuple[tuple[int, ...], tuple[int, ...], bool]], tensors: list[tuple]
-) -> ModelGraph:
-    """ops: (inputs, outputs, inplace); tensors: (id, first_op, last_op, nbytes[, alias_of])."""
-    return ModelGraph(
-        model_type="toy",
-        input_shape=(1,),
-        input_dtype="float32",
-        method="fx",
-        units=[],
-        ops=[
-            OpRecord(i, f"op{i}", "call_function", "f", ins, outs, inp)
-            for i, (ins, outs, inp) in enumerate(ops)
-        ],
-        tensors=[
-            TensorRecord(t[0], t[1], t[2], t[3], alias_of=t[4] if len(t) > 4 else None)
-            for t in tensors
-        ],
-    )
-
 
 # x feeds two branches; the big branch outputs can be consumed before the other branch runs
 BRANCHES = graph(

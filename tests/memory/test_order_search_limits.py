@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from graph_helpers import toy_graph
 
-from layerfit.capture.graph import ModelGraph, OpRecord, TensorRecord
+from layerfit.capture.graph import ModelGraph
 from layerfit.errors import PlanError
 from layerfit.memory import offsets_lower_bound, records_from_graph, search_operator_order
 from layerfit.memory.from_graph import _Storage
+from layerfit.memory.operator_order import FALLBACK_STATES
 
 
 def wide_graph(branches: int, length: int) -> ModelGraph:
@@ -30,30 +30,20 @@ def wide_graph(branches: int, length: int) -> ModelGraph:
         for t in (*ins, *outs):
             first.setdefault(t, i)
             last[t] = i
-    return ModelGraph(
-        model_type="toy",
-        input_shape=(1,),
-        input_dtype="float32",
-        method="fx",
-        units=[],
-        ops=[
-            OpRecord(i, f"op{i}", "call_function", "f", ins, outs)
-            for i, (ins, outs) in enumerate(ops)
-        ],
-        tensors=[
-            TensorRecord(t, first[t], last[t], 64 * (1 + (t * 7919) % 13)) for t in sorted(first)
-        ],
+    return toy_graph(
+        [(ins, outs, False) for ins, outs in ops],
+        [(t, first[t], last[t], 64 * (1 + (t * 7919) % 13)) for t in sorted(first)],
     )
 
 
-def test_search_on_a_wide_graph_stops_near_its_time_limit() -> None:
+def test_search_on_a_wide_graph_narrows_its_beam_past_the_time_limit() -> None:
     # 8 parallel branches of 20 ops: every layer fills the beam; without a time limit the
-    # full-width search took over two minutes
+    # full-width search took over two minutes. Past the limit each layer keeps at most
+    # FALLBACK_STATES sets, each with at most one successor per branch: the work is
+    # bounded by that, not by the clock (a limit this small is passed at once).
     graph = wide_graph(8, 20)
-    start = time.perf_counter()
-    found = search_operator_order(graph, time_limit=1.0)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 15, elapsed
+    found = search_operator_order(graph, time_limit=1e-6)
+    assert found.states <= len(graph.ops) * FALLBACK_STATES * 8
     assert found.time_limited and not found.exact
     assert found.to_dict()["time_limited"] is True
     records = records_from_graph(graph, found.order).records  # checks the dependencies
