@@ -23,7 +23,7 @@ whole-network baseline, and the targets are also reported against it.
 
 1. **Real executor** (``layerfit.Runtime``, 2 workers), every (scenario, budget, policy)
    in its own child process: MASA, masa-fcfs (MASA's rules in arrival order, as EdgeCaffe's
-   code orders them: ``layerfit.schedule.policies.masa_fcfs``), masa-fair (MASA with the
+   code orders them: ``layerfit.schedule.policies.masa_fcfs``), masa-fair (masa-fcfs with the
    Banker's safety check of ``layerfit.schedule.policies.masa_fair``), Bulk, bulk-multi and
    DeepEye everywhere, the
    other policies on small-3 at the tightest budget; the stochastic scenarios also at

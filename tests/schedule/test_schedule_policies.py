@@ -6,6 +6,7 @@ import pytest
 from schedule_helpers import net, task
 
 from layerfit.errors import ScheduleError
+from layerfit.schedule.graph import network_tasks
 from layerfit.schedule.policies import POLICIES, make_policy, policy_names
 from layerfit.schedule.simulator import simulate
 from layerfit.schedule.tasks import Job, Pool, Scheme
@@ -105,11 +106,15 @@ def test_masa_fair_counts_a_held_layer_as_returned_before_the_later_layers_load(
     assert fcfs.progress_count == 0 and fcfs.peak_memory <= 320
     assert fair.progress_count == 0 and fair.peak_memory <= 320
     assert all(j.status == "done" for j in fair.jobs)
-    # and loading fc7 first, which would leave no room for fc6, is still held back
-    fair_first = make_policy("masa-fair")
-    fair_first.add(task("L2", K.LOAD, 70, layer=2, seq=0))
-    fair_first.add(task("L1", K.LOAD, 300, layer=1, seq=1))
-    assert fair_first.next(0, 320).id == "L1"
+    # and loading fc7 first, which would leave no room for fc6, is held back
+    tasks = {t.id: t for t in network_tasks(jobs[0].networks[0], "e")}
+    for name, expected in (("masa-fcfs", "e/L2"), ("masa-fair", None)):
+        p = make_policy(name)
+        p.add(tasks["e/I"])
+        assert p.next(0, 320).id == "e/I"  # still running: no progress rule
+        p.add(tasks["e/L2"])
+        taken = p.next(1, 320)
+        assert (taken and taken.id) == expected, name
 
 
 def test_masa_fcfs_takes_each_group_in_arrival_order():
@@ -166,14 +171,21 @@ def test_masa_fcfs_is_not_deadlock_free_by_construction_where_masa_fair_is():
     assert all(j.status == "done" for j in fcfs.jobs + fair.jobs)
 
 
-def test_masa_fair_keeps_masa_order_when_memory_is_ample():
-    for name in ("masa", "masa-fair"):
+def test_masa_fair_keeps_masa_fcfs_order_when_memory_is_ample():
+    for name in ("masa-fcfs", "masa-fair"):
         p = make_policy(name)
-        for i, (tid, kind, mem) in enumerate(
-            [("L9", K.LOAD, 9), ("E5", K.EXEC, 5), ("L2", K.LOAD, 2), ("U", K.UNLOAD, 0)]
+        for i, (tid, kind, mem, job_seq, layer) in enumerate(
+            [
+                ("j1-L0", K.LOAD, 1, 1, 0),
+                ("j0-L1", K.LOAD, 9, 0, 1),
+                ("j1-E0", K.EXEC, 1, 1, 0),
+                ("j0-I", K.INIT, 2, 0, -1),
+                ("j0-E0", K.EXEC, 5, 0, 0),
+                ("j0-U0", K.UNLOAD, 0, 0, 0),
+            ]
         ):
-            p.add(task(tid, kind, mem, seq=i))
-        assert drain(p) == ["U", "E5", "L2", "L9"]
+            p.add(task(tid, kind, mem, seq=i, job_seq=job_seq, layer=layer))
+        assert drain(p) == ["j0-E0", "j0-U0", "j1-E0", "j0-I", "j0-L1", "j1-L0"], name
 
 
 def test_zero_memory_tasks_run_even_over_budget():
@@ -311,3 +323,12 @@ def test_masa_introduces_an_idle_period_rather_than_exceed_memory():
     busy_during_wait = [t for t in report.tasks if t.start < 3 and t.end > 1]
     assert [t.task.split("/")[-1] for t in busy_during_wait] == ["E0"]  # L2 waits: it does not fit
     assert report.makespan == 5 and report.progress_count == 0 and report.peak_memory == 7
+
+
+def test_masa_fair_refuses_a_task_without_its_network_plan():
+    # without the network's plan the safety check could not see what the network still
+    # needs; a hand-made task must say so rather than pass the check unseen
+    bare = task("L1", K.LOAD, 5)
+    bare.plan = None
+    with pytest.raises(ScheduleError, match="masa-fair needs each task's network plan; task L1"):
+        make_policy("masa-fair").add(bare)

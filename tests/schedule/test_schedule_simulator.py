@@ -79,6 +79,61 @@ def test_every_policy_completes_random_jobs_within_the_budget(specs, gaps, budge
         check_run(report, jobs, name)
 
 
+def alone_minimum(profile) -> int:
+    """The least memory ``profile`` runs in alone: one layer at a time, beside its init."""
+    return profile.init_memory + max(
+        max(layer.load_peak, layer.memory + layer.exec_memory) for layer in profile.layers
+    )
+
+
+# weights, extra load peak, execute memory, load time, execute time
+fair_layer = st.tuples(
+    st.integers(0, 30), st.integers(0, 20), st.integers(0, 10), st.integers(1, 4), st.integers(1, 4)
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    specs=st.lists(
+        st.lists(
+            st.tuples(st.integers(0, 8), st.lists(fair_layer, min_size=1, max_size=5)),
+            min_size=1,
+            max_size=3,
+        ),
+        min_size=2,
+        max_size=7,
+    ),
+    gaps=st.lists(st.integers(0, 3), min_size=7, max_size=7),
+    slack=st.integers(0, 30),
+    workers=st.integers(1, 3),
+)
+def test_masa_fair_never_needs_the_progress_rule_when_every_network_runs_alone_in_the_budget(
+    specs, gaps, slack, workers
+):
+    # The Banker's guarantee: a safe state always has a task that fits and keeps it safe,
+    # so with networks that each fit alone the budget is never exceeded, under any traffic.
+    jobs, at = [], 0.0
+    for j, spec in enumerate(specs):
+        networks = tuple(
+            net(
+                f"n{j}{k}",
+                [w for w, *_ in layers],
+                load=[float(lt) for *_, lt, _ in layers],
+                execs=[float(et) for *_, et in layers],
+                exec_memory=[em for _, _, em, _, _ in layers],
+                load_memory=[w + extra for w, extra, *_ in layers],
+                init_memory=init,
+            )
+            for k, (init, layers) in enumerate(spec)
+        )
+        jobs.append(Job(f"j{j}", networks, arrival=at, seq=j))
+        at += gaps[j]
+    budget = max(alone_minimum(n) for job in jobs for n in job.networks) + slack + 1
+    report = simulate(jobs, "masa-fair", memory=budget, workers=workers, paging=None)
+    check_run(report, jobs, "masa-fair")
+    assert report.progress_count == 0 and report.peak_memory <= budget
+
+
 def test_a_job_too_large_for_the_budget_is_rejected_while_others_run():
     small = Job("small", (net("s", [3, 4]),), arrival=0.0, seq=0)
     huge = Job("huge", (net("h", [2, 50, 2]),), arrival=0.5, seq=1)

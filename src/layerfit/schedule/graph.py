@@ -21,7 +21,7 @@ import networkx as nx
 from layerfit.errors import ScheduleError
 from layerfit.schedule.files import save_figure
 from layerfit.schedule.profile import NetworkProfile
-from layerfit.schedule.tasks import Job, Pool, Scheme, Task, TaskKind, task_id
+from layerfit.schedule.tasks import Job, NetworkPlan, Pool, Scheme, Task, TaskKind, task_id
 
 
 def network_tasks(
@@ -46,13 +46,17 @@ def network_tasks(
         return int(round(value * estimate_factor))
 
     init_id = task_id(network_uid, TaskKind.INIT, -1)
+    layer_memory = [
+        (est(layer.load_peak), min(est(layer.memory), est(layer.load_peak)), est(layer.exec_memory))
+        for layer in profile.layers
+    ]
     common = {
         "job": job,
         "network": network_uid,
         "network_name": profile.name,
         "network_index": index,
         "network_cost": cost,
-        "network_largest": est(profile.largest_task_memory),
+        "plan": NetworkPlan(init=est(profile.init_memory), layers=tuple(layer_memory)),
         "job_seq": job_seq,
     }
     tasks = [
@@ -74,6 +78,7 @@ def network_tasks(
         pool = Pool.FC if i >= fc_start else Pool.CONV
         load_id = task_id(network_uid, TaskKind.LOAD, i)
         peak = layer.load_peak
+        load_memory, retained, exec_memory = layer_memory[i]
         tasks.append(
             Task(
                 id=load_id,
@@ -81,8 +86,8 @@ def network_tasks(
                 layer=i,
                 layer_name=layer.name,
                 duration=layer.load_time,
-                memory=est(peak),
-                retained=min(est(layer.memory), est(peak)),
+                memory=load_memory,
+                retained=retained,
                 actual_memory=peak,
                 actual_retained=layer.memory,
                 pool=pool,
@@ -96,7 +101,7 @@ def network_tasks(
                 layer=i,
                 layer_name=layer.name,
                 duration=layer.exec_time,
-                memory=est(layer.exec_memory),
+                memory=exec_memory,
                 actual_memory=layer.exec_memory,
                 pool=pool,
                 **common,

@@ -63,6 +63,21 @@ class Pool(enum.StrEnum):
     FC = "fc"
 
 
+@dataclass(frozen=True)
+class NetworkPlan:
+    """The scheduler's memory estimates for a whole network, shared by all its tasks.
+
+    A policy sees a task only once it is ready; to know what a network in flight still
+    needs (``masa-fair``'s safety check) it needs the layers it has not seen yet.
+    ``init`` is held from the init task until the network ends; ``layers`` holds, per
+    layer in execution order, ``(load memory, retained, execute memory)`` — the same
+    figures as the network's load and execute tasks.
+    """
+
+    init: int
+    layers: tuple[tuple[int, int, int], ...]
+
+
 @dataclass(eq=False)
 class Task:
     """One schedulable unit of work of one network of one job.
@@ -89,7 +104,7 @@ class Task:
     releases: tuple[str, ...] = ()
     pool: Pool = Pool.CONV
     network_cost: float = 0.0  # total duration of the network's tasks (SNF's key)
-    network_largest: int = 0  # the scheduler's estimate of the network's largest task
+    plan: NetworkPlan | None = field(default=None, repr=False)  # None for hand-made tasks
     job_seq: int = 0
     actual_memory: int | None = None
     actual_retained: int | None = None

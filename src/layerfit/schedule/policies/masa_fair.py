@@ -1,133 +1,180 @@
-"""MASA that avoids memory deadlock: Algorithm 1 with a safety check (Banker's).
+"""MASA that never deadlocks: ``masa-fcfs`` with a safety check (the Banker's algorithm).
 
-Algorithm 1 starts the smallest memory-taking task that fits. On the partial graph a
-network's loads may run far ahead of its executions, so under load with a tight budget
-the small loads of several networks fill memory while each of those networks waits for
-one large load (AlexNet's 151 MB fc6) that no longer fits: a deadlock that only the
-progress rule breaks, by running a task alone over the budget. Each firing
-over-commits memory, which pages, which slows every task, which lets more requests
-pile up. In the simulator (all-random at traffic intensity 1.2, a quarter of the bulk
-peaks, thesis paging model) MASA fired the rule 2,137 times and its mean response
-reached 145 s, against 0.7 s for Bulk.
+MASA's rules (execute and unload before load, the first task that fits) can deadlock
+under heavy traffic with a tight budget: the loads of several networks fill memory
+while each of those networks waits for one large load that no longer fits, and only the
+progress rule moves on, by running a task alone over the budget. Each firing
+over-commits memory, which pages, which slows every task, which lets more requests pile
+up. Sorting by memory (``masa``) makes it likely; arrival order (``masa-fcfs``) makes it
+rarer but does not rule it out: with the thesis's profiles at 1 GB, 150 all-random
+requests at traffic intensity 1.2 made ``masa-fcfs`` fire the rule 6,845 times (mean
+response 1,863 s in the simulator, thesis paging model).
 
-``masa-fair`` (not in the thesis; ``masa`` stays the thesis's algorithm) keeps
-Algorithm 1's order — execute and unload before load, ascending memory — but starts a
-memory-taking task only if the state after it is *safe*: there is an order in which
-every network in flight can finish, one after the other, each giving back what it holds
-when it finishes (the Banker's algorithm; a new network claims its largest task). A
-network runs its layers in order and unloads each after executing it, so when it
-reaches a pending load it still holds only the loads of *later* layers: its claim is
-the most any pending load needs beyond the loads it holds of earlier layers. (Counting
-every held load as kept until the network ends made a network refuse to load its own
-large layer before a smaller later one, and only the progress rule moved it on: EmotionNet
-alone at 377 MB in ``bench/masa.py``.) When no task is safe and nothing runs, the oldest
-job's task runs (the progress rule, first come first served instead of smallest first).
-The safety check costs concurrency where one task nearly fills the budget (mixed-3 in
-``bench/masa.py``). ``masa-fcfs`` avoids the deadlock in practice by order alone (arrival
-order, as EdgeCaffe's code has it) without holding back a task that fits. Known gap: the
-claim counts loads, not what the network's executions need beside them, nor networks
-whose loads are not ready yet; with the thesis's profiles (13-50 MB of scratch per
-execution) the progress rule still fires under heavy traffic at 1 GB.
+``masa-fair`` (not in the thesis) takes ``masa-fcfs``'s order but starts a memory-taking
+task (init or load) only if the state after it is *safe*: once the tasks running now
+have finished, there is an order in which every network in flight can run to its end
+alone, one after the other, each giving back everything it holds (its init and its
+loaded layers) when it ends. What a network still needs comes from its
+:class:`~layerfit.schedule.tasks.NetworkPlan`, which every task carries: running alone
+from where it is, it loads each layer it has not loaded (the load's peak), executes it
+(the execute memory) and unloads it, so the layers it has executed are given back
+before its next load. Execute and unload tasks need no check: they only move a network
+along its plan.
+
+A safe state always has a network whose next task fits and leaves the state safe, so
+when every network of the workload can run alone within the budget the progress rule
+never fires; it remains for a network that cannot (its job would otherwise wait
+forever). In the case above ``masa-fair`` never fired it and its mean response was
+21 s; where ``masa-fcfs`` does not fire it the two behave alike (13.7 s each at 2 GB).
+
+The same check in ``masa``'s memory order also never fired the rule but let large
+networks wait behind small ones: 75 s at 1 GB and 45 s at 2 GB in the case above, so it
+is not used. Earlier versions of the check knew only the loads that were ready and
+missed the execute memory, the init given back at a network's end, networks whose init
+was still running and the part of a running load's peak it gives back; with the
+thesis's profiles they fired the rule thousands of times.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Hashable
+from dataclasses import dataclass, field
 
+from layerfit.errors import ScheduleError
 from layerfit.schedule.policies.base import fits
-from layerfit.schedule.policies.masa import Masa
-from layerfit.schedule.tasks import Task, TaskKind
+from layerfit.schedule.policies.masa_fcfs import MasaFcfs
+from layerfit.schedule.tasks import NetworkPlan, Task, TaskKind
 
 
-class MasaFair(Masa):
-    """MASA whose memory-taking tasks must leave the networks in flight a safe state."""
+@dataclass
+class _Flight:
+    """Where one network in flight stands on its plan (tasks taken, not only finished)."""
+
+    plan: NetworkPlan
+    job: Hashable
+    init: int = 0  # init memory held until the network ends
+    loaded: dict[int, int] = field(default_factory=dict)  # layer -> retained bytes, until unloaded
+    executed: int = 0  # layers whose execution has started (they run in order)
+    unloaded: int = 0
+
+    def held(self) -> int:
+        """What the network gives back when it ends."""
+        return self.init + sum(self.loaded.values())
+
+    def need(self) -> int:
+        """The most memory it still needs beyond what it holds, running alone from here."""
+        extra = -sum(b for layer, b in self.loaded.items() if layer < self.executed)
+        most = 0
+        for layer in range(self.executed, len(self.plan.layers)):
+            load, retained, execute = self.plan.layers[layer]
+            if layer not in self.loaded:
+                most = max(most, extra + load)
+                extra += retained
+            most = max(most, extra + execute)
+            extra -= retained  # unloaded once executed
+        return most
+
+    def after(self, task: Task) -> _Flight:
+        """A copy with ``task`` taken."""
+        flight = _Flight(
+            self.plan, self.job, self.init, dict(self.loaded), self.executed, self.unloaded
+        )
+        flight.take(task)
+        return flight
+
+    def take(self, task: Task) -> None:
+        if task.kind is TaskKind.INIT:
+            self.init = task.retained
+        elif task.kind is TaskKind.LOAD:
+            self.loaded[task.layer] = task.retained
+        elif task.kind is TaskKind.EXEC:
+            self.executed = max(self.executed, task.layer + 1)
+
+
+class MasaFair(MasaFcfs):
+    """``masa-fcfs`` whose memory-taking tasks must leave the networks in flight a safe state."""
 
     name = "masa-fair"
 
     def __init__(self, *, gated: bool = True) -> None:
         super().__init__(gated=gated)
-        self._held: dict[str, dict[int, int]] = defaultdict(dict)  # network -> layer -> retained bytes
-        self._retained: dict[str, tuple[str, str, int]] = {}  # load id -> (network, job, layer)
+        self._flights: dict[str, _Flight] = {}  # network uid -> its state, from its first task
+        self._returns: dict[str, int] = {}  # running task id -> bytes it frees when it ends
         self.unsafe_skips = 0  # tasks that fitted but were held back as unsafe
 
-    # --- bookkeeping of what each network holds -------------------------------------
+    # --- bookkeeping ----------------------------------------------------------------
+
+    def add(self, task: Task) -> None:
+        if task.plan is None:
+            raise ScheduleError(
+                f"masa-fair needs each task's network plan; task {task.id} has none "
+                "(build tasks with layerfit.schedule.graph)"
+            )
+        super().add(task)
 
     def _take(self, task: Task) -> Task:
         task = super()._take(task)
-        if task.kind is TaskKind.LOAD and task.retained:
-            self._held[task.network][task.layer] = task.retained
-            self._retained[task.id] = (task.network, task.job, task.layer)
+        flight = self._flights.get(task.network)
+        if flight is None:
+            assert task.plan is not None  # add() refuses tasks without one
+            flight = self._flights[task.network] = _Flight(task.plan, task.job)
+        flight.take(task)
+        self._returns[task.id] = task.memory - task.retained
         return task
 
     def complete(self, task: Task) -> None:
         super().complete(task)
-        for key in task.releases:
-            self._forget(key)
+        self._returns.pop(task.id, None)
+        flight = self._flights.get(task.network)
+        if flight is None:  # its job was discarded: the ledger already took its memory back
+            return
+        if task.kind is TaskKind.UNLOAD:
+            flight.loaded.pop(task.layer, None)
+            flight.unloaded += 1
+        if flight.unloaded == len(flight.plan.layers):  # its last task: the ledger freed its init
+            del self._flights[task.network]
 
     def discard(self, job: Hashable) -> list[Task]:
-        for key in [k for k, (_, owner, _) in self._retained.items() if owner == job]:
-            self._forget(key)
+        for uid in [uid for uid, flight in self._flights.items() if flight.job == job]:
+            del self._flights[uid]
+        # The ledger frees the job's memory now, its running tasks' memory whole when they
+        # end; until then ``_returns`` counts only their peaks beyond what they keep, which
+        # errs on the safe side.
         return super().discard(job)
-
-    def _forget(self, key: str) -> None:
-        """Load ``key``'s weights are gone: its network holds that much less."""
-        entry = self._retained.pop(key, None)
-        if entry is not None:
-            network, _, layer = entry
-            self._held[network].pop(layer, None)
-            if not self._held[network]:
-                del self._held[network]
 
     # --- choice ---------------------------------------------------------------------
 
     def next(self, worker: int, free_memory: int) -> Task | None:
-        task = self._frees.first()
-        if task is not None and fits(task, free_memory):
+        task = self._first_fitting(self._frees, free_memory)
+        if task is not None:
             return self._take(task)
-        claims: dict[str, dict[int, int]] = defaultdict(dict)  # network -> layer -> ready load bytes
-        for t in self._takes:
-            if t.kind is TaskKind.LOAD:
-                claims[t.network][t.layer] = t.memory
-        for candidate in self._takes:  # ascending memory: stop at the first that does not fit
+        # what is free once the running tasks end, and what each network in flight needs
+        settled = free_memory + sum(self._returns.values())
+        needs = {uid: flight.need() for uid, flight in self._flights.items()}
+        for candidate in self._takes:  # arrival order: a later task that fits may pass
             if not fits(candidate, free_memory):
-                break
-            if self._safe(candidate, free_memory, claims):
+                continue
+            if self._safe(candidate, settled, needs):
                 return self._take(candidate)
             self.unsafe_skips += 1
-        if self.running == 0:  # progress rule: the oldest job's task goes first
-            task = self._frees.first()
-            if task is None:
-                task = min(self._takes, key=lambda t: (t.job_seq, t.memory, t.ready_seq), default=None)
+        if self.running == 0:  # progress rule: a network that cannot run alone in the budget
+            task = self._frees.first() or self._takes.first()
             if task is not None:
                 return self._take(task)
         return None
 
-    def _safe(self, candidate: Task, free_memory: int, claims: dict[str, dict[int, int]]) -> bool:
-        """After ``candidate`` starts, can every network in flight still finish?"""
-        free = free_memory - candidate.memory
-        pending = {net: dict(loads) for net, loads in claims.items()}
-        held = {net: dict(layers) for net, layers in self._held.items()}
-        if candidate.kind is TaskKind.LOAD:
-            del pending[candidate.network][candidate.layer]
-            if candidate.retained:
-                held.setdefault(candidate.network, {})[candidate.layer] = candidate.retained
-        need = {net: _claim(loads, held.get(net, {})) for net, loads in pending.items()}
-        if candidate.kind is TaskKind.INIT:
-            need[candidate.network] = max(need.get(candidate.network, 0), candidate.network_largest)
-        free += sum(sum(layers.values()) for net, layers in held.items() if net not in need)  # nothing left to load
-        for net, claim in sorted(need.items(), key=lambda item: item[1]):
-            if claim > free:
+    def _safe(self, candidate: Task, settled: int, needs: dict[str, int]) -> bool:
+        """After ``candidate`` starts (and everything running ends), can every network in
+        flight still run to its end, one after the other?"""
+        flight = self._flights.get(candidate.network)
+        if flight is None:
+            assert candidate.plan is not None
+            flight = _Flight(candidate.plan, candidate.job)
+        moved = flight.after(candidate)
+        needs = {**needs, candidate.network: moved.need()}
+        free = settled - candidate.retained
+        for uid, need in sorted(needs.items(), key=lambda item: item[1]):
+            if need > free:
                 return False
-            free += sum(held.get(net, {}).values())
+            free += (moved if uid == candidate.network else self._flights[uid]).held()
         return True
-
-
-def _claim(pending: dict[int, int], held: dict[int, int]) -> int:
-    """The most memory a network still needs beyond what it holds, running alone: at each
-    pending load, the loads it holds of earlier layers have been executed and unloaded."""
-    need = 0
-    for layer, nbytes in pending.items():
-        returned = sum(b for held_layer, b in held.items() if held_layer < layer)
-        need = max(need, nbytes - returned)
-    return need
