@@ -72,7 +72,7 @@ def serve_command(
     memory_budget: str = typer.Option("512MB", "--memory-budget", help="memory budget of the runtime, e.g. 512MB"),
     workers: int = typer.Option(2, "--workers", min=1, help="worker threads of the runtime"),
     policy: str = typer.Option(
-        "masa-fcfs", "--policy", help="scheduling policy: masa-fcfs, masa, masa-fair, bulk, deepeye, fcfs, ..."
+        "masa-fair", "--policy", help="scheduling policy: masa-fair, masa-fcfs, masa, bulk, deepeye, fcfs, ..."
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="port to listen on (0: a free one)"),

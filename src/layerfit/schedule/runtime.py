@@ -140,7 +140,9 @@ class Runtime:
     """Serve jobs over a repository of prepared models within one memory budget.
 
     ``memory_budget`` is bytes or a size (``"512MB"``); ``policy`` any of
-    :func:`layerfit.schedule.policy_names`. Keyword options:
+    :func:`layerfit.schedule.policy_names` (default ``masa-fair``, the one that never goes
+    over a budget every model fits alone in; ``masa`` is the thesis's Algorithm 1).
+    Keyword options:
 
     - ``queue_limit`` — most unfinished jobs at once; beyond it ``submit`` raises
       :class:`~layerfit.errors.QueueFullError`;
@@ -171,7 +173,7 @@ class Runtime:
         repository: str | Path,
         memory_budget: int | str,
         workers: int = 2,
-        policy: str = "masa",
+        policy: str = "masa-fair",
         *,
         queue_limit: int | None = None,
         estimates: str = "capture",

@@ -39,7 +39,7 @@ class ServeSettings:
     repository: str | Path
     memory_budget: str | int = "512MB"
     workers: int = 2
-    policy: str = "masa-fcfs"
+    policy: str = "masa-fair"
     host: str = "127.0.0.1"
     port: int = 8000
     queue_limit: int = 64
