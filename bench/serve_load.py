@@ -23,7 +23,7 @@ timeout on every request and on every join. Loopback only.
 Writes ``bench/results/serve_load.json`` and ``.md``. From the repository root::
 
     .venv/bin/python bench/serve_load.py --clients 8 --duration 60 \\
-        --models mobilenet_v1_025,blazeface,deeplab_v3,mobilenet_v2 --memory-budget 16MB
+        --models mobilenet_v1_025,blazeface,deeplab_v3,mobilenet_v2 --memory-budget 24MB
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=30.0, help="seconds of load T (at most 600)")
     p.add_argument("--models", default=DEFAULT_MODELS, help="comma list of zoo models to prepare and serve")
     p.add_argument("--repository", help="serve this folder of prepared models instead of preparing --models")
-    p.add_argument("--memory-budget", default="16MB", help="the server's memory budget (tight: below the models' sum)")
+    p.add_argument("--memory-budget", default="24MB", help="the server's memory budget (tight: below the models' sum, at least the largest one's need)")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--policy", default="masa")
+    p.add_argument("--policy", default="masa-fair", help="the server's scheduling policy (its default)")
     p.add_argument("--queue-limit", type=int, default=16, help="server queue limit (beyond it: 429)")
     p.add_argument("--timeout", type=float, default=30.0, help="server per-request timeout, seconds")
     p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds admitted requests may finish after SIGTERM")

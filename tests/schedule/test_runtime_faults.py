@@ -29,6 +29,7 @@ from layerfit.errors import (
 )
 from layerfit.schedule import runtime as runtime_module
 from layerfit.schedule.network_run import NetworkRun
+from layerfit.schedule.profiler import estimate_profile
 from layerfit.schedule.runtime import Job, Runtime
 from layerfit.store import read_manifest
 from layerfit.store.reader import aligned_buffer
@@ -103,10 +104,26 @@ def test_a_model_too_large_loaded_within_budget_is_never_ready(repo, x, refs, mo
     rt.load_model("chain", within_budget=True)
     assert torch.equal(rt.infer("chain", x["chain"]).result(timeout=60), refs["chain"])
     rt.load_model("big")
-    assert rt.required_budget("big") == info.value.min_budget
+    assert info.value.min_budget == rt.models["big"].profile.min_budget > rt.required_budget("big")
     with pytest.raises(JobRejectedError):
         rt.infer("big", x["big"]).result(timeout=60)
     settle(rt)
+
+
+def test_a_model_whose_tasks_fit_but_whose_run_does_not_is_never_ready_within_budget(repo, x, refs):
+    # Each of chain's tasks fits a budget just below what it needs to run (its resident
+    # part beside its largest unit), so its jobs pass the job check and then run only
+    # through the progress rule, over the budget: a server must not call it READY.
+    profile = estimate_profile(read_manifest(repo / "chain"), "chain")
+    budget = profile.min_budget - 1
+    assert profile.largest_task_memory <= budget
+    rt = Runtime(repo, budget, workers=1, load=False)
+    with pytest.raises(ModelOverBudgetError, match="to run within it") as info:
+        rt.load_model("chain", within_budget=True)
+    assert info.value.min_budget == profile.min_budget
+    rt.load_model("chain")  # by default it loads, and runs only over the budget
+    assert torch.equal(rt.infer("chain", x["chain"]).result(timeout=60), refs["chain"])
+    assert settle(rt)["progress_rule_fired"] > 0
 
 
 def test_failing_load_fails_its_job_returns_memory_others_complete(repo, x, refs):

@@ -42,9 +42,9 @@ def refusal(repository: Path, **overrides: object) -> str:
 
 
 def needs(repository: Path) -> dict[str, int]:
-    """The least budget under which each loadable model's jobs are not rejected."""
+    """The least budget each loadable model runs within (what the server asks of it)."""
     return {
-        name: estimate_profile(read_manifest(repository / name), name).largest_task_memory
+        name: estimate_profile(read_manifest(repository / name), name).min_budget
         for name in LOADABLE
     }
 

@@ -409,12 +409,18 @@ class Runtime:
         return int(round(profile.largest_task_memory * self._dispatcher.estimate_factor))
 
     def _check_fits(self, name: str, profile: NetworkProfile) -> None:
-        """Raise :class:`ModelOverBudgetError` if no job of ``profile`` could run under the budget."""
-        needed = self._required(profile)
+        """Raise :class:`ModelOverBudgetError` if ``profile`` cannot run within the budget.
+
+        That is its init (resident weights, activations) beside its largest unit (load
+        peak, or weights and execute scratch), not only its largest task: with less, its
+        jobs would pass the job check and then run only through the progress rule, over
+        the budget."""
+        needed = int(round(profile.min_budget * self._dispatcher.estimate_factor))
         if needed > self._ledger.budget:
             raise ModelOverBudgetError(
                 f"model {name!r} needs a memory budget of at least {format_bytes(needed)} "
-                f"({needed} bytes), more than the runtime's budget of "
+                f"({needed} bytes) to run within it (one streamed unit at a time beside its "
+                f"resident weights and activations), more than the runtime's budget of "
                 f"{format_bytes(self._ledger.budget)}",
                 min_budget=needed,
             )
