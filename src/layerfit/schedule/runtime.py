@@ -281,10 +281,11 @@ class Runtime:
         a load still running when the runtime shuts down closes what it opened and raises.
 
         By default a model too large for the budget loads and each of its jobs is
-        rejected with the minimum budget; with ``within_budget`` such a model is never
-        READY: it stays UNAVAILABLE and :class:`~layerfit.errors.ModelOverBudgetError`
-        (carrying ``min_budget``) is raised — what a server wants, whose clients must
-        not see a model it cannot run.
+        rejected with the minimum budget (a job whose tasks each fit runs, going over
+        the budget if the model cannot run within it); with ``within_budget`` a model
+        that cannot run within the budget is never READY: it stays UNAVAILABLE and
+        :class:`~layerfit.errors.ModelOverBudgetError` (carrying ``min_budget``) is
+        raised — what a server wants, whose clients must not see a model it cannot run.
         """
         directory = model_directory(self.repository, name)
         with self._lock:
