@@ -321,9 +321,10 @@ def generate_command(
 def run_command(
     workload: str = typer.Option(..., "--workload", help="workload YAML"),
     policy: str = typer.Option(
-        "masa",
+        "masa-fair",
         "--policy",
-        help="masa, masa-fcfs, masa-fair, bulk, bulk-multi, deepeye, fcfs, linear-fcfs, sjf, snf, round-robin "
+        help="masa-fair (never over a budget each network fits alone), masa (the thesis's Algorithm 1), "
+        "masa-fcfs, bulk, bulk-multi, deepeye, fcfs, linear-fcfs, sjf, snf, round-robin "
         "(bulk and linear-fcfs use one worker, deepeye two, as in EdgeCaffe)",
     ),
     memory: str = typer.Option(..., "--memory", help="memory budget, e.g. 512MB"),

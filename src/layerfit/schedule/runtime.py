@@ -4,7 +4,7 @@
 analysed by a set of networks (thesis §7.1) — over the prepared models in the
 sub-folders of ``repository`` (:mod:`layerfit.schedule.repository`)::
 
-    with Runtime("models/", "512MB", workers=2, policy="masa") as rt:
+    with Runtime("models/", "512MB", workers=2, policy="masa-fair") as rt:
         future = rt.submit(Job(("agenet", "gendernet"), image))
         outputs = future.result()          # {"agenet": tensor, "gendernet": tensor}
         logits = rt.infer("agenet", image).result()
