@@ -77,8 +77,8 @@ class JobRejectedError(ScheduleError):
 
 
 class ModelOverBudgetError(ScheduleError):
-    """A model whose largest task needs more memory than the runtime's whole budget, so
-    none of its jobs could run; ``min_budget`` is the least budget that serves it."""
+    """A model that cannot run within the runtime's budget (its resident part beside its
+    largest unit needs more); ``min_budget`` is the least budget it runs within."""
 
     def __init__(self, message: str, min_budget: int) -> None:
         super().__init__(message)

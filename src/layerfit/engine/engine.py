@@ -698,7 +698,6 @@ class Engine:
                 "this engine has pipeline 'external': it runs only with a unit source "
                 "(Engine.run_from); load it with another pipeline to call it directly"
             )
-        self._check_open()
         if source is not None and self.device_ring is not None:
             raise LayerfitError("a unit source supplies host memory: run it on an engine with stages=2 on cpu")
         with self._lock:

@@ -36,6 +36,7 @@ reuse arcs (:func:`reuse_arc_count`); asked for by name it always runs.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -55,8 +56,6 @@ SOLVERS = ("auto", "spfa", "ortools")
 
 def reuse_arc_count(records: Sequence[TensorUsageRecord]) -> int:
     """Reuse arcs of the flow network: pairs of tensors where one ends before the other starts."""
-    import bisect
-
     lasts = sorted(r.last_op for r in records)
     return sum(bisect.bisect_left(lasts, r.first_op) for r in records)
 

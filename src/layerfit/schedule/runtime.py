@@ -404,9 +404,6 @@ class Runtime:
         """The least memory budget under which jobs of model ``name`` are not rejected:
         its largest task as the scheduler is told it (profile × ``estimate_factor``)."""
         profile, _ = self._ready(name)
-        return self._required(profile)
-
-    def _required(self, profile: NetworkProfile) -> int:
         return int(round(profile.largest_task_memory * self._dispatcher.estimate_factor))
 
     def _check_fits(self, name: str, profile: NetworkProfile) -> None:

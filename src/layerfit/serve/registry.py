@@ -11,9 +11,9 @@ Each model has one version, ``"1"``. Its one input is called ``input``; its outp
 ``output`` (one) or ``output_0``, ``output_1``, … (several), with the shapes captured
 when the model was prepared.
 
-A model is READY only if it can run under the server's memory budget: the runtime
-rejects every job whose largest task exceeds the budget, so a model that needs more
-is never made READY: it stays UNAVAILABLE with its minimum budget as the reason —
+A model is READY only if it can run within the server's memory budget (its resident
+part beside its largest unit; with less, its jobs would run only by going over the
+budget): a model that needs more stays UNAVAILABLE with its minimum budget as the reason —
 a configuration problem of the server, answered 503, never blamed on the request.
 """
 

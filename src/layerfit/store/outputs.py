@@ -5,8 +5,8 @@ goes there (finding out afterwards loses that work): its folder exists and is wr
 it is not a directory, its extension is one the writer keeps (numpy and matplotlib
 would otherwise append their own and write somewhere else), and it exists only with
 ``force``. Every command checks its outputs here, so the messages are the same
-everywhere and name the option. :func:`write_atomic` then writes through a temporary file in the same folder
-and a rename, so an existing file is never left half-overwritten.
+everywhere and name the option. :func:`write_atomic` then writes through a temporary
+file in the same folder and a rename, so an existing file is never left half-overwritten.
 """
 
 from __future__ import annotations

@@ -55,7 +55,6 @@ class _Flight:
     init: int = 0  # init memory held until the network ends
     loaded: dict[int, int] = field(default_factory=dict)  # layer -> retained bytes, until unloaded
     executed: int = 0  # layers whose execution has started (they run in order)
-    unloaded: int = 0
 
     def held(self) -> int:
         """What the network gives back when it ends."""
@@ -76,9 +75,7 @@ class _Flight:
 
     def after(self, task: Task) -> _Flight:
         """A copy with ``task`` taken."""
-        flight = _Flight(
-            self.plan, self.job, self.init, dict(self.loaded), self.executed, self.unloaded
-        )
+        flight = _Flight(self.plan, self.job, self.init, dict(self.loaded), self.executed)
         flight.take(task)
         return flight
 
@@ -130,8 +127,8 @@ class MasaFair(MasaFcfs):
             return
         if task.kind is TaskKind.UNLOAD:
             flight.loaded.pop(task.layer, None)
-            flight.unloaded += 1
-        if flight.unloaded == len(flight.plan.layers):  # its last task: the ledger freed its init
+        # every layer executed and unloaded: the network ended and the ledger freed its init
+        if flight.executed == len(flight.plan.layers) and not flight.loaded:
             del self._flights[task.network]
 
     def discard(self, job: Hashable) -> list[Task]:
