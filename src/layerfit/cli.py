@@ -523,7 +523,8 @@ def prepare(
         console.print(
             f"prepared {model} -> {output}: {len(manifest.units)} units, "
             f"{format_bytes(manifest.total_bytes)} of weights, largest unit "
-            f"{format_bytes(manifest.largest_unit_bytes)} (capture: {manifest.graph.method})"
+            f"{format_bytes(manifest.largest_unit_bytes)}, resident {format_bytes(manifest.resident_bytes)} "
+            f"(capture: {manifest.graph.method})"
         )
 
 
@@ -539,6 +540,7 @@ def inspect(
     from layerfit.store import read_manifest
 
     m = read_manifest(directory)
+    reasons = {r.name: r.reason for r in m.graph.resident}  # why each is kept, from the capture
     units = [
         {"index": u.index, "name": u.name, "type": u.module_type, "nbytes": u.nbytes,
          "payload_bytes": u.payload_bytes, "offset": u.offset, "d": u.d, "f": u.f, "sha256": u.sha256}
@@ -554,7 +556,8 @@ def inspect(
         "minimum_budget_bytes": m.largest_unit_bytes + m.resident_bytes,
         "resident_bytes": m.resident_bytes,
         "resident_tensors": [
-            {"name": t.name, "nbytes": t.nbytes, "places": list(t.places)} for t in (m.resident.tensors if m.resident else ())
+            {"name": t.name, "nbytes": t.nbytes, "places": list(t.places), "reason": reasons.get(t.name, "")}
+            for t in (m.resident.tensors if m.resident else ())
         ],
         "unused_tensors": m.graph.unused,
         "capture": m.graph.method,
@@ -580,6 +583,12 @@ def inspect(
     for u in m.units:
         table.add_row(str(u.index), u.name, u.module_type, format_bytes(u.nbytes), str(u.offset), str(u.d), f"{u.f / 1e6:.1f}")
     console.print(table)
+    if info["resident_tensors"]:
+        # resident tensors count against every budget: say which they are and why
+        kept = Table("resident tensor", "bytes", "why it is not streamed", title="kept in memory for the whole inference")
+        for r in sorted(info["resident_tensors"], key=lambda r: -r["nbytes"]):
+            kept.add_row(r["name"], format_bytes(r["nbytes"]), r["reason"])
+        console.print(kept)
 
 
 def _activation_info(m) -> dict[str, Any]:

@@ -61,6 +61,21 @@ def test_inspect_json_lists_units(tiny: Path, capsys):
     assert {"name", "nbytes", "offset"} <= set(info["units"][0])
 
 
+def test_inspect_says_which_tensors_stay_resident_and_why(tmp_path: Path, capsys):
+    prepare("tinymodels:tied_lm", tmp_path / "lm", input_shape=(1, 8), input_dtype="int64")
+    assert main(["inspect", str(tmp_path / "lm"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    reasons = {r["name"]: r["reason"] for r in info["resident_tensors"]}
+    assert reasons == {
+        "embed.weight": "shared by several modules",  # tied to head.weight
+        "pos": "owned by a module whose children also own tensors",
+    }
+    assert main(["inspect", str(tmp_path / "lm")]) == 0
+    text = capsys.readouterr().out
+    assert "kept in memory for the whole inference" in text
+    assert "shared by several modules" in text
+
+
 def test_verify_passes_on_a_good_model(tiny: Path):
     assert main(["verify", str(tiny)]) == 0
 
