@@ -516,3 +516,156 @@ class _PythonCounter(nn.Module):
 def python_counter() -> nn.Module:
     torch.manual_seed(23)
     return _PythonCounter()
+
+
+# --- common architectures, small (tests/engine/test_architectures.py) -------------------
+
+
+class _Recurrent(nn.Module):
+    """A two-layer LSTM then a bidirectional GRU (flat RNN weights, read by one kernel)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 16)
+        self.lstm = nn.LSTM(16, 32, num_layers=2, batch_first=True)
+        self.gru = nn.GRU(32, 16, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.lstm(self.proj(x))
+        h, _ = self.gru(h)
+        return self.head(h[:, -1])
+
+
+def recurrent() -> nn.Module:
+    torch.manual_seed(24)
+    return _Recurrent()
+
+
+def transformer_encoder() -> nn.Module:
+    """nn.TransformerEncoder: in eval mode PyTorch takes its fused fast path."""
+    torch.manual_seed(25)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    return nn.Sequential(nn.Linear(8, 32), encoder, nn.Linear(32, 3))
+
+
+class _Attention(nn.Module):
+    """nn.MultiheadAttention, which reads its out_proj's weight from its own forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 32)
+        self.att = nn.MultiheadAttention(32, 4, batch_first=True)
+        self.out = nn.Linear(32, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        a, weights = self.att(h, h, h)
+        return self.out(a).sum(1) + weights.sum()
+
+
+def attention() -> nn.Module:
+    torch.manual_seed(26)
+    return _Attention()
+
+
+class _PatchTokens(nn.Module):
+    """ViT-style: patch embedding, class token and position embedding on the root."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cls = nn.Parameter(torch.randn(1, 1, 16))
+        self.pos = nn.Parameter(torch.randn(1, 5, 16))
+        self.patch = nn.Conv2d(3, 16, 4, 4)
+        self.norm = nn.LayerNorm(16)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.patch(x).flatten(2).transpose(1, 2)
+        h = torch.cat([self.cls.expand(x.shape[0], -1, -1), p], 1) + self.pos
+        return self.fc(self.norm(h)[:, 0])
+
+
+def patch_tokens() -> nn.Module:
+    torch.manual_seed(27)
+    return _PatchTokens()
+
+
+def weight_normed() -> nn.Module:
+    """Weights computed on every call from parametrizations (weight_g, weight_v)."""
+    torch.manual_seed(28)
+    wn = nn.utils.parametrizations.weight_norm
+    return nn.Sequential(wn(nn.Conv2d(3, 8, 3)), nn.ReLU(), nn.Flatten(), wn(nn.Linear(8 * 6 * 6, 10)))
+
+
+def conv_zoo() -> nn.Module:
+    """Grouped and transposed convolutions, batch / instance norm, PReLU, in-place ReLU."""
+    torch.manual_seed(29)
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(inplace=True),
+        nn.Conv2d(16, 16, 3, padding=1, groups=4), nn.BatchNorm2d(16), nn.ReLU(inplace=True),
+        nn.ConvTranspose2d(16, 8, 2, stride=2), nn.PReLU(), nn.InstanceNorm2d(8, affine=True),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5),
+    )  # fmt: skip
+
+
+class _Embeddings(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.bag = nn.EmbeddingBag(50, 16, mode="mean")
+        self.fc = nn.Linear(32, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.cat([self.embed(ids).mean(1), self.bag(ids)], 1))
+
+
+def embeddings() -> nn.Module:
+    torch.manual_seed(30)
+    return _Embeddings()
+
+
+def bfloat16_mlp() -> nn.Module:
+    torch.manual_seed(31)
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).to(torch.bfloat16)
+
+
+class _MixedDtypes(nn.Module):
+    """float64 and float32 layers, with float64, bool and int64 buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16).double()
+        self.register_buffer("scale", torch.tensor([2.0], dtype=torch.float64))
+        self.b = nn.Linear(16, 4)
+        self.b.register_buffer("mask", torch.tensor([1, 0, 1, 1], dtype=torch.bool))
+        self.b.register_buffer("steps", torch.tensor(3, dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = (self.a(x.double()) * self.scale).float()
+        return self.b(h) * self.b.mask * self.b.steps
+
+
+def mixed_dtypes() -> nn.Module:
+    torch.manual_seed(32)
+    return _MixedDtypes()
+
+
+class _Unrolled(nn.Module):
+    """Two layers applied three times in turn, as an unrolled recurrence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(3):
+            x = torch.tanh(self.b(self.a(x)))
+        return x
+
+
+def unrolled() -> nn.Module:
+    torch.manual_seed(33)
+    return _Unrolled()
