@@ -569,6 +569,7 @@ def inspect(
     }
     if as_json:
         print_json(info)
+        _check_weights_file(directory, m)
         return
     console.print(
         f"[bold]{m.model['name']}[/] input {tuple(m.input_shape)} {m.input_dtype}: "
@@ -589,6 +590,17 @@ def inspect(
         for r in sorted(info["resident_tensors"], key=lambda r: -r["nbytes"]):
             kept.add_row(r["name"], format_bytes(r["nbytes"]), r["reason"])
         console.print(kept)
+    _check_weights_file(directory, m)
+
+
+def _check_weights_file(directory: str, m) -> None:
+    """After showing the manifest, refuse (exit 2) if its weights file is missing or the
+    wrong size, so that a damaged model never looks healthy (``verify`` checks the bytes)."""
+    from pathlib import Path
+
+    from layerfit.store import check_weights_file
+
+    check_weights_file(Path(directory) / m.weights_file, m.weights_size)
 
 
 def _activation_info(m) -> dict[str, Any]:

@@ -166,6 +166,14 @@ def test_truncated_weights_file(tiny: Path, capsys):
         SegmentReader(path, read_manifest(tiny).weights_size)
     assert main(["run", str(tiny)]) == 2
     assert "truncated" in capsys.readouterr().err
+    # inspect still shows the manifest, and fails instead of looking healthy
+    for argv in (["inspect", str(tiny)], ["inspect", str(tiny), "--json"]):
+        assert main(argv) == 2
+        captured = capsys.readouterr()
+        assert "conv1" in captured.out and "truncated" in captured.err
+    path.unlink()
+    assert main(["inspect", str(tiny)]) == 2
+    assert "is missing" in capsys.readouterr().err
 
 
 def test_flipped_byte_names_the_unit(tiny: Path, capsys):

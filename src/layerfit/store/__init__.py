@@ -10,7 +10,7 @@ from layerfit.store.manifest import (
     read_manifest,
 )
 from layerfit.store.model_spec import ModelSpec, resolve
-from layerfit.store.reader import SegmentReader, aligned_buffer, verify_segment
+from layerfit.store.reader import SegmentReader, aligned_buffer, check_weights_file, verify_segment
 from layerfit.store.writer import example_input, prepare
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "SegmentReader",
     "TensorLayout",
     "aligned_buffer",
+    "check_weights_file",
     "example_input",
     "prepare",
     "read_manifest",

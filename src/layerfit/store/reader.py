@@ -53,19 +53,27 @@ class FileIdentity:
         return cls(st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def check_weights_file(path: str | Path, expected_size: int) -> FileIdentity:
+    """The weights file's identity, once it is known to be there with the manifest's size:
+    a missing, truncated or replaced file is refused before anything reads from it."""
+    path = Path(path)
+    if not path.is_file():
+        raise CorruptStoreError(f"weights file {path} is missing")
+    identity = FileIdentity.of(path)
+    if identity.size != expected_size:
+        raise CorruptStoreError(
+            f"weights file {path} has {identity.size} bytes, the manifest says "
+            f"{expected_size}: the file is truncated or replaced (prepare the model again)"
+        )
+    return identity
+
+
 class SegmentReader:
     """Reads whole segments (aligned offset and length) of one weights file."""
 
     def __init__(self, path: str | Path, expected_size: int, *, direct: bool = True) -> None:
         self.path = Path(path)
-        if not self.path.is_file():
-            raise CorruptStoreError(f"weights file {self.path} is missing")
-        self.identity = FileIdentity.of(self.path)
-        if self.identity.size != expected_size:
-            raise CorruptStoreError(
-                f"weights file {self.path} has {self.identity.size} bytes, the manifest says "
-                f"{expected_size}: the file is truncated or replaced (prepare the model again)"
-            )
+        self.identity = check_weights_file(self.path, expected_size)
         self.mode = "buffered"
         self._fd = -1
         if direct and hasattr(os, "O_DIRECT"):
