@@ -74,6 +74,10 @@ def serve_command(
     policy: str = typer.Option(
         "masa-fair", "--policy", help="scheduling policy: masa-fair, masa-fcfs, masa, bulk, deepeye, fcfs, ..."
     ),
+    units: str = typer.Option(
+        "layers", "--units",
+        help="what one load/execute task covers: layers, or merge:SIZE (consecutive layers up to SIZE, e.g. merge:1MB: fewer reads, lower latency)",
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="port to listen on (0: a free one)"),
     queue_limit: int = typer.Option(64, "--queue-limit", min=1, help="most inference requests held at once; more get 429"),
@@ -90,7 +94,7 @@ def serve_command(
     from layerfit.serve.server import ServeSettings, serve
 
     settings = ServeSettings(
-        repository=repository, memory_budget=memory_budget, workers=workers, policy=policy, host=host,
+        repository=repository, memory_budget=memory_budget, workers=workers, policy=policy, units=units, host=host,
         port=port, queue_limit=queue_limit, max_body=max_body, timeout=timeout,
         shutdown_grace=shutdown_grace, log_level=log_level, access_log=log_level.lower() in ("debug", "trace"),
     )
@@ -684,7 +688,7 @@ def run(
     directory: str = typer.Argument(..., help="prepared model directory"),
     pipeline: str = typer.Option("preload", "--pipeline", help="preload, sequential, sync or async"),
     budget: str = typer.Option(None, "--budget", help="weight memory, e.g. 24MB (default: the pipeline's own)"),
-    units: str = typer.Option("layers", "--units", help="layers, blocks:N or swapnet (SwapNet partition for --budget)"),
+    units: str = typer.Option("layers", "--units", help="layers, blocks:N, merge:SIZE (consecutive layers up to SIZE per block) or swapnet (SwapNet partition for --budget)"),
     input_path: str = typer.Option(None, "--input", help="input .npy (default: seeded random)"),
     output_path: str = typer.Option(None, "--output", help="save the output to .npy/.npz"),
     repeats: int = typer.Option(3, "--repeats", min=1),

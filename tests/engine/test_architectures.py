@@ -74,6 +74,7 @@ def test_every_pipeline_gives_exactly_model_outputs(repository: Path, name: str)
         {"pipeline": "sync"},
         {"pipeline": "async", "budget": minimum},  # one unit at a time: every read waits
         {"pipeline": "async", "units": "blocks:2", "budget": m.resident_bytes + m.total_bytes},
+        {"pipeline": "sync", "units": "merge:16kB"},
     ]
     for config in configs:
         with load(repository / name, **config) as engine:
@@ -99,9 +100,10 @@ def test_a_layer_applied_several_times_stays_resident_and_says_why(repository: P
     assert {r.reason for r in m.graph.resident} == {"module runs 3 times per forward pass"}
 
 
-def test_the_runtime_runs_them_all_in_one_job_exactly(repository: Path):
+@pytest.mark.parametrize("units", ["layers", "merge:16kB"])
+def test_the_runtime_runs_them_all_in_one_job_exactly(repository: Path, units: str):
     inputs = {name: _input(name) for name in ARCHITECTURES}
-    with Runtime(repository, "4MB", workers=2, policy="masa-fair") as runtime:
+    with Runtime(repository, "4MB", workers=2, policy="masa-fair", units=units) as runtime:
         outputs = runtime.submit(Job(tuple(ARCHITECTURES), inputs)).result(timeout=120)
         stats = runtime.stats()
     for name, x in inputs.items():

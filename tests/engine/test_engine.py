@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import tinymodels
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import layerfit.store.reader as reader_mod
 from layerfit.cli import main
@@ -20,6 +22,7 @@ from layerfit.engine import load
 from layerfit.engine.units import make_blocks
 from layerfit.errors import BudgetError, CorruptStoreError, LayerfitError, ReadError
 from layerfit.store import example_input, prepare, read_manifest
+from layerfit.store.manifest import Segment
 
 PIPELINES = ["preload", "sequential", "sync", "async"]
 
@@ -211,7 +214,7 @@ def test_reader_coalesces_while_the_woken_kernel_thread_is_not_yet_running(tiny:
 
 
 @pytest.mark.parametrize("budget", [20480, 24576, 32768, 45056, 10**6])
-@pytest.mark.parametrize("units", ["layers", "blocks:2", "blocks:3"])
+@pytest.mark.parametrize("units", ["layers", "blocks:2", "blocks:3", "merge:16kB", "merge:40kB"])
 def test_async_budgets_and_blocks(tiny: Path, reference, budget: int, units: str):
     x, y = reference
     blocks = make_blocks(read_manifest(tiny).units, units)
@@ -233,6 +236,32 @@ def test_equal_blocks_cover_every_layer_once(tiny: Path):
         assert len(blocks) == min(n, len(units))
     with pytest.raises(LayerfitError, match="blocks:N"):
         make_blocks(units, "chunks")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 64), min_size=1, max_size=40),
+    limit=st.integers(1, 200),
+)
+def test_merged_blocks_are_the_fewest_within_the_size_cap(sizes: list[int], limit: int):
+    units = [
+        Segment(i, f"l{i}", "Linear", offset=4096 * sum(sizes[:i]), nbytes=4096 * n, payload_bytes=4096 * n,
+                sha256="", tensors=())
+        for i, n in enumerate(sizes)
+    ]
+    blocks = make_blocks(units, f"merge:{4096 * limit}")
+    assert [s for b in blocks for s in b.segments] == units  # every layer once, in order
+    for block in blocks:  # within the cap, unless one layer alone is larger
+        assert block.nbytes <= 4096 * limit or len(block.segments) == 1
+    for a, b in zip(blocks, blocks[1:], strict=False):  # greedy: the next layer did not fit
+        assert a.nbytes + b.segments[0].nbytes > 4096 * limit
+    assert make_blocks(units, "merge:1B") == make_blocks(units, "layers")
+
+
+@pytest.mark.parametrize("spec", ["merge:", "merge:0", "merge:abc", "merge:-1MB"])
+def test_a_bad_merge_size_is_refused(tiny: Path, spec: str):
+    with pytest.raises(LayerfitError, match="granularity"):
+        make_blocks(read_manifest(tiny).units, spec)
 
 
 def test_budget_below_largest_unit_states_the_minimum(tiny: Path, capsys):

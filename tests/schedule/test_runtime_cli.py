@@ -69,6 +69,24 @@ def test_real_run_reports_like_the_simulator_and_compares(repo, tmp_path, capsys
     assert runtime_threads() == []
 
 
+def test_a_real_run_with_merged_units_schedules_one_task_per_block(repo, tmp_path, capsys):
+    from layerfit.engine.units import make_blocks
+    from layerfit.store import read_manifest
+
+    workload = tmp_path / "w.yaml"
+    workload.write_text(WORKLOAD)
+    code = main(["schedule", "run", "--workload", str(workload), "--memory", "150KB", "--repository", str(repo),
+                 "--units", "merge:12kB", "--json", "--trace", "--compare-simulator"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["jobs_by_status"] == {"done": 3} and data["budget_violations"] == 0
+    blocks = {n: len(make_blocks(read_manifest(repo / n).units, "merge:12kB")) for n in ("tiny", "chain")}
+    execs = [t for t in data["task_trace"] if t["kind"] == "EXEC"]
+    assert len(execs) == 2 * blocks["tiny"] + 2 * blocks["chain"]  # tiny twice, chain twice
+    assert blocks["tiny"] < len(read_manifest(repo / "tiny").units)
+    assert data["simulator_comparison"]["simulated_profiled_durations"]["jobs_done"] == 3
+
+
 def test_ungated_real_run_overcommits_like_the_thesis_baselines(repo, tmp_path, capsys):
     workload = tmp_path / "w.yaml"
     workload.write_text(WORKLOAD)

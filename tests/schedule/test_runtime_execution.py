@@ -88,6 +88,36 @@ def test_every_policy_gives_exactly_model_outputs(repo, refs, policy):
     assert runtime_threads() == []
 
 
+@pytest.mark.parametrize("policy", ["masa-fair", "masa", "bulk", "deepeye"])
+def test_merged_units_give_exactly_model_outputs_with_one_task_per_block(repo, refs, policy):
+    from layerfit.engine.units import make_blocks
+
+    inputs, expected = refs
+    with Runtime(repo, "128KB", workers=2, policy=policy, trace=True, units="merge:12kB") as rt:
+        jobs = [rt.submit(Job(("tiny", "chain"), inputs)) for _ in range(3)]
+        for future in jobs:
+            out = future.result(timeout=60)
+            assert torch.equal(out["tiny"], expected["tiny"]) and torch.equal(out["chain"], expected["chain"])
+        blocks = {n: make_blocks(rt.models[n].manifest.units, "merge:12kB") for n in ("tiny", "chain")}
+        per_layer = {n: len(rt.models[n].manifest.units) for n in ("tiny", "chain")}
+        assert any(len(blocks[n]) < per_layer[n] for n in blocks)  # something was merged
+        for n in blocks:
+            profile = rt.models[n].profile
+            assert len(profile.layers) == len(blocks[n])
+            assert [layer.memory for layer in profile.layers] == [b.nbytes for b in blocks[n]]
+        stats = rt.stats()
+    check_trace(rt, 2)
+    assert stats["tasks_started"]["exec"] == 3 * (len(blocks["tiny"]) + len(blocks["chain"]))
+    assert stats["in_use_bytes"] == 0 and stats["unit_buffer_bytes"] == 0
+
+
+def test_a_bad_units_spec_is_refused_before_any_model_loads(repo):
+    with pytest.raises(LayerfitError, match="granularity"):
+        Runtime(repo, "1MB", units="merge:lots")
+    with pytest.raises(LayerfitError, match="units must be"):
+        Runtime(repo, "1MB", units=3)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("policy", ["bulk", "deepeye"])
 def test_ungated_baselines_overcommit_and_memory_aware_ones_do_not(repo, refs, policy):
     """``gated=False`` runs the thesis's memory-oblivious baselines: they go over the budget

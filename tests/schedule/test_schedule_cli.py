@@ -93,6 +93,11 @@ def test_user_errors_exit_2_without_traceback(tmp_path, capsys):
     assert "cannot read 'lots' as a size" in capsys.readouterr().err
     assert main(["schedule", "run", "--workload", str(good), "--memory", "1GB"]) == 2
     assert "pass --simulate" in capsys.readouterr().err
+    base = ["schedule", "run", "--workload", str(good), "--memory", "1GB"]
+    assert main([*base, "--simulate", "--units", "merge:1MB"]) == 2
+    assert "--units applies to a real run" in capsys.readouterr().err
+    assert main([*base, "--units", "chunks"]) == 2
+    assert "unknown unit granularity 'chunks'" in capsys.readouterr().err
     # a budget below every job's largest task serves nothing: the report, then exit 2
     assert (
         main(["schedule", "run", "--workload", str(good), "--memory", "100MB", "--simulate"]) == 2

@@ -77,6 +77,35 @@ def test_derived_quantities():
     assert scaled.layers[0].load_memory == 40 and scaled.total_time == pytest.approx(2.75)
 
 
+def test_grouping_layers_into_blocks_adds_times_and_weights():
+    p = NetworkProfile(
+        "n",
+        (
+            LayerProfile("a", "conv", 1, 2, 10, load_memory=20, exec_memory=3),
+            LayerProfile("b", "conv", 1, 1, 30, exec_memory=1),
+            LayerProfile("c", "fc", 0.5, 0.5, 4, exec_memory=7),
+            LayerProfile("d", "fc", 0.5, 0.5, 6),
+        ),
+        init_time=0.5,
+        init_memory=5,
+        unload_time=0.1,
+    )
+    g = p.grouped([2, 1, 1])
+    first = g.layers[0]
+    assert (first.name, first.kind, first.load_time, first.exec_time) == ("a .. b", "conv", 2, 3)
+    # one buffer of both layers' weights, plus the first layer's load transient (20 - 10)
+    assert first.memory == 40 and first.load_peak == 50 and first.exec_memory == 3
+    assert g.weight_bytes == p.weight_bytes and g.fc_start == 1
+    assert g.total_time == pytest.approx(p.total_time - 0.1)  # one unload fewer
+    assert g.min_budget == 5 + 50 and g.notes["layers_per_block"] == [2, 1, 1]
+    mixed = p.grouped([1, 3]).layers[1]
+    assert mixed.kind == "conv" and mixed.load_memory is None and mixed.exec_memory == 7
+    assert p.grouped([1, 1, 1, 1]) is p
+    for sizes in ([2, 1], [0, 4], [5]):
+        with pytest.raises(ScheduleError, match="cannot group"):
+            p.grouped(sizes)
+
+
 def test_profile_from_a_captured_graph():
     # the fields of layerfit.capture's ModelGraph/UnitInfo that are read (no torch import here)
     units = [

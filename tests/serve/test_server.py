@@ -252,3 +252,18 @@ def test_a_model_with_nothing_to_stream_is_served(tmp_path: Path, make_server) -
         assert response.status_code == 200, response.text
         y = torch.tensor(response.json()["outputs"][0]["data"]).reshape(1, 12)
     assert torch.equal(y, tinymodels.no_weights()(x))
+
+
+def test_merged_units_serve_exactly_with_fewer_tasks(make_server) -> None:
+    running = make_server(units="merge:64kB")
+    with httpx.Client(base_url=running.url, timeout=30) as session:
+        x = torch.randn(1, 3, 8, 8)
+        response = infer_json(session, "cnn", x)
+        assert response.status_code == 200, response.text
+        out = response.json()["outputs"][0]
+        y = torch.tensor(out["data"], dtype=torch.float32).reshape(out["shape"])
+    assert torch.equal(y, reference("cnn", x))
+    assert running.built is not None
+    runtime = running.built.runtime
+    profile, manifest = runtime.models["cnn"].profile, runtime.models["cnn"].manifest
+    assert runtime.units == "merge:64kB" and len(profile.layers) < len(manifest.units)

@@ -1,8 +1,10 @@
 """Engine units: consecutive stored layers read, bound and released together.
 
 By default every layer is its own unit (Demand Layering). ``blocks:N`` groups the layers
-into N contiguous blocks of roughly equal bytes (SwapNet's granularity); explicit
-partition points (from the SwapNet partition search) give any other grouping. Because
+into N contiguous blocks of roughly equal bytes (SwapNet's granularity); ``merge:SIZE``
+joins consecutive layers into blocks of at most SIZE bytes (a larger layer stays alone),
+so that a model's many small layers (norms, biases) are not one read and one task each;
+explicit partition points (from the SwapNet partition search) give any other grouping. Because
 layers are stored in execution order on aligned boundaries, a block is one contiguous
 range of the weights file and is read with a single request.
 """
@@ -13,7 +15,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from layerfit.errors import LayerfitError
+from layerfit.errors import BudgetError, LayerfitError
+from layerfit.sizes import parse_bytes
 from layerfit.store.manifest import Segment
 
 
@@ -87,15 +90,50 @@ def equal_blocks(units: Sequence[Segment], n: int) -> list[Block]:
     return blocks_from_points(units, starts[1:])
 
 
+def merged_blocks(units: Sequence[Segment], limit: int) -> list[Block]:
+    """The fewest contiguous blocks of at most ``limit`` bytes each (a layer larger than
+    ``limit`` is a block of its own): consecutive layers are packed greedily, which is
+    optimal for a size cap on contiguous groups."""
+    points, acc = [], 0
+    for i, unit in enumerate(units):
+        if i and acc + unit.nbytes > limit:
+            points.append(i)
+            acc = 0
+        acc += unit.nbytes
+    return blocks_from_points(units, points)
+
+
+def check_units_spec(spec: str | Sequence[int]) -> None:
+    """Raise :class:`LayerfitError` if ``spec`` is no granularity (checked before any model
+    is opened, so that a typo fails at once, not at the first model)."""
+    if not isinstance(spec, str):
+        return
+    if spec == "layers":
+        return
+    match = re.fullmatch(r"blocks:(\d+)", spec)
+    if match and int(match.group(1)) >= 1:
+        return
+    if spec.startswith("merge:"):
+        try:
+            if parse_bytes(spec[len("merge:") :]) >= 1:
+                return
+        except BudgetError as exc:
+            raise LayerfitError(f"unit granularity {spec!r}: {exc}") from exc
+    raise LayerfitError(
+        f"unknown unit granularity {spec!r}: use layers, blocks:N (N >= 1) or merge:SIZE (e.g. merge:1MB)"
+    )
+
+
 def make_blocks(units: Sequence[Segment], spec: str | Sequence[int] = "layers") -> list[Block]:
-    """Blocks for a granularity spec: ``layers``, ``blocks:N`` or explicit start points."""
+    """Blocks for a granularity spec: ``layers``, ``blocks:N``, ``merge:SIZE`` or explicit
+    start points."""
+    check_units_spec(spec)
     if not units:
         return []
     if not isinstance(spec, str):
         return blocks_from_points(units, list(spec))
     if spec == "layers":
         return [Block(i, (u,)) for i, u in enumerate(units)]
-    match = re.fullmatch(r"blocks:(\d+)", spec)
-    if match and int(match.group(1)) >= 1:
-        return equal_blocks(units, int(match.group(1)))
-    raise LayerfitError(f"unknown unit granularity {spec!r}: use layers or blocks:N (N >= 1)")
+    if spec.startswith("merge:"):
+        return merged_blocks(units, parse_bytes(spec[len("merge:") :]))
+    return equal_blocks(units, int(spec[len("blocks:") :]))

@@ -378,6 +378,11 @@ def run_command(
     compare_simulator: bool = typer.Option(
         False, "--compare-simulator", help="real run: also simulate it and report the difference"
     ),
+    units: str = typer.Option(
+        "layers", "--units",
+        help="real run: what one load/execute task covers, layers (as the thesis) or merge:SIZE "
+        "(consecutive layers up to SIZE per task, e.g. merge:1MB)",
+    ),
 ) -> None:
     """Run a workload under a policy and report response times, deadlines, memory, utilisation.
 
@@ -398,6 +403,11 @@ def run_command(
         raise ScheduleError(f"--physical-memory must be a positive size, got {physical_memory!r}")
     check_estimate_factor(estimate_factor, "--estimate-factor")
     policy_name = make_policy(policy).name  # fail early on an unknown name
+    from layerfit.engine.units import check_units_spec
+
+    check_units_spec(units)
+    if simulate and units != "layers":
+        raise ScheduleError("--units applies to a real run; the simulator schedules the profiles' layers")
     if oversize not in ("reject", "alone"):
         raise ScheduleError(f"--oversize must be 'reject' or 'alone', got {oversize!r}")
     plot_path = None
@@ -428,6 +438,7 @@ def run_command(
             compare=compare_simulator,
             gated=not ungated,
             contention=contention,
+            units=units,
         )
     else:
         known = resolve_profiles(profiles) if profiles else None

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -156,6 +156,37 @@ class NetworkProfile:
             source=self.source,
             notes=dict(self.notes),
         )
+
+    def grouped(self, sizes: Sequence[int]) -> NetworkProfile:
+        """The same network executed in blocks of ``sizes[i]`` consecutive layers each (an
+        engine's ``blocks:N`` or ``merge:SIZE`` units): a block's load reads its layers'
+        bytes into one buffer and its execution runs them in turn, so times and weights
+        add up, and its execute scratch is its largest layer's."""
+        if sum(sizes) != len(self.layers) or any(n < 1 for n in sizes):
+            raise ScheduleError(
+                f"cannot group the {len(self.layers)} layers of {self.name!r} into blocks of {list(sizes)}"
+            )
+        if all(n == 1 for n in sizes):
+            return self
+        blocks, first = [], 0
+        for n in sizes:
+            group = self.layers[first : first + n]
+            first += n
+            memory = sum(layer.memory for layer in group)
+            transient = max(layer.load_peak - layer.memory for layer in group)
+            kinds = {layer.kind for layer in group}
+            blocks.append(
+                LayerProfile(
+                    name=group[0].name if n == 1 else f"{group[0].name} .. {group[-1].name}",
+                    kind=kinds.pop() if len(kinds) == 1 else "conv" if "conv" in kinds else "other",
+                    load_time=sum(layer.load_time for layer in group),
+                    exec_time=sum(layer.exec_time for layer in group),
+                    memory=memory,
+                    load_memory=memory + transient if any(layer.load_memory is not None for layer in group) else None,
+                    exec_memory=max(layer.exec_memory for layer in group),
+                )
+            )
+        return replace(self, layers=tuple(blocks), notes={**self.notes, "layers_per_block": list(sizes)})
 
     # --- serialisation --------------------------------------------------------------
 

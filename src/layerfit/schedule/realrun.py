@@ -243,6 +243,7 @@ def run_real(
     compare: bool = False,
     gated: bool = True,
     contention: ContentionModel = NO_CONTENTION,
+    units: str = "layers",
 ) -> tuple[RunReport, Workload, dict[str, Any]]:
     """``layerfit schedule run`` without ``--simulate``: the workload on real prepared models.
 
@@ -282,6 +283,7 @@ def run_real(
         estimate_factor=estimate_factor,
         trace=True,
         gated=gated,
+        units=units,
     ) as runtime:
         index = runtime.index()
         try:

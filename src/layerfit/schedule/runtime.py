@@ -58,6 +58,7 @@ import torch
 
 from layerfit.engine.engine import Engine
 from layerfit.engine.osmem import return_large_frees_to_os
+from layerfit.engine.units import check_units_spec
 from layerfit.errors import (
     InputError,
     JobTimeoutError,
@@ -162,7 +163,11 @@ class Runtime:
     - ``return_freed_memory`` — (default) fix glibc's mmap and heap-trim thresholds for
       the whole process (:func:`~layerfit.engine.osmem.return_large_frees_to_os`), so the
       layer-sized scratch that executions free goes back to the OS rather than staying
-      resident beside the budget.
+      resident beside the budget;
+    - ``units`` — what one load and one execute task cover: ``"layers"`` (default, one
+      stored layer each, as the thesis schedules), ``"merge:SIZE"`` (consecutive layers
+      joined into blocks of at most SIZE bytes: fewer, larger reads and tasks, so less
+      latency per request; a layer larger than SIZE stays alone) or ``"blocks:N"``.
 
     Call :meth:`shutdown` (or use it as a context manager): its threads wait for work
     until then.
@@ -184,6 +189,7 @@ class Runtime:
         direct_io: bool = True,
         gated: bool = True,
         return_freed_memory: bool = True,
+        units: str = "layers",
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ScheduleError(f"need at least one worker, got {workers!r}")
@@ -195,6 +201,9 @@ class Runtime:
             raise ScheduleError(f"estimates must be one of {', '.join(ESTIMATES)}, got {estimates!r}")
         if not isinstance(policy, str):
             raise ScheduleError(f"policy must be a policy's name, got {policy!r}")
+        if not isinstance(units, str):
+            raise ScheduleError(f"units must be layers, blocks:N or merge:SIZE, got {units!r}")
+        check_units_spec(units)
         self.repository = Path(repository)
         self.workers = workers
         self.queue_limit = queue_limit
@@ -202,6 +211,7 @@ class Runtime:
         self.trace = trace
         self._profiles = dict(profiles or {})
         self._direct_io = direct_io
+        self.units = units
         self._lock = threading.RLock()
         self._t0 = time.monotonic()
         budget = parse_bytes(memory_budget)
@@ -312,7 +322,7 @@ class Runtime:
         engine: Engine | None = None
         try:
             engine = self._new_engine(directory)
-            profile = self._profile(name, directory, engine.manifest)
+            profile = self._profile(name, directory, engine)
             if within_budget:
                 self._check_fits(name, profile)
             with self._lock:
@@ -373,9 +383,12 @@ class Runtime:
             pool.close()
 
     def _new_engine(self, directory: Path) -> Engine:
-        return Engine(directory, pipeline="external", direct_io=self._direct_io)
+        return Engine(directory, pipeline="external", direct_io=self._direct_io, units=self.units)
 
-    def _profile(self, name: str, directory: Path, manifest: Manifest) -> NetworkProfile:
+    def _profile(self, name: str, directory: Path, engine: Engine) -> NetworkProfile:
+        """The model's profile, one layer per unit of ``engine`` (per stored layer, grouped
+        into the engine's blocks when ``units`` merges layers)."""
+        manifest = engine.manifest
         profile = self._profiles.get(name)
         if profile is None:
             if self.estimates == "profile":
@@ -398,6 +411,8 @@ class Runtime:
                 f"the profile of {name!r} has {len(profile.layers)} layers but the prepared "
                 f"model has {len(manifest.units)} units: profile this prepared model"
             )
+        if engine.blocks:
+            profile = profile.grouped([len(block.segments) for block in engine.blocks])
         return profile
 
     def required_budget(self, name: str) -> int:

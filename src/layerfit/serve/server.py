@@ -25,6 +25,7 @@ from typing import Any
 import uvicorn
 from uvicorn.config import LOG_LEVELS
 
+from layerfit.engine.units import check_units_spec
 from layerfit.errors import LayerfitError
 from layerfit.serve.dataplane import DataPlane
 from layerfit.serve.metrics import ServerMetrics
@@ -40,6 +41,7 @@ class ServeSettings:
     memory_budget: str | int = "512MB"
     workers: int = 2
     policy: str = "masa-fair"
+    units: str = "layers"
     host: str = "127.0.0.1"
     port: int = 8000
     queue_limit: int = 64
@@ -71,6 +73,10 @@ class ServeSettings:
             raise LayerfitError(f"--port must be from 0 (a free port) to 65535, not {self.port}")
         if parse_bytes(self.max_body) < 1:
             raise LayerfitError("--max-body must be at least one byte")
+        try:
+            check_units_spec(self.units)
+        except LayerfitError as exc:
+            raise LayerfitError(f"--units: {exc}") from exc
         if not Path(self.repository).is_dir():
             raise LayerfitError(
                 f"model repository {self.repository} is not a directory: give a folder of "
@@ -103,7 +109,7 @@ def build(settings: ServeSettings) -> Built:
     settings.validate()
     runtime = Runtime(
         str(settings.repository), parse_bytes(settings.memory_budget), workers=settings.workers,
-        policy=settings.policy, queue_limit=settings.queue_limit, load=False,
+        policy=settings.policy, queue_limit=settings.queue_limit, load=False, units=settings.units,
     )
     try:
         registry = ModelRegistry(runtime)
