@@ -14,6 +14,12 @@ buys and costs:
   own async pipeline at the loose budget;
 - the number of units and the minimum budget (init + largest unit) per setting.
 
+- requests per second when ``--concurrent`` requests are in flight at once.
+
+Run it again with ``OMP_NUM_THREADS=1`` (``--output runtime_units_1thread``) to see what
+PyTorch's intra-op threads cost the runtime on a small machine: every network runs on its
+own thread, and each such thread gets its own OpenMP team.
+
 Settings are measured in alternating rounds in one process (each round runs every setting
 back to back), so slow drift of a shared machine affects them alike. Nothing asserts a
 timing. Writes ``bench/results/runtime_units.{json,md}``::
@@ -24,6 +30,7 @@ timing. Writes ``bench/results/runtime_units.{json,md}``::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -94,6 +101,9 @@ def measure_model(name: str, args: argparse.Namespace, units: list[str]) -> dict
                 samples.setdefault(f"{setting} {budget}", []).extend(
                     timed(lambda r=rt: r.infer(model, x).result(120), args.requests)
                 )
+                if budget == "loose":  # a wave of concurrent requests: how many per second
+                    wave = timed(lambda r=rt: [f.result(120) for f in [r.infer(model, x) for _ in range(args.concurrent)]], 1)
+                    samples.setdefault(f"{setting} wave", []).append(args.concurrent / wave[0])
         progress = {f"{s} {b}": rt.stats()["progress_rule_fired"] for (s, b), rt in runtimes.items()}
     finally:
         for rt in runtimes.values():
@@ -106,6 +116,7 @@ def measure_model(name: str, args: argparse.Namespace, units: list[str]) -> dict
             key = f"{setting} {budget}"
             row[f"{budget}_median_s"] = median.get(key)
             row[f"{budget}_progress_rule_fired"] = progress.get(key)
+        row["concurrent_per_s"] = median[f"{setting} wave"]
         row["loose_over_layers"] = median[f"{setting} loose"] / median[f"{units[0]} loose"]
         row["loose_over_preload"] = median[f"{setting} loose"] / median["preload"]
     return {
@@ -130,7 +141,9 @@ def markdown(data: dict[str, Any]) -> str:
         f"{data['rounds']} alternating rounds x {data['requests']} requests, submit to result, in ms. "
         "*Loose*: budget 4 x the weights. *Tight*: the model's minimum budget at layer granularity "
         "(a setting whose own minimum is larger is not run there). Every output was checked "
-        "against the preloaded model's, bit for bit.",
+        "against the preloaded model's, bit for bit. Throughput: waves of concurrent requests at the "
+        f"loose budget, median over the rounds. Torch intra-op threads: {m['torch_threads']} "
+        f"(OMP_NUM_THREADS={data['torch_threads_env']['OMP_NUM_THREADS'] or 'unset'}).",
         "",
     ]
     for name, r in data["models"].items():
@@ -142,14 +155,14 @@ def markdown(data: dict[str, Any]) -> str:
             f"pipeline at the loose budget: {r['engine_async_median_s'] * 1e3:.1f} ms.",
             "",
             "| units | tasks' units | min budget MB | loose ms | vs layers | vs preload | "
-            f"tight ({mb(r['tight_budget_bytes'])} MB) ms |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            f"tight ({mb(r['tight_budget_bytes'])} MB) ms | {data['concurrent']} at once, per s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for setting, s in r["settings"].items():
             tight = "does not fit" if s["tight_median_s"] is None else f"{s['tight_median_s'] * 1e3:.1f}"
             lines.append(
                 f"| {setting} | {s['units']} | {mb(s['min_budget_bytes'])} | {s['loose_median_s'] * 1e3:.1f} | "
-                f"{s['loose_over_layers']:.2f} | {s['loose_over_preload']:.2f} | {tight} |"
+                f"{s['loose_over_layers']:.2f} | {s['loose_over_preload']:.2f} | {tight} | {s['concurrent_per_s']:.1f} |"
             )
         lines.append("")
     lines.append(f"Wall time {data['wall_s']:.0f} s.")
@@ -162,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--units", default=DEFAULT_UNITS, help="settings to compare; the first is the reference")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--requests", type=int, default=5, help="lone requests per setting and round")
+    p.add_argument("--concurrent", type=int, default=4, help="requests per wave for the throughput column")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--policy", default="masa-fair")
     p.add_argument("--output", default="runtime_units")
@@ -169,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     data: dict[str, Any] = {
         "machine": machine(), "policy": args.policy, "workers": args.workers,
-        "rounds": args.rounds, "requests": args.requests, "models": {},
+        "rounds": args.rounds, "requests": args.requests, "concurrent": args.concurrent,
+        "torch_threads_env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}, "models": {},
     }
     units = args.units.split(",")
     for name in args.models.split(","):
