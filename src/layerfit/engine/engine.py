@@ -108,9 +108,10 @@ class Engine:
     ``budget`` counts weight buffers (resident tensors plus the unit buffer); it must be
     at least the resident tensors plus the largest unit. ``pipeline`` is ``preload``,
     ``sequential``, ``sync`` or ``async``; ``units`` is ``layers``, ``blocks:N``,
-    ``merge:SIZE`` or a list of partition points. ``binding`` is ``reference`` (zero-copy, the default) or
-    one of the ablation modes of :mod:`layerfit.engine.binding` (``copy``,
-    ``instantiate``) that measure what binding by reference saves. ``activations`` is
+    ``merge:SIZE`` or a list of partition points. ``binding`` is ``reference``
+    (zero-copy, the default) or one of the ablation modes of
+    :mod:`layerfit.engine.binding` (``copy``, ``instantiate``) that measure what binding
+    by reference saves. ``activations`` is
     ``default`` (PyTorch allocates) or ``planned`` (one arena laid out by the memory
     planner, see :mod:`layerfit.engine.arena`). ``coalesce`` lets the reader read
     adjacent units with one request of up to that many bytes (at most half the buffer)

@@ -4,9 +4,9 @@ By default every layer is its own unit (Demand Layering). ``blocks:N`` groups th
 into N contiguous blocks of roughly equal bytes (SwapNet's granularity); ``merge:SIZE``
 joins consecutive layers into blocks of at most SIZE bytes (a larger layer stays alone),
 so that a model's many small layers (norms, biases) are not one read and one task each;
-explicit partition points (from the SwapNet partition search) give any other grouping. Because
-layers are stored in execution order on aligned boundaries, a block is one contiguous
-range of the weights file and is read with a single request.
+explicit partition points (from the SwapNet partition search) give any other grouping.
+Because layers are stored in execution order on aligned boundaries, a block is one
+contiguous range of the weights file and is read with a single request.
 """
 
 from __future__ import annotations
