@@ -64,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--memory-budget", default="24MB", help="the server's memory budget (tight: below the models' sum, at least the largest one's need)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--policy", default="masa-fair", help="the server's scheduling policy (its default)")
+    p.add_argument("--units", default="layers", help="the server's --units: layers (its default) or merge:SIZE")
+    p.add_argument("--torch-threads", type=int, help="OMP_NUM_THREADS for the server (default: torch's own)")
     p.add_argument("--queue-limit", type=int, default=16, help="server queue limit (beyond it: 429)")
     p.add_argument("--timeout", type=float, default=30.0, help="server per-request timeout, seconds")
     p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds admitted requests may finish after SIGTERM")
@@ -93,11 +95,15 @@ def prepare_repository(models: list[str], root: Path) -> Path:
 def start_server(args: argparse.Namespace, repository: Path, cgroup: Cgroup) -> tuple[subprocess.Popen, str, list[str]]:
     command = [sys.executable, "-m", "layerfit.cli", "serve", "--repository", str(repository),
                "--memory-budget", args.memory_budget, "--workers", str(args.workers), "--policy", args.policy,
+               "--units", args.units,
                "--host", "127.0.0.1", "--port", "0", "--queue-limit", str(args.queue_limit),
                "--timeout", str(args.timeout), "--shutdown-grace", str(args.shutdown_grace),
                "--log-level", "warning"]
+    env = dict(os.environ)
+    if args.torch_threads is not None:
+        env["OMP_NUM_THREADS"] = str(args.torch_threads)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=cgroup.enter_fn())
+                            preexec_fn=cgroup.enter_fn(), env=env)
     lines: list[str] = []
     found: list[str] = []
 
@@ -298,7 +304,8 @@ def markdown(r: dict[str, Any]) -> str:
         "# layerfit serve — load test",
         "",
         f"{c['clients']} clients for {r['load_seconds']:.1f} s against {', '.join(r['models'])}; budget "
-        f"{c['memory_budget']}, {c['workers']} workers, policy {c['policy']}, queue limit {c['queue_limit']}, "
+        f"{c['memory_budget']}, {c['workers']} workers, policy {c['policy']}, units {c.get('units', 'layers')}, "
+        f"OMP_NUM_THREADS {c.get('torch_threads') or 'unset'}, queue limit {c['queue_limit']}, "
         f"{'JSON' if c['json'] else 'binary'} tensors; SIGTERM sent with the clients' last requests in flight.",
         "",
         "| throughput (req/s) | p50 ms | p95 ms | p99 ms | sent | unanswered | server peak RSS MB | cgroup peak MB | ledger peak / budget MB |",
