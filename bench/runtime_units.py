@@ -143,7 +143,10 @@ def markdown(data: dict[str, Any]) -> str:
         "(a setting whose own minimum is larger is not run there). Every output was checked "
         "against the preloaded model's, bit for bit. Throughput: waves of concurrent requests at the "
         f"loose budget, median over the rounds. Torch intra-op threads: {m['torch_threads']} "
-        f"(OMP_NUM_THREADS={data['torch_threads_env']['OMP_NUM_THREADS'] or 'unset'}).",
+        f"(OMP_NUM_THREADS={data['torch_threads_env']['OMP_NUM_THREADS'] or 'unset'}). The preloaded and "
+        "async references run in this same process, beside the runtimes' threads: with more than one "
+        "intra-op thread they are slowed by the same OpenMP oversubscription (see the README), so "
+        "*vs preload* understates what a model costs preloaded in a process of its own.",
         "",
     ]
     for name, r in data["models"].items():
