@@ -42,7 +42,7 @@ from common import machine, mb, prepared_zoo_model, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "runtime_units"
 DEFAULT_MODELS = "mobilenet_v2,resnet50,deeplab_v3,blazeface"
-DEFAULT_UNITS = "layers,merge:256kB,merge:1MB,merge:4MB"
+DEFAULT_UNITS = "layers,merge:auto,merge:256kB,merge:1MB,merge:4MB"
 
 
 def timed(call: Any, count: int) -> list[float]:

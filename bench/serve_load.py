@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--memory-budget", default="24MB", help="the server's memory budget (tight: below the models' sum, at least the largest one's need)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--policy", default="masa-fair", help="the server's scheduling policy (its default)")
-    p.add_argument("--units", default="layers", help="the server's --units: layers (its default) or merge:SIZE")
+    p.add_argument("--units", default="merge:auto", help="the server's --units: merge:auto (its default), layers or merge:SIZE")
     p.add_argument("--torch-threads", type=int, help="OMP_NUM_THREADS for the server (default: torch's own)")
     p.add_argument("--queue-limit", type=int, default=16, help="server queue limit (beyond it: 429)")
     p.add_argument("--timeout", type=float, default=30.0, help="server per-request timeout, seconds")

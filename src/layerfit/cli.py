@@ -75,8 +75,9 @@ def serve_command(
         "masa-fair", "--policy", help="scheduling policy: masa-fair, masa-fcfs, masa, bulk, deepeye, fcfs, ..."
     ),
     units: str = typer.Option(
-        "layers", "--units",
-        help="what one load/execute task covers: layers, or merge:SIZE (consecutive layers up to SIZE, e.g. merge:1MB: fewer reads, lower latency)",
+        "merge:auto", "--units",
+        help="what one load/execute task covers: merge:auto (consecutive layers joined while the model's minimum "
+        "budget stays the same: fewer reads, lower latency), layers (one each, as the thesis) or merge:SIZE",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="port to listen on (0: a free one)"),

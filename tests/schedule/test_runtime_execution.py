@@ -111,6 +111,24 @@ def test_merged_units_give_exactly_model_outputs_with_one_task_per_block(repo, r
     assert stats["in_use_bytes"] == 0 and stats["unit_buffer_bytes"] == 0
 
 
+def test_merge_auto_joins_layers_and_keeps_each_models_minimum_budget(repo, refs):
+    inputs, expected = refs
+    with Runtime(repo, "128KB", workers=2, load=True) as by_layers:
+        layered = {n: by_layers.models[n].profile for n in NAMES}
+    with Runtime(repo, "128KB", workers=2, policy="masa-fair", trace=True, units="merge:auto") as rt:
+        for future in [rt.submit(Job(("tiny", "chain"), inputs)) for _ in range(3)]:
+            out = future.result(timeout=60)
+            assert torch.equal(out["tiny"], expected["tiny"]) and torch.equal(out["chain"], expected["chain"])
+        merged = {n: rt.models[n].profile for n in NAMES}
+        stats = rt.stats()
+    check_trace(rt, 2)
+    for n in NAMES:
+        assert merged[n].min_budget == layered[n].min_budget
+        assert len(merged[n].layers) == len(layered[n].blocks_within_min_budget())
+    assert len(merged["tiny"].layers) < len(layered["tiny"].layers)  # its small norms joined a conv
+    assert stats["tasks_started"]["exec"] == 3 * (len(merged["tiny"].layers) + len(merged["chain"].layers))
+
+
 def test_a_bad_units_spec_is_refused_before_any_model_loads(repo):
     with pytest.raises(LayerfitError, match="granularity"):
         Runtime(repo, "1MB", units="merge:lots")

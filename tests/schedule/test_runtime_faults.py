@@ -373,9 +373,9 @@ def _counting_engines(rt: Runtime, monkeypatch, delay: float) -> list:
     opened = []
     new_engine = rt._new_engine
 
-    def slow_new_engine(directory):
+    def slow_new_engine(directory, units):
         time.sleep(delay)
-        engine = new_engine(directory)
+        engine = new_engine(directory, units)
         opened.append(engine)
         return engine
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from layerfit.errors import ScheduleError
 from layerfit.schedule.profile import (
@@ -104,6 +106,35 @@ def test_grouping_layers_into_blocks_adds_times_and_weights():
     for sizes in ([2, 1], [0, 4], [5]):
         with pytest.raises(ScheduleError, match="cannot group"):
             p.grouped(sizes)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 50), st.integers(0, 20), st.integers(0, 40), st.sampled_from(["conv", "fc", "other"])),
+        min_size=1,
+        max_size=25,
+    ),
+    st.integers(0, 30),
+)
+def test_blocks_within_the_min_budget_are_the_fewest_that_keep_it(layers, init):
+    p = NetworkProfile(
+        "n",
+        tuple(
+            LayerProfile(f"l{i}", kind, 0.1, 0.2, memory, load_memory=memory + extra if extra else None,
+                         exec_memory=scratch)
+            for i, (memory, extra, scratch, kind) in enumerate(layers)
+        ),
+        init_memory=init,
+    )
+    sizes = p.blocks_within_min_budget()
+    assert sum(sizes) == len(p.layers) and all(n >= 1 for n in sizes)
+    assert p.grouped(sizes).min_budget == p.min_budget
+    start = 0
+    for n in sizes[:-1]:  # the fewest: no block could also take the layer after it
+        with_next = [1] * start + [n + 1] + [1] * (len(p.layers) - start - n - 1)
+        assert p.grouped(with_next).min_budget > p.min_budget
+        start += n
 
 
 def test_profile_from_a_captured_graph():

@@ -254,8 +254,9 @@ def test_a_model_with_nothing_to_stream_is_served(tmp_path: Path, make_server) -
     assert torch.equal(y, tinymodels.no_weights()(x))
 
 
-def test_merged_units_serve_exactly_with_fewer_tasks(make_server) -> None:
-    running = make_server(units="merge:64kB")
+@pytest.mark.parametrize("units", ["merge:64kB", "merge:auto"])
+def test_merged_units_serve_exactly_with_fewer_tasks(make_server, units: str) -> None:
+    running = make_server(units=units)
     with httpx.Client(base_url=running.url, timeout=30) as session:
         x = torch.randn(1, 3, 8, 8)
         response = infer_json(session, "cnn", x)
@@ -266,4 +267,4 @@ def test_merged_units_serve_exactly_with_fewer_tasks(make_server) -> None:
     assert running.built is not None
     runtime = running.built.runtime
     profile, manifest = runtime.models["cnn"].profile, runtime.models["cnn"].manifest
-    assert runtime.units == "merge:64kB" and len(profile.layers) < len(manifest.units)
+    assert runtime.units == units and len(profile.layers) < len(manifest.units)

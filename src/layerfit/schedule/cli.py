@@ -380,8 +380,8 @@ def run_command(
     ),
     units: str = typer.Option(
         "layers", "--units",
-        help="real run: what one load/execute task covers, layers (as the thesis) or merge:SIZE "
-        "(consecutive layers up to SIZE per task, e.g. merge:1MB)",
+        help="real run: what one load/execute task covers: layers (as the thesis), merge:auto (consecutive "
+        "layers joined while each model's minimum budget stays the same) or merge:SIZE (up to SIZE per task)",
     ),
 ) -> None:
     """Run a workload under a policy and report response times, deadlines, memory, utilisation.
@@ -403,9 +403,9 @@ def run_command(
         raise ScheduleError(f"--physical-memory must be a positive size, got {physical_memory!r}")
     check_estimate_factor(estimate_factor, "--estimate-factor")
     policy_name = make_policy(policy).name  # fail early on an unknown name
-    from layerfit.engine.units import check_units_spec
+    from layerfit.schedule.runtime import check_runtime_units
 
-    check_units_spec(units)
+    check_runtime_units(units)
     if simulate and units != "layers":
         raise ScheduleError("--units applies to a real run; the simulator schedules the profiles' layers")
     if oversize not in ("reject", "alone"):

@@ -157,6 +157,31 @@ class NetworkProfile:
             notes=dict(self.notes),
         )
 
+    def blocks_within_min_budget(self) -> list[int]:
+        """The fewest groups of consecutive layers (their sizes, in order) that leave
+        :attr:`min_budget` unchanged: each group's own need (its load peak, or its weights
+        beside its execute scratch, as :meth:`grouped` counts them) stays within the
+        largest single layer's. Layers are packed greedily, the fewest for a cap that only
+        grows as a group does."""
+
+        def need(group: Sequence[LayerProfile]) -> int:
+            memory = sum(layer.memory for layer in group)
+            return memory + max(
+                max(layer.load_peak - layer.memory for layer in group),
+                max(layer.exec_memory for layer in group),
+            )
+
+        cap = max(need([layer]) for layer in self.layers)
+        sizes: list[int] = []
+        group: list[LayerProfile] = []
+        for layer in self.layers:
+            if group and need([*group, layer]) > cap:
+                sizes.append(len(group))
+                group = []
+            group.append(layer)
+        sizes.append(len(group))
+        return sizes
+
     def grouped(self, sizes: Sequence[int]) -> NetworkProfile:
         """The same network executed in blocks of ``sizes[i]`` consecutive layers each (an
         engine's ``blocks:N`` or ``merge:SIZE`` units): a block's load reads its layers'

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import itertools
 import math
 import threading
 import time
@@ -89,6 +90,21 @@ from layerfit.sizes import format_bytes, parse_bytes
 from layerfit.store.manifest import DTYPES, Manifest
 
 ESTIMATES = ("capture", "profile")
+LAYERS = "layers"
+AUTO_UNITS = "merge:auto"  # merge layers as far as the model's minimum budget allows
+
+
+def check_runtime_units(units: object) -> None:
+    """Raise if ``units`` is no granularity the runtime takes: the engine's (``layers``,
+    ``blocks:N``, ``merge:SIZE``) or ``merge:auto`` (before any model is opened)."""
+    if not isinstance(units, str):
+        raise ScheduleError(f"units must be layers, merge:auto, merge:SIZE or blocks:N, got {units!r}")
+    if units == AUTO_UNITS:
+        return
+    try:
+        check_units_spec(units)
+    except LayerfitError as exc:
+        raise ScheduleError(f"{exc}; the runtime also takes {AUTO_UNITS}") from exc
 
 
 @dataclass(frozen=True)
@@ -165,9 +181,11 @@ class Runtime:
       layer-sized scratch that executions free goes back to the OS rather than staying
       resident beside the budget;
     - ``units`` — what one load and one execute task cover: ``"layers"`` (default, one
-      stored layer each, as the thesis schedules), ``"merge:SIZE"`` (consecutive layers
-      joined into blocks of at most SIZE bytes: fewer, larger reads and tasks, so less
-      latency per request; a layer larger than SIZE stays alone) or ``"blocks:N"``.
+      stored layer each, as the thesis schedules), ``"merge:auto"`` (consecutive layers
+      joined as far as the model's minimum budget stays what it is by layers: fewer,
+      larger reads and tasks, so less latency per request, at no cost in budget),
+      ``"merge:SIZE"`` (blocks of at most SIZE bytes; a larger layer stays alone) or
+      ``"blocks:N"``.
 
     Call :meth:`shutdown` (or use it as a context manager): its threads wait for work
     until then.
@@ -201,9 +219,7 @@ class Runtime:
             raise ScheduleError(f"estimates must be one of {', '.join(ESTIMATES)}, got {estimates!r}")
         if not isinstance(policy, str):
             raise ScheduleError(f"policy must be a policy's name, got {policy!r}")
-        if not isinstance(units, str):
-            raise ScheduleError(f"units must be layers, blocks:N or merge:SIZE, got {units!r}")
-        check_units_spec(units)
+        check_runtime_units(units)
         self.repository = Path(repository)
         self.workers = workers
         self.queue_limit = queue_limit
@@ -321,15 +337,24 @@ class Runtime:
             self._retire_pool(old_pool)
         engine: Engine | None = None
         try:
-            engine = self._new_engine(directory)
+            units: str | list[int] = LAYERS if self.units == AUTO_UNITS else self.units
+            engine = self._new_engine(directory, units)
             profile = self._profile(name, directory, engine)
+            if self.units == AUTO_UNITS and engine.blocks:
+                # the profile by layers tells which layers can share a task for free
+                sizes = profile.blocks_within_min_budget()
+                units = list(itertools.accumulate(sizes))[:-1]
+                layered, engine = engine, None
+                layered.close()
+                engine = self._new_engine(directory, units)
+                profile = profile.grouped(sizes)
             if within_budget:
                 self._check_fits(name, profile)
             with self._lock:
                 self._refuse_if_closing("it loads no models")
                 info.manifest = engine.manifest
                 info.profile = profile
-                info.pool = EnginePool(partial(self._new_engine, directory), engine)
+                info.pool = EnginePool(partial(self._new_engine, directory, units), engine)
                 info.loaded, info.reason = True, ""
         except Exception as exc:
             if engine is not None:
@@ -382,8 +407,8 @@ class Runtime:
         for pool in done:
             pool.close()
 
-    def _new_engine(self, directory: Path) -> Engine:
-        return Engine(directory, pipeline="external", direct_io=self._direct_io, units=self.units)
+    def _new_engine(self, directory: Path, units: str | list[int]) -> Engine:
+        return Engine(directory, pipeline="external", direct_io=self._direct_io, units=units)
 
     def _profile(self, name: str, directory: Path, engine: Engine) -> NetworkProfile:
         """The model's profile, one layer per unit of ``engine`` (per stored layer, grouped

@@ -25,7 +25,6 @@ from typing import Any
 import uvicorn
 from uvicorn.config import LOG_LEVELS
 
-from layerfit.engine.units import check_units_spec
 from layerfit.errors import LayerfitError
 from layerfit.serve.dataplane import DataPlane
 from layerfit.serve.metrics import ServerMetrics
@@ -41,7 +40,7 @@ class ServeSettings:
     memory_budget: str | int = "512MB"
     workers: int = 2
     policy: str = "masa-fair"
-    units: str = "layers"
+    units: str = "merge:auto"
     host: str = "127.0.0.1"
     port: int = 8000
     queue_limit: int = 64
@@ -73,8 +72,10 @@ class ServeSettings:
             raise LayerfitError(f"--port must be from 0 (a free port) to 65535, not {self.port}")
         if parse_bytes(self.max_body) < 1:
             raise LayerfitError("--max-body must be at least one byte")
+        from layerfit.schedule.runtime import check_runtime_units
+
         try:
-            check_units_spec(self.units)
+            check_runtime_units(self.units)
         except LayerfitError as exc:
             raise LayerfitError(f"--units: {exc}") from exc
         if not Path(self.repository).is_dir():
