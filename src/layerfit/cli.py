@@ -8,7 +8,7 @@ traceback and exit with status 2.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -16,6 +16,9 @@ from rich.markup import escape
 
 from layerfit import strict_json
 from layerfit.errors import LayerfitError
+
+if TYPE_CHECKING:
+    from layerfit.store.manifest import Manifest
 
 app = typer.Typer(
     name="layerfit",
@@ -598,7 +601,7 @@ def inspect(
     _check_weights_file(directory, m)
 
 
-def _check_weights_file(directory: str, m) -> None:
+def _check_weights_file(directory: str, m: Manifest) -> None:
     """After showing the manifest, refuse (exit 2) if its weights file is missing or the
     wrong size, so that a damaged model never looks healthy (``verify`` checks the bytes)."""
     from pathlib import Path

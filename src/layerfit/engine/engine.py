@@ -111,9 +111,9 @@ class Engine:
     ``merge:SIZE`` or a list of partition points. ``binding`` is ``reference``
     (zero-copy, the default) or one of the ablation modes of
     :mod:`layerfit.engine.binding` (``copy``, ``instantiate``) that measure what binding
-    by reference saves. ``activations`` is
-    ``default`` (PyTorch allocates) or ``planned`` (one arena laid out by the memory
-    planner, see :mod:`layerfit.engine.arena`). ``coalesce`` lets the reader read
+    by reference saves. ``activations`` is ``default`` (PyTorch allocates) or
+    ``planned`` (one arena laid out by the memory planner, see
+    :mod:`layerfit.engine.arena`). ``coalesce`` lets the reader read
     adjacent units with one request of up to that many bytes (at most half the buffer)
     when they fit the buffer together: on a small board each read wakes the reader and
     costs the compute threads a preemption, so fewer, larger reads interfere less. ``0``

@@ -14,6 +14,7 @@ Memory of a layer, in bytes:
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -56,6 +57,30 @@ class LayerProfile:
     def load_peak(self) -> int:
         """Bytes the load task reserves while it runs."""
         return self.memory if self.load_memory is None else max(self.load_memory, self.memory)
+
+    @property
+    def footprint(self) -> int:
+        """The most memory this layer needs at once, run alone: its load peak, or its
+        weights beside its execute scratch."""
+        return max(self.load_peak, self.memory + self.exec_memory)
+
+
+def _block(group: Sequence[LayerProfile]) -> LayerProfile:
+    """Consecutive layers run as one unit: one read of all their bytes into one buffer
+    (plus the largest load transient), then their executions in turn (the largest
+    scratch), so times and weights add up."""
+    memory = sum(layer.memory for layer in group)
+    transient = max(layer.load_peak - layer.memory for layer in group)
+    kinds = {layer.kind for layer in group}
+    return LayerProfile(
+        name=group[0].name if len(group) == 1 else f"{group[0].name} .. {group[-1].name}",
+        kind=kinds.pop() if len(kinds) == 1 else "conv" if "conv" in kinds else "other",
+        load_time=sum(layer.load_time for layer in group),
+        exec_time=sum(layer.exec_time for layer in group),
+        memory=memory,
+        load_memory=memory + transient if any(layer.load_memory is not None for layer in group) else None,
+        exec_memory=max(layer.exec_memory for layer in group),
+    )
 
 
 @dataclass(frozen=True)
@@ -103,10 +128,7 @@ class NetworkProfile:
     @property
     def min_budget(self) -> int:
         """Memory to run this network alone without exceeding: linear order, one layer at a time."""
-        per_layer = max(
-            max(layer.load_peak, layer.memory + layer.exec_memory) for layer in self.layers
-        )
-        return self.init_memory + per_layer
+        return self.init_memory + max(layer.footprint for layer in self.layers)
 
     @property
     def bulk_peak(self) -> int:
@@ -159,23 +181,14 @@ class NetworkProfile:
 
     def blocks_within_min_budget(self) -> list[int]:
         """The fewest groups of consecutive layers (their sizes, in order) that leave
-        :attr:`min_budget` unchanged: each group's own need (its load peak, or its weights
-        beside its execute scratch, as :meth:`grouped` counts them) stays within the
-        largest single layer's. Layers are packed greedily, the fewest for a cap that only
-        grows as a group does."""
-
-        def need(group: Sequence[LayerProfile]) -> int:
-            memory = sum(layer.memory for layer in group)
-            return memory + max(
-                max(layer.load_peak - layer.memory for layer in group),
-                max(layer.exec_memory for layer in group),
-            )
-
-        cap = max(need([layer]) for layer in self.layers)
+        :attr:`min_budget` unchanged: each group's footprint, as :meth:`grouped` counts it,
+        stays within the largest single layer's. Layers are packed greedily, the fewest
+        for a footprint that only grows as a group does."""
+        cap = max(layer.footprint for layer in self.layers)
         sizes: list[int] = []
         group: list[LayerProfile] = []
         for layer in self.layers:
-            if group and need([*group, layer]) > cap:
+            if group and _block([*group, layer]).footprint > cap:
                 sizes.append(len(group))
                 group = []
             group.append(layer)
@@ -184,34 +197,16 @@ class NetworkProfile:
 
     def grouped(self, sizes: Sequence[int]) -> NetworkProfile:
         """The same network executed in blocks of ``sizes[i]`` consecutive layers each (an
-        engine's ``blocks:N`` or ``merge:SIZE`` units): a block's load reads its layers'
-        bytes into one buffer and its execution runs them in turn, so times and weights
-        add up, and its execute scratch is its largest layer's."""
+        engine's ``blocks:N`` or ``merge:...`` units), each block as :func:`_block` counts it."""
         if sum(sizes) != len(self.layers) or any(n < 1 for n in sizes):
             raise ScheduleError(
                 f"cannot group the {len(self.layers)} layers of {self.name!r} into blocks of {list(sizes)}"
             )
         if all(n == 1 for n in sizes):
             return self
-        blocks, first = [], 0
-        for n in sizes:
-            group = self.layers[first : first + n]
-            first += n
-            memory = sum(layer.memory for layer in group)
-            transient = max(layer.load_peak - layer.memory for layer in group)
-            kinds = {layer.kind for layer in group}
-            blocks.append(
-                LayerProfile(
-                    name=group[0].name if n == 1 else f"{group[0].name} .. {group[-1].name}",
-                    kind=kinds.pop() if len(kinds) == 1 else "conv" if "conv" in kinds else "other",
-                    load_time=sum(layer.load_time for layer in group),
-                    exec_time=sum(layer.exec_time for layer in group),
-                    memory=memory,
-                    load_memory=memory + transient if any(layer.load_memory is not None for layer in group) else None,
-                    exec_memory=max(layer.exec_memory for layer in group),
-                )
-            )
-        return replace(self, layers=tuple(blocks), notes={**self.notes, "layers_per_block": list(sizes)})
+        starts = [0, *itertools.accumulate(sizes)]
+        blocks = tuple(_block(self.layers[a:b]) for a, b in itertools.pairwise(starts))
+        return replace(self, layers=blocks, notes={**self.notes, "layers_per_block": list(sizes)})
 
     # --- serialisation --------------------------------------------------------------
 

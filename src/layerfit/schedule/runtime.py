@@ -87,10 +87,9 @@ from layerfit.schedule.repository import (
 from layerfit.schedule.tasks import Job as ScheduledJob
 from layerfit.schedule.tasks import TaskKind
 from layerfit.sizes import format_bytes, parse_bytes
-from layerfit.store.manifest import DTYPES, Manifest
+from layerfit.store.manifest import DTYPES, Manifest, read_manifest
 
 ESTIMATES = ("capture", "profile")
-LAYERS = "layers"
 AUTO_UNITS = "merge:auto"  # merge layers as far as the model's minimum budget allows
 
 
@@ -337,17 +336,11 @@ class Runtime:
             self._retire_pool(old_pool)
         engine: Engine | None = None
         try:
-            units: str | list[int] = LAYERS if self.units == AUTO_UNITS else self.units
+            layered = self._profile(name, directory, read_manifest(directory))
+            units = self._engine_units(layered)
             engine = self._new_engine(directory, units)
-            profile = self._profile(name, directory, engine)
-            if self.units == AUTO_UNITS and engine.blocks:
-                # the profile by layers tells which layers can share a task for free
-                sizes = profile.blocks_within_min_budget()
-                units = list(itertools.accumulate(sizes))[:-1]
-                layered, engine = engine, None
-                layered.close()
-                engine = self._new_engine(directory, units)
-                profile = profile.grouped(sizes)
+            # one task per unit of the engine: the profile by layers, grouped into its blocks
+            profile = layered.grouped([len(b.segments) for b in engine.blocks]) if engine.blocks else layered
             if within_budget:
                 self._check_fits(name, profile)
             with self._lock:
@@ -407,13 +400,18 @@ class Runtime:
         for pool in done:
             pool.close()
 
+    def _engine_units(self, layered: NetworkProfile) -> str | list[int]:
+        """The engines' granularity for a model: the runtime's ``units``, or for
+        ``merge:auto`` the partition points its profile by layers allows."""
+        if self.units != AUTO_UNITS:
+            return self.units
+        return list(itertools.accumulate(layered.blocks_within_min_budget()))[:-1]
+
     def _new_engine(self, directory: Path, units: str | list[int]) -> Engine:
         return Engine(directory, pipeline="external", direct_io=self._direct_io, units=units)
 
-    def _profile(self, name: str, directory: Path, engine: Engine) -> NetworkProfile:
-        """The model's profile, one layer per unit of ``engine`` (per stored layer, grouped
-        into the engine's blocks when ``units`` merges layers)."""
-        manifest = engine.manifest
+    def _profile(self, name: str, directory: Path, manifest: Manifest) -> NetworkProfile:
+        """The model's profile, one layer per stored layer."""
         profile = self._profiles.get(name)
         if profile is None:
             if self.estimates == "profile":
@@ -436,8 +434,6 @@ class Runtime:
                 f"the profile of {name!r} has {len(profile.layers)} layers but the prepared "
                 f"model has {len(manifest.units)} units: profile this prepared model"
             )
-        if engine.blocks:
-            profile = profile.grouped([len(block.segments) for block in engine.blocks])
         return profile
 
     def required_budget(self, name: str) -> int:
