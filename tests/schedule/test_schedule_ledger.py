@@ -53,6 +53,25 @@ def test_finish_keeps_then_release_and_release_owner_free():
     assert ledger.used == 7 and ledger.held("running") == 7
 
 
+def test_transfer_moves_a_reservation_to_a_new_key_and_owner_unchanged():
+    ledger = MemoryLedger(100)
+    ledger.acquire("load", 60, owner="net")
+    ledger.finish("load", keep=40)
+    assert ledger.transfer("load", "cached", owner="cache") is Admission.FIT
+    assert ledger.held("load") == 0 and ledger.held("cached") == 40 and ledger.used == 40
+    assert ledger.release_owner("net") == 0  # the network no longer owns it
+    assert ledger.transfer("gone", "other") is None and ledger.used == 40
+    ledger.acquire("x", 10)
+    with pytest.raises(ScheduleError, match="already holds"):
+        ledger.transfer("x", "cached")
+    ledger.finish("x")
+    ledger.acquire("big", 90)  # nothing runs: admitted by the progress rule, and kept so
+    ledger.finish("big", keep=90)
+    assert ledger.transfer("big", "big2") is Admission.PROGRESS
+    ledger.check()  # above budget only by the progress reservation, wherever it moved
+    assert ledger.release_owner("cache") == 40 and ledger.release("big2") == 90 and ledger.used == 0
+
+
 def test_history_records_every_change_with_the_clock():
     now = [0.0]
     ledger = MemoryLedger(10, clock=lambda: now[0])

@@ -179,6 +179,22 @@ class MemoryLedger:
             self._changed()
             return reservation.nbytes
 
+    def transfer(self, key: Hashable, new_key: Hashable, *, owner: Hashable = None) -> Admission | None:
+        """Hand what ``key`` holds to ``new_key`` and ``owner``, bytes and admission
+        unchanged; returns the admission, or ``None`` (changing nothing) when ``key`` holds
+        nothing. For the retained bytes of a task that has finished (not a running one)."""
+        with self.condition:
+            reservation = self._reservations.get(key)
+            if reservation is None:
+                return None
+            if new_key in self._reservations:
+                raise ScheduleError(f"{new_key!r} already holds memory in the ledger")
+            del self._reservations[key]
+            reservation.owner = owner
+            self._reservations[new_key] = reservation
+            self._changed()
+            return reservation.admission
+
     def release_owner(self, owner: Hashable, *, keep: Collection[Hashable] = ()) -> int:
         """Free every reservation of ``owner`` (a finished or failed network) except ``keep``
         (tasks still running, which return their memory when they finish)."""
