@@ -6,7 +6,8 @@ It owns the bookkeeping both drivers need and nothing else:
   a job whose largest task cannot fit the budget even alone, and hands the tasks whose
   dependencies are done to the policy;
 - :meth:`Dispatcher.assign` asks the policy for an idle worker's next task and reserves
-  its memory in the ledger;
+  its memory in the ledger (memory a :class:`Reclaimer` can give back — the runtime's
+  weight cache — counts as free to the policy and is taken back first);
 - :meth:`Dispatcher.complete` / :meth:`Dispatcher.fail` retire a task: free what it
   does not retain, release what it unlocks, make its successors ready, finish networks
   and jobs.
@@ -25,7 +26,7 @@ import enum
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
 from layerfit.errors import JobRejectedError, ScheduleError
 from layerfit.schedule.graph import GraphCache, TaskGraph, check_estimate_factor
@@ -86,6 +87,15 @@ class JobState:
         return [] if self.graph is None else self.graph.tasks
 
 
+class Reclaimer(Protocol):
+    """Memory reserved in the ledger that may be taken back for a task (the runtime's
+    :class:`~layerfit.schedule.weight_cache.WeightCache`): the policy counts it as free."""
+
+    def reclaimable(self) -> int: ...
+
+    def make_room(self, task: Task, nbytes: int) -> None: ...
+
+
 class Assignment(NamedTuple):
     task: Task
     admission: Admission
@@ -104,6 +114,7 @@ class Dispatcher:
         estimate_factor: float = 1.0,
         clock: Callable[[], float] | None = None,
         resident: MemoryLedger | None = None,
+        reclaimer: Reclaimer | None = None,
     ) -> None:
         if workers < 1:
             raise ScheduleError(f"need at least one worker, got {workers}")
@@ -113,6 +124,7 @@ class Dispatcher:
         self.policy = policy
         self.ledger = ledger
         self.resident = resident
+        self.reclaimer = reclaimer
         self.workers = workers
         self.oversize = oversize
         self.estimate_factor = estimate_factor
@@ -196,9 +208,14 @@ class Dispatcher:
         with self.ledger.condition:
             if self.policy.empty() or not self.policy.serves(worker):
                 return None
-            task = self.policy.next(worker, self.ledger.free)
+            free = self.ledger.free
+            if self.reclaimer is not None:
+                free += self.reclaimer.reclaimable()
+            task = self.policy.next(worker, free)
             if task is None:
                 return None
+            if self.reclaimer is not None:
+                self.reclaimer.make_room(task, task.memory)
             admission = self.ledger.acquire(
                 task.id, task.memory, owner=task.network, allow_overcommit=not self.policy.gated
             )

@@ -11,7 +11,8 @@ threads drive it task by task:
   :meth:`acquire` until unit ``i`` is loaded *and* granted, and :meth:`release` tells
   the worker it is done. The last unit counts as done only when the forward pass has
   returned, so a network whose tasks are all complete always has its output;
-- an **unload** task frees the buffer — :meth:`unload`.
+- an **unload** task frees the buffer — :meth:`unload` — or hands it to the runtime's
+  weight cache (:meth:`take_unit`), from which a later job's load adopts it.
 
 Ops between units (activations, additions, reshapes) run on the forward thread between
 two execute tasks, outside any worker slot.
@@ -141,15 +142,19 @@ class NetworkRun:
 
     # --- the workers ------------------------------------------------------------------
 
-    def load(self, i: int) -> int:
-        """Read unit ``i`` into a buffer of its own; returns its bytes."""
+    def load(self, i: int, cached: _Unit | None = None) -> int:
+        """Read unit ``i`` into a buffer of its own — or adopt ``cached``, the same unit of
+        the same model loaded by an earlier job; returns its bytes."""
         if self.whole:
             return 0  # nothing to read
-        buffer = self.engine.read_unit_buffer(i)
-        # Through a memoryview: the tensor then holds an export of the mapping, so
-        # free() cannot unmap bytes that a view still points to (close() raises
-        # BufferError and the mapping goes with the last view).
-        unit = _Unit(buffer, torch.frombuffer(memoryview(buffer), dtype=torch.uint8), len(buffer))
+        if cached is not None:
+            unit = cached
+        else:
+            buffer = self.engine.read_unit_buffer(i)
+            # Through a memoryview: the tensor then holds an export of the mapping, so
+            # free() cannot unmap bytes that a view still points to (close() raises
+            # BufferError and the mapping goes with the last view).
+            unit = _Unit(buffer, torch.frombuffer(memoryview(buffer), dtype=torch.uint8), len(buffer))
         with self.cond:
             if not self.abandoned:
                 self._units[i] = unit
@@ -170,6 +175,14 @@ class NetworkRun:
             if self.error is not None:
                 raise self.error
             raise Abandoned(f"network {self.uid} stopped before unit {i} ran")
+
+    def take_unit(self, i: int) -> _Unit | None:
+        """Hand unit ``i``'s buffer over instead of freeing it (to the weight cache)."""
+        with self.cond:
+            unit = self._units.pop(i, None)
+            if unit is not None:
+                self.held_bytes -= unit.nbytes
+            return unit
 
     def unload(self, i: int) -> int:
         """Free unit ``i``'s buffer; returns the bytes freed."""

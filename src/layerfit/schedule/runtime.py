@@ -23,7 +23,9 @@ policy picks for them, with its memory reserved in the
   unit's bytes — the bytes the ledger reserved for it;
 - **execute** lets the forward thread run that unit and holds the worker until it has,
   so at most ``workers`` tasks run at any moment;
-- **unload** frees the buffer.
+- **unload** frees the buffer — or, with ``cache_weights``, hands it to the
+  :class:`~layerfit.schedule.weight_cache.WeightCache`, so that a later job's load of the
+  same unit takes it instead of reading it (evicted whenever a task needs the memory).
 
 Memory estimates per task come from the capture (default) or from the ``/proc/self/statm``
 profiler (``estimates="profile"``, thesis §5.3), see :mod:`layerfit.schedule.profiler`.
@@ -86,6 +88,7 @@ from layerfit.schedule.repository import (
 )
 from layerfit.schedule.tasks import Job as ScheduledJob
 from layerfit.schedule.tasks import TaskKind
+from layerfit.schedule.weight_cache import WeightCache
 from layerfit.sizes import format_bytes, parse_bytes
 from layerfit.store.manifest import DTYPES, Manifest, read_manifest
 
@@ -184,7 +187,12 @@ class Runtime:
       joined as far as the model's minimum budget stays what it is by layers: fewer,
       larger reads and tasks, so less latency per request, at no cost in budget),
       ``"merge:SIZE"`` (blocks of at most SIZE bytes; a larger layer stays alone) or
-      ``"blocks:N"``.
+      ``"blocks:N"``;
+    - ``cache_weights`` — keep units loaded by earlier jobs in the budget's spare memory
+      (:class:`~layerfit.schedule.weight_cache.WeightCache`): a later job's load of the
+      same unit takes it instead of reading it, and any task that needs the memory
+      evicts it first, so the budget holds either way. Off by default (the thesis reads
+      every job's weights); a server with a budget above its models' minimum wants it.
 
     Call :meth:`shutdown` (or use it as a context manager): its threads wait for work
     until then.
@@ -207,6 +215,7 @@ class Runtime:
         gated: bool = True,
         return_freed_memory: bool = True,
         units: str = "layers",
+        cache_weights: bool = False,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ScheduleError(f"need at least one worker, got {workers!r}")
@@ -219,6 +228,8 @@ class Runtime:
         if not isinstance(policy, str):
             raise ScheduleError(f"policy must be a policy's name, got {policy!r}")
         check_runtime_units(units)
+        if not isinstance(cache_weights, bool):
+            raise ScheduleError(f"cache_weights must be True or False, got {cache_weights!r}")
         self.repository = Path(repository)
         self.workers = workers
         self.queue_limit = queue_limit
@@ -234,8 +245,10 @@ class Runtime:
         self._work = self._ledger.condition  # notified by every ledger and dispatcher change
         self._timer_cond = threading.Condition(self._lock)
         self._policy = make_policy(policy, gated=gated)
+        self._cache = WeightCache(self._ledger, self._cached_model) if cache_weights else None
+        self.cache_weights = cache_weights
         self._dispatcher = Dispatcher(
-            self._policy, self._ledger, workers, estimate_factor=estimate_factor
+            self._policy, self._ledger, workers, estimate_factor=estimate_factor, reclaimer=self._cache
         )
         self.policy = self._policy.name
         self.models: dict[str, ModelInfo] = {
@@ -262,6 +275,7 @@ class Runtime:
         self._busy = [0.0] * workers
         self._forward_threads: list[threading.Thread] = []
         self._peak_buffers = 0
+        self._bytes_read = 0  # unit bytes load tasks read from storage
         if load:
             for name in list(self.models):
                 with contextlib.suppress(LayerfitError):  # recorded as UNAVAILABLE with the reason
@@ -387,6 +401,8 @@ class Runtime:
     def _retire_pool(self, pool: EnginePool) -> None:
         """Close ``pool`` now, or once no unresolved job was accepted with it."""
         with self._lock:
+            if self._cache is not None:
+                self._cache.drop_model(pool)
             if any(pool in run.pools.values() for run in self._jobs.values()):
                 self._retiring.append(pool)
                 return
@@ -570,6 +586,9 @@ class Runtime:
                 seq=seq,
             )
             state = self._dispatcher.submit(scheduled, now)
+            if self._cache is not None and not state.resolved:
+                for uid, pool in run.pools.items():
+                    self._cache.requested(uid, pool)
             self._jobs[job_id] = run
             self._outcomes["submitted"] += 1
             if state.resolved:
@@ -633,6 +652,9 @@ class Runtime:
                 )
             delivery = None if run.future.cancelled() else (run.future, False, error)
         run.inputs.clear()
+        if self._cache is not None:
+            for uid in run.models:
+                self._cache.finished(uid)
         for net in run.networks:
             self._retire_network_locked(net)
         self._prune_locked(run.id)
@@ -724,15 +746,20 @@ class Runtime:
             return
         with self._lock:
             net = self._nets.get(task.network)
+            cached = self._cache.take(task.id) if self._cache is not None and task.kind is TaskKind.LOAD else None
         if net is None:
+            if cached is not None:
+                cached.free()
             raise Abandoned(f"network {task.network} is gone (its job ended)")
         if task.kind is TaskKind.LOAD:
-            net.load(task.layer)
+            nbytes = net.load(task.layer, cached)
             with self._lock:
+                if cached is None:
+                    self._bytes_read += nbytes
                 self._peak_buffers = max(self._peak_buffers, self._buffer_bytes_locked())
         elif task.kind is TaskKind.EXEC:
             net.execute(task.layer)
-        else:
+        elif not self._cache_unit(task, net):
             net.unload(task.layer)
 
     def _init_network(self, task: Any) -> None:
@@ -780,8 +807,32 @@ class Runtime:
             pool.checkin(net.engine)
         _deliver(deliveries)
 
+    def _cached_model(self, task: Any) -> EnginePool | None:
+        """What the weight cache keys ``task``'s unit by: its model's engine pool, while
+        that is the model's current one (lock held)."""
+        run = self._jobs.get(task.job)
+        pool = None if run is None else run.pools.get(task.network)
+        if pool is None or self.models[run.models[task.network]].pool is not pool:
+            return None
+        return pool
+
+    def _cache_unit(self, task: Any, net: NetworkRun) -> bool:
+        """Hand an unload task's unit to the weight cache, with the ledger reservation its
+        load retained; ``False`` (nothing done) when there is no cache or no such unit."""
+        if self._cache is None:
+            return False
+        with self._lock:
+            pool = self._cached_model(task)
+            unit = net.take_unit(task.layer) if pool is not None else None
+            if unit is None:
+                return False
+            if not self._cache.put(pool, task.layer, unit, task.releases[0]):
+                unit.free()
+            return True
+
     def _buffer_bytes_locked(self) -> int:
-        return sum(net.held_bytes for net in self._nets.values())
+        cached = 0 if self._cache is None else self._cache.nbytes
+        return cached + sum(net.held_bytes for net in self._nets.values())
 
     # --- timeouts ---------------------------------------------------------------------
 
@@ -852,7 +903,9 @@ class Runtime:
                 "jobs": dict(self._outcomes),
                 "networks_in_flight": len(self._nets),
                 "unit_buffer_bytes": self._buffer_bytes_locked(),
+                "weight_cache": None if self._cache is None else self._cache.stats(),
                 "unit_buffer_peak_bytes": self._peak_buffers,
+                "unit_bytes_read": self._bytes_read,
                 "estimates": self.estimates,
                 "estimate_factor": self._dispatcher.estimate_factor,
                 "returns_freed_memory": self.returns_freed_memory,
@@ -868,6 +921,9 @@ class Runtime:
             self._started = dict.fromkeys(TaskKind, 0)
             self._outcomes = dict.fromkeys(self._outcomes, 0)
             self._peak_buffers = self._buffer_bytes_locked()
+            self._bytes_read = 0
+            if self._cache is not None:
+                self._cache.reset_counters()
             self._ledger.reset_history()
 
     def check_ledger(self) -> None:
@@ -945,6 +1001,8 @@ class Runtime:
         pools = [info.pool for info in self.models.values() if info.pool is not None]
         pools += self._retiring
         self._retiring = []
+        if self._cache is not None:
+            self._cache.clear()
         for info in self.models.values():
             info.pool = None
             if info.loaded:
