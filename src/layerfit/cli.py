@@ -82,6 +82,11 @@ def serve_command(
         help="what one load/execute task covers: merge:auto (consecutive layers joined while the model's minimum "
         "budget stays the same: fewer reads, lower latency), layers (one each, as the thesis) or merge:SIZE",
     ),
+    cache_weights: bool = typer.Option(
+        True, "--cache-weights/--no-cache-weights",
+        help="keep units loaded by earlier requests in the budget's spare memory and reuse them instead of "
+        "reading them again (evicted whenever a task needs the memory)",
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="port to listen on (0: a free one)"),
     queue_limit: int = typer.Option(64, "--queue-limit", min=1, help="most inference requests held at once; more get 429"),
@@ -98,7 +103,8 @@ def serve_command(
     from layerfit.serve.server import ServeSettings, serve
 
     settings = ServeSettings(
-        repository=repository, memory_budget=memory_budget, workers=workers, policy=policy, units=units, host=host,
+        repository=repository, memory_budget=memory_budget, workers=workers, policy=policy, units=units,
+        cache_weights=cache_weights, host=host,
         port=port, queue_limit=queue_limit, max_body=max_body, timeout=timeout,
         shutdown_grace=shutdown_grace, log_level=log_level, access_log=log_level.lower() in ("debug", "trace"),
     )

@@ -87,6 +87,21 @@ def test_a_real_run_with_merged_units_schedules_one_task_per_block(repo, tmp_pat
     assert data["simulator_comparison"]["simulated_profiled_durations"]["jobs_done"] == 3
 
 
+def test_a_real_run_with_cached_weights_reads_each_unit_once(repo, tmp_path, capsys):
+    workload = tmp_path / "w.yaml"
+    workload.write_text(WORKLOAD)
+    args = ["schedule", "run", "--workload", str(workload), "--memory", "1MB", "--repository", str(repo), "--json"]
+    assert main([*args, "--cache-weights"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["jobs_by_status"] == {"done": 3} and data["budget_violations"] == 0
+    cache = data["runtime"]["weight_cache"]
+    assert cache["hits"] > 0 and cache["hits"] + cache["misses"] == data["runtime"]["tasks_started"]["load"]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["runtime"]["weight_cache"] is None
+    assert main([*args, "--cache-weights", "--simulate"]) != 0
+    assert "--cache-weights applies to a real run" in capsys.readouterr().err
+
+
 def test_ungated_real_run_overcommits_like_the_thesis_baselines(repo, tmp_path, capsys):
     workload = tmp_path / "w.yaml"
     workload.write_text(WORKLOAD)

@@ -268,3 +268,28 @@ def test_merged_units_serve_exactly_with_fewer_tasks(make_server, units: str) ->
     runtime = running.built.runtime
     profile, manifest = runtime.models["cnn"].profile, runtime.models["cnn"].manifest
     assert runtime.units == units and len(profile.layers) < len(manifest.units)
+
+
+@pytest.mark.parametrize("cache_weights", [True, False])
+def test_repeated_requests_reuse_cached_weights_by_default(make_server, cache_weights: bool) -> None:
+    running = make_server(cache_weights=cache_weights) if not cache_weights else make_server()
+    x = torch.randn(1, 3, 8, 8)
+    with httpx.Client(base_url=running.url, timeout=30) as session:
+        for _ in range(3):
+            response = infer_json(session, "cnn", x)
+            assert response.status_code == 200, response.text
+            out = response.json()["outputs"][0]
+            assert torch.equal(torch.tensor(out["data"], dtype=torch.float32).reshape(out["shape"]), reference("cnn", x))
+        metrics = session.get("/metrics").text
+    assert running.built is not None
+    runtime = running.built.runtime
+    stats = runtime.stats()
+    loads = stats["tasks_started"]["load"]
+    if not cache_weights:
+        assert stats["weight_cache"] is None and "layerfit_weight_cache" not in metrics
+        return
+    units = len(runtime.models["cnn"].profile.layers)
+    cache = stats["weight_cache"]
+    assert loads == 3 * units and cache["misses"] == units and cache["hits"] == 2 * units
+    assert f'layerfit_weight_cache_loads_total{{result="hit"}} {float(2 * units)}' in metrics
+    assert f'layerfit_memory_bytes{{kind="weight_cache"}} {float(cache["bytes"])}' in metrics

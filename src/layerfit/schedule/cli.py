@@ -383,6 +383,11 @@ def run_command(
         help="real run: what one load/execute task covers: layers (as the thesis), merge:auto (consecutive "
         "layers joined while each model's minimum budget stays the same) or merge:SIZE (up to SIZE per task)",
     ),
+    cache_weights: bool = typer.Option(
+        False, "--cache-weights",
+        help="real run: keep units loaded by earlier jobs in the budget's spare memory and reuse them "
+        "(the thesis reads every job's weights; the simulator does not model this)",
+    ),
 ) -> None:
     """Run a workload under a policy and report response times, deadlines, memory, utilisation.
 
@@ -408,6 +413,8 @@ def run_command(
     check_runtime_units(units)
     if simulate and units != "layers":
         raise ScheduleError("--units applies to a real run; the simulator schedules the profiles' layers")
+    if simulate and cache_weights:
+        raise ScheduleError("--cache-weights applies to a real run; the simulator reads every job's weights")
     if oversize not in ("reject", "alone"):
         raise ScheduleError(f"--oversize must be 'reject' or 'alone', got {oversize!r}")
     plot_path = None
@@ -439,6 +446,7 @@ def run_command(
             gated=not ungated,
             contention=contention,
             units=units,
+            cache_weights=cache_weights,
         )
     else:
         known = resolve_profiles(profiles) if profiles else None

@@ -244,13 +244,15 @@ def run_real(
     gated: bool = True,
     contention: ContentionModel = NO_CONTENTION,
     units: str = "layers",
+    cache_weights: bool = False,
 ) -> tuple[RunReport, Workload, dict[str, Any]]:
     """``layerfit schedule run`` without ``--simulate``: the workload on real prepared models.
 
     Networks are the model folders of ``repository``, or thesis networks prepared from
     the zoo into ``zoo_cache`` at ``resolution`` (:mod:`layerfit.schedule.thesis_zoo`).
     ``gated=False`` lets a memory-oblivious policy ignore the budget (the thesis's
-    baselines); ``contention`` is the model the simulator comparison also runs with.
+    baselines); ``contention`` is the model the simulator comparison also runs with;
+    ``units`` and ``cache_weights`` are the :class:`Runtime`'s.
     Returns the report, the workload and extra facts (runtime stats, model states and,
     with ``compare``, the simulator's view of the same run).
     """
@@ -284,6 +286,7 @@ def run_real(
         trace=True,
         gated=gated,
         units=units,
+        cache_weights=cache_weights,
     ) as runtime:
         index = runtime.index()
         try:

@@ -55,13 +55,28 @@ def runtime_families(stats: dict[str, Any]) -> Iterator[Metric]:
     memory = GaugeMetricFamily(
         "layerfit_memory_bytes",
         "Memory ledger of the runtime: bytes reserved now (in_use), the budget, the peak "
-        "reservation, and bytes of unit buffers actually held",
+        "reservation, bytes of unit buffers actually held, and of those the weight cache's",
         labels=["kind"],
     )
     for kind, key in (("in_use", "in_use_bytes"), ("budget", "budget_bytes"), ("peak", "peak_bytes"),
                       ("unit_buffers", "unit_buffer_bytes")):
         memory.add_metric([kind], float(stats.get(key) or 0))
+    cache = stats.get("weight_cache")
+    if cache is not None:
+        memory.add_metric(["weight_cache"], float(cache["bytes"]))
     yield memory
+    if cache is not None:
+        loads = CounterMetricFamily(
+            "layerfit_weight_cache_loads", "Unit loads served by the weight cache (hit) or read from storage (miss)",
+            labels=["result"],
+        )
+        loads.add_metric(["hit"], float(cache["hits"]))
+        loads.add_metric(["miss"], float(cache["misses"]))
+        yield loads
+        yield CounterMetricFamily(
+            "layerfit_weight_cache_evictions", "Cached units freed because a task needed their memory",
+            value=float(cache["evictions"]),
+        )
     tasks = CounterMetricFamily("layerfit_tasks", "Runtime tasks started, by type", labels=["type"])
     for kind, count in sorted(stats.get("tasks_started", {}).items()):
         tasks.add_metric([str(kind)], float(count))

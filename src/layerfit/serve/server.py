@@ -41,6 +41,7 @@ class ServeSettings:
     workers: int = 2
     policy: str = "masa-fair"
     units: str = "merge:auto"
+    cache_weights: bool = True
     host: str = "127.0.0.1"
     port: int = 8000
     queue_limit: int = 64
@@ -111,6 +112,7 @@ def build(settings: ServeSettings) -> Built:
     runtime = Runtime(
         str(settings.repository), parse_bytes(settings.memory_budget), workers=settings.workers,
         policy=settings.policy, queue_limit=settings.queue_limit, load=False, units=settings.units,
+        cache_weights=settings.cache_weights,
     )
     try:
         registry = ModelRegistry(runtime)
