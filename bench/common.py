@@ -92,6 +92,62 @@ class Cgroup:
                 self.path.rmdir()
 
 
+# SanDisk Extreme A2 64 GB on a Raspberry Pi 4 (pidramble.com microSD benchmarks)
+SD_CARD = {"read_bps": 43_700_000, "write_bps": 36_300_000, "read_iops": 1800, "write_iops": 900}
+
+
+def block_device(path: Path) -> str:
+    """``major:minor`` of the whole disk holding ``path`` (throttles apply to disks)."""
+    st = os.stat(path)
+    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    sysfs = Path("/sys/dev/block") / dev
+    if (sysfs / "partition").exists():
+        dev = (sysfs.resolve().parent / "dev").read_text().strip()
+    return dev
+
+
+class Storage:
+    """Where a child's block I/O goes: as it is (``vm``) or throttled like an SD card."""
+
+    def __init__(self, kind: str, path: Path) -> None:
+        if kind not in ("vm", "sd"):
+            raise SystemExit(f"--storage: vm or sd, got {kind!r}")
+        self.kind = kind
+        self.device = block_device(path)
+        self.throttle: Cgroup | None = None
+        if kind == "sd":
+            self.throttle = Cgroup("blkio")
+            if not self.throttle.available:
+                raise SystemExit("--storage sd needs a blkio cgroup (v1), i.e. root")
+            for key, value in SD_CARD.items():
+                (self.throttle.path / f"blkio.throttle.{key}_device").write_text(f"{self.device} {value}")
+
+    @property
+    def cgroup(self) -> Path | None:
+        return None if self.throttle is None else self.throttle.path
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "device": self.device, **(SD_CARD if self.kind == "sd" else {})}
+
+    def enter_fn(self):
+        """A ``preexec_fn`` that puts a child under the throttle from its start."""
+        return None if self.throttle is None else self.throttle.enter_fn()
+
+    def enter_here(self) -> None:
+        """Put this whole process under the throttle (a no-op for ``vm``)."""
+        if self.throttle is not None:
+            (self.throttle.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def leave_here(self) -> None:
+        """Take this process back out of the throttle (to the blkio root)."""
+        if self.throttle is not None:
+            (CGROUP_V1 / "blkio" / "cgroup.procs").write_text(str(os.getpid()))
+
+    def remove(self) -> None:
+        if self.throttle is not None:
+            self.throttle.remove()
+
+
 def run_child(script: str, args: list[str], timeout: float = 1800) -> dict[str, Any]:
     """Run ``python script --child ARGS`` in its own cgroup; its last stdout line is JSON."""
     cg = Cgroup()

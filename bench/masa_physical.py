@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import CGROUP_V1, Cgroup, machine, own_memory_cgroup, write_results  # noqa: E402
+from common import CGROUP_V1, Cgroup, Storage, machine, own_memory_cgroup, write_results  # noqa: E402
 from masa import CACHE, budgets, contention_path, fmt, make_workloads, mean_of, ratio  # noqa: E402
 
 POLICIES = (
@@ -158,52 +158,6 @@ def child(args: argparse.Namespace) -> None:
 
 
 # --- the parent -------------------------------------------------------------------------
-
-# SanDisk Extreme A2 64 GB on a Raspberry Pi 4 (pidramble.com microSD benchmarks)
-SD_CARD = {"read_bps": 43_700_000, "write_bps": 36_300_000, "read_iops": 1800, "write_iops": 900}
-
-
-def block_device(path: Path) -> str:
-    """``major:minor`` of the whole disk holding ``path`` (throttles apply to disks)."""
-    st = os.stat(path)
-    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
-    sysfs = Path("/sys/dev/block") / dev
-    if (sysfs / "partition").exists():
-        dev = (sysfs.resolve().parent / "dev").read_text().strip()
-    return dev
-
-
-class Storage:
-    """Where a child's block I/O goes: as it is (``vm``) or throttled like an SD card."""
-
-    def __init__(self, kind: str, path: Path) -> None:
-        if kind not in ("vm", "sd"):
-            raise SystemExit(f"--storage: vm or sd, got {kind!r}")
-        self.kind = kind
-        self.device = block_device(path)
-        self.throttle: Cgroup | None = None
-        if kind == "sd":
-            self.throttle = Cgroup("blkio")
-            if not self.throttle.available:
-                raise SystemExit("--storage sd needs a blkio cgroup (v1), i.e. root")
-            for key, value in SD_CARD.items():
-                (self.throttle.path / f"blkio.throttle.{key}_device").write_text(f"{self.device} {value}")
-
-    @property
-    def cgroup(self) -> Path | None:
-        return None if self.throttle is None else self.throttle.path
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "device": self.device, **(SD_CARD if self.kind == "sd" else {})}
-
-    def enter_fn(self):
-        """A ``preexec_fn`` that puts a child under the throttle from its start."""
-        return None if self.throttle is None else self.throttle.enter_fn()
-
-    def remove(self) -> None:
-        if self.throttle is not None:
-            self.throttle.remove()
-
 
 def swap_total_bytes() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():

@@ -48,7 +48,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Cgroup, machine, mb, write_results  # noqa: E402
+from common import Cgroup, Storage, machine, mb, write_results  # noqa: E402
 
 DEFAULT_MODELS = "mobilenet_v1_025,blazeface,deeplab_v3,mobilenet_v2"
 NUMPY_TYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64": np.int64,
@@ -65,6 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--policy", default="masa-fair", help="the server's scheduling policy (its default)")
     p.add_argument("--units", default="merge:auto", help="the server's --units: merge:auto (its default), layers or merge:SIZE")
+    p.add_argument("--no-cache-weights", dest="cache_weights", action="store_false",
+                   help="serve with --no-cache-weights (every request reads its units again)")
+    p.add_argument("--storage", default="vm", help="vm: this machine's disk as it is; sd: the server's reads "
+                   "throttled (cgroup v1 blkio, root) to a Raspberry Pi 4's microSD card")
     p.add_argument("--torch-threads", type=int, help="OMP_NUM_THREADS for the server (default: torch's own)")
     p.add_argument("--queue-limit", type=int, default=16, help="server queue limit (beyond it: 429)")
     p.add_argument("--timeout", type=float, default=30.0, help="server per-request timeout, seconds")
@@ -92,18 +96,26 @@ def prepare_repository(models: list[str], root: Path) -> Path:
     return root
 
 
-def start_server(args: argparse.Namespace, repository: Path, cgroup: Cgroup) -> tuple[subprocess.Popen, str, list[str]]:
+def start_server(
+    args: argparse.Namespace, repository: Path, cgroup: Cgroup, storage: Storage
+) -> tuple[subprocess.Popen, str, list[str]]:
     command = [sys.executable, "-m", "layerfit.cli", "serve", "--repository", str(repository),
                "--memory-budget", args.memory_budget, "--workers", str(args.workers), "--policy", args.policy,
-               "--units", args.units,
+               "--units", args.units, "--cache-weights" if args.cache_weights else "--no-cache-weights",
                "--host", "127.0.0.1", "--port", "0", "--queue-limit", str(args.queue_limit),
                "--timeout", str(args.timeout), "--shutdown-grace", str(args.shutdown_grace),
                "--log-level", "warning"]
     env = dict(os.environ)
     if args.torch_threads is not None:
         env["OMP_NUM_THREADS"] = str(args.torch_threads)
+    enters = [fn for fn in (cgroup.enter_fn(), storage.enter_fn()) if fn is not None]
+
+    def enter() -> None:  # the child's memory cgroup and storage throttle, before it starts
+        for fn in enters:
+            fn()
+
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=cgroup.enter_fn(), env=env)
+                            preexec_fn=enter if enters else None, env=env)
     lines: list[str] = []
     found: list[str] = []
 
@@ -211,12 +223,14 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="layerfit-serve-load-"))
     cgroup = Cgroup()
+    storage: Storage | None = None
     try:
         models = [m.strip() for m in args.models.split(",") if m.strip()]
         t0 = time.perf_counter()
         repository = Path(args.repository) if args.repository else prepare_repository(models, work / "repo")
         prepare_s = time.perf_counter() - t0
-        proc, url, log = start_server(args, repository, cgroup)
+        storage = Storage(args.storage, repository)
+        proc, url, log = start_server(args, repository, cgroup, storage)
         try:
             index = httpx.post(f"{url}/v2/repository/index", timeout=30).json()
             ready = [row["name"] for row in index if row["state"] == "READY"]
@@ -251,6 +265,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cgroup_peak = cgroup.peak_bytes()
     finally:
         cgroup.remove()
+        if storage is not None:
+            storage.remove()
         shutil.rmtree(work, ignore_errors=True)
 
     during = [r for r in tally.records if r[2] < load_end]
@@ -287,10 +303,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "budget_bytes": metrics.get('layerfit_memory_bytes{kind="budget"}'),
             "peak_bytes": metrics.get('layerfit_memory_bytes{kind="peak"}'),
             "progress_rule": metrics.get("layerfit_progress_rule_total"),
+            "weight_cache_hits": metrics.get('layerfit_weight_cache_loads_total{result="hit"}'),
+            "weight_cache_misses": metrics.get('layerfit_weight_cache_loads_total{result="miss"}'),
+            "weight_cache_evictions": metrics.get("layerfit_weight_cache_evictions_total"),
         },
         "server_log_tail": log[-10:],
         "machine": machine(),
     }
+
+
+def cache_line(ledger: dict[str, Any]) -> list[str]:
+    """The weight cache's unit loads, when the server had one."""
+    hits, misses = ledger.get("weight_cache_hits"), ledger.get("weight_cache_misses")
+    if hits is None or misses is None:
+        return []
+    share = hits / (hits + misses) if hits + misses else 0.0
+    return [f"Unit loads (whole run, warm-up included): {hits:.0f} from the weight cache, {misses:.0f} read "
+            f"({share:.0%} hits), {ledger.get('weight_cache_evictions') or 0:.0f} evictions.", ""]
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -305,7 +334,9 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         f"{c['clients']} clients for {r['load_seconds']:.1f} s against {', '.join(r['models'])}; budget "
         f"{c['memory_budget']}, {c['workers']} workers, policy {c['policy']}, units {c.get('units', 'layers')}, "
+        f"weight cache {'on' if c.get('cache_weights', False) else 'off'}, "
         f"OMP_NUM_THREADS {c.get('torch_threads') or 'unset'}, queue limit {c['queue_limit']}, "
+        f"{'reads throttled to a Pi 4 microSD card (43.7 MB/s), ' if c.get('storage') == 'sd' else ''}"
         f"{'JSON' if c['json'] else 'binary'} tensors; SIGTERM sent with the clients' last requests in flight.",
         "",
         "| throughput (req/s) | p50 ms | p95 ms | p99 ms | sent | unanswered | server peak RSS MB | cgroup peak MB | ledger peak / budget MB |",
@@ -321,6 +352,7 @@ def markdown(r: dict[str, Any]) -> str:
         lines.append(f"| {name} | {m['requests']} | {m['ok']} | {ms(m['p50_ms'])} | {ms(m['p95_ms'])} | {ms(m['p99_ms'])} |")
     lines += [
         "",
+        *cache_line(r["ledger"]),
         "Answers by status (whole run): " + ", ".join(f"{k}: {v}" for k, v in r["status_counts"].items()),
         "",
         "After SIGTERM: " + (", ".join(f"{k}: {v}" for k, v in r["status_counts_after_sigterm"].items()) or "none")
