@@ -397,3 +397,25 @@ def test_of_the_units_a_network_in_flight_still_needs_the_one_it_reaches_last_go
     second = dispatcher.assign(1).task
     assert (second.layer, cache.hits, cache.evictions) == (1, 1, 1)
     assert dispatcher.assign(2) is None and ledger.used <= ledger.budget
+
+
+def test_reloading_a_model_while_its_jobs_run_caches_none_of_the_old_units(tmp_path, reads):
+    from runtime_helpers import model_input, prepare_models, reference
+
+    repo = prepare_models(tmp_path / "repo", ["slow", "tiny"])
+    x = {n: model_input(n) for n in ("slow", "tiny")}
+    expected = {n: reference(n, x[n]) for n in x}
+    with Runtime(repo, "1MB", workers=2, cache_weights=True) as rt:
+        assert torch.equal(rt.infer("slow", x["slow"]).result(timeout=60), expected["slow"])
+        running = [rt.infer("slow", x["slow"]) for _ in range(3)]  # 0.3 s each
+        rt.load_model("slow")  # a new engine pool while they run on the old one
+        assert not running[-1].done()
+        for future in running:
+            assert torch.equal(future.result(timeout=60), expected["slow"])
+        stats = rt.stats()
+        assert stats["weight_cache"]["entries"] == 0  # the old pool's units were all freed
+        assert stats["in_use_bytes"] == 0 and stats["unit_buffer_bytes"] == 0
+        reads.clear()
+        for _ in range(2):
+            assert torch.equal(rt.infer("slow", x["slow"]).result(timeout=60), expected["slow"])
+        assert reads == {"slow": units_of(rt, "slow")}  # read once for the new pool, then hit
