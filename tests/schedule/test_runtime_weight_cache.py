@@ -407,7 +407,7 @@ def test_reloading_a_model_while_its_jobs_run_caches_none_of_the_old_units(tmp_p
     expected = {n: reference(n, x[n]) for n in x}
     with Runtime(repo, "1MB", workers=2, cache_weights=True) as rt:
         assert torch.equal(rt.infer("slow", x["slow"]).result(timeout=60), expected["slow"])
-        running = [rt.infer("slow", x["slow"]) for _ in range(3)]  # 0.3 s each
+        running = [rt.infer("slow", x["slow"]) for _ in range(5)]  # 0.3 s each, two at a time
         rt.load_model("slow")  # a new engine pool while they run on the old one
         assert not running[-1].done()
         for future in running:
