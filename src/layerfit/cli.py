@@ -87,6 +87,11 @@ def serve_command(
         help="keep units loaded by earlier requests in the budget's spare memory and reuse them instead of "
         "reading them again (evicted whenever a task needs the memory)",
     ),
+    warm_up: bool = typer.Option(
+        False, "--warm-up",
+        help="run one request per model on its example input before serving it: a model that fails it "
+        "(e.g. a corrupted unit) stays UNAVAILABLE with the reason, and its weights start cached",
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="port to listen on (0: a free one)"),
     queue_limit: int = typer.Option(64, "--queue-limit", min=1, help="most inference requests held at once; more get 429"),
@@ -104,7 +109,7 @@ def serve_command(
 
     settings = ServeSettings(
         repository=repository, memory_budget=memory_budget, workers=workers, policy=policy, units=units,
-        cache_weights=cache_weights, host=host,
+        cache_weights=cache_weights, warm_up=warm_up, host=host,
         port=port, queue_limit=queue_limit, max_body=max_body, timeout=timeout,
         shutdown_grace=shutdown_grace, log_level=log_level, access_log=log_level.lower() in ("debug", "trace"),
     )

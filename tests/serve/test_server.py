@@ -293,3 +293,54 @@ def test_repeated_requests_reuse_cached_weights_by_default(make_server, cache_we
     assert loads == 3 * units and cache["misses"] == units and cache["hits"] == 2 * units
     assert f'layerfit_weight_cache_loads_total{{result="hit"}} {float(2 * units)}' in metrics
     assert f'layerfit_memory_bytes{{kind="weight_cache"}} {float(cache["bytes"])}' in metrics
+
+
+def test_warm_up_caches_each_model_and_keeps_a_damaged_one_unavailable(
+    repository: Path, tmp_path: Path, make_server
+) -> None:
+    import shutil
+
+    from layerfit.store import read_manifest
+
+    repo = tmp_path / "repo"
+    for name in ("chain", "cnn"):
+        shutil.copytree(repository / name, repo / name)
+    shutil.copytree(repository / "cnn", repo / "damaged")
+    unit = read_manifest(repo / "damaged").units[1]
+    with open(repo / "damaged" / "weights.safetensors", "r+b") as fh:  # one bit of one unit
+        fh.seek(unit.offset + 4)
+        byte = fh.read(1)
+        fh.seek(unit.offset + 4)
+        fh.write(bytes([byte[0] ^ 0x01]))
+
+    cold = make_server(repository=repo)  # without warm-up the damage shows at the first request
+    assert cold.built is not None and cold.built.load_errors == {}
+    with httpx.Client(base_url=cold.url, timeout=30) as session:
+        assert session.get("/v2/models/damaged/ready").status_code == 200
+        assert infer_json(session, "damaged", torch.randn(1, 3, 8, 8)).status_code != 200
+
+    running = make_server(repository=repo, warm_up=True)
+    assert running.built is not None
+    runtime = running.built.runtime
+    assert set(running.built.load_errors) == {"damaged"}
+    assert "warm-up request failed" in running.built.load_errors["damaged"]
+    assert "checksum" in running.built.load_errors["damaged"]
+    stats = runtime.stats()
+    assert stats["jobs"]["done"] == 2 and stats["weight_cache"]["entries"] > 0  # before any client
+    with httpx.Client(base_url=running.url, timeout=30) as session:
+        index = {row["name"]: row for row in session.post("/v2/repository/index").json()}
+        assert index["damaged"]["state"] == "UNAVAILABLE" and "checksum" in index["damaged"]["reason"]
+        assert session.get("/v2/models/damaged/ready").status_code == 503
+        x = torch.randn(1, 3, 8, 8)
+        before = runtime.stats()["weight_cache"]
+        response = infer_json(session, "cnn", x)
+        assert response.status_code == 200, response.text
+        out = response.json()["outputs"][0]
+        assert torch.equal(torch.tensor(out["data"], dtype=torch.float32).reshape(out["shape"]), reference("cnn", x))
+        after = runtime.stats()["weight_cache"]  # the first client request reads nothing
+        assert after["misses"] == before["misses"]
+        assert after["hits"] - before["hits"] == len(runtime.models["cnn"].profile.layers)
+        # loading it again over the API warms it up again, and refuses it again
+        again = session.post("/v2/repository/models/damaged/load")
+        assert again.status_code == 400 and "checksum" in again.json()["error"]
+        assert session.get("/v2/models/damaged/ready").status_code == 503

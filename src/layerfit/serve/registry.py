@@ -15,10 +15,17 @@ A model is READY only if it can run within the server's memory budget (its resid
 part beside its largest unit; with less, its jobs would run only by going over the
 budget): a model that needs more stays UNAVAILABLE with its minimum budget as the reason —
 a configuration problem of the server, answered 503, never blamed on the request.
+
+With ``warm_up``, loading a model also runs one request on its example input (the input
+it was prepared with) before it counts as READY: a model that cannot answer it — a unit
+whose checksum fails on first read, a forward pass that raises, a run past the timeout —
+stays UNAVAILABLE with the reason instead of failing its first client, and with the
+runtime's weight cache the units it read stay cached for the first requests.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,8 +90,10 @@ def check_name(name: str) -> None:
 class ModelRegistry:
     """Names, versions, metadata and readiness of the runtime's models."""
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: Any, *, warm_up: bool = False, warm_up_timeout: float = 60.0) -> None:
         self.runtime = runtime
+        self.warm_up = warm_up
+        self.warm_up_timeout = warm_up_timeout
         self.load_errors: dict[str, str] = {}
         self.over_budget: dict[str, int] = {}  # loadable models the budget cannot run: bytes they need
         self.budget: int = runtime.stats()["budget_bytes"]
@@ -199,6 +208,8 @@ class ModelRegistry:
         try:
             self.check_loadable(name)
             self.runtime.load_model(name, within_budget=True)  # never READY if it cannot run
+            if self.warm_up:
+                self._warm_up(name)
         except ModelOverBudgetError as exc:
             needed = self.over_budget[name] = exc.min_budget
             self.load_errors[name] = (
@@ -212,6 +223,17 @@ class ModelRegistry:
                 raise
             raise BadRequestError(f"cannot load model {name!r}: {exc}") from exc
         self.load_errors.pop(name, None)
+
+    def _warm_up(self, name: str) -> None:
+        """One request on the model's example input; on failure the model is unloaded
+        (UNAVAILABLE) and a :class:`LayerfitError` says why."""
+        try:
+            x = self.runtime.example_input(name)
+            self.runtime.infer(name, x, timeout=self.warm_up_timeout).result()
+        except Exception as exc:  # whatever the model raised: it must not be READY
+            with contextlib.suppress(LayerfitError):
+                self.runtime.unload_model(name)
+            raise LayerfitError(f"its warm-up request failed: {type(exc).__name__}: {exc}") from exc
 
     def check_budget(self) -> None:
         """Refuse a budget under which no model can run: such a server could only answer 503.

@@ -42,6 +42,7 @@ class ServeSettings:
     policy: str = "masa-fair"
     units: str = "merge:auto"
     cache_weights: bool = True
+    warm_up: bool = False
     host: str = "127.0.0.1"
     port: int = 8000
     queue_limit: int = 64
@@ -115,7 +116,7 @@ def build(settings: ServeSettings) -> Built:
         cache_weights=settings.cache_weights,
     )
     try:
-        registry = ModelRegistry(runtime)
+        registry = ModelRegistry(runtime, warm_up=settings.warm_up, warm_up_timeout=settings.timeout)
         load_errors = registry.load_all() if settings.load_models else {}
         registry.check_budget()
         metrics = ServerMetrics()
