@@ -158,3 +158,22 @@ def _wait_for_url(proc: subprocess.Popen, timeout: float) -> str:
     assert found, f"the server did not start: {''.join(lines)}"
     threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # drain output
     return found[0]
+
+
+def test_a_warm_up_a_busy_server_cannot_run_is_a_503_and_a_later_load_works(
+    repository: Path, tmp_path: Path, make_server: Callable[..., ServerThread]
+) -> None:
+    import shutil
+
+    shutil.copytree(repository / "slow", tmp_path / "repo" / "slow")
+    running = make_server(repository=tmp_path / "repo", workers=1, queue_limit=1, warm_up=True)
+    assert running.built is not None and running.built.load_errors == {}
+    results, threads = in_background(running.url, [slow_body(torch.randn(1, 4))])
+    wait_until(lambda: running.built.dataplane.inflight == 1)
+    busy = httpx.post(f"{running.url}/v2/repository/models/slow/load", timeout=30)
+    assert busy.status_code == 503, busy.text
+    assert "warm-up request failed" in busy.json()["error"] and "load it again" in busy.json()["error"]
+    join(threads)
+    assert results[0].status_code == 200  # the request in flight finished on the old engines
+    assert httpx.post(f"{running.url}/v2/repository/models/slow/load", timeout=30).status_code == 200
+    assert httpx.get(f"{running.url}/v2/models/slow/ready", timeout=30).status_code == 200

@@ -29,7 +29,13 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from layerfit.errors import LayerfitError, ModelNotReadyError, ModelOverBudgetError
+from layerfit.errors import (
+    JobTimeoutError,
+    LayerfitError,
+    ModelNotReadyError,
+    ModelOverBudgetError,
+    QueueFullError,
+)
 from layerfit.schedule.repository import NAME_PATTERN
 from layerfit.serve.codec import TensorSpec
 from layerfit.serve.datatypes import datatype_of
@@ -217,6 +223,9 @@ class ModelRegistry:
                 f"more than the server's --memory-budget of {format_bytes(self.budget)}"
             )
             raise ModelNotReadyError(f"cannot load model {name!r}: {self.load_errors[name]}") from None
+        except ModelNotReadyError as exc:  # not the model's fault (e.g. a busy server): 503, try again
+            self.load_errors[name] = str(exc)
+            raise ModelNotReadyError(f"cannot load model {name!r}: {exc}") from exc
         except LayerfitError as exc:
             self.load_errors[name] = str(exc)
             if isinstance(exc, BadRequestError):
@@ -233,7 +242,10 @@ class ModelRegistry:
         except Exception as exc:  # whatever the model raised: it must not be READY
             with contextlib.suppress(LayerfitError):
                 self.runtime.unload_model(name)
-            raise LayerfitError(f"its warm-up request failed: {type(exc).__name__}: {exc}") from exc
+            message = f"its warm-up request failed: {type(exc).__name__}: {exc}"
+            if isinstance(exc, QueueFullError | JobTimeoutError):  # the server was busy: not the model's fault
+                raise ModelNotReadyError(f"{message} (load it again)") from exc
+            raise LayerfitError(message) from exc
 
     def check_budget(self) -> None:
         """Refuse a budget under which no model can run: such a server could only answer 503.
