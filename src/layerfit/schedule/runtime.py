@@ -883,7 +883,9 @@ class Runtime:
     # --- observing --------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """The ledger, the tasks started by kind, the progress rule, the queue and the jobs."""
+        """The ledger, the tasks started by kind, the progress rule, the queue, the jobs, the
+        unit buffers (the weight cache's included) and the bytes read, and the weight cache
+        (``None`` without one)."""
         with self._lock:
             return {
                 "policy": self.policy,
