@@ -121,10 +121,12 @@ def test_any_budget_any_policy_the_ledger_holds_and_outputs_stay_exact(
     progress rule), every load is a hit or a read, and all memory comes back."""
     inputs, expected = refs
     counts: dict[str, int] = {}
+    lock = threading.Lock()
     read = Engine.read_unit_buffer
 
     def counting(self, i):
-        counts[self.directory.name] = counts.get(self.directory.name, 0) + 1
+        with lock:  # worker threads read at once
+            counts[self.directory.name] = counts.get(self.directory.name, 0) + 1
         return read(self, i)
 
     with pytest.MonkeyPatch.context() as mp:
