@@ -17,6 +17,10 @@ and never answered, and clients that saw a broken connection. Requests refused a
 connect time after SIGTERM (the listener is closed) were never accepted and are counted
 apart. Nothing here asserts a timing.
 
+``--storage sd`` throttles the server's reads to a Raspberry Pi 4's microSD card (cgroup
+v1 blkio, root), where reading weights is what costs; ``--no-cache-weights`` serves
+without the weight cache (every request reads its units again).
+
 Every loop is bounded: ``--duration`` (at most 600 s), ``--max-requests`` in total, a
 timeout on every request and on every join. Loopback only.
 
