@@ -421,3 +421,21 @@ def test_reloading_a_model_while_its_jobs_run_caches_none_of_the_old_units(tmp_p
         for _ in range(2):
             assert torch.equal(rt.infer("slow", x["slow"]).result(timeout=60), expected["slow"])
         assert reads == {"slow": units_of(rt, "slow")}  # read once for the new pool, then hit
+
+
+def test_release_cached_weights_frees_them_at_once_and_later_jobs_read_again(repo, refs, reads):
+    inputs, expected = refs
+    with Runtime(repo, "1MB", workers=2) as plain:
+        assert plain.release_cached_weights() == 0
+    with Runtime(repo, "1MB", workers=2, cache_weights=True) as rt:
+        rt.submit(Job(tuple(NAMES), inputs)).result(timeout=60)
+        held = rt.stats()["weight_cache"]["bytes"]
+        assert held == weight_bytes(rt, NAMES)
+        assert rt.release_cached_weights() == held
+        stats = rt.stats()
+        assert stats["in_use_bytes"] == 0 and stats["unit_buffer_bytes"] == 0 and stats["weight_cache"]["entries"] == 0
+        reads.clear()
+        out = rt.submit(Job(tuple(NAMES), inputs)).result(timeout=60)
+        assert all(torch.equal(out[n], expected[n]) for n in NAMES)
+        assert sum(reads.values()) == sum(units_of(rt, n) for n in NAMES)  # read again, cached again
+        assert rt.stats()["weight_cache"]["bytes"] == held

@@ -913,6 +913,13 @@ class Runtime:
                 "returns_freed_memory": self.returns_freed_memory,
             }
 
+    def release_cached_weights(self) -> int:
+        """Free every unit the weight cache holds now (the application needs the memory for
+        a while); returns the bytes freed. Later jobs read their units again and cache them
+        anew. Without ``cache_weights``, nothing to free: 0."""
+        with self._lock:
+            return 0 if self._cache is None else self._cache.evict_all()
+
     def clear_trace(self) -> None:
         """Forget the tasks, jobs, ledger history and counters recorded so far (after a
         warm-up), keeping what is reserved now."""

@@ -173,6 +173,15 @@ class WeightCache:
             self._first_cached = {k: r for k, r in self._first_cached.items() if k[0] != model}
             self._passes = {n: p for n, p in self._passes.items() if p[0] != model}
 
+    def evict_all(self) -> int:
+        """Free every entry (not the buffers loads in flight have claimed); returns the
+        buffer bytes freed."""
+        with self._ledger.condition:
+            freed = self.nbytes
+            for entry in list(self._entries.values()):
+                self._evict(entry, count=False)
+            return freed
+
     def clear(self) -> None:
         """Free every entry and every buffer claimed but not taken."""
         with self._ledger.condition:
