@@ -22,6 +22,8 @@ MODELS = {
     "pause": ("tinymodels:pause", {"seconds": 0.2}, (1, 4)),
 }
 
+NAMES = ["tiny", "chain", "big"]  # the models of the shared ``repo`` fixture (conftest.py)
+
 
 def prepare_models(directory: Path, names: list[str] | None = None) -> Path:
     """Prepare ``names`` (default: all of :data:`MODELS`) into ``directory``/NAME."""

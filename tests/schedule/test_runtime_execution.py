@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from runtime_helpers import model_input, prepare_models, reference, runtime_threads
+from runtime_helpers import NAMES, model_input, prepare_models, reference, runtime_threads
 
 import layerfit
 from layerfit.engine.engine import Engine
@@ -20,19 +20,6 @@ from layerfit.schedule.graph import build_graph
 from layerfit.schedule.policies import POLICIES, policy_names
 from layerfit.schedule.profiler import StatmSampler, estimate_profile, measure_profile
 from layerfit.schedule.runtime import Job, Runtime
-
-NAMES = ["tiny", "chain", "big"]
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return prepare_models(tmp_path_factory.mktemp("repo"), NAMES)
-
-
-@pytest.fixture(scope="module")
-def refs():
-    inputs = {name: model_input(name) for name in NAMES}
-    return inputs, {name: reference(name, x) for name, x in inputs.items()}
 
 
 def check_trace(rt: Runtime, workers: int) -> None:

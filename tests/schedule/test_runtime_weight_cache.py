@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from runtime_helpers import model_input, prepare_models, reference, runtime_threads
+from runtime_helpers import NAMES, model_input, prepare_models, reference, runtime_threads
 from schedule_helpers import task as make_task
 from test_runtime_execution import check_trace
 
@@ -20,19 +20,6 @@ from layerfit.schedule.policies import policy_names
 from layerfit.schedule.runtime import Job, Runtime
 from layerfit.schedule.tasks import TaskKind
 from layerfit.schedule.weight_cache import WeightCache
-
-NAMES = ["tiny", "chain", "big"]
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return prepare_models(tmp_path_factory.mktemp("repo"), NAMES)
-
-
-@pytest.fixture(scope="module")
-def refs():
-    inputs = {name: model_input(name) for name in NAMES}
-    return inputs, {name: reference(name, x) for name, x in inputs.items()}
 
 
 @pytest.fixture
@@ -402,8 +389,6 @@ def test_of_the_units_a_network_in_flight_still_needs_the_one_it_reaches_last_go
 
 
 def test_reloading_a_model_while_its_jobs_run_caches_none_of_the_old_units(tmp_path, reads):
-    from runtime_helpers import model_input, prepare_models, reference
-
     repo = prepare_models(tmp_path / "repo", ["slow", "tiny"])
     x = {n: model_input(n) for n in ("slow", "tiny")}
     expected = {n: reference(n, x[n]) for n in x}

@@ -246,7 +246,6 @@ class Runtime:
         self._timer_cond = threading.Condition(self._lock)
         self._policy = make_policy(policy, gated=gated)
         self._cache = WeightCache(self._ledger, self._cached_model) if cache_weights else None
-        self.cache_weights = cache_weights
         self._dispatcher = Dispatcher(
             self._policy, self._ledger, workers, estimate_factor=estimate_factor, reclaimer=self._cache
         )

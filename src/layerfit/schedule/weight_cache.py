@@ -185,8 +185,7 @@ class WeightCache:
     def clear(self) -> None:
         """Free every entry and every buffer claimed but not taken."""
         with self._ledger.condition:
-            for entry in list(self._entries.values()):
-                self._evict(entry, count=False)
+            self.evict_all()
             for entry in self._claimed.values():
                 entry.buffer.free()
             self._claimed.clear()
