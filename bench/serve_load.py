@@ -52,7 +52,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Cgroup, Storage, machine, mb, write_results  # noqa: E402
+from common import SD_CARD, Cgroup, Storage, machine, mb, write_results  # noqa: E402
 
 DEFAULT_MODELS = "mobilenet_v1_025,blazeface,deeplab_v3,mobilenet_v2"
 NUMPY_TYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64": np.int64,
@@ -249,11 +249,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             stop = threading.Event()
             threads = [threading.Thread(target=client, args=(url, bodies, k, tally, stop, args.timeout + 30),
                                         daemon=True) for k in range(args.clients)]
+            read_at_start = storage.bytes_read()
             start = time.perf_counter()
             for t in threads:
                 t.start()
             stop.wait(args.duration)
             load_end = time.perf_counter()
+            read_during_load = None if read_at_start is None else storage.bytes_read() - read_at_start
             metrics = scrape(url)
             stop.set()  # no new requests; those in flight are still waiting for answers
             proc.send_signal(signal.SIGTERM)
@@ -294,6 +296,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "requests_during_load": len(during),
         "throughput_rps": len(ok) / elapsed if elapsed > 0 else 0.0,
         "latency": percentiles([r[3] for r in ok]),
+        # what the throttled card served while the clients ran, and its share of the card's
+        # rate x time: the throttle can credit short idle gaps, which a card cannot
+        "storage_read_bytes": read_during_load,
+        "storage_read_share_of_rate": None if read_during_load is None
+        else read_during_load / (SD_CARD["read_bps"] * elapsed),
         "by_model": by_model,
         "status_counts": dict(sorted(statuses.items())),
         "status_counts_after_sigterm": dict(sorted(Counter(r[1] for r in after).items())),
@@ -324,6 +331,15 @@ def cache_line(ledger: dict[str, Any]) -> list[str]:
     share = hits / (hits + misses) if hits + misses else 0.0
     return [f"Unit loads (whole run, warm-up included): {hits:.0f} from the weight cache, {misses:.0f} read "
             f"({share:.0%} hits), {ledger.get('weight_cache_evictions') or 0:.0f} evictions.", ""]
+
+
+def storage_line(r: dict[str, Any]) -> list[str]:
+    read = r.get("storage_read_bytes")
+    if read is None:
+        return []
+    return [f"The card served {mb(read)} MB while the clients ran, {r['storage_read_share_of_rate']:.0%} of "
+            "its rate x time. The throttle credits reads with short idle gaps before them, which a card "
+            "cannot; a share near 100 % means the disk was rarely idle, so the credit gained little.", ""]
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -357,6 +373,7 @@ def markdown(r: dict[str, Any]) -> str:
     lines += [
         "",
         *cache_line(r["ledger"]),
+        *storage_line(r),
         "Answers by status (whole run): " + ", ".join(f"{k}: {v}" for k, v in r["status_counts"].items()),
         "",
         "After SIGTERM: " + (", ".join(f"{k}: {v}" for k, v in r["status_counts_after_sigterm"].items()) or "none")
