@@ -71,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--units", default="merge:auto", help="the server's --units: merge:auto (its default), layers or merge:SIZE")
     p.add_argument("--no-cache-weights", dest="cache_weights", action="store_false",
                    help="serve with --no-cache-weights (every request reads its units again)")
+    p.add_argument("--return-freed-memory", default="after-pass",
+                   help="the server's --return-freed-memory: after-pass (its default), eagerly or never")
     p.add_argument("--storage", default="vm", help="vm: this machine's disk as it is; sd: the server's reads "
                    "throttled (cgroup v1 blkio, root) to a Raspberry Pi 4's microSD card")
     p.add_argument("--torch-threads", type=int, help="OMP_NUM_THREADS for the server (default: torch's own)")
@@ -106,6 +108,7 @@ def start_server(
     command = [sys.executable, "-m", "layerfit.cli", "serve", "--repository", str(repository),
                "--memory-budget", args.memory_budget, "--workers", str(args.workers), "--policy", args.policy,
                "--units", args.units, "--cache-weights" if args.cache_weights else "--no-cache-weights",
+               "--return-freed-memory", args.return_freed_memory,
                "--host", "127.0.0.1", "--port", "0", "--queue-limit", str(args.queue_limit),
                "--timeout", str(args.timeout), "--shutdown-grace", str(args.shutdown_grace),
                "--log-level", "warning"]
@@ -355,6 +358,7 @@ def markdown(r: dict[str, Any]) -> str:
         f"{c['clients']} clients for {r['load_seconds']:.1f} s against {', '.join(r['models'])}; budget "
         f"{c['memory_budget']}, {c['workers']} workers, policy {c['policy']}, units {c.get('units', 'layers')}, "
         f"weight cache {'on' if c.get('cache_weights', False) else 'off'}, "
+        f"freed memory returned {c.get('return_freed_memory', 'eagerly')}, "
         f"OMP_NUM_THREADS {c.get('torch_threads') or 'unset'}, queue limit {c['queue_limit']}, "
         f"{'reads throttled to a Pi 4 microSD card (43.7 MB/s), ' if c.get('storage') == 'sd' else ''}"
         f"{'JSON' if c['json'] else 'binary'} tensors; SIGTERM sent with the clients' last requests in flight.",

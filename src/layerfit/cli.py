@@ -87,6 +87,12 @@ def serve_command(
         help="keep units loaded by earlier requests in the budget's spare memory and reuse them instead of "
         "reading them again (evicted whenever a task needs the memory)",
     ),
+    return_freed_memory: str = typer.Option(
+        "after-pass", "--return-freed-memory",
+        help="when the scratch a forward pass frees leaves the process: after-pass (when each pass ends), "
+        "eagerly (as soon as it is freed: the least RSS, but models that free and allocate megabytes per "
+        "layer compute up to twice as slowly) or never (glibc keeps freed blocks of up to 32 MiB)",
+    ),
     warm_up: bool = typer.Option(
         False, "--warm-up",
         help="run one request per model on its example input before serving it: a model that fails it "
@@ -109,7 +115,7 @@ def serve_command(
 
     settings = ServeSettings(
         repository=repository, memory_budget=memory_budget, workers=workers, policy=policy, units=units,
-        cache_weights=cache_weights, warm_up=warm_up, host=host,
+        cache_weights=cache_weights, return_freed_memory=return_freed_memory, warm_up=warm_up, host=host,
         port=port, queue_limit=queue_limit, max_body=max_body, timeout=timeout,
         shutdown_grace=shutdown_grace, log_level=log_level, access_log=log_level.lower() in ("debug", "trace"),
     )

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from layerfit.engine.osmem import is_glibc, return_large_frees_to_os
+from layerfit.engine.osmem import is_glibc, limit_heap_arenas, return_large_frees_to_os
 from layerfit.errors import BudgetError
 
 MB = 1024 * 1024
@@ -59,9 +59,100 @@ def test_freed_large_blocks_go_back_to_the_os_once_set() -> None:
     assert seen["mapping"] > 19 * MB, seen  # and a large block is a mapping again
 
 
+# The Runtime's "after-pass" setting: a freed 3 MB block (under the 4 MB mmap threshold,
+# below a small live block) stays in the heap, where the pass's next allocation reuses it
+# without faulting it in; trim_heap() gives its pages back (malloc_trim releases free
+# pages anywhere in the heap, not only at its top).
+_TRIM_SCRIPT = """
+import ctypes, json
+from layerfit.engine.osmem import return_large_frees_to_os, rss_bytes, trim_heap
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+
+applied = return_large_frees_to_os(4 * 2**20, trim_threshold_bytes=64 * 2**20)
+block = libc.malloc(3 * 2**20)
+pin = libc.malloc(1024)
+ctypes.memset(block, 1, 3 * 2**20)
+before = rss_bytes()
+libc.free(block)
+kept = before - rss_bytes()
+trimmed = trim_heap()
+returned = before - rss_bytes()
+print(json.dumps({"applied": applied, "by_free": kept, "trimmed": trimmed, "by_trim": returned}))
+"""
+
+
+@pytest.mark.skipif(not is_glibc(), reason="the setting is glibc's")
+def test_a_heap_trim_gives_back_what_a_high_threshold_kept() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run(
+        [sys.executable, "-c", _TRIM_SCRIPT], capture_output=True, text=True, env=env, timeout=120,
+        check=True,
+    )
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["applied"] is True and seen["trimmed"] is True
+    assert seen["by_free"] < MB, seen  # the freed block stays resident for reuse ...
+    assert seen["by_trim"] > 2.5 * MB, seen  # ... until the heap is trimmed
+
+
+# Threads that allocate at the same time get heaps of their own, up to glibc's limit;
+# malloc_stats() lists the heaps ("Arena N:") on stderr.
+_ARENA_SCRIPT = """
+import ctypes, sys, threading
+from layerfit.engine.osmem import limit_heap_arenas
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+if sys.argv[1] != "default":
+    assert limit_heap_arenas(int(sys.argv[1]))
+barrier = threading.Barrier(6)
+
+def work():
+    block = libc.malloc(100_000)  # all six hold a block at once: none can share a free heap
+    barrier.wait()
+    libc.free(block)
+
+threads = [threading.Thread(target=work) for _ in range(6)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+libc.malloc_stats()
+"""
+
+
+@pytest.mark.skipif(not is_glibc(), reason="the setting is glibc's")
+def test_threads_share_as_few_heaps_as_told() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+
+    def heaps(limit: str) -> int:
+        out = subprocess.run(
+            [sys.executable, "-c", _ARENA_SCRIPT, limit], capture_output=True, text=True, env=env,
+            timeout=120, check=True,
+        )
+        return sum(line.startswith("Arena ") for line in out.stderr.splitlines())
+
+    assert heaps("default") >= 4  # glibc: up to eight per CPU
+    assert heaps("2") == 2
+    assert heaps("1") == 1
+
+
+def test_a_heap_limit_below_one_is_refused() -> None:
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(BudgetError, match="heap arenas"):
+            limit_heap_arenas(bad)  # type: ignore[arg-type]
+
+
 def test_a_threshold_mallopt_cannot_take_is_refused() -> None:
     # 2**32 + 4096 once reached glibc as 4096 (ctypes cut it to a C int): every block
     # over 4 kB would have been a mapping of its own.
     for bad in (-1, 2**31, 2**32 + 4096):
         with pytest.raises(BudgetError, match="mmap threshold"):
             return_large_frees_to_os(bad)
+        with pytest.raises(BudgetError, match="heap trim threshold"):
+            return_large_frees_to_os(trim_threshold_bytes=bad)

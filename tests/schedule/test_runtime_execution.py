@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import shutil
+import threading
 
 import pytest
 import torch
@@ -15,7 +16,8 @@ from runtime_helpers import NAMES, model_input, prepare_models, reference, runti
 import layerfit
 from layerfit.engine.engine import Engine
 from layerfit.engine.osmem import is_glibc
-from layerfit.errors import LayerfitError
+from layerfit.errors import LayerfitError, ScheduleError
+from layerfit.schedule import runtime as runtime_module
 from layerfit.schedule.graph import build_graph
 from layerfit.schedule.policies import POLICIES, policy_names
 from layerfit.schedule.profiler import StatmSampler, estimate_profile, measure_profile
@@ -185,11 +187,36 @@ def test_random_jobs_complete_within_budget(repo, refs, jobs, budget_kb, workers
 
 
 def test_the_runtime_fixes_the_mmap_threshold_unless_told_not_to(repo):
-    # what the setting does to RSS is tested in tests/engine/test_osmem.py
-    with Runtime(repo, "1MB", load=False, return_freed_memory=False) as rt:
-        assert rt.stats()["returns_freed_memory"] is False
+    # what the settings do to RSS is tested in tests/engine/test_osmem.py
+    for asked, mode in ((False, "never"), ("never", "never"), ("eagerly", "eagerly"), (True, "after-pass")):
+        with Runtime(repo, "1MB", load=False, return_freed_memory=asked) as rt:
+            expected = mode if is_glibc() else "never"
+            assert rt.stats()["freed_memory"] == expected
+            assert rt.stats()["returns_freed_memory"] is (expected != "never")
     with Runtime(repo, "1MB", load=False) as rt:
-        assert rt.stats()["returns_freed_memory"] is is_glibc()
+        assert rt.stats()["freed_memory"] == ("after-pass" if is_glibc() else "never")
+    for bad in ("sometimes", 1, None):
+        with pytest.raises(ScheduleError, match="return_freed_memory must be after-pass, eagerly, never"):
+            Runtime(repo, "1MB", load=False, return_freed_memory=bad)
+
+
+@pytest.mark.skipif(not is_glibc(), reason="the heap trim is glibc's")
+@pytest.mark.parametrize("mode", ["after-pass", "eagerly"])
+def test_after_pass_the_heap_is_trimmed_once_per_forward_pass(repo, monkeypatch, mode):
+    trims = []
+    monkeypatch.setattr(runtime_module, "trim_heap", lambda: trims.append(threading.current_thread().name))
+    names = NAMES
+    inputs = {n: model_input(n) for n in names}
+    with Runtime(repo, "64MB", workers=2, return_freed_memory=mode) as rt:
+        for _ in range(3):
+            out = rt.submit(Job(tuple(names), inputs)).result(60)
+            for n in names:
+                assert torch.equal(out[n], reference(n, inputs[n]))
+    if mode == "eagerly":
+        assert trims == []  # glibc trims as it frees
+    else:
+        assert len(trims) == 3 * len(names)
+        assert all(t.startswith("layerfit-forward-") for t in trims)  # never a worker's time
 
 
 def test_weights_used_outside_their_module_and_outputs_viewing_them(tmp_path):

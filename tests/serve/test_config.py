@@ -66,6 +66,7 @@ def run_cli(repository: Path, *args: str) -> subprocess.CompletedProcess:
         ({"log_level": "bogus"}, "--log-level must be one of critical, error, warning, info, debug, trace"),
         ({"port": 70000}, "--port"),
         ({"units": "merge:lots"}, "--units: unit granularity 'merge:lots'"),
+        ({"return_freed_memory": "often"}, "--return-freed-memory must be one of after-pass, eagerly, never"),
     ],
 )
 def test_bad_settings_are_refused(repository: Path, overrides: dict, option: str) -> None:
@@ -144,6 +145,7 @@ def test_budget_no_model_fits_refuses_to_start(repository: Path) -> None:
         (("--memory-budget", "1B"), "is too small for every model"),
         (("--shutdown-grace", "-1"), "--shutdown-grace must be"),
         (("--units", "chunks"), "--units: unknown unit granularity 'chunks'"),
+        (("--return-freed-memory", "often"), "--return-freed-memory must be one of after-pass, eagerly"),
     ],
 )
 def test_cli_exits_2_with_one_line(repository: Path, args: tuple[str, ...], expected: str) -> None:

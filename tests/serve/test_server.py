@@ -17,6 +17,7 @@ import tritonclient.http as triton
 from serve_helpers import reference
 from tritonclient.utils import InferenceServerException
 
+from layerfit.engine.osmem import is_glibc
 from layerfit.serve.server import ServerThread
 
 
@@ -293,6 +294,20 @@ def test_repeated_requests_reuse_cached_weights_by_default(make_server, cache_we
     assert loads == 3 * units and cache["misses"] == units and cache["hits"] == 2 * units
     assert f'layerfit_weight_cache_loads_total{{result="hit"}} {float(2 * units)}' in metrics
     assert f'layerfit_memory_bytes{{kind="weight_cache"}} {float(cache["bytes"])}' in metrics
+
+
+@pytest.mark.parametrize("mode", [None, "eagerly", "never"])
+def test_return_freed_memory_reaches_the_runtime(make_server, mode: str | None) -> None:
+    running = make_server() if mode is None else make_server(return_freed_memory=mode)
+    x = torch.randn(1, 3, 8, 8)
+    with httpx.Client(base_url=running.url, timeout=30) as session:
+        response = infer_json(session, "cnn", x)
+    assert response.status_code == 200, response.text
+    out = response.json()["outputs"][0]
+    assert torch.equal(torch.tensor(out["data"], dtype=torch.float32).reshape(out["shape"]), reference("cnn", x))
+    assert running.built is not None
+    expected = (mode or "after-pass") if is_glibc() else "never"  # after-pass: the default
+    assert running.built.runtime.stats()["freed_memory"] == expected
 
 
 def test_warm_up_caches_each_model_and_keeps_a_damaged_one_unavailable(

@@ -48,6 +48,7 @@ import contextlib
 import heapq
 import itertools
 import math
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -60,7 +61,13 @@ from typing import Any
 import torch
 
 from layerfit.engine.engine import Engine
-from layerfit.engine.osmem import return_large_frees_to_os
+from layerfit.engine.osmem import (
+    AFTER_PASS_TRIM_THRESHOLD,
+    HEAP_TRIM_THRESHOLD,
+    limit_heap_arenas,
+    return_large_frees_to_os,
+    trim_heap,
+)
 from layerfit.engine.units import check_units_spec
 from layerfit.errors import (
     InputError,
@@ -94,6 +101,21 @@ from layerfit.store.manifest import DTYPES, Manifest, read_manifest
 
 ESTIMATES = ("capture", "profile")
 AUTO_UNITS = "merge:auto"  # merge layers as far as the model's minimum budget allows
+FREED_MEMORY = ("after-pass", "eagerly", "never")  # when freed scratch leaves the process
+
+
+def _freed_memory_mode(value: object) -> str:
+    """``return_freed_memory`` as one of :data:`FREED_MEMORY` (``True``/``False`` are the
+    default and ``"never"``)."""
+    if value is True:
+        return "after-pass"
+    if value is False:
+        return "never"
+    if value not in FREED_MEMORY:
+        raise ScheduleError(
+            f"return_freed_memory must be {', '.join(FREED_MEMORY)}, True or False, got {value!r}"
+        )
+    return str(value)
 
 
 def check_runtime_units(units: object) -> None:
@@ -178,10 +200,16 @@ class Runtime:
       way the thesis's EdgeCaffe baselines run: it ignores the budget and over-commits
       (counted as ``overcommits``), leaving the operating system to page. Memory-aware
       policies (masa, masa-fcfs, masa-fair) keep the budget either way;
-    - ``return_freed_memory`` — (default) fix glibc's mmap and heap-trim thresholds for
-      the whole process (:func:`~layerfit.engine.osmem.return_large_frees_to_os`), so the
-      layer-sized scratch that executions free goes back to the OS rather than staying
-      resident beside the budget;
+    - ``return_freed_memory`` — when the scratch that executions free leaves the process
+      rather than staying resident in the C heap beside the budget (glibc only; what it
+      sets is the whole process's: the allocator's thresholds,
+      :func:`~layerfit.engine.osmem.return_large_frees_to_os`, and one heap per CPU,
+      :func:`~layerfit.engine.osmem.limit_heap_arenas`): ``"after-pass"`` (default, or
+      ``True``) when each network's forward pass ends; ``"eagerly"`` as soon as 128 KiB
+      of a heap's top is free (a few MB less RSS, but a model that frees and allocates
+      megabytes per layer computes up to twice as slowly); ``"never"`` (or ``False``)
+      glibc's own adaptive thresholds, which keep freed blocks of up to 32 MiB
+      (``bench/freed_memory.py`` compares the three);
     - ``units`` — what one load and one execute task cover: ``"layers"`` (default, one
       stored layer each, as the thesis schedules), ``"merge:auto"`` (consecutive layers
       joined as far as the model's minimum budget stays what it is by layers: fewer,
@@ -213,7 +241,7 @@ class Runtime:
         load: bool = True,
         direct_io: bool = True,
         gated: bool = True,
-        return_freed_memory: bool = True,
+        return_freed_memory: bool | str = "after-pass",
         units: str = "layers",
         cache_weights: bool = False,
     ) -> None:
@@ -230,6 +258,7 @@ class Runtime:
         check_runtime_units(units)
         if not isinstance(cache_weights, bool):
             raise ScheduleError(f"cache_weights must be True or False, got {cache_weights!r}")
+        freed_memory = _freed_memory_mode(return_freed_memory)
         self.repository = Path(repository)
         self.workers = workers
         self.queue_limit = queue_limit
@@ -255,7 +284,14 @@ class Runtime:
         }
         # every setting and the repository are valid (the dispatcher checks estimate_factor); before any
         # model loads, since only later allocations follow the fixed thresholds
-        self.returns_freed_memory = return_freed_memory and return_large_frees_to_os()
+        if freed_memory != "never" and return_large_frees_to_os(
+            trim_threshold_bytes=HEAP_TRIM_THRESHOLD if freed_memory == "eagerly" else AFTER_PASS_TRIM_THRESHOLD
+        ):
+            self.freed_memory = freed_memory
+            limit_heap_arenas(max(os.cpu_count() or 1, 2))  # forward threads share few heaps
+        else:
+            self.freed_memory = "never"  # asked for, or not glibc
+        self.returns_freed_memory = self.freed_memory != "never"
         self._jobs: dict[str, _JobRun] = {}  # unresolved jobs
         self._nets: dict[str, NetworkRun] = {}  # networks with a forward thread or buffers
         self._net_pools: dict[str, EnginePool] = {}
@@ -805,6 +841,8 @@ class Runtime:
         if pool is not None:
             pool.checkin(net.engine)
         _deliver(deliveries)
+        if self.freed_memory == "after-pass":
+            trim_heap()  # what the pass freed leaves the process (on this thread, after delivery)
 
     def _cached_model(self, task: Any) -> EnginePool | None:
         """What the weight cache keys ``task``'s unit by: its model's engine pool, while
@@ -910,6 +948,7 @@ class Runtime:
                 "estimates": self.estimates,
                 "estimate_factor": self._dispatcher.estimate_factor,
                 "returns_freed_memory": self.returns_freed_memory,
+                "freed_memory": self.freed_memory,
             }
 
     def release_cached_weights(self) -> int:

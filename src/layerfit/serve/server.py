@@ -42,6 +42,7 @@ class ServeSettings:
     policy: str = "masa-fair"
     units: str = "merge:auto"
     cache_weights: bool = True
+    return_freed_memory: str = "after-pass"
     warm_up: bool = False
     host: str = "127.0.0.1"
     port: int = 8000
@@ -74,12 +75,16 @@ class ServeSettings:
             raise LayerfitError(f"--port must be from 0 (a free port) to 65535, not {self.port}")
         if parse_bytes(self.max_body) < 1:
             raise LayerfitError("--max-body must be at least one byte")
-        from layerfit.schedule.runtime import check_runtime_units
+        from layerfit.schedule.runtime import FREED_MEMORY, check_runtime_units
 
         try:
             check_runtime_units(self.units)
         except LayerfitError as exc:
             raise LayerfitError(f"--units: {exc}") from exc
+        if self.return_freed_memory not in FREED_MEMORY:
+            raise LayerfitError(
+                f"--return-freed-memory must be one of {', '.join(FREED_MEMORY)}, not {self.return_freed_memory!r}"
+            )
         if not Path(self.repository).is_dir():
             raise LayerfitError(
                 f"model repository {self.repository} is not a directory: give a folder of "
@@ -113,7 +118,7 @@ def build(settings: ServeSettings) -> Built:
     runtime = Runtime(
         str(settings.repository), parse_bytes(settings.memory_budget), workers=settings.workers,
         policy=settings.policy, queue_limit=settings.queue_limit, load=False, units=settings.units,
-        cache_weights=settings.cache_weights,
+        cache_weights=settings.cache_weights, return_freed_memory=settings.return_freed_memory,
     )
     try:
         registry = ModelRegistry(runtime, warm_up=settings.warm_up, warm_up_timeout=settings.timeout)
