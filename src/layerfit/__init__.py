@@ -7,6 +7,9 @@ Public entry points (imported lazily, so ``import layerfit`` stays cheap):
 * ``layerfit.load(DIR, budget=..., pipeline=...)`` — an engine you call like the model
 * ``layerfit.Runtime(REPO, budget, workers, policy)`` — many requests over many prepared
   models within one memory budget (``submit(layerfit.Job(...)) -> Future``)
+* ``layerfit.release_thread_team()`` — after tensor work on a thread that lives on (your
+  main thread, a pool's), let its OpenMP helpers go: idle, they halve the speed of every
+  other thread's kernels
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from typing import Any
 
 from layerfit.errors import LayerfitError
 
-__all__ = ["InferenceJob", "Job", "LayerfitError", "Runtime", "capture", "load", "prepare"]
+__all__ = [
+    "InferenceJob", "Job", "LayerfitError", "Runtime", "capture", "load", "prepare", "release_thread_team",
+]
 __version__ = "0.1.0"
 
 
@@ -32,6 +37,10 @@ def __getattr__(name: str) -> Any:
         from layerfit.schedule import runtime
 
         return getattr(runtime, name)
+    if name == "release_thread_team":
+        from layerfit.engine.openmp import release_thread_team
+
+        return release_thread_team
     if name == "capture":
         import layerfit.capture as capture_package
 

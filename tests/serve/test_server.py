@@ -18,6 +18,7 @@ from serve_helpers import reference
 from tritonclient.utils import InferenceServerException
 
 from layerfit.engine.osmem import is_glibc
+from layerfit.serve import dataplane as dataplane_module
 from layerfit.serve.server import ServerThread
 
 
@@ -308,6 +309,30 @@ def test_return_freed_memory_reaches_the_runtime(make_server, mode: str | None) 
     assert running.built is not None
     expected = (mode or "after-pass") if is_glibc() else "never"  # after-pass: the default
     assert running.built.runtime.stats()["freed_memory"] == expected
+
+
+def test_request_decoding_and_encoding_leave_no_openmp_team(make_server, monkeypatch) -> None:
+    # Both run tensor operations on the server's long-lived pool threads; a team kept
+    # there would halve the speed of every forward pass (tests/engine/test_openmp.py).
+    released: list[str] = []
+
+    def counting(fn):
+        def run(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                released.append(getattr(fn, "__name__", "?"))
+
+        return run
+
+    monkeypatch.setattr(dataplane_module, "without_thread_team", counting)
+    running = make_server()
+    x = torch.randn(1, 3, 8, 8)
+    with httpx.Client(base_url=running.url, timeout=30) as session:
+        for _ in range(2):
+            response = infer_json(session, "cnn", x)
+            assert response.status_code == 200, response.text
+    assert released == ["_decode", "encode_response"] * 2
 
 
 def test_warm_up_caches_each_model_and_keeps_a_damaged_one_unavailable(

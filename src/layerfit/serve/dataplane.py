@@ -32,6 +32,7 @@ import torch
 from starlette.concurrency import run_in_threadpool
 
 from layerfit.engine import flat_outputs
+from layerfit.engine.openmp import without_thread_team
 from layerfit.errors import JobTimeoutError, LayerfitError
 from layerfit.serve.codec import decode_input, encode_response, parse_request
 from layerfit.serve.errors import BadRequestError, ServerBusyError, ShuttingDownError
@@ -147,7 +148,9 @@ class DataPlane:
     ) -> tuple[bytes, dict[str, str]]:
         """Run one inference request; returns the response body and its headers."""
         signature = self.check_inference(name, version)
-        request, x = await run_in_threadpool(self._decode, name, signature, body, header_length)
+        # decoding and encoding run tensor operations on the pool's long-lived threads: none
+        # may keep an OpenMP team there, or every forward pass runs at half speed
+        request, x = await run_in_threadpool(without_thread_team(self._decode), name, signature, body, header_length)
         timeout = self._timeout_of(request)
         submitted = time.perf_counter()
         future = self.runtime.infer(name, x, timeout=timeout)
@@ -158,7 +161,7 @@ class DataPlane:
         names = signature.output_names if len(outputs) == len(signature.outputs) else (
             [f"output_{i}" for i in range(len(outputs))] if len(outputs) > 1 else ["output"]
         )
-        return await run_in_threadpool(encode_response, request, name, VERSION, outputs, names)
+        return await run_in_threadpool(without_thread_team(encode_response), request, name, VERSION, outputs, names)
 
     def _decode(
         self, name: str, signature: Signature, body: bytes, header_length: str | None

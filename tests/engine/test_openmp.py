@@ -1,0 +1,68 @@
+"""Letting a thread's OpenMP team go, checked in a fresh process (teams are per thread
+and live as long as it does) by the helper threads the process holds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from layerfit.engine.openmp import _libgomp, release_thread_team, without_thread_team
+
+# Two intra-op threads, so a parallel kernel starts a team with one helper on any machine.
+# Native threads are those Python does not know: OpenMP's helpers among them.
+_SCRIPT = """
+import json, os, threading, torch
+from layerfit.engine.openmp import release_thread_team, without_thread_team
+
+torch.set_num_threads(2)
+
+def helpers():
+    python = {t.native_id for t in threading.enumerate()}
+    return sum(int(t) not in python for t in os.listdir("/proc/self/task"))
+
+conv = torch.nn.Conv2d(3, 8, 3).eval()
+x = torch.randn(1, 3, 64, 64)
+before = helpers()
+with torch.no_grad():
+    first = conv(x)
+kept = helpers() - before
+released = release_thread_team()
+after_release = helpers() - before
+with torch.no_grad():
+    second = conv(x)  # a new team, the same bits
+again = helpers() - before
+
+def fails():
+    torch.ones(1 << 20).add_(1)
+    raise ValueError("on purpose")
+
+try:
+    without_thread_team(fails)()
+except ValueError:
+    pass
+after_wrapped = helpers() - before
+print(json.dumps({"kept": kept, "released": released, "after_release": after_release, "again": again,
+                  "after_wrapped": after_wrapped, "same": bool(torch.equal(first, second))}))
+"""
+
+
+@pytest.mark.skipif(_libgomp() is None, reason="PyTorch's OpenMP here is not libgomp")
+def test_a_released_team_leaves_and_the_next_kernel_starts_one_with_the_same_bits() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
+    out = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=120, check=True
+    )
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["kept"] == 1, seen  # the main thread's team: one helper beside it
+    assert seen["released"] is True and seen["after_release"] == 0, seen
+    assert seen["again"] == 1 and seen["same"], seen
+    assert seen["after_wrapped"] == 0, seen  # released though the work raised
+
+
+def test_without_thread_team_returns_what_the_work_returns() -> None:
+    assert without_thread_team(lambda a, b=0: a + b)(2, b=3) == 5
+    assert isinstance(release_thread_team(), bool)  # a thread with no team: nothing to free
