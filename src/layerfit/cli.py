@@ -90,7 +90,7 @@ def serve_command(
     return_freed_memory: str = typer.Option(
         "after-pass", "--return-freed-memory",
         help="when the scratch a forward pass frees leaves the process: after-pass (when each pass ends), "
-        "eagerly (as soon as it is freed: the least RSS, but models that free and allocate megabytes per "
+        "eagerly (as soon as it is freed: a few MB less RSS, but models that free and allocate megabytes per "
         "layer compute up to twice as slowly) or never (glibc keeps freed blocks of up to 32 MiB)",
     ),
     warm_up: bool = typer.Option(
