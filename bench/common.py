@@ -63,21 +63,6 @@ class Cgroup:
         except OSError:
             self.available = False
 
-    def settle(self) -> None:
-        """Idle until the throttle has forgotten earlier reads (a no-op for ``vm``)."""
-        if self.throttle is not None:
-            time.sleep(self.SETTLE_S)
-
-    def bytes_read(self) -> int | None:
-        """Bytes read so far through the throttle (``None`` for ``vm``): what the card served."""
-        if self.throttle is None:
-            return None
-        for line in (self.throttle.path / "blkio.throttle.io_service_bytes").read_text().splitlines():
-            fields = line.split()
-            if len(fields) == 3 and fields[0] == self.device and fields[1] == "Read":
-                return int(fields[2])
-        return 0
-
     def enter_fn(self):
         if not self.available:
             return None
