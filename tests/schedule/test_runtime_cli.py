@@ -8,6 +8,7 @@ import pytest
 from runtime_helpers import prepare_models, runtime_threads
 
 from layerfit.cli import main
+from layerfit.engine.osmem import is_glibc
 from layerfit.errors import WorkloadError
 from layerfit.schedule.realrun import run_workload
 from layerfit.schedule.runtime import Runtime
@@ -100,6 +101,21 @@ def test_a_real_run_with_cached_weights_reads_each_unit_once(repo, tmp_path, cap
     assert json.loads(capsys.readouterr().out)["runtime"]["weight_cache"] is None
     assert main([*args, "--cache-weights", "--simulate"]) != 0
     assert "--cache-weights applies to a real run" in capsys.readouterr().err
+
+
+def test_a_real_run_returns_freed_memory_as_told(repo, tmp_path, capsys):
+    workload = tmp_path / "w.yaml"
+    workload.write_text(WORKLOAD)
+    args = ["schedule", "run", "--workload", str(workload), "--memory", "1MB", "--repository", str(repo), "--json"]
+    for given, mode in (([], "after-pass"), (["--return-freed-memory", "eagerly"], "eagerly")):
+        assert main([*args, *given]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["jobs_by_status"] == {"done": 3}
+        assert data["runtime"]["freed_memory"] == (mode if is_glibc() else "never")
+    assert main([*args, "--return-freed-memory", "often"]) != 0
+    assert "--return-freed-memory must be one of after-pass, eagerly, never" in capsys.readouterr().err
+    assert main([*args, "--return-freed-memory", "never", "--simulate"]) != 0
+    assert "--return-freed-memory applies to a real run" in capsys.readouterr().err
 
 
 def test_ungated_real_run_overcommits_like_the_thesis_baselines(repo, tmp_path, capsys):

@@ -388,6 +388,11 @@ def run_command(
         help="real run: keep units loaded by earlier jobs in the budget's spare memory and reuse them "
         "(the thesis reads every job's weights; the simulator does not model this)",
     ),
+    return_freed_memory: str | None = typer.Option(
+        None, "--return-freed-memory",
+        help="real run: when the scratch a forward pass frees leaves the process: after-pass (default), "
+        "eagerly (a few MB less RSS, up to twice the compute time) or never",
+    ),
 ) -> None:
     """Run a workload under a policy and report response times, deadlines, memory, utilisation.
 
@@ -415,6 +420,14 @@ def run_command(
         raise ScheduleError("--units applies to a real run; the simulator schedules the profiles' layers")
     if simulate and cache_weights:
         raise ScheduleError("--cache-weights applies to a real run; the simulator reads every job's weights")
+    from layerfit.schedule.runtime import FREED_MEMORY
+
+    if return_freed_memory is not None and return_freed_memory not in FREED_MEMORY:
+        raise ScheduleError(
+            f"--return-freed-memory must be one of {', '.join(FREED_MEMORY)}, got {return_freed_memory!r}"
+        )
+    if simulate and return_freed_memory is not None:
+        raise ScheduleError("--return-freed-memory applies to a real run; the simulator allocates nothing")
     if oversize not in ("reject", "alone"):
         raise ScheduleError(f"--oversize must be 'reject' or 'alone', got {oversize!r}")
     plot_path = None
@@ -447,6 +460,7 @@ def run_command(
             contention=contention,
             units=units,
             cache_weights=cache_weights,
+            return_freed_memory=return_freed_memory or "after-pass",
         )
     else:
         known = resolve_profiles(profiles) if profiles else None

@@ -245,6 +245,7 @@ def run_real(
     contention: ContentionModel = NO_CONTENTION,
     units: str = "layers",
     cache_weights: bool = False,
+    return_freed_memory: str = "after-pass",
 ) -> tuple[RunReport, Workload, dict[str, Any]]:
     """``layerfit schedule run`` without ``--simulate``: the workload on real prepared models.
 
@@ -252,7 +253,7 @@ def run_real(
     the zoo into ``zoo_cache`` at ``resolution`` (:mod:`layerfit.schedule.thesis_zoo`).
     ``gated=False`` lets a memory-oblivious policy ignore the budget (the thesis's
     baselines); ``contention`` is the model the simulator comparison also runs with;
-    ``units`` and ``cache_weights`` are the :class:`Runtime`'s.
+    ``units``, ``cache_weights`` and ``return_freed_memory`` are the :class:`Runtime`'s.
     Returns the report, the workload and extra facts (runtime stats, model states and,
     with ``compare``, the simulator's view of the same run).
     """
@@ -287,6 +288,7 @@ def run_real(
         gated=gated,
         units=units,
         cache_weights=cache_weights,
+        return_freed_memory=return_freed_memory,
     ) as runtime:
         index = runtime.index()
         try:
