@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,7 +27,9 @@ _OMP_PAUSE_SOFT = 1  # <omp.h> omp_pause_resource_t
 T = TypeVar("T")
 
 
-@functools.cache
+_found: list[ctypes.CDLL | None] = []  # the answer, once PyTorch (and its OpenMP) is loaded
+
+
 def _libgomp() -> ctypes.CDLL | None:
     """The libgomp this process has loaded (PyTorch's), or ``None``.
 
@@ -34,15 +37,24 @@ def _libgomp() -> ctypes.CDLL | None:
     Another OpenMP runtime (LLVM's libomp, Intel's) may pause every thread's, so it is
     left alone.
     """
+    if _found:
+        return _found[0]
+    lib = _find_libgomp()
+    if lib is not None or "torch" in sys.modules:  # torch loads its OpenMP when imported
+        _found.append(lib)
+    return lib
+
+
+def _find_libgomp() -> ctypes.CDLL | None:
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return None
     for line in maps.splitlines():
-        path = line.split()[-1] if len(line.split()) >= 6 else ""
-        if Path(path).name.startswith("libgomp"):
+        fields = line.split()
+        if len(fields) >= 6 and Path(fields[-1]).name.startswith("libgomp"):
             try:
-                lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)  # the copy loaded
+                lib = ctypes.CDLL(fields[-1], mode=os.RTLD_NOLOAD | os.RTLD_LAZY)  # the copy loaded
                 pause = lib.omp_pause_resource_all
             except (OSError, AttributeError):  # gone, or older than OpenMP 5.0
                 return None
