@@ -196,7 +196,7 @@ def test_the_runtime_fixes_the_mmap_threshold_unless_told_not_to(repo):
     with Runtime(repo, "1MB", load=False) as rt:
         assert rt.stats()["freed_memory"] == ("after-pass" if is_glibc() else "never")
     for bad in ("sometimes", 1, None):
-        with pytest.raises(ScheduleError, match="return_freed_memory must be after-pass, eagerly, never"):
+        with pytest.raises(ScheduleError, match="return_freed_memory must be one of after-pass, eagerly, never, got"):
             Runtime(repo, "1MB", load=False, return_freed_memory=bad)
 
 

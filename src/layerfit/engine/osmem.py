@@ -73,8 +73,9 @@ def return_large_frees_to_os(
 ) -> bool:
     """Make every later allocation of ``threshold_bytes`` or more a mapping of its own,
     which ``free`` unmaps, and give the heap's free top back above ``trim_threshold_bytes``
-    (by default 128 KiB, glibc's own): freed large blocks go back to the OS instead of staying resident in the C
-    heap. Process-wide; ``False`` where the C library is not glibc or refuses a value.
+    (by default 128 KiB, glibc's own): freed large blocks go back to the OS instead of
+    staying resident in the C heap. Process-wide; ``False`` where the C library is not
+    glibc or refuses a value.
 
     Why: glibc's thresholds adapt. Each freed mapping raises the mmap threshold to the
     freed size (up to 32 MiB) and the heap's trim threshold to twice that, so later

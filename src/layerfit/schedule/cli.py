@@ -413,19 +413,15 @@ def run_command(
         raise ScheduleError(f"--physical-memory must be a positive size, got {physical_memory!r}")
     check_estimate_factor(estimate_factor, "--estimate-factor")
     policy_name = make_policy(policy).name  # fail early on an unknown name
-    from layerfit.schedule.runtime import check_runtime_units
+    from layerfit.schedule.runtime import check_runtime_units, freed_memory_mode
 
     check_runtime_units(units)
     if simulate and units != "layers":
         raise ScheduleError("--units applies to a real run; the simulator schedules the profiles' layers")
     if simulate and cache_weights:
         raise ScheduleError("--cache-weights applies to a real run; the simulator reads every job's weights")
-    from layerfit.schedule.runtime import FREED_MEMORY
-
-    if return_freed_memory is not None and return_freed_memory not in FREED_MEMORY:
-        raise ScheduleError(
-            f"--return-freed-memory must be one of {', '.join(FREED_MEMORY)}, got {return_freed_memory!r}"
-        )
+    if return_freed_memory is not None:
+        freed_memory_mode(return_freed_memory, "--return-freed-memory")
     if simulate and return_freed_memory is not None:
         raise ScheduleError("--return-freed-memory applies to a real run; the simulator allocates nothing")
     if oversize not in ("reject", "alone"):

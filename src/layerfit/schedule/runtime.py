@@ -104,17 +104,15 @@ AUTO_UNITS = "merge:auto"  # merge layers as far as the model's minimum budget a
 FREED_MEMORY = ("after-pass", "eagerly", "never")  # when freed scratch leaves the process
 
 
-def _freed_memory_mode(value: object) -> str:
-    """``return_freed_memory`` as one of :data:`FREED_MEMORY` (``True``/``False`` are the
-    default and ``"never"``)."""
+def freed_memory_mode(value: object, option: str = "return_freed_memory") -> str:
+    """``value`` as one of :data:`FREED_MEMORY` (``True``/``False`` are the default and
+    ``"never"``); raises naming ``option`` (a CLI's flag) for anything else."""
     if value is True:
         return "after-pass"
     if value is False:
         return "never"
     if value not in FREED_MEMORY:
-        raise ScheduleError(
-            f"return_freed_memory must be {', '.join(FREED_MEMORY)}, True or False, got {value!r}"
-        )
+        raise ScheduleError(f"{option} must be one of {', '.join(FREED_MEMORY)}, got {value!r}")
     return str(value)
 
 
@@ -258,7 +256,7 @@ class Runtime:
         check_runtime_units(units)
         if not isinstance(cache_weights, bool):
             raise ScheduleError(f"cache_weights must be True or False, got {cache_weights!r}")
-        freed_memory = _freed_memory_mode(return_freed_memory)
+        freed_memory = freed_memory_mode(return_freed_memory)
         self.repository = Path(repository)
         self.workers = workers
         self.queue_limit = queue_limit
@@ -291,7 +289,6 @@ class Runtime:
             limit_heap_arenas(max(os.cpu_count() or 1, 2))  # forward threads share few heaps
         else:
             self.freed_memory = "never"  # asked for, or not glibc
-        self.returns_freed_memory = self.freed_memory != "never"
         self._jobs: dict[str, _JobRun] = {}  # unresolved jobs
         self._nets: dict[str, NetworkRun] = {}  # networks with a forward thread or buffers
         self._net_pools: dict[str, EnginePool] = {}
@@ -947,7 +944,7 @@ class Runtime:
                 "unit_bytes_read": self._bytes_read,
                 "estimates": self.estimates,
                 "estimate_factor": self._dispatcher.estimate_factor,
-                "returns_freed_memory": self.returns_freed_memory,
+                "returns_freed_memory": self.freed_memory != "never",
                 "freed_memory": self.freed_memory,
             }
 

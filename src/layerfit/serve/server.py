@@ -75,16 +75,13 @@ class ServeSettings:
             raise LayerfitError(f"--port must be from 0 (a free port) to 65535, not {self.port}")
         if parse_bytes(self.max_body) < 1:
             raise LayerfitError("--max-body must be at least one byte")
-        from layerfit.schedule.runtime import FREED_MEMORY, check_runtime_units
+        from layerfit.schedule.runtime import check_runtime_units, freed_memory_mode
 
         try:
             check_runtime_units(self.units)
         except LayerfitError as exc:
             raise LayerfitError(f"--units: {exc}") from exc
-        if self.return_freed_memory not in FREED_MEMORY:
-            raise LayerfitError(
-                f"--return-freed-memory must be one of {', '.join(FREED_MEMORY)}, not {self.return_freed_memory!r}"
-            )
+        freed_memory_mode(self.return_freed_memory, "--return-freed-memory")
         if not Path(self.repository).is_dir():
             raise LayerfitError(
                 f"model repository {self.repository} is not a directory: give a folder of "
