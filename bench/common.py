@@ -14,8 +14,10 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +172,27 @@ class Storage:
     def remove(self) -> None:
         if self.throttle is not None:
             self.throttle.remove()
+
+
+def off_main(fn: Callable[[], Any]) -> Any:
+    """``fn()`` on a fresh thread, its exception re-raised here. A bench's own tensor work
+    runs there: a thread that ran PyTorch kernels keeps an OpenMP team until it ends, and
+    a team on the main thread would slow every forward thread measured after it (README)."""
+    out: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # handed back to the caller
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return out[0]
 
 
 def run_child(script: str, args: list[str], timeout: float = 1800) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, mb, prepared_zoo_model, write_results  # noqa: E402
+from common import machine, mb, off_main, prepared_zoo_model, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache"
 REFERENCES = CACHE / "freed_memory_references.safetensors"
@@ -56,24 +56,6 @@ WORKLOADS = {
     "edge": {"budget": int(32.8e6), "policy": "masa-fair", "units": "merge:auto", "cache_weights": True},
 }
 LONE = "mobilenet_v2"
-
-
-def off_main(fn: Any) -> Any:
-    """Run ``fn`` on a short-lived thread: the main thread keeps no OpenMP team (README)."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 -- handed back to the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def repositories() -> dict[str, Path]:

@@ -22,7 +22,6 @@ median, minimum and maximum time, and the probe's time at the throttle's rate. W
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
 import random
 import statistics
@@ -35,7 +34,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SD_CARD, Storage, machine, write_results  # noqa: E402
 
-ALIGN = 4096
+from layerfit.store.manifest import ALIGN  # noqa: E402
+from layerfit.store.reader import SegmentReader, aligned_buffer  # noqa: E402
+
 DEFAULT_GAPS = "0,0.02,0.05,0.08,0.1,0.15,0.2,0.3,0.5,1"
 
 
@@ -43,16 +44,12 @@ def aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def read(fd: int, offset: int, nbytes: int) -> None:
-    """One O_DIRECT read of ``nbytes`` at ``offset`` into a fresh page-aligned buffer."""
-    buffer = mmap.mmap(-1, nbytes)
+def read(reader: SegmentReader, offset: int, nbytes: int) -> None:
+    """One direct read of ``nbytes`` at ``offset`` into a fresh aligned buffer, through the
+    reader the engine's load tasks use."""
+    buffer = aligned_buffer(nbytes)
     view = memoryview(buffer)
-    got = 0
-    while got < nbytes:
-        n = os.preadv(fd, [view[got:]], offset + got)
-        if n <= 0:
-            raise OSError(f"short read at {offset + got}")
-        got += n
+    reader.read_range(offset, nbytes, view, f"{nbytes} bytes at {offset}")
     view.release()
     buffer.close()
 
@@ -92,16 +89,19 @@ def main(argv: list[str] | None = None) -> int:
     def offset(nbytes: int) -> int:
         return rng.randrange(0, (size - nbytes) // ALIGN) * ALIGN
 
+    reader = SegmentReader(path, size)
+    if reader.mode != "direct":
+        reader.close()
+        raise SystemExit(f"{path}: the filesystem refuses O_DIRECT, so reads would bypass the throttle")
     storage = Storage("sd", path)
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
     times: dict[float, list[float]] = {g: [] for g in gaps}
     try:
         storage.enter_here()
         time.sleep(1.0)
         for gap in trials:
-            read(fd, offset(before), before)
+            read(reader, offset(before), before)
             time.sleep(gap)
-            readers = [threading.Thread(target=read, args=(fd, offset(n), n)) for n in halves]
+            readers = [threading.Thread(target=read, args=(reader, offset(n), n)) for n in halves]
             t = time.perf_counter()
             for r in readers:
                 r.start()
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         storage.leave_here()
         storage.remove()
-        os.close(fd)
+        reader.close()
 
     probe = sum(halves)
     at_rate = probe / SD_CARD["read_bps"]

@@ -37,38 +37,17 @@ import itertools
 import os
 import statistics
 import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Storage, machine, mb, prepared_zoo_model, write_results  # noqa: E402
+from common import Storage, machine, mb, off_main, prepared_zoo_model, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "weight_cache"
 DEFAULT_MODELS = "mobilenet_v1_025,blazeface,deeplab_v3,mobilenet_v2"
 # budgets: the tightest (every model runs) plus these fractions of all weights beyond it
 DEFAULT_EXTRA = "0,0.25,0.5,1.0"
-
-
-def off_main(fn: Callable[[], Any]) -> Any:
-    """``fn()`` on a fresh thread (which takes its OpenMP team along when it ends)."""
-    out: list[Any] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return out[0]
 
 
 def main(argv: list[str] | None = None) -> int:

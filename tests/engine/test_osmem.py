@@ -15,6 +15,19 @@ from layerfit.errors import BudgetError
 
 MB = 1024 * 1024
 
+
+def run_script(script: str, *args: str) -> subprocess.CompletedProcess:
+    """``script`` in a fresh Python (the allocator's settings are process-wide), with no
+    MALLOC_* variable of ours changing glibc's defaults."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=120, check=True
+    )
+
+
+def last_json(script: str) -> dict:
+    return json.loads(run_script(script).stdout.strip().splitlines()[-1])
+
 # Raw malloc/free on the main thread, so nothing else moves the heap. The first 24 MB
 # block is a mapping; freeing it makes glibc raise its thresholds (mmap to 24 MB, heap
 # trim to 48 MB), so the 16 MB block comes from the heap's top and stays resident when
@@ -47,12 +60,7 @@ print(json.dumps({"by_default": by_default, "applied": applied, "top": top, "map
 
 @pytest.mark.skipif(not is_glibc(), reason="the setting is glibc's")
 def test_freed_large_blocks_go_back_to_the_os_once_set() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    out = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=120,
-        check=True,
-    )
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    seen = last_json(_SCRIPT)
     assert seen["applied"] is True
     assert seen["by_default"] < 2 * MB, seen  # glibc keeps the freed 16 MB resident ...
     assert seen["top"] > 15 * MB, seen  # ... until its trim threshold is set back
@@ -87,12 +95,7 @@ print(json.dumps({"applied": applied, "by_free": kept, "trimmed": trimmed, "by_t
 
 @pytest.mark.skipif(not is_glibc(), reason="the setting is glibc's")
 def test_a_heap_trim_gives_back_what_a_high_threshold_kept() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    out = subprocess.run(
-        [sys.executable, "-c", _TRIM_SCRIPT], capture_output=True, text=True, env=env, timeout=120,
-        check=True,
-    )
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    seen = last_json(_TRIM_SCRIPT)
     assert seen["applied"] is True and seen["trimmed"] is True
     assert seen["by_free"] < MB, seen  # the freed block stays resident for reuse ...
     assert seen["by_trim"] > 2.5 * MB, seen  # ... until the heap is trimmed
@@ -128,14 +131,9 @@ libc.malloc_stats()
 
 @pytest.mark.skipif(not is_glibc(), reason="the setting is glibc's")
 def test_threads_share_as_few_heaps_as_told() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-
     def heaps(limit: str) -> int:
-        out = subprocess.run(
-            [sys.executable, "-c", _ARENA_SCRIPT, limit], capture_output=True, text=True, env=env,
-            timeout=120, check=True,
-        )
-        return sum(line.startswith("Arena ") for line in out.stderr.splitlines())
+        stderr = run_script(_ARENA_SCRIPT, limit).stderr
+        return sum(line.startswith("Arena ") for line in stderr.splitlines())
 
     assert heaps("default") >= 4  # glibc: up to eight per CPU
     assert heaps("2") == 2
