@@ -76,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--storage", default="vm", help="vm: this machine's disk as it is; sd: the server's reads "
                    "throttled (cgroup v1 blkio, root) to a Raspberry Pi 4's microSD card")
     p.add_argument("--torch-threads", type=int, help="OMP_NUM_THREADS for the server (default: torch's own)")
+    p.add_argument("--threads", type=int, help="the server's --threads: threads each kernel uses (default: torch's)")
     p.add_argument("--queue-limit", type=int, default=16, help="server queue limit (beyond it: 429)")
     p.add_argument("--timeout", type=float, default=30.0, help="server per-request timeout, seconds")
     p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds admitted requests may finish after SIGTERM")
@@ -112,6 +113,8 @@ def start_server(
                "--host", "127.0.0.1", "--port", "0", "--queue-limit", str(args.queue_limit),
                "--timeout", str(args.timeout), "--shutdown-grace", str(args.shutdown_grace),
                "--log-level", "warning"]
+    if args.threads is not None:
+        command += ["--threads", str(args.threads)]
     env = dict(os.environ)
     if args.torch_threads is not None:
         env["OMP_NUM_THREADS"] = str(args.torch_threads)
@@ -359,7 +362,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"{c['memory_budget']}, {c['workers']} workers, policy {c['policy']}, units {c.get('units', 'layers')}, "
         f"weight cache {'on' if c.get('cache_weights', False) else 'off'}, "
         f"freed memory returned {c.get('return_freed_memory', 'eagerly')}, "
-        f"OMP_NUM_THREADS {c.get('torch_threads') or 'unset'}, queue limit {c['queue_limit']}, "
+        f"OMP_NUM_THREADS {c.get('torch_threads') or 'unset'}, --threads {c.get('threads') or 'unset'}, "
+        f"queue limit {c['queue_limit']}, "
         f"{'reads throttled to a Pi 4 microSD card (43.7 MB/s), ' if c.get('storage') == 'sd' else ''}"
         f"{'JSON' if c['json'] else 'binary'} tensors; SIGTERM sent with the clients' last requests in flight.",
         "",

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from layerfit import strict_json
+from layerfit.engine.openmp import COMPUTE_THREADS_HELP, set_compute_threads
 from layerfit.errors import LayerfitError
 
 if TYPE_CHECKING:
@@ -98,6 +99,11 @@ def serve_command(
         help="run one request per model on its example input before serving it: a model that fails it "
         "(e.g. a corrupted unit) stays UNAVAILABLE with the reason, and its weights start cached",
     ),
+    threads: int = typer.Option(
+        None, "--threads",
+        help=COMPUTE_THREADS_HELP + ". 1 lets requests in flight each use a core instead of sharing them "
+        "(here +20-40 %% requests per second on 2 cores)",
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="port to listen on (0: a free one)"),
     queue_limit: int = typer.Option(64, "--queue-limit", min=1, help="most inference requests held at once; more get 429"),
@@ -115,7 +121,8 @@ def serve_command(
 
     settings = ServeSettings(
         repository=repository, memory_budget=memory_budget, workers=workers, policy=policy, units=units,
-        cache_weights=cache_weights, return_freed_memory=return_freed_memory, warm_up=warm_up, host=host,
+        cache_weights=cache_weights, return_freed_memory=return_freed_memory, warm_up=warm_up, threads=threads,
+        host=host,
         port=port, queue_limit=queue_limit, max_body=max_body, timeout=timeout,
         shutdown_grace=shutdown_grace, log_level=log_level, access_log=log_level.lower() in ("debug", "trace"),
     )
@@ -123,7 +130,9 @@ def serve_command(
     def ready(url: str, built: Any) -> None:
         index = built.registry.index()
         loaded = sum(row["state"] == "READY" for row in index)
-        console.print(f"layerfit serving {loaded} of {len(index)} models at {url}/v2 (SIGTERM drains and stops)",
+        threads = built.runtime.stats()["compute_threads"]
+        console.print(f"layerfit serving {loaded} of {len(index)} models at {url}/v2, kernels on {threads} "
+                      f"thread{'s' * (threads != 1)} (SIGTERM drains and stops)",
                       highlight=False, soft_wrap=True)
         for name, message in built.load_errors.items():
             console.print(f"[yellow]model {escape(name)} not loaded:[/] {escape(message)}",
@@ -313,7 +322,7 @@ def tradeoff_parts(
     seed: int = typer.Option(0, "--seed", help="GA seed."),
     select: str = typer.Option("throughput", "--select", help="Among feasible points: throughput or memory."),
     threads: int | None = typer.Option(
-        None, "--threads", min=1, help="PyTorch intra-op threads while measuring (default: PyTorch's)."
+        None, "--threads", help="PyTorch intra-op threads while measuring (default: PyTorch's)."
     ),
     phase_rows: int = typer.Option(1, "--phase-rows", min=1, help="Rows per phase of by-parts layers (paper: 1)."),
 ) -> None:
@@ -332,11 +341,7 @@ def tradeoff_parts(
             check_output_file(plot_path, force=force, option="--plot", image=True)
         except OutputPathError as exc:  # the user did not choose the name: say where it comes from
             raise OutputPathError(f"{exc} (--plot writes <APP>-pareto.png in the current folder)") from None
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
-
+    set_compute_threads(threads, "--threads")
     result, lines, rows = run_parts_command(
         app_file, memory, throughput or [], model_throughput, generations, population, seed, select, phase_rows
     )
@@ -726,6 +731,7 @@ def run(
     stages: int = typer.Option(
         None, "--stages", help="2: kernels use the read buffer (cpu default); 3: read, copy, kernel (cuda)"
     ),
+    threads: int = typer.Option(None, "--threads", help=COMPUTE_THREADS_HELP),
     force: bool = typer.Option(False, "--force", help="replace existing --output and --trace files"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -739,6 +745,7 @@ def run(
         check_output_file(output_path, force=force, option="--output", suffixes=(".npy", ".npz"))
     if trace:
         check_output_file(trace, force=force, option="--trace")
+    set_compute_threads(threads, "--threads")
     options = {"budget": budget, "pipeline": pipeline, "units": units}
     if units == "swapnet":
         import warnings
@@ -774,7 +781,7 @@ def run(
         return
     console.print(
         f"{report['model']} [{report['pipeline']}, {report['units']} units, {report['stages']} stages on "
-        f"{report['device']}, {report['io_mode']} I/O]: "
+        f"{report['device']}, {report['io_mode']} I/O, {report['compute_threads']} compute threads]: "
         f"latency {report['latency_s'] * 1e3:.1f} ms (median of {repeats}), weights peak "
         f"{format_bytes(report['weights_peak_bytes'])} of {format_bytes(report['weights_total_bytes'])}, "
         f"peak RSS {format_bytes(report['rss_peak_bytes'])}\n"

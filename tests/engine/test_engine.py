@@ -355,6 +355,32 @@ def test_run_cli_json_and_trace_and_plot(tiny: Path, tmp_path: Path, capsys):
     assert png.stat().st_size > 1000
 
 
+def test_run_cli_threads_sets_how_many_threads_each_kernel_uses(tmp_path: Path, capsys):
+    """blazeface's convolutions differ in the last bits between one and two threads, so
+    the output shows which count the kernels ran with."""
+    from layerfit import zoo
+    from layerfit.engine import output_digest
+
+    shape = (1, 3, 128, 128)
+    prepare("blazeface", tmp_path / "bf", input_shape=shape)
+    model, x, before = zoo.build("blazeface").eval(), example_input(shape), torch.get_num_threads()
+    try:
+        digests = {}
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            with torch.no_grad():
+                digests[threads] = output_digest(model(x))
+        for threads in (1, 2):
+            args = ["run", str(tmp_path / "bf"), "--pipeline", "async", "--budget", "1MB", "--repeats", "1"]
+            assert main([*args, "--threads", str(threads), "--json"]) == 0
+            report = json.loads(capsys.readouterr().out)
+            assert report["compute_threads"] == threads
+            assert report["output_sha256"] == digests[threads]  # model(x) with the same count, bit for bit
+    finally:
+        torch.set_num_threads(before)
+    assert main(["run", str(tmp_path / "bf"), "--threads", "0"]) == 2
+
+
 def test_run_cli_three_stages_reports_both_buffers_and_copies(tiny: Path, tmp_path: Path, capsys):
     trace = tmp_path / "t3.json"
     args = ["run", str(tiny), "--pipeline", "async", "--stages", "3", "--budget", "80KiB", "--trace", str(trace)]

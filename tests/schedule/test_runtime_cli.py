@@ -60,8 +60,8 @@ def test_real_run_reports_like_the_simulator_and_compares(repo, tmp_path, capsys
         assert bound["jobs"] == 3 and bound["mean_response_s"] > 0
         assert bound["real_over_bound"] == pytest.approx(data["response_time_s"]["mean"] / bound["mean_response_s"])
     assert main([*args, "--repository", str(repo)]) == 0
-    out = capsys.readouterr().out
-    assert "(real executor)" in out and "response time: mean" in out
+    out = " ".join(capsys.readouterr().out.split())  # as one line, however the console wrapped it
+    assert "(real executor, kernels on" in out and "response time: mean" in out
     # an existing file is not overwritten, a broken one is refused with its name
     assert main(["schedule", "contention", str(repo / "chain"), "--save", str(contention)]) != 0
     contention.write_text("{}")
@@ -116,6 +116,28 @@ def test_a_real_run_returns_freed_memory_as_told(repo, tmp_path, capsys):
     assert "--return-freed-memory must be one of after-pass, eagerly, never" in capsys.readouterr().err
     assert main([*args, "--return-freed-memory", "never", "--simulate"]) != 0
     assert "--return-freed-memory applies to a real run" in capsys.readouterr().err
+
+
+def test_a_real_run_computes_on_the_threads_it_is_given(repo, tmp_path, capsys):
+    import torch
+
+    workload = tmp_path / "w.yaml"
+    workload.write_text(WORKLOAD)
+    args = ["schedule", "run", "--workload", str(workload), "--memory", "1MB", "--repository", str(repo)]
+    before = torch.get_num_threads()
+    try:
+        assert main([*args, "--threads", "1", "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["jobs_by_status"] == {"done": 3} and data["runtime"]["compute_threads"] == 1
+        torch.set_num_threads(2)
+        assert main(args) == 0
+        assert "kernels on 2 threads" in " ".join(capsys.readouterr().out.split())
+    finally:
+        torch.set_num_threads(before)
+    assert main([*args, "--threads", "0"]) != 0
+    assert "--threads must be a whole number of threads, 1 or more, not 0" in capsys.readouterr().err
+    assert main([*args, "--threads", "1", "--simulate"]) != 0
+    assert "--threads applies to a real run" in capsys.readouterr().err
 
 
 def test_ungated_real_run_overcommits_like_the_thesis_baselines(repo, tmp_path, capsys):

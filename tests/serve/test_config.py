@@ -67,6 +67,7 @@ def run_cli(repository: Path, *args: str) -> subprocess.CompletedProcess:
         ({"port": 70000}, "--port"),
         ({"units": "merge:lots"}, "--units: unit granularity 'merge:lots'"),
         ({"return_freed_memory": "often"}, "--return-freed-memory must be one of after-pass, eagerly, never"),
+        ({"threads": 0}, "--threads must be a whole number of threads, 1 or more, not 0"),
     ],
 )
 def test_bad_settings_are_refused(repository: Path, overrides: dict, option: str) -> None:
@@ -146,6 +147,7 @@ def test_budget_no_model_fits_refuses_to_start(repository: Path) -> None:
         (("--shutdown-grace", "-1"), "--shutdown-grace must be"),
         (("--units", "chunks"), "--units: unknown unit granularity 'chunks'"),
         (("--return-freed-memory", "often"), "--return-freed-memory must be one of after-pass, eagerly"),
+        (("--threads", "0"), "--threads must be a whole number of threads, 1 or more, not 0"),
     ],
 )
 def test_cli_exits_2_with_one_line(repository: Path, args: tuple[str, ...], expected: str) -> None:
@@ -153,3 +155,22 @@ def test_cli_exits_2_with_one_line(repository: Path, args: tuple[str, ...], expe
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and expected in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_threads_set_the_kernels_thread_count_and_metrics_report_it(
+    make_server: Callable[..., ServerThread],
+) -> None:
+    before = torch.get_num_threads()
+    try:
+        running = make_server(threads=1)
+        assert running.built.runtime.stats()["compute_threads"] == 1
+        metrics = httpx.get(f"{running.url}/metrics", timeout=30).text
+        assert "layerfit_compute_threads 1.0" in metrics
+        x = torch.randn(1, 3, 8, 8)
+        body = {"inputs": [{"name": "input", "shape": [1, 3, 8, 8], "datatype": "FP32",
+                            "data": x.flatten().tolist()}]}
+        answer = httpx.post(f"{running.url}/v2/models/cnn/infer", json=body, timeout=30).json()
+        out = answer["outputs"][0]
+        assert torch.equal(torch.tensor(out["data"]).reshape(out["shape"]), reference("cnn", x))
+    finally:
+        torch.set_num_threads(before)

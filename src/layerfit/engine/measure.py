@@ -66,6 +66,7 @@ def measure(engine: Engine, inputs: tuple, *, repeats: int = 3, warmup: int = 1)
         "weights_peak_bytes": max(peaks),
         "device": str(engine.device.torch_device),
         "stages": engine.device.stages,
+        "compute_threads": torch.get_num_threads(),  # the output's last bits depend on it
         "weight_buffer_bytes": engine.memory.weight_bytes,
         "device_buffer_bytes": engine.memory.device_buffer_bytes,
         "weights_total_bytes": engine.memory.total_weight_bytes,

@@ -11,6 +11,10 @@ thread) thus slows every network the runtime runs afterwards.
 :func:`release_thread_team` ends the calling thread's team; its next parallel kernel
 starts a new one. Outputs stay bit-identical: the number of threads per kernel does not
 change, only whether idle helpers stay alive.
+
+:func:`set_compute_threads` sets how many threads each kernel uses. With several
+networks in flight, one thread each keeps the teams from outnumbering the cores, at the
+price of the last bits: a kernel's result depends on how many threads split it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from layerfit.errors import LayerfitError
+
+COMPUTE_THREADS_HELP = (
+    "threads each PyTorch kernel uses (default: PyTorch's, one per core); outputs equal model(x) "
+    "computed with the same number, bit for bit"
+)
 _OMP_PAUSE_SOFT = 1  # <omp.h> omp_pause_resource_t
 T = TypeVar("T")
 
@@ -85,3 +95,27 @@ def without_thread_team(fn: Callable[..., T]) -> Callable[..., T]:
             release_thread_team()
 
     return run
+
+
+def set_compute_threads(threads: int | None, option: str = "threads") -> int:
+    """Run PyTorch's CPU kernels on ``threads`` threads each from now on and return the
+    number in effect (``None``: keep PyTorch's, by default one per core).
+
+    Process-wide, as ``torch.set_num_threads``, and only for threads that have not run a
+    kernel yet (each keeps the count it started with), so call it before any work. Outputs
+    then equal ``model(x)`` run with the same count, bit for bit; a different count
+    changes convolutions in the last bits. ``option`` names the setting in the error.
+    """
+    import torch
+
+    if check_compute_threads(threads, option) is not None:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+def check_compute_threads(threads: int | None, option: str = "threads") -> int | None:
+    """``threads`` if :func:`set_compute_threads` takes it (``None`` or a whole number, 1
+    or more); otherwise an error naming ``option``."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise LayerfitError(f"{option} must be a whole number of threads, 1 or more, not {threads!r}")
+    return threads

@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from layerfit import strict_json
+from layerfit.engine.openmp import COMPUTE_THREADS_HELP, check_compute_threads, set_compute_threads
 from layerfit.errors import ScheduleError
 from layerfit.store.outputs import check_output_file
 
@@ -393,6 +394,10 @@ def run_command(
         help="real run: when the scratch a forward pass frees leaves the process: after-pass (default), "
         "eagerly (a few MB less RSS, up to twice the compute time) or never",
     ),
+    threads: int | None = typer.Option(
+        None, "--threads",
+        help="real run: " + COMPUTE_THREADS_HELP + ". 1 lets networks in flight each use a core",
+    ),
 ) -> None:
     """Run a workload under a policy and report response times, deadlines, memory, utilisation.
 
@@ -424,6 +429,9 @@ def run_command(
         freed_memory_mode(return_freed_memory, "--return-freed-memory")
     if simulate and return_freed_memory is not None:
         raise ScheduleError("--return-freed-memory applies to a real run; the simulator allocates nothing")
+    check_compute_threads(threads, "--threads")
+    if simulate and threads is not None:
+        raise ScheduleError("--threads applies to a real run; the simulator runs no kernels")
     if oversize not in ("reject", "alone"):
         raise ScheduleError(f"--oversize must be 'reject' or 'alone', got {oversize!r}")
     plot_path = None
@@ -441,6 +449,7 @@ def run_command(
     if not simulate:
         from layerfit.schedule.realrun import run_real
 
+        set_compute_threads(threads, "--threads")  # before the runtime's threads run a kernel
         report, loaded, extra = run_real(
             workload,
             policy=policy,
@@ -527,7 +536,8 @@ def _print_run(
     lines = [
         f"{name}: {summary['jobs']} jobs, policy {report.policy}, {workers} workers, "
         f"budget {format_bytes(budget)} ({'simulated' if simulate else 'real executor'}"
-        f"{', with contention' if simulate and not contention.free else ''})",
+        f"{', with contention' if simulate and not contention.free else ''}"
+        f"{'' if simulate else ', kernels on ' + str(extra['runtime']['compute_threads']) + ' threads'})",
         "response time: "
         + (
             "- (no job completed)"

@@ -946,6 +946,7 @@ class Runtime:
                 "estimate_factor": self._dispatcher.estimate_factor,
                 "returns_freed_memory": self.freed_memory != "never",
                 "freed_memory": self.freed_memory,
+                "compute_threads": torch.get_num_threads(),
             }
 
     def release_cached_weights(self) -> int:

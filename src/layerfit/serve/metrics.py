@@ -92,6 +92,9 @@ def runtime_families(stats: dict[str, Any]) -> Iterator[Metric]:
     for outcome, count in sorted(stats.get("jobs", {}).items()):
         jobs.add_metric([str(outcome)], float(count))
     yield jobs
+    if stats.get("compute_threads") is not None:
+        yield GaugeMetricFamily("layerfit_compute_threads", "Threads each PyTorch kernel uses",
+                                value=float(stats["compute_threads"]))
     yield CounterMetricFamily(
         "layerfit_progress_rule", "Tasks admitted alone beyond the budget by the progress rule",
         value=float(stats.get("progress_rule_fired") or 0),

@@ -25,6 +25,7 @@ from typing import Any
 import uvicorn
 from uvicorn.config import LOG_LEVELS
 
+from layerfit.engine.openmp import check_compute_threads, set_compute_threads
 from layerfit.errors import LayerfitError
 from layerfit.serve.dataplane import DataPlane
 from layerfit.serve.metrics import ServerMetrics
@@ -44,6 +45,7 @@ class ServeSettings:
     cache_weights: bool = True
     return_freed_memory: str = "after-pass"
     warm_up: bool = False
+    threads: int | None = None
     host: str = "127.0.0.1"
     port: int = 8000
     queue_limit: int = 64
@@ -82,6 +84,7 @@ class ServeSettings:
         except LayerfitError as exc:
             raise LayerfitError(f"--units: {exc}") from exc
         freed_memory_mode(self.return_freed_memory, "--return-freed-memory")
+        check_compute_threads(self.threads, "--threads")
         if not Path(self.repository).is_dir():
             raise LayerfitError(
                 f"model repository {self.repository} is not a directory: give a folder of "
@@ -112,6 +115,7 @@ def build(settings: ServeSettings) -> Built:
     from layerfit.serve.app import create_app
 
     settings.validate()
+    set_compute_threads(settings.threads, "--threads")  # before the runtime's threads run a kernel
     runtime = Runtime(
         str(settings.repository), parse_bytes(settings.memory_budget), workers=settings.workers,
         policy=settings.policy, queue_limit=settings.queue_limit, load=False, units=settings.units,
