@@ -102,7 +102,7 @@ def serve_command(
     threads: int = typer.Option(
         None, "--threads",
         help=COMPUTE_THREADS_HELP + ". 1 lets requests in flight each use a core instead of sharing them "
-        "(here +20-40 %% requests per second on 2 cores)",
+        "(measured: +15-40 % requests per second on 2 cores)",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="port to listen on (0: a free one)"),
@@ -781,7 +781,8 @@ def run(
         return
     console.print(
         f"{report['model']} [{report['pipeline']}, {report['units']} units, {report['stages']} stages on "
-        f"{report['device']}, {report['io_mode']} I/O, {report['compute_threads']} compute threads]: "
+        f"{report['device']}, {report['io_mode']} I/O, kernels on {report['compute_threads']} "
+        f"thread{'s' * (report['compute_threads'] != 1)}]: "
         f"latency {report['latency_s'] * 1e3:.1f} ms (median of {repeats}), weights peak "
         f"{format_bytes(report['weights_peak_bytes'])} of {format_bytes(report['weights_total_bytes'])}, "
         f"peak RSS {format_bytes(report['rss_peak_bytes'])}\n"

@@ -533,11 +533,12 @@ def _print_run(
 
     summary = report.summary()
     stats = summary["response_time_s"]
+    threads = None if simulate else extra["runtime"]["compute_threads"]
     lines = [
         f"{name}: {summary['jobs']} jobs, policy {report.policy}, {workers} workers, "
         f"budget {format_bytes(budget)} ({'simulated' if simulate else 'real executor'}"
         f"{', with contention' if simulate and not contention.free else ''}"
-        f"{'' if simulate else ', kernels on ' + str(extra['runtime']['compute_threads']) + ' threads'})",
+        f"{'' if threads is None else f', kernels on {threads} thread' + 's' * (threads != 1)})",
         "response time: "
         + (
             "- (no job completed)"
