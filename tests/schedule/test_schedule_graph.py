@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import networkx as nx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from schedule_helpers import net
 
 from layerfit.errors import ScheduleError
-from layerfit.schedule.graph import build_graph, count_orders, draw_graph, edges_by_label, tasks_of
-from layerfit.schedule.tasks import Pool, TaskKind
+from layerfit.schedule.graph import (
+    GraphCache,
+    build_graph,
+    build_job_graph,
+    count_orders,
+    draw_graph,
+    edges_by_label,
+    tasks_of,
+    transitive_reduction,
+)
+from layerfit.schedule.tasks import Job, Pool, TaskKind
 
 THREE = net("a", [1, 2, 3])
 FOUR = net("b", [1, 1, 5, 2], kinds=["conv", "conv", "fc", "fc"])
@@ -86,6 +97,40 @@ def test_graphs_are_acyclic_and_transitively_reduced(scheme):
     assert nx.is_directed_acyclic_graph(graph)
     assert set(graph.edges) == set(nx.transitive_reduction(graph).edges)
     assert graph.number_of_nodes() == 2 * 1 + 3 * (4 + 3)
+
+
+@st.composite
+def dags(draw: st.DrawFn) -> tuple[int, list[tuple[int, int]], list[int]]:
+    """A DAG on n nodes (edges point forward in a shuffled order) and that order."""
+    n = draw(st.integers(1, 24))
+    order = draw(st.permutations(range(n)))
+    pairs = [(a, b) for a in range(n) for b in range(a + 1, n)]
+    chosen = draw(st.lists(st.sampled_from(pairs), max_size=60)) if pairs else []
+    return n, [(order[a], order[b]) for a, b in chosen], list(order)
+
+
+@settings(max_examples=200, deadline=None)
+@given(dags())
+def test_transitive_reduction_is_networkx_s(dag):
+    n, edges, order = dag
+    successors = [set() for _ in range(n)]
+    for a, b in edges:
+        successors[a].add(b)
+    reduced = transitive_reduction(successors, order)
+    graph = nx.DiGraph(edges)
+    graph.add_nodes_from(range(n))
+    assert {(a, b) for a in range(n) for b in reduced[a]} == set(nx.transitive_reduction(graph).edges)
+    assert all(list(succ) == sorted(succ) for succ in reduced)
+
+
+@pytest.mark.parametrize("scheme", ["partial", "linear", "bulk", "deepeye"])
+def test_the_dispatcher_s_graphs_are_the_networkx_graphs(scheme):
+    job = Job(id="j7", networks=(FOUR, THREE, FOUR), seq=7)
+    cached = GraphCache(scheme).job_graph(job)
+    built = build_job_graph(job, scheme)
+    assert [t.id for t in cached.tasks] == list(built.nodes)
+    assert list(cached.to_networkx().edges) == list(built.edges)  # the same order, too
+    assert cached.indegree == [built.in_degree(t.id) for t in cached.tasks]
 
 
 def test_derived_schemes_have_fewer_orders_than_partial():

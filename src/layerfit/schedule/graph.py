@@ -6,6 +6,11 @@ Figures 4.6–4.8) and every graph is transitively reduced, which removes the ed
 additions made redundant without changing which orders are allowed.
 
 Nodes are task ids; each node's ``task`` attribute is its :class:`Task`.
+
+The reduction is computed here, on plain lists, and networkx is imported only by the
+functions that return or draw a ``networkx.DiGraph``: the runtime and the server build
+their graphs without it, and so do not carry its 12 MB of modules (measured RSS on
+this machine) within a budget of tens of megabytes.
 """
 
 from __future__ import annotations
@@ -15,13 +20,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from layerfit.errors import ScheduleError
 from layerfit.schedule.files import save_figure
 from layerfit.schedule.profile import NetworkProfile
 from layerfit.schedule.tasks import Job, NetworkPlan, Pool, Scheme, Task, TaskKind, task_id
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 def network_tasks(
@@ -182,27 +189,84 @@ def build_graph(
     estimate_factor: float = 1.0,
 ) -> nx.DiGraph:
     """The transitively reduced task graph of ``profiles`` analysed together as one job."""
-    scheme = parse_scheme(scheme)
+    import networkx as nx
+
+    tasks, successors = _reduced_graph(
+        profiles, scheme, job=job, job_seq=job_seq, estimate_factor=estimate_factor
+    )
     graph = nx.DiGraph()
+    for task in tasks:
+        graph.add_node(task.id, task=task)
+    graph.add_edges_from((task.id, tasks[j].id) for task, succ in zip(tasks, successors, strict=True) for j in succ)
+    return graph
+
+
+def _reduced_graph(
+    profiles: Sequence[NetworkProfile],
+    scheme: Scheme | str,
+    *,
+    job: str,
+    job_seq: int,
+    estimate_factor: float,
+) -> tuple[list[Task], list[tuple[int, ...]]]:
+    """The tasks of ``profiles`` as one job, in order, and each task's successors in the
+    transitively reduced graph (indices into the tasks, ascending, so successors and FIFO
+    tie-breaks are reproducible)."""
+    scheme = parse_scheme(scheme)
+    tasks: list[Task] = []
+    edges: list[tuple[str, str]] = []
     uids = [f"{job}/{index}.{profile.name}" for index, profile in enumerate(profiles)]
     for index, (profile, uid) in enumerate(zip(profiles, uids, strict=True)):
-        for task in network_tasks(
+        tasks += network_tasks(
             profile, uid, job=job, index=index, job_seq=job_seq, estimate_factor=estimate_factor
-        ):
-            graph.add_node(task.id, task=task)
-        graph.add_edges_from(_edges(profile, uid, scheme))
+        )
+        edges += _edges(profile, uid, scheme)
     if scheme is Scheme.DEEPEYE and len(profiles) > 1:
-        graph.add_edges_from(_deepeye_links(profiles, uids))
-    if not nx.is_directed_acyclic_graph(graph):  # cannot happen for the schemes above
+        edges += _deepeye_links(profiles, uids)
+    position = {task.id: index for index, task in enumerate(tasks)}
+    successors: list[set[int]] = [set() for _ in tasks]
+    for a, b in edges:
+        successors[position[a]].add(position[b])
+    order = _topological_order(successors)
+    if order is None:  # cannot happen for the schemes above
         raise ScheduleError(f"the {scheme.value} graph of job {job} has a cycle")
-    # networkx builds the reduction through sets, so its edge order depends on string
-    # hashing; rebuild in task order so successors (and FIFO tie-breaks) are reproducible.
-    position = {node: index for index, node in enumerate(graph.nodes)}
-    reduced = nx.DiGraph()
-    reduced.add_nodes_from(graph.nodes(data=True))
-    reduced.add_edges_from(
-        sorted(nx.transitive_reduction(graph).edges, key=lambda e: (position[e[0]], position[e[1]]))
-    )
+    return tasks, transitive_reduction(successors, order)
+
+
+def _topological_order(successors: Sequence[set[int]]) -> list[int] | None:
+    """The nodes in an order where every edge points forward, or ``None`` for a cycle."""
+    indegree = [0] * len(successors)
+    for succ in successors:
+        for j in succ:
+            indegree[j] += 1
+    ready = [i for i, d in enumerate(indegree) if d == 0]
+    order: list[int] = []
+    while ready:
+        i = ready.pop()
+        order.append(i)
+        for j in successors[i]:
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                ready.append(j)
+    return order if len(order) == len(successors) else None
+
+
+def transitive_reduction(successors: Sequence[set[int]], order: Sequence[int]) -> list[tuple[int, ...]]:
+    """The successors that remain once every edge implied by a longer path is removed
+    (``order``: a topological order of the DAG). Each node's set of descendants is a bit
+    set built from the back of ``order``; an edge ``u → v`` is implied exactly when ``v``
+    descends from another successor of ``u``."""
+    below = [0] * len(successors)  # bit j of below[i]: j is reachable from i by one edge or more
+    reduced: list[tuple[int, ...]] = [()] * len(successors)
+    for i in reversed(order):
+        implied = 0
+        for j in successors[i]:
+            implied |= below[j]
+        reduced[i] = tuple(sorted(j for j in successors[i] if not implied >> j & 1))
+        reach = implied
+        for j in successors[i]:
+            reach |= 1 << j
+        below[i] = reach
     return reduced
 
 
@@ -230,6 +294,8 @@ class TaskGraph:
     index: dict[str, int]
 
     def to_networkx(self) -> nx.DiGraph:
+        import networkx as nx
+
         graph = nx.DiGraph()
         for task in self.tasks:
             graph.add_node(task.id, task=task)
@@ -259,16 +325,18 @@ class GraphCache:
         key = tuple(id(p) for p in job.networks)
         entry = self._templates.get(key)
         if entry is None:
-            graph = build_graph(
-                job.networks, self.scheme, job=_TEMPLATE, estimate_factor=self.estimate_factor
+            tasks, successors = _reduced_graph(
+                job.networks, self.scheme, job=_TEMPLATE, job_seq=0, estimate_factor=self.estimate_factor
             )
-            tasks = tasks_of(graph)
-            index = {t.id: i for i, t in enumerate(tasks)}
+            indegree = [0] * len(tasks)
+            for succ in successors:
+                for j in succ:
+                    indegree[j] += 1
             template = TaskGraph(
                 tasks=tasks,
-                successors=[tuple(index[s] for s in graph.successors(t.id)) for t in tasks],
-                indegree=[graph.in_degree(t.id) for t in tasks],
-                index=index,
+                successors=successors,
+                indegree=indegree,
+                index={t.id: i for i, t in enumerate(tasks)},
             )
             entry = self._templates[key] = (tuple(job.networks), template)
         return entry[1]
@@ -322,6 +390,8 @@ def tasks_of(graph: nx.DiGraph) -> list[Task]:
 
 def count_orders(graph: nx.DiGraph, limit: int = 10**6) -> int:
     """How many topological orders the graph has, counting up to ``limit`` (|T| in §4.1.2)."""
+    import networkx as nx
+
     count = 0
     for _ in nx.all_topological_sorts(graph):
         count += 1
@@ -341,6 +411,7 @@ _COLOURS = {
 def draw_graph(graph: nx.DiGraph, path: str | Path, title: str | None = None) -> Path:
     """Draw the graph left to right by dependency depth (Appendix B) and save it as an image."""
     import matplotlib
+    import networkx as nx
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
