@@ -1,7 +1,22 @@
-"""Execute one prepared model under a weight budget: ``layerfit.load(DIR, budget=...)``."""
+"""Execute one prepared model under a weight budget: ``layerfit.load(DIR, budget=...)``.
 
-from layerfit.engine.engine import Engine, MemoryPlan, load
-from layerfit.engine.measure import flat_outputs, measure, output_digest
-from layerfit.engine.policies import POLICIES, get_policy
+Names load on first use (:mod:`layerfit.lazy`), so that importing a light submodule
+(``layerfit.engine.openmp``) does not import PyTorch.
+"""
 
-__all__ = ["POLICIES", "Engine", "MemoryPlan", "flat_outputs", "get_policy", "load", "measure", "output_digest"]
+from __future__ import annotations
+
+from layerfit.lazy import lazy_exports
+
+_EXPORTS = {
+    "Engine": "engine",
+    "MemoryPlan": "engine",
+    "load": "engine",
+    "flat_outputs": "measurement",
+    "measure": "measurement",
+    "output_digest": "measurement",
+    "POLICIES": "policies",
+    "get_policy": "policies",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

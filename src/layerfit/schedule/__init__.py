@@ -13,8 +13,7 @@ Names are loaded on first use so that ``import layerfit.schedule.cli`` stays che
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from layerfit.lazy import lazy_exports
 
 _EXPORTS = {
     "Admission": "ledger",
@@ -64,14 +63,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'layerfit.schedule' has no attribute {name!r}")
-    return getattr(import_module(f"layerfit.schedule.{module}"), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

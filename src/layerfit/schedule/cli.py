@@ -418,20 +418,22 @@ def run_command(
         raise ScheduleError(f"--physical-memory must be a positive size, got {physical_memory!r}")
     check_estimate_factor(estimate_factor, "--estimate-factor")
     policy_name = make_policy(policy).name  # fail early on an unknown name
-    from layerfit.schedule.runtime import check_runtime_units, freed_memory_mode
+    if simulate:  # a real run's options; the simulator needs neither PyTorch nor the runtime
+        if units != "layers":
+            raise ScheduleError("--units applies to a real run; the simulator schedules the profiles' layers")
+        if cache_weights:
+            raise ScheduleError("--cache-weights applies to a real run; the simulator reads every job's weights")
+        if return_freed_memory is not None:
+            raise ScheduleError("--return-freed-memory applies to a real run; the simulator allocates nothing")
+        if threads is not None:
+            raise ScheduleError("--threads applies to a real run; the simulator runs no kernels")
+    else:
+        from layerfit.schedule.runtime import check_runtime_units, freed_memory_mode
 
-    check_runtime_units(units)
-    if simulate and units != "layers":
-        raise ScheduleError("--units applies to a real run; the simulator schedules the profiles' layers")
-    if simulate and cache_weights:
-        raise ScheduleError("--cache-weights applies to a real run; the simulator reads every job's weights")
-    if return_freed_memory is not None:
-        freed_memory_mode(return_freed_memory, "--return-freed-memory")
-    if simulate and return_freed_memory is not None:
-        raise ScheduleError("--return-freed-memory applies to a real run; the simulator allocates nothing")
-    check_compute_threads(threads, "--threads")
-    if simulate and threads is not None:
-        raise ScheduleError("--threads applies to a real run; the simulator runs no kernels")
+        check_runtime_units(units)
+        if return_freed_memory is not None:
+            freed_memory_mode(return_freed_memory, "--return-freed-memory")
+        check_compute_threads(threads, "--threads")
     if oversize not in ("reject", "alone"):
         raise ScheduleError(f"--oversize must be 'reject' or 'alone', got {oversize!r}")
     plot_path = None

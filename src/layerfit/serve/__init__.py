@@ -13,8 +13,7 @@ importing this package does not import FastAPI.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from layerfit.lazy import lazy_exports
 
 _EXPORTS = {
     "ServeSettings": "server",
@@ -27,10 +26,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'layerfit.serve' has no attribute {name!r}")
-    return getattr(import_module(f"layerfit.serve.{module}"), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

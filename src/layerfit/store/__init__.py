@@ -1,32 +1,29 @@
-"""The prepared-model store: manifest + aligned, checksummed weight segments."""
+"""The prepared-model store: manifest + aligned, checksummed weight segments.
 
-from layerfit.store.manifest import (
-    ALIGN,
-    MANIFEST,
-    WEIGHTS,
-    Manifest,
-    Segment,
-    TensorLayout,
-    read_manifest,
-)
-from layerfit.store.model_spec import ModelSpec, resolve
-from layerfit.store.reader import SegmentReader, aligned_buffer, check_weights_file, verify_segment
-from layerfit.store.writer import example_input, prepare
+Names load on first use (:mod:`layerfit.lazy`), so that importing a light submodule
+(``layerfit.store.outputs``) does not import PyTorch.
+"""
 
-__all__ = [
-    "ALIGN",
-    "MANIFEST",
-    "WEIGHTS",
-    "Manifest",
-    "ModelSpec",
-    "Segment",
-    "SegmentReader",
-    "TensorLayout",
-    "aligned_buffer",
-    "check_weights_file",
-    "example_input",
-    "prepare",
-    "read_manifest",
-    "resolve",
-    "verify_segment",
-]
+from __future__ import annotations
+
+from layerfit.lazy import lazy_exports
+
+_EXPORTS = {
+    "ALIGN": "manifest",
+    "MANIFEST": "manifest",
+    "WEIGHTS": "manifest",
+    "Manifest": "manifest",
+    "Segment": "manifest",
+    "TensorLayout": "manifest",
+    "read_manifest": "manifest",
+    "ModelSpec": "model_spec",
+    "resolve": "model_spec",
+    "SegmentReader": "reader",
+    "aligned_buffer": "reader",
+    "check_weights_file": "reader",
+    "verify_segment": "reader",
+    "example_input": "writer",
+    "prepare": "writer",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
