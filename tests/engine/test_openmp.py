@@ -56,13 +56,18 @@ print(json.dumps({"kept": kept, "released": released, "after_release": after_rel
 """
 
 
-@pytest.mark.skipif(_libgomp() is None, reason="PyTorch's OpenMP here is not libgomp")
-def test_a_released_team_leaves_and_the_next_kernel_starts_one_with_the_same_bits() -> None:
+def run_fresh(script: str) -> dict:
+    """What ``script`` prints last (JSON), run in a fresh process free of OpenMP settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
     out = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=120, check=True
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120, check=True
     )
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(_libgomp() is None, reason="PyTorch's OpenMP here is not libgomp")
+def test_a_released_team_leaves_and_the_next_kernel_starts_one_with_the_same_bits() -> None:
+    seen = run_fresh(_SCRIPT)
     assert seen["kept"] == 1, seen  # the main thread's team: one helper beside it
     assert seen["released"] is True and seen["after_release"] == 0, seen
     assert seen["again"] == 1 and seen["same"], seen
@@ -108,11 +113,7 @@ print(json.dumps({"two": two, "in_effect": in_effect, "one": one, "kept": set_co
 
 @pytest.mark.skipif(_libgomp() is None, reason="PyTorch's OpenMP here is not libgomp")
 def test_compute_threads_apply_to_every_thread_that_runs_its_first_kernel_afterwards() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
-    out = subprocess.run(
-        [sys.executable, "-c", _THREADS_SCRIPT], capture_output=True, text=True, env=env, timeout=120, check=True
-    )
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    seen = run_fresh(_THREADS_SCRIPT)
     assert seen == {"two": 1, "in_effect": 1, "one": 0, "kept": 1}, seen  # a team of one has no helper
 
 
