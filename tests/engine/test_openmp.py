@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch  # noqa: F401 (loads PyTorch's OpenMP, which the skip conditions look for)
 
 from layerfit.engine.openmp import (
     _libgomp,
