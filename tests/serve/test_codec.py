@@ -166,11 +166,23 @@ def test_encode_json_and_binary_outputs() -> None:
         "outputs": [{"name": "output_1", "parameters": {"binary_data": False}}, {"name": "output_0"}],
     })
     body, headers = encode_response(req, "m", "1", [a, b], ["output_0", "output_1"])
+    body = bytes(body)
     n = int(headers[HEADER_LENGTH])
     head = json.loads(body[:n])
     assert [o["name"] for o in head["outputs"]] == ["output_1", "output_0"]
     assert head["outputs"][1]["parameters"] == {"binary_data_size": 16}
     assert torch.equal(torch.frombuffer(bytearray(body[n:]), dtype=torch.float32).reshape(2, 2), a)
+
+    both = InferenceRequest.model_validate({
+        "parameters": {"binary_data_output": True},
+        "inputs": [{"name": "input", "shape": [1], "datatype": "FP32", "data": [1]}],
+    })
+    c = torch.tensor([True, False, True])
+    body, headers = encode_response(both, "m", "1", [a, b, c], ["a", "b", "c"])
+    body, n = bytes(body), int(headers[HEADER_LENGTH])
+    sizes = [o["parameters"]["binary_data_size"] for o in json.loads(body[:n])["outputs"]]
+    assert sizes == [16, 24, 3] and len(body) == n + sum(sizes)  # each right after the one before
+    assert body[n:] == a.numpy().tobytes() + b.numpy().tobytes() + c.numpy().tobytes()
 
     req.outputs[0].name = "nope"
     with pytest.raises(BadRequestError, match="no output 'nope'"):

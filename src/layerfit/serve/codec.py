@@ -271,11 +271,13 @@ def encode_response(
     version: str,
     outputs: list[torch.Tensor],
     names: list[str],
-) -> tuple[bytes, dict[str, str]]:
+) -> tuple[bytes | memoryview, dict[str, str]]:
     """The response body and headers for ``outputs`` (named ``names``).
 
     Outputs the request lists are returned in its order (an unknown name is a 400);
-    without a list, every output is returned. Binary outputs follow the JSON header.
+    without a list, every output is returned. Binary outputs follow the JSON header,
+    each copied once, straight from the tensor into the body (a segmentation map is
+    megabytes, and every copy is held per request in flight).
     """
     default = (request.parameters or {}).get("binary_data_output", False)
     if not isinstance(default, bool):
@@ -293,7 +295,7 @@ def encode_response(
     else:
         chosen = [(name, default) for name in names]
     entries: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
+    blobs: list[torch.Tensor] = []  # flat, contiguous, in body order
     for name, binary in chosen:
         tensor = by_name[name].detach().cpu().contiguous()
         entry: dict[str, Any] = {
@@ -303,8 +305,8 @@ def encode_response(
         }
         flat = tensor.reshape(-1)
         if binary:
-            raw = flat.view(torch.uint8).numpy().tobytes()
-            entry["parameters"] = {"binary_data_size": len(raw)}
+            raw = flat.view(torch.uint8)
+            entry["parameters"] = {"binary_data_size": raw.numel()}
             blobs.append(raw)
         else:
             entry["data"] = json_values(flat)
@@ -316,4 +318,10 @@ def encode_response(
     head = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
     if not blobs:
         return head, {"content-type": JSON_TYPE}
-    return head + b"".join(blobs), {"content-type": BINARY_TYPE, HEADER_LENGTH: str(len(head))}
+    body = memoryview(bytearray(len(head) + sum(raw.numel() for raw in blobs)))
+    body[: len(head)] = head
+    offset = len(head)
+    for raw in blobs:  # through a memoryview: a bytearray's own slice assignment copies first
+        body[offset : offset + raw.numel()] = raw.numpy().data
+        offset += raw.numel()
+    return body, {"content-type": BINARY_TYPE, HEADER_LENGTH: str(len(head))}

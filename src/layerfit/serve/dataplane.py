@@ -145,7 +145,7 @@ class DataPlane:
 
     async def infer(
         self, name: str, version: str | None, body: bytes, header_length: str | None
-    ) -> tuple[bytes, dict[str, str]]:
+    ) -> tuple[bytes | memoryview, dict[str, str]]:
         """Run one inference request; returns the response body and its headers."""
         signature = self.check_inference(name, version)
         # decoding and encoding run tensor operations on the pool's long-lived threads: none
