@@ -1,0 +1,147 @@
+"""How the scheduler's activation estimates compare with what a forward pass takes.
+
+The runtime's ledger counts, for each network in flight, the activations its capture
+recorded (the largest set of tensors alive at once). A pass also holds what the capture
+cannot see: oneDNN's convolution buffers, and freed scratch that glibc keeps until it is
+given back. This bench measures the difference for the four edge models at their own
+resolutions, through ``layerfit.Runtime`` as ``serve`` runs them (``merge:auto``, weight
+cache on, a budget of twice the weights and activations, so that after the first pass
+every weight is cached and only compute remains).
+
+Each model and each ``return_freed_memory`` mode runs in a fresh child process: three
+passes to warm up (weights cached, kernels compiled, library code paged in), then
+``--repeats`` passes, each measured as the peak RSS (``VmHWM``, reset before it) above
+the RSS before it, with every free page given back first (``malloc_trim``), so that the
+rise is all the pass needs above what the process holds idle. Outputs are checked bit for bit against the model run preloaded in
+the same process. Writes ``bench/results/activation_estimates.{json,md}``::
+
+    .venv/bin/python bench/activation_estimates.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, mb, off_main, prepared_zoo_model, run_child, write_results  # noqa: E402
+
+CACHE = Path(__file__).parent / ".cache"
+MODELS = ("mobilenet_v1_025", "blazeface", "deeplab_v3", "mobilenet_v2")
+MODES = ("after-pass", "eagerly", "never")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
+
+
+def child(model_dir: Path, mode: str, repeats: int) -> dict[str, Any]:
+    import torch
+
+    from layerfit.engine import load, output_digest
+    from layerfit.engine.osmem import peak_rss_bytes, reset_peak_rss, trim_heap
+    from layerfit.schedule.profiler import estimate_profile
+    from layerfit.schedule.runtime import Runtime
+    from layerfit.store import example_input, read_manifest
+
+    manifest = read_manifest(model_dir)
+    x = example_input(manifest.input_shape, manifest.input_dtype, manifest.seed)
+
+    def reference() -> str:
+        with load(model_dir, pipeline="preload") as engine, torch.no_grad():
+            return output_digest(engine(x))
+
+    expected = off_main(reference)
+    estimate = estimate_profile(manifest, model_dir.name)
+    budget = 2 * (manifest.weights_size + estimate.init_memory)  # room to cache every weight
+    runtime = Runtime(model_dir.parent, budget, workers=1, units="merge:auto",
+                      cache_weights=True, return_freed_memory=mode, load=False)
+    try:
+        runtime.load_model(model_dir.name)
+        for _ in range(3):
+            assert output_digest(runtime.infer(model_dir.name, x).result()) == expected
+        rises = []
+        for _ in range(repeats):
+            # the baseline is what the process holds idle: the pass before may still be
+            # giving its scratch back on its own thread, and glibc may keep some of it
+            time.sleep(0.05)
+            trim_heap()
+            before = rss_bytes()
+            if not reset_peak_rss():
+                raise RuntimeError("this kernel cannot reset the peak RSS (/proc/self/clear_refs)")
+            out = runtime.infer(model_dir.name, x).result()
+            rises.append(peak_rss_bytes() - before)
+            assert output_digest(out) == expected, "output differs from the preloaded model's"
+        stats = runtime.stats()
+    finally:
+        runtime.shutdown()
+    return {
+        "captured_activation_bytes": estimate.init_memory - manifest.resident_bytes,
+        "budget_bytes": budget,
+        "rss_rise_bytes": rises,
+        "rss_rise_median_bytes": statistics.median(rises),
+        "weights_bytes": manifest.weights_size,
+        "weight_cache_hits": stats["weight_cache"]["hits"],
+        "freed_memory": stats["freed_memory"],
+        "compute_threads": stats["compute_threads"],
+        "bit_identical": True,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=7, help="measured passes per run")
+    p.add_argument("--child", nargs=3, metavar=("DIR", "MODE", "REPEATS"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        import json
+
+        print(json.dumps(child(Path(args.child[0]), args.child[1], int(args.child[2]))))
+        return
+    from layerfit import zoo
+
+    rows = []
+    for name in MODELS:
+        model_dir = prepared_zoo_model(name, zoo.get(name).input_shape[-1], CACHE / "activation_estimates")
+        for mode in MODES:
+            result = run_child(__file__, [str(model_dir), mode, str(args.repeats)])
+            rows.append({"model": model_dir.name, "mode": mode, **result})
+            print(name, mode, {k: v for k, v in result.items() if k != "rss_rise_bytes"}, flush=True)
+    data = {"machine": machine(), "repeats": args.repeats, "rows": rows}
+    write_results("activation_estimates", data, markdown(data))
+
+
+def markdown(data: dict[str, Any]) -> str:
+    lines = [
+        "# Activation estimates against a forward pass's resident memory",
+        "",
+        f"Machine: {data['machine'].get('cpu', '?')}, torch {data['machine'].get('torch', '?')}. "
+        f"Through `layerfit.Runtime` (`merge:auto`, weight cache on, budget 2x the weights and "
+        f"activations, every weight cached); each model and mode in a fresh process; RSS rise = peak "
+        f"RSS of one pass above the RSS before it with every free page given back (`malloc_trim`), "
+        f"median of {data['repeats']} passes after three warm-up passes. "
+        "MB = 10^6 bytes.",
+        "",
+        "| model | captured activations MB | mode | RSS rise MB (median) | min - max | rise / captured | bit-identical |",
+        "|---|---:|---|---:|---|---:|---|",
+    ]
+    for row in data["rows"]:
+        if "error" in row:
+            lines.append(f"| {row['model']} | | {row['mode']} | error: {row['error']} | | | |")
+            continue
+        captured, rise = row["captured_activation_bytes"], row["rss_rise_median_bytes"]
+        lines.append(
+            f"| {row['model']} | {mb(captured)} | {row['mode']} | {mb(rise)} | "
+            f"{mb(min(row['rss_rise_bytes']))} - {mb(max(row['rss_rise_bytes']))} | "
+            f"{rise / captured:.2f} | {'yes' if row['bit_identical'] else 'no'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
