@@ -676,9 +676,13 @@ def _load_input(path: str | None, manifest):
     if not arr.dtype.isnative:  # the same values in this machine's byte order
         arr = arr.astype(arr.dtype.newbyteorder("="))
     if tuple(arr.shape) != tuple(manifest.input_shape) or str(arr.dtype) != manifest.input_dtype:
+        hint = ""
+        if str(arr.dtype) == manifest.input_dtype and arr.ndim == len(manifest.input_shape):
+            shape = ",".join(str(n) for n in arr.shape)
+            hint = f" (it was prepared for that shape: prepare it again with --input-shape {shape})"
         raise InputError(
             f"input {path} is {arr.dtype} {tuple(arr.shape)}; the model expects "
-            f"{manifest.input_dtype} {tuple(manifest.input_shape)}"
+            f"{manifest.input_dtype} {tuple(manifest.input_shape)}{hint}"
         )
     return torch.from_numpy(arr)
 

@@ -398,7 +398,7 @@ def test_run_cli_three_stages_reports_both_buffers_and_copies(tiny: Path, tmp_pa
     assert "minimum budget is 81920 bytes" in capsys.readouterr().err
 
 
-def test_run_cli_input_and_output_files(tiny: Path, tmp_path: Path, reference):
+def test_run_cli_input_and_output_files(tiny: Path, tmp_path: Path, reference, capsys):
     import numpy as np
 
     x, y = reference
@@ -407,6 +407,10 @@ def test_run_cli_input_and_output_files(tiny: Path, tmp_path: Path, reference):
     assert np.array_equal(np.load(tmp_path / "y.npy"), y.numpy())
     np.save(tmp_path / "bad.npy", np.zeros((1, 3, 5, 5), np.float32))
     assert main(["run", str(tiny), "--input", str(tmp_path / "bad.npy")]) == 2
+    assert "prepare it again with --input-shape 1,3,5,5" in capsys.readouterr().err
+    np.save(tmp_path / "ints.npy", np.zeros((1, 3, 16, 16), np.int64))  # a shape is no remedy here
+    assert main(["run", str(tiny), "--input", str(tmp_path / "ints.npy")]) == 2
+    assert "expects float32 (1, 3, 16, 16)" in (err := capsys.readouterr().err) and "prepare" not in err
 
 
 def test_reconfigure_between_inferences_respects_each_budget(tiny: Path, reference):
