@@ -99,7 +99,7 @@ def serve_command(
         help="run one request per model on its example input before serving it: a model that fails it "
         "(e.g. a corrupted unit) stays UNAVAILABLE with the reason, and its weights start cached",
     ),
-    threads: int = typer.Option(
+    threads: int | None = typer.Option(
         None, "--threads",
         help=COMPUTE_THREADS_HELP + ". 1 lets requests in flight each use a core instead of sharing them "
         "(measured: +15-40 % requests per second on 2 cores)",
@@ -735,7 +735,7 @@ def run(
     stages: int = typer.Option(
         None, "--stages", help="2: kernels use the read buffer (cpu default); 3: read, copy, kernel (cuda)"
     ),
-    threads: int = typer.Option(None, "--threads", help=COMPUTE_THREADS_HELP),
+    threads: int | None = typer.Option(None, "--threads", help=COMPUTE_THREADS_HELP),
     force: bool = typer.Option(False, "--force", help="replace existing --output and --trace files"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
