@@ -189,6 +189,29 @@ def test_encode_json_and_binary_outputs() -> None:
         encode_response(req, "m", "1", [a, b], ["output_0", "output_1"])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64,
+                                   torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool])
+def test_json_outputs_read_back_bit_for_bit(dtype: torch.dtype) -> None:
+    if dtype.is_floating_point:
+        info = torch.finfo(dtype)
+        edges = [v for v in (info.max, -info.max, info.tiny, info.tiny / 4, -0.0, 0.0, 1 / 3, 1e-5, 12345.678)
+                 if abs(v) <= info.max]
+        t = torch.cat([torch.tensor(edges, dtype=torch.float64).to(dtype), torch.randn(1000, dtype=dtype)])
+    elif dtype == torch.bool:
+        t = torch.tensor([True, False, True])
+    else:
+        info = torch.iinfo(dtype)
+        t = torch.tensor([info.min, info.max, 0, 7], dtype=dtype)
+    req = InferenceRequest.model_validate({"inputs": [{"name": "input", "shape": [1], "datatype": "FP32", "data": [1]}]})
+    body, _ = encode_response(req, "m", "1", [t], ["out"])
+    back = torch.tensor(json.loads(bytes(body))["outputs"][0]["data"], dtype=dtype)  # as a client reads it
+    if dtype.is_floating_point:  # the bits, so that -0.0 and 0.0 differ
+        bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+        assert torch.equal(back.view(bits), t.view(bits))
+    else:
+        assert torch.equal(back, t)
+
+
 def test_names_and_statuses() -> None:
     check_name("resnet-18_v1.2")
     for bad in ("..", "../etc", "a/b", ".", "", "a\\b", "x" * 200, "%2e%2e"):
