@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from layerfit.serve.codec import (
     HEADER_LENGTH,
     TensorSpec,
     decode_input,
     encode_response,
+    loads,
     parse_request,
     split_body,
 )
@@ -210,6 +214,22 @@ def test_json_outputs_read_back_bit_for_bit(dtype: torch.dtype) -> None:
         assert torch.equal(back.view(bits), t.view(bits))
     else:
         assert torch.equal(back, t)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.floats(allow_nan=False, allow_infinity=False),
+                          st.integers(-(2**63), 2**64 - 1)), max_size=50))
+def test_request_json_reads_as_json_reads_it(values: list) -> None:
+    text = json.dumps({"data": values}).encode()
+    assert loads(text) == json.loads(text)  # every float to the same double
+    assert all(type(a) is type(b) for a, b in zip(loads(text)["data"], values, strict=True))
+
+
+def test_request_json_beyond_strict_json_still_reads() -> None:
+    assert math.isnan(loads(b'{"x": [NaN, Infinity]}')["x"][0])  # the bare tokens Triton writes
+    assert loads(b'[' + str(2**70).encode() + b']') == [2**70]  # beyond 64 bits
+    with pytest.raises(json.JSONDecodeError, match="Extra data"):  # json's words, for the hint
+        loads(b'{"a": 1} trailing')
 
 
 def test_names_and_statuses() -> None:
