@@ -194,7 +194,8 @@ def test_encode_json_and_binary_outputs() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64,
-                                   torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool])
+                                   torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.int8, torch.int16,
+                                   torch.int32, torch.int64, torch.bool])
 def test_json_outputs_read_back_bit_for_bit(dtype: torch.dtype) -> None:
     if dtype.is_floating_point:
         info = torch.finfo(dtype)
