@@ -35,16 +35,11 @@ MODELS = ("mobilenet_v1_025", "blazeface", "deeplab_v3", "mobilenet_v2")
 MODES = ("after-pass", "eagerly", "never")
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
-
-
 def child(model_dir: Path, mode: str, repeats: int) -> dict[str, Any]:
     import torch
 
     from layerfit.engine import load, output_digest
-    from layerfit.engine.osmem import peak_rss_bytes, reset_peak_rss, trim_heap
+    from layerfit.engine.osmem import peak_rss_bytes, reset_peak_rss, rss_bytes, trim_heap
     from layerfit.schedule.profiler import estimate_profile
     from layerfit.schedule.runtime import Runtime
     from layerfit.store import example_input, read_manifest

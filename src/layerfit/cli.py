@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from layerfit import strict_json
-from layerfit.engine.openmp import COMPUTE_THREADS_HELP, set_compute_threads
+from layerfit.engine.openmp import COMPUTE_THREADS_HELP, kernels_on, set_compute_threads
 from layerfit.errors import LayerfitError
 
 if TYPE_CHECKING:
@@ -131,8 +131,8 @@ def serve_command(
         index = built.registry.index()
         loaded = sum(row["state"] == "READY" for row in index)
         threads = built.runtime.stats()["compute_threads"]
-        console.print(f"layerfit serving {loaded} of {len(index)} models at {url}/v2, kernels on {threads} "
-                      f"thread{'s' * (threads != 1)} (SIGTERM drains and stops)",
+        console.print(f"layerfit serving {loaded} of {len(index)} models at {url}/v2, {kernels_on(threads)} "
+                      "(SIGTERM drains and stops)",
                       highlight=False, soft_wrap=True)
         for name, message in built.load_errors.items():
             console.print(f"[yellow]model {escape(name)} not loaded:[/] {escape(message)}",
@@ -785,8 +785,7 @@ def run(
         return
     console.print(
         f"{report['model']} [{report['pipeline']}, {report['units']} units, {report['stages']} stages on "
-        f"{report['device']}, {report['io_mode']} I/O, kernels on {report['compute_threads']} "
-        f"thread{'s' * (report['compute_threads'] != 1)}]: "
+        f"{report['device']}, {report['io_mode']} I/O, {kernels_on(report['compute_threads'])}]: "
         f"latency {report['latency_s'] * 1e3:.1f} ms (median of {repeats}), weights peak "
         f"{format_bytes(report['weights_peak_bytes'])} of {format_bytes(report['weights_total_bytes'])}, "
         f"peak RSS {format_bytes(report['rss_peak_bytes'])}\n"

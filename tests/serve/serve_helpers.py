@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,19 @@ def settings(repository: Path, **overrides: object) -> ServeSettings:
                     "queue_limit": 8, "max_body": "64kB", "timeout": 20.0, "shutdown_grace": 5.0}
     values.update(overrides)
     return ServeSettings(**values)  # type: ignore[arg-type]
+
+
+def json_body(x: torch.Tensor, datatype: str = "FP32", **extra: object) -> dict:
+    """An inference request carrying ``x`` as the JSON data of the input ``input``."""
+    return {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": datatype,
+                        "data": x.reshape(-1).tolist()}], **extra}
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a child process that imports these helpers and tinymodels."""
+    here = Path(__file__).resolve().parent
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent),
+                                                         os.environ.get("PYTHONPATH", "")])}
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -6,7 +6,6 @@ rather than a request error — or, for every model, stops the server from start
 from __future__ import annotations
 
 import math
-import os
 import socket
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from serve_helpers import reference, settings
+from serve_helpers import child_env, json_body, reference, settings
 
 from layerfit.errors import JobRejectedError, LayerfitError
 from layerfit.schedule import runtime as runtime_module
@@ -26,7 +25,6 @@ from layerfit.serve.server import ServerThread
 from layerfit.sizes import format_bytes
 from layerfit.store import read_manifest
 
-TESTS = Path(__file__).resolve().parents[1]
 LOADABLE = ("chain", "cnn", "slow", "sleepy")  # the repository's models but `corrupt`
 
 
@@ -51,7 +49,7 @@ def needs(repository: Path) -> dict[str, int]:
 
 def run_cli(repository: Path, *args: str) -> subprocess.CompletedProcess:
     """`layerfit serve` in its own process (it must exit by itself)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env = child_env()
     command = [sys.executable, "-m", "layerfit.cli", "serve", "--repository", str(repository), "--port", "0", *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
 
@@ -123,8 +121,7 @@ def test_model_over_budget_is_unavailable_not_a_bad_request(
         response = http.post("/v2/repository/models/cnn/load")
         assert response.status_code == 503 and "--memory-budget" in response.json()["error"]
         x = torch.randn(1, 8)
-        response = http.post("/v2/models/chain/infer", json={
-            "inputs": [{"name": "input", "shape": [1, 8], "datatype": "FP32", "data": x.reshape(-1).tolist()}]})
+        response = http.post("/v2/models/chain/infer", json=json_body(x))
         assert response.status_code == 200
         assert torch.equal(torch.tensor(response.json()["outputs"][0]["data"]).reshape(1, 4), reference("chain", x))
     # should a job still reach the runtime's budget check, it is the server's problem too
@@ -167,9 +164,7 @@ def test_threads_set_the_kernels_thread_count_and_metrics_report_it(
         metrics = httpx.get(f"{running.url}/metrics", timeout=30).text
         assert "layerfit_compute_threads 1.0" in metrics
         x = torch.randn(1, 3, 8, 8)
-        body = {"inputs": [{"name": "input", "shape": [1, 3, 8, 8], "datatype": "FP32",
-                            "data": x.flatten().tolist()}]}
-        answer = httpx.post(f"{running.url}/v2/models/cnn/infer", json=body, timeout=30).json()
+        answer = httpx.post(f"{running.url}/v2/models/cnn/infer", json=json_body(x), timeout=30).json()
         out = answer["outputs"][0]
         assert torch.equal(torch.tensor(out["data"]).reshape(out["shape"]), reference("cnn", x))
     finally:

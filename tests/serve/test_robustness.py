@@ -6,7 +6,6 @@ The ``slow`` model takes about 0.5 s per inference (two 0.25 s layers), which ma
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -17,15 +16,13 @@ from pathlib import Path
 
 import httpx
 import torch
-from serve_helpers import reference, wait_until
+from serve_helpers import child_env, json_body, reference, wait_until
 
 from layerfit.serve.server import ServerThread
 
-TESTS = Path(__file__).resolve().parents[1]
-
 
 def slow_body(x: torch.Tensor, **extra: object) -> dict:
-    return {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": x.reshape(-1).tolist()}], **extra}
+    return json_body(x.reshape(1, 4), **extra)
 
 
 def in_background(
@@ -111,7 +108,7 @@ def test_stop_finishes_admitted_requests_and_refuses_new(make_server: Callable[.
 
 def test_sigterm_answers_every_accepted_request(repository: Path) -> None:
     """A `layerfit serve` process: SIGTERM with requests in flight, a short grace period."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env = child_env()
     command = [sys.executable, "-m", "layerfit.cli", "serve", "--repository", str(repository),
                "--memory-budget", "4MB", "--workers", "1", "--port", "0", "--shutdown-grace", "0.3",
                "--log-level", "warning"]

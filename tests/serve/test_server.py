@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.http as triton
-from serve_helpers import reference
+from serve_helpers import json_body, reference
 from tritonclient.utils import InferenceServerException
 
 from layerfit.engine.osmem import is_glibc
@@ -34,9 +34,7 @@ def http(server: ServerThread) -> Iterator[httpx.Client]:
 
 
 def infer_json(http: httpx.Client, model: str, x: torch.Tensor, datatype: str = "FP32", **extra) -> httpx.Response:
-    body = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": datatype,
-                        "data": x.reshape(-1).tolist()}], **extra}
-    return http.post(f"/v2/models/{model}/infer", json=body)
+    return http.post(f"/v2/models/{model}/infer", json=json_body(x, datatype, **extra))
 
 
 # --- tritonclient ------------------------------------------------------------------------

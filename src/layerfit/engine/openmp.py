@@ -113,6 +113,11 @@ def set_compute_threads(threads: int | None, option: str = "threads") -> int:
     return torch.get_num_threads()
 
 
+def kernels_on(threads: int) -> str:
+    """How reports name the thread count: ``"kernels on 2 threads"``."""
+    return f"kernels on {threads} thread{'s' * (threads != 1)}"
+
+
 def check_compute_threads(threads: int | None, option: str = "threads") -> int | None:
     """``threads`` if :func:`set_compute_threads` takes it (``None`` or a whole number, 1
     or more); otherwise an error naming ``option``."""

@@ -17,7 +17,12 @@ import typer
 from rich.console import Console
 
 from layerfit import strict_json
-from layerfit.engine.openmp import COMPUTE_THREADS_HELP, check_compute_threads, set_compute_threads
+from layerfit.engine.openmp import (
+    COMPUTE_THREADS_HELP,
+    check_compute_threads,
+    kernels_on,
+    set_compute_threads,
+)
 from layerfit.errors import ScheduleError
 from layerfit.store.outputs import check_output_file
 
@@ -535,12 +540,11 @@ def _print_run(
 
     summary = report.summary()
     stats = summary["response_time_s"]
-    threads = None if simulate else extra["runtime"]["compute_threads"]
     lines = [
         f"{name}: {summary['jobs']} jobs, policy {report.policy}, {workers} workers, "
         f"budget {format_bytes(budget)} ({'simulated' if simulate else 'real executor'}"
         f"{', with contention' if simulate and not contention.free else ''}"
-        f"{'' if threads is None else f', kernels on {threads} thread' + 's' * (threads != 1)})",
+        f"{'' if simulate else ', ' + kernels_on(extra['runtime']['compute_threads'])})",
         "response time: "
         + (
             "- (no job completed)"
