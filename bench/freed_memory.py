@@ -36,7 +36,6 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, mb, off_main, prepared_zoo_model, write_results  # noqa: E402
+from common import machine, mb, off_main, prepared_zoo_model, run_child, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache"
 REFERENCES = CACHE / "freed_memory_references.safetensors"
@@ -203,12 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for workload in args.workloads.split(","):
             for mode in MODES:
-                proc = subprocess.run(
-                    [sys.executable, __file__, "--child", mode, workload], capture_output=True, text=True, timeout=1800,
-                )
-                if proc.returncode != 0:
-                    raise SystemExit(f"{mode} on {workload} failed: {(proc.stderr or proc.stdout).strip()[-2000:]}")
-                run = json.loads(proc.stdout.strip().splitlines()[-1])
+                run = run_child(__file__, [mode, workload])
+                if "error" in run:
+                    raise SystemExit(f"{mode} on {workload} failed: {run['error']}")
                 run["round"] = r
                 runs.append(run)
                 print(f"round {r} {workload} {mode}: mean {run['mean_response_s']:.3f} s, RSS p95 "
