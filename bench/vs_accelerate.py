@@ -98,6 +98,11 @@ def main() -> None:
         print(json.dumps(result))
         return
 
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") is None:
+        sys.exit("this benchmark needs Hugging Face Accelerate: .venv/bin/pip install -e '.[bench]'")
+
     from layerfit.store import read_manifest
     from layerfit.zoo import get
 
