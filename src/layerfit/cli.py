@@ -713,10 +713,20 @@ def _save_output(path: str, out) -> None:
         raise InputError(f"the model has {len(outs)} outputs: save them to a .npz file")
 
 
+def _pipeline_label(report: dict) -> str:
+    """The pipeline that ran, and that ``auto`` chose it where it did."""
+    if report["pipeline_requested"] == report["pipeline"]:
+        return report["pipeline"]
+    return f"{report['pipeline']}, chosen by {report['pipeline_requested']}"
+
+
 @app.command()
 def run(
     directory: str = typer.Argument(..., help="prepared model directory"),
-    pipeline: str = typer.Option("preload", "--pipeline", help="preload, sequential, sync or async"),
+    pipeline: str = typer.Option(
+        "auto", "--pipeline",
+        help="auto (preload when --budget holds every weight or is not given, else async), preload, sequential, sync or async",
+    ),
     budget: str = typer.Option(None, "--budget", help="weight memory, e.g. 24MB (default: the pipeline's own)"),
     units: str = typer.Option("layers", "--units", help="layers, blocks:N, merge:SIZE (consecutive layers up to SIZE per block) or swapnet (SwapNet partition for --budget)"),
     input_path: str = typer.Option(None, "--input", help="input .npy (default: seeded random)"),
@@ -784,7 +794,7 @@ def run(
         print_json(report)
         return
     console.print(
-        f"{report['model']} [{report['pipeline']}, {report['units']} units, {report['stages']} stages on "
+        f"{report['model']} [{_pipeline_label(report)}, {report['units']} units, {report['stages']} stages on "
         f"{report['device']}, {report['io_mode']} I/O, {kernels_on(report['compute_threads'])}]: "
         f"latency {report['latency_s'] * 1e3:.1f} ms (median of {repeats}), weights peak "
         f"{format_bytes(report['weights_peak_bytes'])} of {format_bytes(report['weights_total_bytes'])}, "

@@ -31,7 +31,7 @@ from layerfit.capture.units import storage_address
 from layerfit.engine.arena import PlannedActivations, make_activations
 from layerfit.engine.binding import Binder, get_binder
 from layerfit.engine.device import Device, get_device
-from layerfit.engine.policies import Policy, get_policy
+from layerfit.engine.policies import Policy, get_policy, resolve_pipeline
 from layerfit.engine.ring import Cancelled, RingBuffer
 from layerfit.engine.skeleton import Binding, bind, build_skeleton, segment_bindings, unbind
 from layerfit.engine.source import UnitSource
@@ -107,7 +107,9 @@ class Engine:
 
     ``budget`` counts weight buffers (resident tensors plus the unit buffer); it must be
     at least the resident tensors plus the largest unit. ``pipeline`` is ``preload``,
-    ``sequential``, ``sync`` or ``async``; ``units`` is ``layers``, ``blocks:N``,
+    ``sequential``, ``sync``, ``async`` or ``auto`` (``preload`` when the budget holds
+    every weight or none is given, else ``async``; ``pipeline`` keeps what was asked
+    and ``policy`` says what runs); ``units`` is ``layers``, ``blocks:N``,
     ``merge:SIZE`` or a list of partition points. ``binding`` is ``reference``
     (zero-copy, the default) or one of the ablation modes of
     :mod:`layerfit.engine.binding` (``copy``, ``instantiate``) that measure what binding
@@ -146,7 +148,8 @@ class Engine:
         self.coalesce_bytes = parse_bytes(coalesce) if coalesce not in (0, "0") else 0
         self.binder: Binder = get_binder(binding)
         self.manifest: Manifest = read_manifest(self.directory)
-        self.policy: Policy = get_policy(pipeline)
+        self.pipeline = pipeline  # as asked; ``policy`` is what runs (``auto`` picks per budget)
+        self.policy: Policy = get_policy(resolve_pipeline(pipeline, 0, None))  # checks the name
         self.trace = trace
         self.model: nn.Module = build_skeleton(self.manifest)
         self._modules: dict[str, nn.Module] = dict(self.model.named_modules(remove_duplicate=False))
@@ -206,7 +209,9 @@ class Engine:
         resident = m.resident_bytes
         largest = max(sizes, default=0)
         three = self.device.stages == 3
-        capacity, device_capacity = self._buffer_sizes(sizes, resident, None if budget is None else parse_bytes(budget))
+        budget_bytes = None if budget is None else parse_bytes(budget)
+        self.policy = get_policy(resolve_pipeline(self.pipeline, resident + sum(sizes), budget_bytes))
+        capacity, device_capacity = self._buffer_sizes(sizes, resident, budget_bytes)
         bindings = [
             [
                 b
@@ -243,6 +248,12 @@ class Engine:
         if three and self.policy.name == "external":
             raise LayerfitError("pipeline 'external' takes units from a unit source in host memory: it runs with stages=2 on cpu")
         copies = 2 if three and self.policy.name != "preload" else 1  # read + device buffer
+        if self.policy.name == "preload" and budget_bytes is not None and budget_bytes < resident + sum(sizes):
+            raise BudgetError(
+                f"preload keeps every weight resident and needs {resident + sum(sizes)} bytes; "
+                f"the budget is {budget_bytes} bytes: raise it, or stream the weights "
+                f"(pipeline 'auto' or 'async', from {resident + copies * largest} bytes)"
+            )
         if budget_bytes is not None and budget_bytes < resident + copies * largest:
             raise BudgetError(
                 f"budget {budget_bytes} bytes is below the minimum for this model: "
@@ -322,13 +333,14 @@ class Engine:
         t0 = time.perf_counter()
         with self._lock:
             self._check_open()
-            old_policy = self.policy
+            old_pipeline, old_policy = self.pipeline, self.policy
             if pipeline is not None:
-                self.policy = get_policy(pipeline)
+                resolve_pipeline(pipeline, 0, None)  # an unknown name changes nothing
+                self.pipeline = pipeline
             try:
                 self._configure(budget, self._units_spec if units is None else units)
             except BaseException:
-                self.policy = old_policy
+                self.pipeline, self.policy = old_pipeline, old_policy
                 raise
             if units is not None:
                 self._units_spec = units

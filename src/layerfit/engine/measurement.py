@@ -58,6 +58,7 @@ def measure(engine: Engine, inputs: tuple, *, repeats: int = 3, warmup: int = 1)
     report: dict[str, Any] = {
         "model": engine.manifest.model["name"],
         "pipeline": engine.policy.name,
+        "pipeline_requested": engine.pipeline,  # differs where ``auto`` chose
         "units": len(engine.blocks),
         "latency_s": statistics.median(times),
         "latency_min_s": min(times),

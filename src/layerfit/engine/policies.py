@@ -13,7 +13,9 @@ Layering, Section IV):
 after the previous kernel finished (one buffer of the largest unit). ``sync`` is the
 lock-step pipeline: unit ``i+1`` is read while kernel ``i`` runs and neither stage runs
 ahead (double buffers). ``async`` lets the reader run ahead as far as the circular buffer
-allows (Algorithm 1). ``external`` has no reader and no buffer: every inference gets its
+allows (Algorithm 1). ``auto`` is not a policy of its own but a choice between two:
+``preload`` when the budget holds every weight (or no budget is given), ``async``
+otherwise — the fastest pipeline that fits (see :func:`resolve_pipeline`). ``external`` has no reader and no buffer: every inference gets its
 units from a unit source (:mod:`layerfit.engine.source`), e.g. the multi-request
 scheduler's load tasks. On CPU the copy stage vanishes: weights are used where they were
 read, the paper's two-stage zero-copy pipeline. With a copy stage (three stages, see
@@ -106,11 +108,29 @@ POLICIES: dict[str, Policy] = {
 }
 
 
+AUTO = "auto"
+
+
 def get_policy(name: str) -> Policy:
     """The policy called ``name``; a clear error listing the choices otherwise."""
     try:
         return POLICIES[name]
     except KeyError:
         raise LayerfitError(
-            f"unknown pipeline {name!r}: choose one of {', '.join(POLICIES)}"
+            f"unknown pipeline {name!r}: choose one of {', '.join([AUTO, *POLICIES])}"
         ) from None
+
+
+def resolve_pipeline(name: str, weight_bytes: int, budget: int | None) -> str:
+    """The policy that pipeline ``name`` runs for a model of ``weight_bytes`` (resident
+    tensors and units) under ``budget``: ``name`` itself, except for ``auto``.
+
+    ``auto`` keeps every weight resident (``preload``) when the budget holds them all or
+    no budget is given: streaming then re-reads each unit on every inference for nothing,
+    since its buffer would hold the whole model anyway. Below that it streams them
+    (``async``, the pipeline that uses a larger budget best).
+    """
+    if name != AUTO:
+        get_policy(name)
+        return name
+    return "preload" if budget is None or budget >= weight_bytes else "async"
