@@ -720,6 +720,15 @@ def _pipeline_label(report: dict) -> str:
     return f"{report['pipeline']}, chosen by {report['pipeline_requested']}"
 
 
+def _units_label(report: dict) -> str:
+    """How many units there are, and how many ``auto`` keeps resident beside the buffer."""
+    from layerfit.sizes import format_bytes
+
+    if not report["kept_units"]:
+        return f"{report['units']} units"
+    return f"{report['units']} units ({report['kept_units']} kept resident, {format_bytes(report['kept_bytes'])})"
+
+
 @app.command()
 def run(
     directory: str = typer.Argument(..., help="prepared model directory"),
@@ -794,7 +803,7 @@ def run(
         print_json(report)
         return
     console.print(
-        f"{report['model']} [{_pipeline_label(report)}, {report['units']} units, {report['stages']} stages on "
+        f"{report['model']} [{_pipeline_label(report)}, {_units_label(report)}, {report['stages']} stages on "
         f"{report['device']}, {report['io_mode']} I/O, {kernels_on(report['compute_threads'])}]: "
         f"latency {report['latency_s'] * 1e3:.1f} ms (median of {repeats}), weights peak "
         f"{format_bytes(report['weights_peak_bytes'])} of {format_bytes(report['weights_total_bytes'])}, "

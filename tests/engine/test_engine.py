@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import tinymodels
 import torch
+from engine_helpers import read_spy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -139,19 +140,6 @@ def fails_cleanly_then_recovers(engine, reference, error: type, match: str, disa
 def test_nonsense_coalesce_size_is_refused(tiny: Path):
     with pytest.raises(BudgetError, match="lots"):
         load(tiny, pipeline="async", coalesce="lots")
-
-
-def read_spy():
-    """(reads, spy): ``spy`` stands in for ``os.preadv`` and records each request's
-    (offset, length) in ``reads``."""
-    real = os.preadv
-    reads: list[tuple[int, int]] = []
-
-    def spy(fd, buffers, offset, *rest):
-        reads.append((offset, sum(len(b) for b in buffers)))
-        return real(fd, buffers, offset, *rest)
-
-    return reads, spy
 
 
 @pytest.mark.parametrize(("coalesce", "budget"), [(0, None), ("1MiB", None), ("1MiB", "1MiB"), (8192, "1MiB")])
@@ -429,72 +417,6 @@ def test_reconfigure_between_inferences_respects_each_budget(tiny: Path, referen
         engine.reconfigure(units="blocks:2", budget=10**6)
         assert len(engine.blocks) == 2
         assert torch.equal(engine(x), y)
-
-
-def test_auto_keeps_every_weight_when_the_budget_holds_them_and_streams_below(tiny: Path, reference, monkeypatch):
-    x, y = reference
-    total = read_manifest(tiny).total_bytes
-    for budget, chosen in [(None, "preload"), (total, "preload"), (10**6, "preload"), (total - 4096, "async")]:
-        with load(tiny, pipeline="auto", budget=budget) as engine:
-            assert (engine.pipeline, engine.policy.name) == ("auto", chosen)
-            assert engine.memory.weight_bytes <= (budget or total)
-            engine(x)  # a streaming engine reads every unit again on each call; preload read them at load
-            reads, spy = read_spy()
-            monkeypatch.setattr(reader_mod.os, "preadv", spy)
-            assert torch.equal(engine(x), y)
-            monkeypatch.undo()
-            assert engine.last_weights_peak <= (budget or total)
-            assert sum(n for _, n in reads) == (0 if chosen == "preload" else total)
-
-
-def test_auto_chooses_again_for_each_new_budget(tiny: Path, reference):
-    x, y = reference
-    total = read_manifest(tiny).total_bytes
-    with load(tiny, pipeline="auto", budget=20480) as engine:
-        assert engine.policy.name == "async"
-        engine.reconfigure(budget=total)
-        assert engine.policy.name == "preload" and torch.equal(engine(x), y)
-        engine.reconfigure(budget=total // 2)
-        assert engine.policy.name == "async" and torch.equal(engine(x), y)
-        with pytest.raises(BudgetError):
-            engine.reconfigure(budget=4096)
-        with pytest.raises(LayerfitError, match="unknown pipeline 'fast': choose one of auto, preload"):
-            engine.reconfigure(pipeline="fast", budget=total)
-        # refused: what ran before keeps running
-        assert (engine.pipeline, engine.policy.name, engine.memory.buffer_bytes) == ("auto", "async", total // 2)
-        engine.reconfigure(pipeline="sync", budget=total)  # asked for by name: no choice made
-        assert (engine.pipeline, engine.policy.name) == ("sync", "sync")
-        assert torch.equal(engine(x), y)
-
-
-def test_preload_below_every_weight_says_what_it_needs_and_what_streaming_needs(tiny: Path, capsys):
-    m = read_manifest(tiny)
-    for budget in (4096, m.largest_unit_bytes, m.total_bytes - 1):
-        with pytest.raises(
-            BudgetError,
-            match=f"preload keeps every weight resident and needs {m.total_bytes} bytes; the budget is {budget} "
-            rf"bytes: raise it, or stream the weights \(pipeline 'auto' or 'async', from {m.largest_unit_bytes} bytes\)",
-        ):
-            load(tiny, pipeline="preload", budget=budget)
-
-
-def test_run_cli_streams_a_budget_below_the_weights_and_keeps_them_above(tiny: Path, capsys):
-    total = read_manifest(tiny).total_bytes
-    reports = {}
-    for budget in (None, total // 2, total):
-        args = ["run", str(tiny), "--json", "--repeats", "1"] + ([] if budget is None else ["--budget", str(budget)])
-        assert main(args) == 0
-        reports[budget] = json.loads(capsys.readouterr().out)
-        assert reports[budget]["pipeline_requested"] == "auto"
-    assert [reports[b]["pipeline"] for b in (None, total // 2, total)] == ["preload", "async", "preload"]
-    assert reports[total // 2]["weights_peak_bytes"] <= total // 2
-    assert len({r["output_sha256"] for r in reports.values()}) == 1
-    assert main(["run", str(tiny), "--budget", str(total // 2), "--repeats", "1"]) == 0
-    assert "[async, chosen by auto," in capsys.readouterr().out
-    assert main(["run", str(tiny), "--pipeline", "async", "--budget", str(total), "--repeats", "1"]) == 0
-    assert "[async, 6 units" in capsys.readouterr().out  # asked for by name: streamed as asked
-    assert main(["run", str(tiny), "--pipeline", "preload", "--budget", str(total // 2)]) == 2
-    assert "stream the weights (pipeline 'auto' or 'async'" in capsys.readouterr().err
 
 
 def test_weights_used_outside_their_module_give_the_models_output(tmp_path: Path):

@@ -31,7 +31,7 @@ from layerfit.capture.units import storage_address
 from layerfit.engine.arena import PlannedActivations, make_activations
 from layerfit.engine.binding import Binder, get_binder
 from layerfit.engine.device import Device, get_device
-from layerfit.engine.policies import Policy, get_policy, resolve_pipeline
+from layerfit.engine.policies import AUTO, Policy, choose_kept_units, get_policy, resolve_pipeline
 from layerfit.engine.ring import Cancelled, RingBuffer
 from layerfit.engine.skeleton import Binding, bind, build_skeleton, segment_bindings, unbind
 from layerfit.engine.source import UnitSource
@@ -48,7 +48,8 @@ class MemoryPlan:
     """What the engine holds for weights: resident tensors plus the unit buffers.
 
     ``buffer_bytes`` is the read (host) buffer; ``device_buffer_bytes`` is the copy
-    stage's device buffer (0 without a copy stage).
+    stage's device buffer (0 without a copy stage); ``kept_bytes`` holds the units
+    pipeline ``auto`` keeps resident beside the buffer (0 otherwise).
     """
 
     resident_bytes: int
@@ -56,6 +57,7 @@ class MemoryPlan:
     largest_unit_bytes: int
     total_weight_bytes: int
     device_buffer_bytes: int = 0
+    kept_bytes: int = 0
 
     @property
     def minimum_budget(self) -> int:
@@ -64,7 +66,7 @@ class MemoryPlan:
     @property
     def weight_bytes(self) -> int:
         """Every byte held for weights: what the budget bounds."""
-        return self.resident_bytes + self.buffer_bytes + self.device_buffer_bytes
+        return self.resident_bytes + self.kept_bytes + self.buffer_bytes + self.device_buffer_bytes
 
 
 class _Run:
@@ -108,8 +110,10 @@ class Engine:
     ``budget`` counts weight buffers (resident tensors plus the unit buffer); it must be
     at least the resident tensors plus the largest unit. ``pipeline`` is ``preload``,
     ``sequential``, ``sync``, ``async`` or ``auto`` (``preload`` when the budget holds
-    every weight or none is given, else ``async``; ``pipeline`` keeps what was asked
-    and ``policy`` says what runs); ``units`` is ``layers``, ``blocks:N``,
+    every weight or none is given, else ``async`` with the room beyond its buffer
+    keeping units resident, see :func:`~layerfit.engine.policies.choose_kept_units`;
+    ``pipeline`` keeps what was asked, ``policy`` says what runs and ``kept_units``
+    what stays); ``units`` is ``layers``, ``blocks:N``,
     ``merge:SIZE`` or a list of partition points. ``binding`` is ``reference``
     (zero-copy, the default) or one of the ablation modes of
     :mod:`layerfit.engine.binding` (``copy``, ``instantiate``) that measure what binding
@@ -174,6 +178,9 @@ class Engine:
         self._resident_buf = None
         self._bindings: list[list[Binding]] = []
         self._preloaded = False  # every unit bound for good (preload policy)
+        self._kept: frozenset[int] = frozenset()  # units bound for good beside the ring (auto)
+        self._kept_ring: RingBuffer | None = None  # their memory
+        self._lost: str | None = None  # why the configuration was lost (a failed re-read)
         self._units_spec = units
         self._closed = False
         # activations="planned": one pre-allocated arena laid out by the memory planner
@@ -211,7 +218,12 @@ class Engine:
         three = self.device.stages == 3
         budget_bytes = None if budget is None else parse_bytes(budget)
         self.policy = get_policy(resolve_pipeline(self.pipeline, resident + sum(sizes), budget_bytes))
-        capacity, device_capacity = self._buffer_sizes(sizes, resident, budget_bytes)
+        kept: set[int] = set()
+        if self.pipeline == AUTO and self.policy.name == "async" and not three and budget_bytes is not None:
+            kept = choose_kept_units(sizes, budget_bytes - resident)
+        kept_bytes = sum(sizes[i] for i in kept)
+        streamed = [n for i, n in enumerate(sizes) if i not in kept]
+        capacity, device_capacity = self._buffer_sizes(streamed, resident + kept_bytes, budget_bytes)
         bindings = [
             [
                 b
@@ -226,7 +238,7 @@ class Engine:
         self.blocks: list[Block] = blocks
         self._bindings = bindings
         self._verified_blocks: set[int] = set()
-        self.memory = MemoryPlan(resident, capacity, largest, m.total_bytes, device_capacity)
+        self.memory = MemoryPlan(resident, capacity, largest, m.total_bytes, device_capacity, kept_bytes)
         self._unpin()
         self.ring = self._resized(self.ring, capacity, self._room, None)
         self.device_ring = self._resized(
@@ -237,8 +249,19 @@ class Engine:
             self.device.pin(self._pinned)
         self._install_hooks()
         self._preloaded = self.policy.name == "preload"
-        if self._preloaded:
-            self._preload(largest)
+        self._kept = frozenset(kept)
+        try:
+            if self._preloaded:
+                self._preload(largest)
+            if kept:
+                self._keep_units(kept_bytes)
+        except BaseException as exc:
+            # The old configuration is gone and the new one incomplete: hold nothing,
+            # and refuse to run until a configuration succeeds.
+            self._release_configuration()
+            self._lost = f"reading its weights for the new configuration failed ({exc})"
+            raise
+        self._lost = None
 
     def _buffer_sizes(self, sizes: list[int], resident: int, budget_bytes: int | None) -> tuple[int, int]:
         """(read buffer, device buffer) bytes for ``budget_bytes``; a clear error below
@@ -313,6 +336,14 @@ class Engine:
             view.release()
             staging.close()
 
+    def _keep_units(self, nbytes: int) -> None:
+        """Read the units ``auto`` keeps into their own buffer and bind them for good."""
+        self._kept_ring = RingBuffer(nbytes)
+        for i in sorted(self._kept):
+            off = self._kept_ring.allocate(self.blocks[i].nbytes)
+            self.read_unit(i, self._kept_ring.view[off : off + self.blocks[i].nbytes])
+            bind(self._bindings[i], self._kept_ring.bytes, off)
+
     def _unpin(self) -> None:
         if self._pinned is not None:
             self.device.unpin(self._pinned)
@@ -354,6 +385,12 @@ class Engine:
             for bindings in self._bindings:
                 unbind(bindings)
             self._preloaded = False
+        for i in self._kept:
+            unbind(self._bindings[i])
+        self._kept = frozenset()
+        if self._kept_ring is not None:
+            self._kept_ring.close()
+            self._kept_ring = None
         if not keep_ring:
             self._unpin()
             for ring in (self.ring, self.device_ring):
@@ -496,9 +533,13 @@ class Engine:
         # Coalescing and batch-sized wake-ups only where reads may run ahead (async):
         # sequential and sync read each unit as soon as their gate opens, as the paper.
         chunk = min(self.coalesce_bytes, ring.capacity // 2) if policy.name == "async" else 0
+        kept = self._kept
         i = 0
         try:
             while i < n:
+                if i in kept:
+                    i += 1
+                    continue
                 first = blocks[i].nbytes
                 want = max(first, chunk)
                 with room:
@@ -519,6 +560,7 @@ class Engine:
                     stop, total = i + 1, first
                     while (
                         stop < n
+                        and stop not in kept
                         and total + blocks[stop].nbytes <= want
                         and policy.read_may_start(stop, run.started, run.done, self.device.stages)
                         and ring.next_offset(blocks[stop].nbytes) == off + total
@@ -625,6 +667,13 @@ class Engine:
                 run.bound[i] = -1
                 run.kernel_start[i] = time.perf_counter() - run.t0
                 return
+            if i in self._kept:  # bound for good: nothing to wait for
+                run.bound[i] = -1
+                with self._state:
+                    run.kernel_start[i] = time.perf_counter() - run.t0
+                    run.started = i + 1
+                    self._wake_reader(run)
+                return
             # Without a copy stage the kernel uses the read buffer; with one, the device's.
             slots, ring = (run.ready, self.ring) if self.device_ring is None else (run.on_device, self.device_ring)
             with self._state:
@@ -673,6 +722,11 @@ class Engine:
                     return
                 raise self._out_of_order(i, "ends, but its first layer did not run")
             off = run.bound.pop(i)
+            if i in self._kept and run.source is None:
+                with self._state:
+                    run.done = i + 1
+                    self._wake_reader(run)
+                return
             if run.source is not None:
                 self.binder.unbind(self._bindings[i])
                 run.source.release(i)
@@ -715,6 +769,8 @@ class Engine:
             raise LayerfitError("a unit source supplies host memory: run it on an engine with stages=2 on cpu")
         with self._lock:
             self._check_open()
+            if self._lost is not None:
+                raise LayerfitError(f"this engine cannot run: {self._lost}; reconfigure it or load the model again")
             self.reader.check_unchanged()
             run = _Run(len(self.blocks))
             run.source = source
@@ -754,7 +810,8 @@ class Engine:
                     for thread in threads:
                         thread.join()
                     for i in list(run.bound):
-                        self.binder.unbind(self._bindings[i])
+                        if i not in self._kept:
+                            self.binder.unbind(self._bindings[i])
                     run.bound.clear()
                 elif source is not None:
                     for i in list(run.bound):
@@ -770,7 +827,8 @@ class Engine:
                     end - run.t0,
                 )
             rings = [r.peak for r in (self.ring, self.device_ring) if r is not None]
-            self.last_weights_peak = self.memory.resident_bytes + sum(rings) + self.binder.peak_bytes
+            held = self.memory.resident_bytes + self.memory.kept_bytes
+            self.last_weights_peak = held + sum(rings) + self.binder.peak_bytes
             return out
 
     def _check_output(self, out: Any) -> None:
@@ -804,7 +862,7 @@ class Engine:
         out = []
         for t, k, b in changes:
             held[k] = b
-            out.append((max(t - t0, 0.0), sum(held)))
+            out.append((max(t - t0, 0.0), self.memory.kept_bytes + sum(held)))
         return out
 
     def share_verification(self, other: Engine) -> None:
@@ -816,6 +874,11 @@ class Engine:
         ]:
             self._verified = other._verified
             self._verified_blocks = other._verified_blocks
+
+    @property
+    def kept_units(self) -> tuple[int, ...]:
+        """The units pipeline ``auto`` keeps resident beside the buffer, in order."""
+        return tuple(sorted(self._kept))
 
     @property
     def io_mode(self) -> str:

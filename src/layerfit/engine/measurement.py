@@ -60,6 +60,8 @@ def measure(engine: Engine, inputs: tuple, *, repeats: int = 3, warmup: int = 1)
         "pipeline": engine.policy.name,
         "pipeline_requested": engine.pipeline,  # differs where ``auto`` chose
         "units": len(engine.blocks),
+        "kept_units": len(engine.kept_units),  # resident beside the buffer (auto)
+        "kept_bytes": engine.memory.kept_bytes,
         "latency_s": statistics.median(times),
         "latency_min_s": min(times),
         "latency_max_s": max(times),

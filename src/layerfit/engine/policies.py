@@ -15,7 +15,8 @@ lock-step pipeline: unit ``i+1`` is read while kernel ``i`` runs and neither sta
 ahead (double buffers). ``async`` lets the reader run ahead as far as the circular buffer
 allows (Algorithm 1). ``auto`` is not a policy of its own but a choice between two:
 ``preload`` when the budget holds every weight (or no budget is given), ``async``
-otherwise — the fastest pipeline that fits (see :func:`resolve_pipeline`). ``external`` has no reader and no buffer: every inference gets its
+otherwise, with the room beyond async's buffer keeping units resident (see
+:func:`resolve_pipeline` and :func:`choose_kept_units`). ``external`` has no reader and no buffer: every inference gets its
 units from a unit source (:mod:`layerfit.engine.source`), e.g. the multi-request
 scheduler's load tasks. On CPU the copy stage vanishes: weights are used where they were
 read, the paper's two-stage zero-copy pipeline. With a copy stage (three stages, see
@@ -134,3 +135,45 @@ def resolve_pipeline(name: str, weight_bytes: int, budget: int | None) -> str:
         get_policy(name)
         return name
     return "preload" if budget is None or budget >= weight_bytes else "async"
+
+
+REQUEST_BYTES = 256 * 1024
+"""What one read request costs beyond its bytes, in bytes: about a direct read's latency
+times the bandwidth (0.15 ms at 1.3 GB/s on the machine this was measured on; a microSD
+card or an NVMe drive is within a factor of four). It makes a small unit worth keeping."""
+
+
+def choose_kept_units(unit_sizes: list[int], room: int, request_bytes: int = REQUEST_BYTES) -> set[int]:
+    """Units ``auto`` keeps resident when ``room`` bytes hold some but not all of them;
+    the rest stream through a circular buffer of the bytes left.
+
+    Async reads every unit on every inference however large its buffer, so beyond the
+    buffer that overlaps reading with computing, room is better spent keeping units.
+    A unit kept saves its bytes and one request on every inference (``request_bytes``,
+    see :data:`REQUEST_BYTES`). The buffer must hold two of the largest unit streamed
+    (async's own minimum to overlap the two); so for each candidate largest-streamed
+    size ``m``, every larger unit is kept, two of ``m`` go to the buffer, and the rest of
+    the room keeps the smallest units first (the most saved per byte). The candidate
+    that saves the most wins; none fits: nothing is kept and the room is the buffer.
+    """
+    n = len(unit_sizes)
+    by_size = sorted(range(n), key=lambda i: (unit_sizes[i], i))
+    best: set[int] = set()
+    best_saved = 0
+    for m in sorted(set(unit_sizes), reverse=True):
+        larger = [i for i in range(n) if unit_sizes[i] > m]
+        left = room - 2 * m - sum(unit_sizes[i] for i in larger)
+        if m <= 0 or left < 0:
+            continue
+        streamed = max(i for i in range(n) if unit_sizes[i] == m)  # one of size m streams
+        kept = set(larger)
+        for i in by_size:
+            if unit_sizes[i] > left or unit_sizes[i] > m:
+                break
+            if i != streamed:
+                kept.add(i)
+                left -= unit_sizes[i]
+        saved = sum(unit_sizes[i] + request_bytes for i in kept)
+        if saved > best_saved:
+            best, best_saved = kept, saved
+    return best

@@ -1,0 +1,214 @@
+"""Pipeline ``auto``: every weight resident when the budget holds them, else async with the
+room beyond async's buffer spent keeping units resident; always exactly model(x)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import tinymodels
+import torch
+from engine_helpers import read_spy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import layerfit.store.reader as reader_mod
+from layerfit.cli import main
+from layerfit.engine import load
+from layerfit.engine.engine import Engine
+from layerfit.engine.policies import REQUEST_BYTES, choose_kept_units
+from layerfit.errors import BudgetError, LayerfitError, ReadError
+from layerfit.store import ModelSpec, example_input, prepare, read_manifest
+
+SHAPE = (1, 3, 16, 16)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("auto") / "tiny"
+    prepare("tinymodels:tiny_cnn", out, input_shape=SHAPE)
+    return out  # units of 4096, 4096, 12288, 4096, 20480 and 4096 bytes
+
+
+@pytest.fixture(scope="module")
+def reference(tiny: Path):
+    x = example_input(SHAPE)
+    with torch.no_grad():
+        return x, tinymodels.tiny_cnn().eval()(x)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 256).map(lambda k: 4096 * k), min_size=1, max_size=40),
+    room_fraction=st.floats(0.0, 1.0),
+)
+def test_kept_units_leave_async_its_buffer_and_something_to_stream(sizes: list[int], room_fraction: float):
+    room = int(room_fraction * sum(sizes))
+    kept = choose_kept_units(sizes, room)
+    streamed = [n for i, n in enumerate(sizes) if i not in kept]
+    assert kept <= set(range(len(sizes)))
+    assert streamed, "keeping every unit is preload's case"
+    if kept:  # what is kept, plus a buffer that holds two of the largest unit streamed
+        assert sum(sizes[i] for i in kept) + 2 * max(streamed) <= room
+    # Keeping the smallest units beside a buffer of two of the largest is one of the
+    # candidates: the choice saves at least as much as it would.
+    left, floor_kept = room - 2 * max(sizes), []
+    for n in sorted(sizes)[:-1]:
+        if n <= left:
+            floor_kept.append(n)
+            left -= n
+    saved = sum(sizes[i] + REQUEST_BYTES for i in kept)
+    assert saved >= sum(n + REQUEST_BYTES for n in floor_kept)
+
+
+def test_kept_units_shrink_the_buffer_first_then_save_the_most_requests():
+    mib, small = 1 << 20, 64 * 1024
+    # Many small layers and one large classifier (a MobileNet's shape): kept, the
+    # classifier leaves a buffer of two small layers, so every layer but one is kept.
+    assert choose_kept_units([small] * 20 + [5 * mib], 11 * mib) == set(range(21)) - {19}
+    # One unit far larger than the rest (a VGG's fc6): keeping it shrinks the buffer the
+    # rest need from two of it to two of the next, so the room keeps it first.
+    vgg = [2 * mib] * 8 + [40 * mib]
+    assert choose_kept_units(vgg, 48 * mib) == {0, 1, 8}
+    assert choose_kept_units(vgg, 80 * mib) == set(range(9)) - {7}  # one unit of 2 MiB streams
+    assert choose_kept_units(vgg, 40 * mib) == set()  # two of 40 MiB do not fit, nor 40 + two of 2
+    # Units of one size leave the buffer nothing to gain: the small ones go first, each
+    # a request saved, then as many large ones as fit.
+    assert choose_kept_units([mib] * 10 + [small] * 10, 4 * mib) == {0, *range(10, 20)}
+
+
+def test_auto_keeps_every_weight_when_the_budget_holds_them_and_streams_below(tiny: Path, reference, monkeypatch):
+    x, y = reference
+    m = read_manifest(tiny)
+    sizes = [u.nbytes for u in m.units]
+    for budget, chosen, kept in [
+        (None, "preload", ()), (m.total_bytes, "preload", ()), (10**6, "preload", ()),
+        (m.total_bytes - 4096, "async", (0, 2, 4)), (32768, "async", ()),
+    ]:
+        with load(tiny, pipeline="auto", budget=budget) as engine:
+            assert (engine.pipeline, engine.policy.name, engine.kept_units) == ("auto", chosen, kept)
+            assert engine.memory.weight_bytes <= (budget or m.total_bytes)
+            engine(x)  # streamed units are read again on each call, kept ones were read at load
+            reads, spy = read_spy()
+            monkeypatch.setattr(reader_mod.os, "preadv", spy)
+            assert torch.equal(engine(x), y)
+            monkeypatch.undo()
+            assert engine.last_weights_peak <= (budget or m.total_bytes)
+            streamed = sum(n for i, n in enumerate(sizes) if i not in kept) if chosen == "async" else 0
+            assert sum(n for _, n in reads) == streamed
+            assert {off for off, _ in reads}.isdisjoint(m.units[i].offset for i in kept)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    widths=st.lists(st.integers(4, 120), min_size=3, max_size=7),
+    fraction=st.floats(0.0, 0.99),
+    read_delay=st.sampled_from([0.0, 0.002]),
+    coalesce=st.sampled_from([0, "4MiB"]),
+)
+def test_auto_streams_the_rest_in_order_within_the_budget(tmp_path_factory, monkeypatch, widths, fraction, read_delay, coalesce):
+    spec = ModelSpec("factory", "tinymodels:chain", {"widths": widths, "delays": [0.0] * (len(widths) - 1)})
+    out = tmp_path_factory.mktemp("chain") / "m"
+    m = prepare(spec, out, input_shape=(2, widths[0]))
+    budget = m.largest_unit_bytes + int(fraction * (m.total_bytes - m.largest_unit_bytes))
+    real = reader_mod.SegmentReader.read_range
+
+    def slow(self, *a, **k):
+        time.sleep(read_delay)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(reader_mod.SegmentReader, "read_range", slow)
+    x = example_input((2, widths[0]))
+    with torch.no_grad():
+        y = tinymodels.chain(widths, [0.0] * (len(widths) - 1)).eval()(x)
+    with load(out, pipeline="auto", budget=budget, trace=True, coalesce=coalesce) as engine:
+        for _ in range(2):
+            assert torch.equal(engine(x), y)
+        tl, kept, cap = engine.last_timeline, set(engine.kept_units), engine.memory.buffer_bytes
+        assert engine.memory.weight_bytes <= budget and engine.last_weights_peak <= budget
+    reads = [e for e in tl.events if e.stage == "read"]
+    kernels = {e.unit: e for e in tl.events if e.stage == "kernel"}
+    assert [e.unit for e in reads] == [i for i in range(len(m.units)) if i not in kept]
+    assert sorted(kernels) == list(range(len(m.units)))
+    for r in reads:
+        assert kernels[r.unit].start >= r.end  # a streamed kernel never runs before its read
+    for t in sorted({e.start for e in reads}):
+        assert sum(r.nbytes for r in reads if r.start <= t < kernels[r.unit].end) <= cap
+
+
+def test_auto_chooses_again_for_each_new_budget(tiny: Path, reference):
+    x, y = reference
+    total = read_manifest(tiny).total_bytes
+    with load(tiny, pipeline="auto", budget=20480) as engine:
+        assert engine.policy.name == "async"
+        engine.reconfigure(budget=total)
+        assert engine.policy.name == "preload" and torch.equal(engine(x), y)
+        engine.reconfigure(budget=total - 4096)
+        assert (engine.policy.name, engine.kept_units) == ("async", (0, 2, 4)) and torch.equal(engine(x), y)
+        engine.reconfigure(budget=total // 2)
+        assert (engine.policy.name, engine.kept_units) == ("async", ()) and torch.equal(engine(x), y)
+        with pytest.raises(BudgetError):
+            engine.reconfigure(budget=4096)
+        with pytest.raises(LayerfitError, match="unknown pipeline 'fast': choose one of auto, preload"):
+            engine.reconfigure(pipeline="fast", budget=total)
+        # refused: what ran before keeps running
+        assert (engine.pipeline, engine.policy.name, engine.memory.buffer_bytes) == ("auto", "async", total // 2)
+        engine.reconfigure(pipeline="sync", budget=total)  # asked for by name: no choice made
+        assert (engine.pipeline, engine.policy.name, engine.kept_units) == ("sync", "sync", ())
+        assert torch.equal(engine(x), y)
+
+
+def test_a_failed_read_of_the_kept_units_leaves_an_engine_that_says_so(tiny: Path, reference, monkeypatch):
+    x, y = reference
+    total = read_manifest(tiny).total_bytes
+    with load(tiny, pipeline="auto", budget=total // 2) as engine:
+        assert torch.equal(engine(x), y)
+        real = Engine.read_unit
+
+        def failing(self, i, into):
+            raise ReadError(f"reading unit {i} failed: [Errno 5] Input/output error")
+
+        monkeypatch.setattr(Engine, "read_unit", failing)
+        with pytest.raises(ReadError, match="Input/output error"):
+            engine.reconfigure(budget=total - 4096)  # keeps units 0, 2 and 4: reads them now
+        monkeypatch.setattr(Engine, "read_unit", real)
+        with pytest.raises(LayerfitError, match="cannot run: reading its weights for the new configuration failed"):
+            engine(x)
+        assert engine.memory.weight_bytes <= total
+        engine.reconfigure(budget=total - 4096)
+        assert engine.kept_units == (0, 2, 4) and torch.equal(engine(x), y)
+
+
+def test_preload_below_every_weight_says_what_it_needs_and_what_streaming_needs(tiny: Path):
+    m = read_manifest(tiny)
+    for budget in (4096, m.largest_unit_bytes, m.total_bytes - 1):
+        with pytest.raises(
+            BudgetError,
+            match=f"preload keeps every weight resident and needs {m.total_bytes} bytes; the budget is {budget} "
+            rf"bytes: raise it, or stream the weights \(pipeline 'auto' or 'async', from {m.largest_unit_bytes} bytes\)",
+        ):
+            load(tiny, pipeline="preload", budget=budget)
+
+
+def test_run_cli_streams_a_budget_below_the_weights_and_keeps_them_above(tiny: Path, capsys):
+    total = read_manifest(tiny).total_bytes
+    reports = {}
+    for budget in (None, total // 2, total - 4096, total):
+        args = ["run", str(tiny), "--json", "--repeats", "1"] + ([] if budget is None else ["--budget", str(budget)])
+        assert main(args) == 0
+        reports[budget] = json.loads(capsys.readouterr().out)
+        assert reports[budget]["pipeline_requested"] == "auto"
+    assert [(r["pipeline"], r["kept_units"]) for r in reports.values()] == [
+        ("preload", 0), ("async", 0), ("async", 3), ("preload", 0)
+    ]
+    assert reports[total - 4096]["kept_bytes"] == 4096 + 12288 + 20480
+    assert reports[total // 2]["weights_peak_bytes"] <= total // 2
+    assert len({r["output_sha256"] for r in reports.values()}) == 1
+    assert main(["run", str(tiny), "--budget", str(total - 4096), "--repeats", "1"]) == 0
+    assert "[async, chosen by auto, 6 units (3 kept resident, 36.9 kB)," in capsys.readouterr().out
+    assert main(["run", str(tiny), "--pipeline", "async", "--budget", str(total), "--repeats", "1"]) == 0
+    assert "[async, 6 units, 2 stages" in capsys.readouterr().out  # asked for by name: streamed as asked
+    assert main(["run", str(tiny), "--pipeline", "preload", "--budget", str(total // 2)]) == 2
+    assert "stream the weights (pipeline 'auto' or 'async'" in capsys.readouterr().err
