@@ -834,7 +834,9 @@ def plot_trace(
 @tradeoff_app.command("delay")
 def tradeoff_delay(
     directory: str = typer.Argument(..., help="prepared model directory"),
-    pipeline: str = typer.Option("async", "--pipeline", help="a pipeline whose buffer can grow: async"),
+    pipeline: str = typer.Option(
+        "async", "--pipeline", help="a pipeline that uses a larger budget: async (the paper's search) or auto"
+    ),
     step: str = typer.Option("1MB", "--step", help="budget increment per point"),
     repeats: int = typer.Option(3, "--repeats", min=1),
     warmup: int = typer.Option(1, "--warmup", min=0),

@@ -10,7 +10,7 @@ import pytest
 from layerfit.cli import main
 from layerfit.engine import load
 from layerfit.errors import LayerfitError
-from layerfit.store import example_input, prepare
+from layerfit.store import example_input, prepare, read_manifest
 from layerfit.tradeoff.delay import minimal_delay_search
 
 
@@ -50,6 +50,18 @@ def test_patience_stops_phase_one_early(tiny: Path):
 def test_search_refuses_fixed_buffer_pipelines(tiny: Path):
     with load(tiny, pipeline="sync") as engine, pytest.raises(LayerfitError, match="async"):
         minimal_delay_search(engine, (example_input((1, 3, 16, 16)),))
+
+
+def test_search_with_auto_runs_from_async_minimum_to_every_weight_resident(tiny: Path):
+    m = read_manifest(tiny)
+    x = example_input((1, 3, 16, 16))
+    with load(tiny, pipeline="auto") as engine:
+        curve = minimal_delay_search(engine, (x,), step=4096, repeats=1, warmup=0)
+        assert (engine.pipeline, engine.policy.name) == ("auto", "preload")  # the last point holds them all
+    budgets = [p.budget_bytes for p in curve.points]
+    assert curve.pipeline == "auto"
+    assert budgets[0] == 2 * m.largest_unit_bytes and budgets[-1] == m.total_bytes
+    assert all(p.weights_peak_bytes <= p.budget_bytes for p in curve.points)
 
 
 def test_cli_writes_json_and_plot(tiny: Path, tmp_path: Path, capsys):

@@ -1,6 +1,7 @@
 """Minimal-delay buffer size: Demand Layering's iterative search (Section V-D).
 
-An asynchronous pipeline may use more buffer than its minimum to hide more reads. The
+An asynchronous pipeline may use more buffer than its minimum to hide more reads
+(``auto`` also keeps units resident with it, and every weight once it holds them all). The
 search starts at the pipeline's minimum (resident tensors + 2 x the largest unit for
 ``async``), grows the budget by ``step`` up to the model size and records the delay at
 each point (phase 1); phase 2 walks the points from the start and stops at the first
@@ -126,9 +127,10 @@ def minimal_delay_search(
 ) -> DelayCurve:
     """Run the two-phase search on ``engine`` (reconfigured in place, not reloaded);
     ``reference`` scores every point relative to that engine, run alternately."""
-    if engine.policy.name not in ("async",):
+    if engine.pipeline not in ("async", "auto"):
         raise LayerfitError(
-            f"the minimal-delay search needs a pipeline whose buffer can grow (async), not {engine.policy.name!r}"
+            "the minimal-delay search needs a pipeline that uses a larger budget (async or auto), "
+            f"not {engine.pipeline!r}"
         )
     if step <= 0:
         raise LayerfitError("the search step must be positive, e.g. --step 1MB")
@@ -166,7 +168,7 @@ def minimal_delay_search(
         budget = min(budget + step, stop)
     minimum = min(p.score for p in points)
     minimal = next(p for p in points if p.score <= minimum * (1 + tolerance))
-    return DelayCurve(engine.policy.name, step, points, minimal, tolerance)
+    return DelayCurve(engine.pipeline, step, points, minimal, tolerance)
 
 
 def plot_delay_curve(curve: DelayCurve, path: str | Path, title: str | None = None) -> Path:
