@@ -160,6 +160,27 @@ def test_auto_chooses_again_for_each_new_budget(tiny: Path, reference):
         assert torch.equal(engine(x), y)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(st.sampled_from([None, "auto", "async", "preload"]), st.integers(0, 13)), min_size=1, max_size=6))
+def test_any_sequence_of_reconfigurations_runs_the_model_exactly(tiny: Path, reference, steps):
+    x, y = reference
+    total = read_manifest(tiny).total_bytes  # 49152
+    current = 20480
+    with load(tiny, pipeline="auto", budget=current) as engine:
+        for pipeline, pages in steps:
+            budget = 20480 + 4096 * pages  # from the minimum to past every weight
+            try:
+                engine.reconfigure(pipeline=pipeline, budget=budget)
+                current = budget
+            except BudgetError:  # only preload has a minimum above 20480: every weight
+                assert (pipeline or engine.pipeline) == "preload" and budget < total
+            assert engine.memory.weight_bytes <= current
+            if engine.pipeline == "auto":
+                assert engine.policy.name == ("preload" if current >= total else "async")
+            assert torch.equal(engine(x), y)
+            assert engine.last_weights_peak <= current
+
+
 def test_a_failed_read_of_the_kept_units_leaves_an_engine_that_says_so(tiny: Path, reference, monkeypatch):
     x, y = reference
     total = read_manifest(tiny).total_bytes
