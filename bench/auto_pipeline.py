@@ -10,9 +10,13 @@ median latency of ``preload`` (every weight resident, the plain-PyTorch speed), 
 and ``auto`` in alternating rounds in one process (each round runs the three back to back,
 each on a fresh engine), the units ``auto`` keeps, and the weights each holds at its peak,
 which the budget bounds. Outputs are checked bit for bit against ``preload``'s. Nothing
-asserts a timing. Writes ``bench/results/auto_pipeline.{json,md}``::
+asserts a timing. With ``--storage sd`` every read goes through a throttle that plays a
+Raspberry Pi 4's microSD card (root), and each timed inference starts with the throttle
+settled. Writes ``bench/results/auto_pipeline.{json,md}``::
 
     .venv/bin/python bench/auto_pipeline.py
+    .venv/bin/python bench/auto_pipeline.py --storage sd --models blazeface,mobilenet_v2,deeplab_v3 \
+        --passes 3 --rounds 2 --output auto_pipeline_sd
 """
 
 from __future__ import annotations
@@ -25,14 +29,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, mb, paired_overhead, prepared_zoo_model, write_results  # noqa: E402
+from common import Storage, machine, mb, paired_overhead, prepared_zoo_model, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "auto_pipeline"
 DEFAULT_MODELS = "blazeface,mobilenet_v2,resnet50,deeplab_v3"
 DEFAULT_FRACTIONS = "0.2,0.4,0.6,0.8,0.95"
 
 
-def one_engine(directory: Path, x: Any, expected: Any, passes: int, **options: Any) -> dict[str, Any]:
+def one_engine(directory: Path, x: Any, expected: Any, passes: int, storage: Storage, **options: Any) -> dict[str, Any]:
     """Median latency of ``passes`` inferences (after one warm-up) on a fresh engine."""
     import torch
 
@@ -42,6 +46,7 @@ def one_engine(directory: Path, x: Any, expected: Any, passes: int, **options: A
         out = engine(x)
         times, peak = [], 0
         for _ in range(passes):
+            storage.settle()  # the throttle must not credit this inference with idle time
             t0 = time.perf_counter()
             out = engine(x)
             times.append(time.perf_counter() - t0)
@@ -58,14 +63,14 @@ def one_engine(directory: Path, x: Any, expected: Any, passes: int, **options: A
         }
 
 
-def measure_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def measure_model(name: str, args: argparse.Namespace, storage: Storage) -> dict[str, Any]:
     from layerfit import zoo
     from layerfit.store import example_input, read_manifest
 
     directory = prepared_zoo_model(name, zoo.get(name).input_shape[-1], CACHE)
     m = read_manifest(directory)
     x = example_input(m.input_shape, m.input_dtype, m.seed)
-    expected = one_engine(directory, x, None, 1, pipeline="preload")["output"]
+    expected = one_engine(directory, x, None, 1, storage, pipeline="preload")["output"]
     weights = m.resident_bytes + m.total_bytes
     minimum = m.resident_bytes + m.largest_unit_bytes
     result: dict[str, Any] = {
@@ -78,9 +83,11 @@ def measure_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
             continue
         rows: dict[str, list[dict[str, Any]]] = {"preload": [], "async": [], "auto": []}
         for _ in range(args.rounds):
-            rows["preload"].append(one_engine(directory, x, expected, args.passes, pipeline="preload"))
+            rows["preload"].append(one_engine(directory, x, expected, args.passes, storage, pipeline="preload"))
             for pipeline in ("async", "auto"):
-                rows[pipeline].append(one_engine(directory, x, expected, args.passes, pipeline=pipeline, budget=budget))
+                rows[pipeline].append(
+                    one_engine(directory, x, expected, args.passes, storage, pipeline=pipeline, budget=budget)
+                )
         entry: dict[str, Any] = {"fraction": fraction, "budget_bytes": budget}
         for pipeline, runs in rows.items():
             entry[pipeline] = {
@@ -114,7 +121,10 @@ def markdown(data: dict[str, Any]) -> str:
         "# Pipeline auto against async, by budget",
         "",
         f"Machine: {data['machine']['cores']} cores, torch {data['machine']['torch']}, "
-        f"{data['machine']['torch_threads']} threads. {data['rounds']} alternating rounds of "
+        f"{data['machine']['torch_threads']} threads, storage {data['storage']['kind']}"
+        + (f" (throttled to {data['storage']['read_bps'] / 1e6:.1f} MB/s, {data['storage']['read_iops']} reads/s)"
+           if data["storage"]["kind"] == "sd" else "")
+        + f". {data['rounds']} alternating rounds of "
         f"{data['passes']} inferences per pipeline (medians of the round medians); overheads are "
         "the median of per-round ratios.",
         "",
@@ -145,12 +155,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fractions", default=DEFAULT_FRACTIONS, help="budgets as fractions of each model's weights")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--passes", type=int, default=10, help="inferences per pipeline and round")
+    p.add_argument("--storage", default="vm", help="vm: this machine's disk as it is; sd: reads throttled "
+                   "to a Raspberry Pi 4's microSD card (root)")
     p.add_argument("--output", default="auto_pipeline")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    data: dict[str, Any] = {"machine": machine(), "rounds": args.rounds, "passes": args.passes, "models": {}}
-    for name in args.models.split(","):
-        data["models"][name] = measure_model(name, args)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    storage = Storage(args.storage, CACHE)
+    data: dict[str, Any] = {
+        "machine": machine(), "rounds": args.rounds, "passes": args.passes, "storage": storage.describe(), "models": {}
+    }
+    try:
+        storage.enter_here()  # from here on every read goes through the throttle, if any
+        for name in args.models.split(","):
+            data["models"][name] = measure_model(name, args, storage)
+    finally:
+        storage.leave_here()
+        storage.remove()
     data["wall_s"] = time.perf_counter() - t0
     js, md = write_results(args.output, data, markdown(data))
     print(f"wrote {js} and {md}")
