@@ -16,8 +16,8 @@ ahead (double buffers). ``async`` lets the reader run ahead as far as the circul
 allows (Algorithm 1). ``auto`` is not a policy of its own but a choice between two:
 ``preload`` when the budget holds every weight (or no budget is given), ``async``
 otherwise, with the room beyond async's buffer keeping units resident (see
-:func:`resolve_pipeline` and :func:`choose_kept_units`). ``external`` has no reader and no buffer: every inference gets its
-units from a unit source (:mod:`layerfit.engine.source`), e.g. the multi-request
+:func:`resolve_pipeline` and :func:`choose_kept_units`). ``external`` has no reader and
+no buffer: every inference gets its units from a unit source (:mod:`layerfit.engine.source`), e.g. the multi-request
 scheduler's load tasks. On CPU the copy stage vanishes: weights are used where they were
 read, the paper's two-stage zero-copy pipeline. With a copy stage (three stages, see
 :mod:`layerfit.engine.device`) ``copy_may_start`` gates each copy the same way, and the
@@ -129,7 +129,7 @@ def resolve_pipeline(name: str, weight_bytes: int, budget: int | None) -> str:
     ``auto`` keeps every weight resident (``preload``) when the budget holds them all or
     no budget is given: streaming then re-reads each unit on every inference for nothing,
     since its buffer would hold the whole model anyway. Below that it streams them
-    (``async``, the pipeline that uses a larger budget best).
+    (``async``), and the engine keeps what :func:`choose_kept_units` picks.
     """
     if name != AUTO:
         get_policy(name)
@@ -139,8 +139,11 @@ def resolve_pipeline(name: str, weight_bytes: int, budget: int | None) -> str:
 
 REQUEST_BYTES = 256 * 1024
 """What one read request costs beyond its bytes, in bytes: about a direct read's latency
-times the bandwidth (0.15 ms at 1.3 GB/s on the machine this was measured on; a microSD
-card or an NVMe drive is within a factor of four). It makes a small unit worth keeping."""
+times the bandwidth (0.15 ms at 1.3 GB/s on the VM this was measured on; a Pi 4's
+microSD card, 43.7 MB/s at 1800 reads/s, is nearer 24 KiB). It makes a small unit worth
+keeping. The choice barely depends on the value: on the throttled card, 24 KiB and
+256 KiB kept the same units of mobilenet_v2 and deeplab_v3 at 50-70 % of their weights,
+while bytes alone (0) kept other units of deeplab_v3 at 70 %, 12 % slower."""
 
 
 def choose_kept_units(unit_sizes: list[int], room: int, request_bytes: int = REQUEST_BYTES) -> set[int]:
