@@ -17,6 +17,10 @@ settled. Writes ``bench/results/auto_pipeline.{json,md}``::
     .venv/bin/python bench/auto_pipeline.py
     .venv/bin/python bench/auto_pipeline.py --storage sd --models blazeface,mobilenet_v2,deeplab_v3 \
         --passes 3 --rounds 2 --output auto_pipeline_sd
+    .venv/bin/python bench/auto_pipeline.py --stages 3 --output auto_pipeline_3stage
+
+``--stages 3`` runs the copy stage on CPU (a real copy into a second host buffer, see
+:mod:`layerfit.engine.device`): the scheduling a GPU gets, without the GPU.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ def measure_model(name: str, args: argparse.Namespace, storage: Storage) -> dict
     x = example_input(m.input_shape, m.input_dtype, m.seed)
     expected = one_engine(directory, x, None, 1, storage, pipeline="preload")["output"]
     weights = m.resident_bytes + m.total_bytes
-    minimum = m.resident_bytes + m.largest_unit_bytes
+    minimum = m.resident_bytes + (args.stages - 1) * m.largest_unit_bytes
     result: dict[str, Any] = {
         "weights_bytes": weights, "minimum_budget_bytes": minimum, "units": len(m.units), "budgets": []
     }
@@ -83,11 +87,13 @@ def measure_model(name: str, args: argparse.Namespace, storage: Storage) -> dict
             continue
         rows: dict[str, list[dict[str, Any]]] = {"preload": [], "async": [], "auto": []}
         for _ in range(args.rounds):
-            rows["preload"].append(one_engine(directory, x, expected, args.passes, storage, pipeline="preload"))
+            rows["preload"].append(
+                one_engine(directory, x, expected, args.passes, storage, pipeline="preload", stages=args.stages)
+            )
             for pipeline in ("async", "auto"):
-                rows[pipeline].append(
-                    one_engine(directory, x, expected, args.passes, storage, pipeline=pipeline, budget=budget)
-                )
+                rows[pipeline].append(one_engine(
+                    directory, x, expected, args.passes, storage, pipeline=pipeline, budget=budget, stages=args.stages
+                ))
         entry: dict[str, Any] = {"fraction": fraction, "budget_bytes": budget}
         for pipeline, runs in rows.items():
             entry[pipeline] = {
@@ -121,7 +127,7 @@ def markdown(data: dict[str, Any]) -> str:
         "# Pipeline auto against async, by budget",
         "",
         f"Machine: {data['machine']['cores']} cores, torch {data['machine']['torch']}, "
-        f"{data['machine']['torch_threads']} threads, storage {data['storage']['kind']}"
+        f"{data['machine']['torch_threads']} threads, {data['stages']} stages, storage {data['storage']['kind']}"
         + (f" (throttled to {data['storage']['read_bps'] / 1e6:.1f} MB/s, {data['storage']['read_iops']} reads/s)"
            if data["storage"]["kind"] == "sd" else "")
         + f". {data['rounds']} alternating rounds of "
@@ -157,13 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--passes", type=int, default=10, help="inferences per pipeline and round")
     p.add_argument("--storage", default="vm", help="vm: this machine's disk as it is; sd: reads throttled "
                    "to a Raspberry Pi 4's microSD card (root)")
+    p.add_argument("--stages", type=int, default=2, help="2 (cpu default) or 3: a copy stage into a second buffer")
     p.add_argument("--output", default="auto_pipeline")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     CACHE.mkdir(parents=True, exist_ok=True)
     storage = Storage(args.storage, CACHE)
     data: dict[str, Any] = {
-        "machine": machine(), "rounds": args.rounds, "passes": args.passes, "storage": storage.describe(), "models": {}
+        "machine": machine(), "rounds": args.rounds, "passes": args.passes, "stages": args.stages,
+        "storage": storage.describe(), "models": {},
     }
     try:
         storage.enter_here()  # from here on every read goes through the throttle, if any

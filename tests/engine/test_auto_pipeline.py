@@ -101,18 +101,22 @@ def test_auto_keeps_every_weight_when_the_budget_holds_them_and_streams_below(ti
             assert {off for off, _ in reads}.isdisjoint(m.units[i].offset for i in kept)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     widths=st.lists(st.integers(4, 120), min_size=3, max_size=7),
     fraction=st.floats(0.0, 0.99),
     read_delay=st.sampled_from([0.0, 0.002]),
     coalesce=st.sampled_from([0, "4MiB"]),
+    stages=st.sampled_from([2, 3]),
 )
-def test_auto_streams_the_rest_in_order_within_the_budget(tmp_path_factory, monkeypatch, widths, fraction, read_delay, coalesce):
+def test_auto_streams_the_rest_in_order_within_the_budget(
+    tmp_path_factory, monkeypatch, widths, fraction, read_delay, coalesce, stages
+):
     spec = ModelSpec("factory", "tinymodels:chain", {"widths": widths, "delays": [0.0] * (len(widths) - 1)})
     out = tmp_path_factory.mktemp("chain") / "m"
     m = prepare(spec, out, input_shape=(2, widths[0]))
-    budget = m.largest_unit_bytes + int(fraction * (m.total_bytes - m.largest_unit_bytes))
+    minimum = (stages - 1) * m.largest_unit_bytes  # a read buffer, and a device buffer with three stages
+    budget = max(minimum, minimum + int(fraction * (m.total_bytes - minimum)))
     real = reader_mod.SegmentReader.read_range
 
     def slow(self, *a, **k):
@@ -123,19 +127,58 @@ def test_auto_streams_the_rest_in_order_within_the_budget(tmp_path_factory, monk
     x = example_input((2, widths[0]))
     with torch.no_grad():
         y = tinymodels.chain(widths, [0.0] * (len(widths) - 1)).eval()(x)
-    with load(out, pipeline="auto", budget=budget, trace=True, coalesce=coalesce) as engine:
+    with load(out, pipeline="auto", budget=budget, trace=True, coalesce=coalesce, stages=stages) as engine:
         for _ in range(2):
             assert torch.equal(engine(x), y)
-        tl, kept, cap = engine.last_timeline, set(engine.kept_units), engine.memory.buffer_bytes
+        tl, kept, policy = engine.last_timeline, set(engine.kept_units), engine.policy.name
+        cap, device_cap = engine.memory.buffer_bytes, engine.memory.device_buffer_bytes
         assert engine.memory.weight_bytes <= budget and engine.last_weights_peak <= budget
+    assert policy == ("preload" if budget >= m.total_bytes else "async")
+    streamed = [] if policy == "preload" else [i for i in range(len(m.units)) if i not in kept]
     reads = [e for e in tl.events if e.stage == "read"]
+    copies = [e for e in tl.events if e.stage == "copy"]
     kernels = {e.unit: e for e in tl.events if e.stage == "kernel"}
-    assert [e.unit for e in reads] == [i for i in range(len(m.units)) if i not in kept]
+    assert [e.unit for e in reads] == streamed
+    assert [e.unit for e in copies] == (streamed if stages == 3 else [])
     assert sorted(kernels) == list(range(len(m.units)))
-    for r in reads:
-        assert kernels[r.unit].start >= r.end  # a streamed kernel never runs before its read
+    # a streamed kernel never runs before its bytes are there; each buffer holds its units
+    usable = {c.unit: c.end for c in copies} if stages == 3 else {r.unit: r.end for r in reads}
+    read_until = usable if stages == 3 else {u: kernels[u].end for u in streamed}
+    for u in streamed:
+        assert kernels[u].start >= usable[u]
     for t in sorted({e.start for e in reads}):
-        assert sum(r.nbytes for r in reads if r.start <= t < kernels[r.unit].end) <= cap
+        assert sum(r.nbytes for r in reads if r.start <= t < read_until[r.unit]) <= cap
+    for t in sorted({c.start for c in copies}):
+        assert sum(c.nbytes for c in copies if c.start <= t < kernels[c.unit].end) <= device_cap
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))],
+)
+def test_three_stages_keep_units_in_the_device_buffer(tmp_path: Path, monkeypatch, device: str):
+    widths = [100, 100, 8, 8, 8, 8, 8]  # units of 40960 bytes, then five of 4096
+    spec = ModelSpec("factory", "tinymodels:chain", {"widths": widths, "delays": [0.0] * 6})
+    m = prepare(spec, tmp_path / "m", input_shape=(2, 100))
+    x = example_input((2, 100)).to(device)
+    with torch.no_grad():
+        y = tinymodels.chain(widths, [0.0] * 6).eval().to(device)(x)
+    # the large unit kept (40960), and a read and a device buffer of two of 4096 each
+    with load(tmp_path / "m", pipeline="auto", budget=57344, stages=3, device=device, trace=True) as engine:
+        assert engine.kept_units == (0,)
+        assert (engine.memory.kept_bytes, engine.memory.buffer_bytes, engine.memory.device_buffer_bytes) == (
+            40960, 8192, 8192
+        )
+        engine(x)
+        reads, spy = read_spy()
+        monkeypatch.setattr(reader_mod.os, "preadv", spy)
+        assert torch.equal(engine(x), y)
+        assert sum(n for _, n in reads) == m.total_bytes - 40960  # the kept unit is not read again
+        assert [e.unit for e in engine.last_timeline.events if e.stage == "copy"] == [1, 2, 3, 4, 5]
+        assert engine.last_weights_peak <= 57344
+    # async needs a read and a device buffer of the large unit each: more than that budget
+    with pytest.raises(BudgetError, match="below the minimum for this model: 81920 bytes"):
+        load(tmp_path / "m", pipeline="async", budget=57344, stages=3)
 
 
 def test_auto_chooses_again_for_each_new_budget(tiny: Path, reference):

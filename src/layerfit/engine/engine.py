@@ -219,8 +219,8 @@ class Engine:
         budget_bytes = None if budget is None else parse_bytes(budget)
         self.policy = get_policy(resolve_pipeline(self.pipeline, resident + sum(sizes), budget_bytes))
         kept: set[int] = set()
-        if self.pipeline == AUTO and self.policy.name == "async" and not three and budget_bytes is not None:
-            kept = choose_kept_units(sizes, budget_bytes - resident)
+        if self.pipeline == AUTO and self.policy.name == "async" and budget_bytes is not None:
+            kept = choose_kept_units(sizes, budget_bytes - resident, buffers=2 if three else 1)
         kept_bytes = sum(sizes[i] for i in kept)
         streamed = [n for i, n in enumerate(sizes) if i not in kept]
         capacity, device_capacity = self._buffer_sizes(streamed, resident + kept_bytes, budget_bytes)
@@ -252,7 +252,7 @@ class Engine:
         self._kept = frozenset(kept)
         try:
             if self._preloaded:
-                self._preload(largest)
+                self._preload()
             if kept:
                 self._keep_units(kept_bytes)
         except BaseException as exc:
@@ -275,7 +275,7 @@ class Engine:
             raise BudgetError(
                 f"preload keeps every weight resident and needs {resident + sum(sizes)} bytes; "
                 f"the budget is {budget_bytes} bytes: raise it, or stream the weights "
-                f"(pipeline 'auto' or 'async', from {resident + copies * largest} bytes)"
+                f"(pipeline 'auto' or 'async', from {resident + (2 if three else 1) * largest} bytes)"
             )
         if budget_bytes is not None and budget_bytes < resident + copies * largest:
             raise BudgetError(
@@ -314,35 +314,47 @@ class Engine:
         ring.record_history = self.trace
         return ring
 
-    def _preload(self, largest: int) -> None:
+    def _preload(self) -> None:
         """Read every unit once and bind it for good (the preload policy)."""
+        units = list(range(len(self.blocks)))
         if self.device_ring is None:
-            for i, blk in enumerate(self.blocks):
-                off = self.ring.allocate(blk.nbytes)
-                self.read_unit(i, self.ring.view[off : off + blk.nbytes])
-                bind(self._bindings[i], self.ring.bytes, off)
+            self._bind_for_good(units, self.ring)
+        else:
+            self._bind_for_good(units, self.device_ring, staged=True)
+
+    def _keep_units(self, nbytes: int) -> None:
+        """Read the units ``auto`` keeps into their own buffer and bind them for good;
+        with a copy stage that buffer is device memory, filled as preload fills it."""
+        three = self.device_ring is not None
+        self._kept_ring = RingBuffer(nbytes, None, self.device.device_buffer(nbytes) if three else None)
+        self._bind_for_good(sorted(self._kept), self._kept_ring, staged=three)
+
+    def _bind_for_good(self, units: list[int], target: RingBuffer, staged: bool = False) -> None:
+        """Read ``units`` into ``target`` and bind them there for good. ``staged``: the
+        target is device memory, reached through a host staging buffer of the largest of
+        them that is freed after."""
+        if not staged:
+            for i in units:
+                n = self.blocks[i].nbytes
+                off = target.allocate(n)
+                self.read_unit(i, target.view[off : off + n])
+                bind(self._bindings[i], target.bytes, off)
             return
-        # Three stages: each unit passes through a staging buffer that is freed after.
-        staging = aligned_buffer(largest)
+        if not units:
+            return
+        staging = aligned_buffer(max(self.blocks[i].nbytes for i in units))
         view, host = memoryview(staging), torch.frombuffer(staging, dtype=torch.uint8)
         try:
-            for i, blk in enumerate(self.blocks):
-                off = self.device_ring.allocate(blk.nbytes)
-                self.read_unit(i, view[: blk.nbytes])
-                self.device.copy(self.device_ring.bytes[off : off + blk.nbytes], host[: blk.nbytes])
-                bind(self._bindings[i], self.device_ring.bytes, off)
+            for i in units:
+                n = self.blocks[i].nbytes
+                off = target.allocate(n)
+                self.read_unit(i, view[:n])
+                self.device.copy(target.bytes[off : off + n], host[:n])
+                bind(self._bindings[i], target.bytes, off)
         finally:
             del host
             view.release()
             staging.close()
-
-    def _keep_units(self, nbytes: int) -> None:
-        """Read the units ``auto`` keeps into their own buffer and bind them for good."""
-        self._kept_ring = RingBuffer(nbytes)
-        for i in sorted(self._kept):
-            off = self._kept_ring.allocate(self.blocks[i].nbytes)
-            self.read_unit(i, self._kept_ring.view[off : off + self.blocks[i].nbytes])
-            bind(self._bindings[i], self._kept_ring.bytes, off)
 
     def _unpin(self) -> None:
         if self._pinned is not None:
@@ -613,6 +625,8 @@ class Engine:
         j = 0
         try:
             for j, blk in enumerate(self.blocks):
+                if j in self._kept:  # already on the device, for good
+                    continue
                 with cond:
                     while not dev.cancelled and not self._copier_may_go(run, j):
                         run.copier_waits = j
@@ -673,6 +687,8 @@ class Engine:
                     run.kernel_start[i] = time.perf_counter() - run.t0
                     run.started = i + 1
                     self._wake_reader(run)
+                    if self.device_ring is not None:
+                        self._wake_copier(run)
                 return
             # Without a copy stage the kernel uses the read buffer; with one, the device's.
             slots, ring = (run.ready, self.ring) if self.device_ring is None else (run.on_device, self.device_ring)
@@ -726,6 +742,8 @@ class Engine:
                 with self._state:
                     run.done = i + 1
                     self._wake_reader(run)
+                    if self.device_ring is not None:
+                        self._wake_copier(run)
                 return
             if run.source is not None:
                 self.binder.unbind(self._bindings[i])

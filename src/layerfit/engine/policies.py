@@ -146,18 +146,21 @@ keeping. The choice barely depends on the value: on the throttled card, 24 KiB a
 while bytes alone (0) kept other units of deeplab_v3 at 70 %, 12 % slower."""
 
 
-def choose_kept_units(unit_sizes: list[int], room: int, request_bytes: int = REQUEST_BYTES) -> set[int]:
+def choose_kept_units(
+    unit_sizes: list[int], room: int, request_bytes: int = REQUEST_BYTES, buffers: int = 1
+) -> set[int]:
     """Units ``auto`` keeps resident when ``room`` bytes hold some but not all of them;
     the rest stream through a circular buffer of the bytes left.
 
     Async reads every unit on every inference however large its buffer, so beyond the
     buffer that overlaps reading with computing, room is better spent keeping units.
     A unit kept saves its bytes and one request on every inference (``request_bytes``,
-    see :data:`REQUEST_BYTES`). The buffer must hold two of the largest unit streamed
-    (async's own minimum to overlap the two); so for each candidate largest-streamed
-    size ``m``, every larger unit is kept, two of ``m`` go to the buffer, and the rest of
-    the room keeps the smallest units first (the most saved per byte). The candidate
-    that saves the most wins; none fits: nothing is kept and the room is the buffer.
+    see :data:`REQUEST_BYTES`). Each of the ``buffers`` buffers (two with a copy stage:
+    the read and the device buffer) must hold two of the largest unit streamed, so that
+    its stages overlap; so for each candidate largest-streamed size ``m``, every larger
+    unit is kept, two of ``m`` per buffer are set aside, and the rest of the room keeps
+    the smallest units first (the most saved per byte). The candidate that saves the
+    most wins; none fits: nothing is kept and the room is the buffers.
     """
     n = len(unit_sizes)
     by_size = sorted(range(n), key=lambda i: (unit_sizes[i], i))
@@ -165,7 +168,7 @@ def choose_kept_units(unit_sizes: list[int], room: int, request_bytes: int = REQ
     best_saved = 0
     for m in sorted(set(unit_sizes), reverse=True):
         larger = [i for i in range(n) if unit_sizes[i] > m]
-        left = room - 2 * m - sum(unit_sizes[i] for i in larger)
+        left = room - 2 * m * buffers - sum(unit_sizes[i] for i in larger)
         if m <= 0 or left < 0:
             continue
         streamed = max(i for i in range(n) if unit_sizes[i] == m)  # one of size m streams
