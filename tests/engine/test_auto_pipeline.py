@@ -18,7 +18,7 @@ import layerfit.store.reader as reader_mod
 from layerfit.cli import main
 from layerfit.engine import load
 from layerfit.engine.engine import Engine
-from layerfit.engine.policies import REQUEST_BYTES, choose_kept_units
+from layerfit.engine.policies import REQUEST_BYTES, choose_kept_units, least_room_to_keep
 from layerfit.errors import BudgetError, LayerfitError, ReadError
 from layerfit.store import ModelSpec, example_input, prepare, read_manifest
 
@@ -61,6 +61,19 @@ def test_kept_units_leave_async_its_buffer_and_something_to_stream(sizes: list[i
             left -= n
     saved = sum(sizes[i] + REQUEST_BYTES for i in kept)
     assert saved >= sum(n + REQUEST_BYTES for n in floor_kept)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 256).map(lambda k: 4096 * k), min_size=1, max_size=40),
+    room_fraction=st.floats(0.0, 1.0),
+    buffers=st.sampled_from([1, 2]),
+)
+def test_the_least_room_to_keep_is_where_keeping_starts(sizes: list[int], room_fraction: float, buffers: int):
+    least = least_room_to_keep(sizes, buffers)
+    room = int(room_fraction * (sum(sizes) + 2 * max(sizes) * buffers))
+    kept = choose_kept_units(sizes, room, buffers=buffers)
+    assert bool(kept) == (least is not None and room >= least)
 
 
 def test_kept_units_shrink_the_buffer_first_then_save_the_most_requests():
@@ -179,6 +192,9 @@ def test_three_stages_keep_units_in_the_device_buffer(tmp_path: Path, monkeypatc
     # async needs a read and a device buffer of the large unit each: more than that budget
     with pytest.raises(BudgetError, match="below the minimum for this model: 81920 bytes"):
         load(tmp_path / "m", pipeline="async", budget=57344, stages=3)
+    # below auto's own minimum, the error names it
+    with pytest.raises(BudgetError, match=r"below the minimum for this model: 57344 bytes \(pipeline auto"):
+        load(tmp_path / "m", pipeline="auto", budget=53248, stages=3)
 
 
 def test_auto_chooses_again_for_each_new_budget(tiny: Path, reference):

@@ -31,7 +31,14 @@ from layerfit.capture.units import storage_address
 from layerfit.engine.arena import PlannedActivations, make_activations
 from layerfit.engine.binding import Binder, get_binder
 from layerfit.engine.device import Device, get_device
-from layerfit.engine.policies import AUTO, Policy, choose_kept_units, get_policy, resolve_pipeline
+from layerfit.engine.policies import (
+    AUTO,
+    Policy,
+    choose_kept_units,
+    get_policy,
+    least_room_to_keep,
+    resolve_pipeline,
+)
 from layerfit.engine.ring import Cancelled, RingBuffer
 from layerfit.engine.skeleton import Binding, bind, build_skeleton, segment_bindings, unbind
 from layerfit.engine.source import UnitSource
@@ -221,6 +228,13 @@ class Engine:
         kept: set[int] = set()
         if self.pipeline == AUTO and self.policy.name == "async" and budget_bytes is not None:
             kept = choose_kept_units(sizes, budget_bytes - resident, buffers=2 if three else 1)
+            least = least_room_to_keep(sizes, buffers=2) if three and not kept else None
+            if least is not None and budget_bytes < resident + least < resident + 2 * largest:
+                raise BudgetError(  # auto's minimum is then below async's: name it
+                    f"budget {budget_bytes} bytes is below the minimum for this model: {resident + least} bytes "
+                    "(pipeline auto with three stages: its largest units kept, and a read and a device "
+                    f"buffer of two of the next each; async alone needs {resident + 2 * largest})"
+                )
         kept_bytes = sum(sizes[i] for i in kept)
         streamed = [n for i, n in enumerate(sizes) if i not in kept]
         capacity, device_capacity = self._buffer_sizes(streamed, resident + kept_bytes, budget_bytes)

@@ -183,3 +183,19 @@ def choose_kept_units(
         if saved > best_saved:
             best, best_saved = kept, saved
     return best
+
+
+def least_room_to_keep(unit_sizes: list[int], buffers: int = 1) -> int | None:
+    """The least room in which :func:`choose_kept_units` keeps a unit (None: it never
+    can, with a single unit). Either every unit larger than some ``m`` is kept beside
+    buffers of two of ``m`` each, or, beside buffers of two of the largest, the smallest
+    other unit. With a copy stage this can be less than async's own minimum (a read and
+    a device buffer of the largest unit)."""
+    if len(unit_sizes) < 2:
+        return None
+    largest = max(unit_sizes)
+    rest = sorted(unit_sizes)[:-1]  # one unit of the largest size streams
+    return min(
+        [sum(n for n in unit_sizes if n > m) + 2 * m * buffers for m in set(unit_sizes) if m < largest]
+        + [2 * largest * buffers + rest[0]]
+    )
