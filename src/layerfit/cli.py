@@ -561,6 +561,10 @@ def prepare(
 @app.command()
 def inspect(
     directory: str = typer.Argument(..., help="prepared model directory"),
+    budget: str = typer.Option(
+        None, "--budget", help="also show how `run --pipeline auto` spends this weight budget (units kept, bytes read)"
+    ),
+    stages: int = typer.Option(2, "--stages", help="with --budget: 2 (cpu) or 3 (a copy stage, as on cuda)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Show a prepared model: units with sizes and offsets, resident tensors, totals."""
@@ -570,6 +574,7 @@ def inspect(
     from layerfit.store import read_manifest
 
     m = read_manifest(directory)
+    plan = None if budget is None else _auto_plan(m, budget, stages)
     reasons = {r.name: r.reason for r in m.graph.resident}  # why each is kept, from the capture
     units = [
         {"index": u.index, "name": u.name, "type": u.module_type, "nbytes": u.nbytes,
@@ -597,6 +602,8 @@ def inspect(
         **_activation_info(m),
         "units": units,
     }
+    if plan is not None:
+        info["auto_plan"] = plan
     if as_json:
         print_json(info)
         _check_weights_file(directory, m)
@@ -610,9 +617,24 @@ def inspect(
         f"activation arena {format_bytes(info['activation_arena_bytes'])} (offsets plan, best); planned "
         f"total at the minimum budget {format_bytes(info['planned_total_bytes'])}"
     )
-    table = Table("#", "unit", "type", "bytes", "offset", "d", "MMACs")
+    if plan is not None:
+        head = f"at {format_bytes(plan['budget_bytes'])} ({plan['stages']} stages) pipeline auto runs {plan['policy']}: "
+        if plan["policy"] == "preload":
+            console.print(head + f"every weight resident ({format_bytes(m.total_bytes)}), read once at load")
+        else:
+            console.print(
+                head + f"{len(plan['kept_units'])} of {len(m.units)} units kept resident "
+                f"({format_bytes(plan['kept_bytes'])}), buffers "
+                f"{format_bytes(plan['buffer_bytes'] + plan['device_buffer_bytes'])}; each inference reads "
+                f"{plan['units_read_per_inference']} units, {format_bytes(plan['bytes_read_per_inference'])}"
+            )
+    kept = set() if plan is None else set(plan["kept_units"])
+    table = Table("#", "unit", "type", "bytes", "offset", "d", "MMACs", *(["auto"] if plan else []))
     for u in m.units:
-        table.add_row(str(u.index), u.name, u.module_type, format_bytes(u.nbytes), str(u.offset), str(u.d), f"{u.f / 1e6:.1f}")
+        where = ["kept" if u.index in kept or plan["policy"] == "preload" else "read"] if plan else []
+        table.add_row(
+            str(u.index), u.name, u.module_type, format_bytes(u.nbytes), str(u.offset), str(u.d), f"{u.f / 1e6:.1f}", *where
+        )
     console.print(table)
     if info["resident_tensors"]:
         # resident tensors count against every budget: say which they are and why
@@ -621,6 +643,32 @@ def inspect(
             kept.add_row(r["name"], format_bytes(r["nbytes"]), r["reason"])
         console.print(kept)
     _check_weights_file(directory, m)
+
+
+def _auto_plan(m: Manifest, budget: str, stages: int) -> dict[str, Any]:
+    """How ``run --pipeline auto`` spends ``budget`` on the model's weights, by layer (the
+    plan the engine makes; nothing is loaded). Below the minimum: the engine's error."""
+    from layerfit.engine.weight_plan import plan_weights
+    from layerfit.sizes import parse_bytes
+
+    if stages not in (2, 3):
+        from layerfit.errors import LayerfitError
+
+        raise LayerfitError(f"--stages is 2 or 3, got {stages}")
+    sizes = [u.nbytes for u in m.units]
+    plan = plan_weights("auto", sizes, m.resident_bytes, parse_bytes(budget), stages)
+    read = [] if plan.policy.name == "preload" else [i for i in range(len(sizes)) if i not in plan.kept]
+    return {
+        "budget_bytes": parse_bytes(budget),
+        "stages": stages,
+        "policy": plan.policy.name,
+        "kept_units": sorted(plan.kept),
+        "kept_bytes": plan.kept_bytes,
+        "buffer_bytes": plan.buffer_bytes,
+        "device_buffer_bytes": plan.device_buffer_bytes,
+        "units_read_per_inference": len(read),
+        "bytes_read_per_inference": sum(sizes[i] for i in read),
+    }
 
 
 def _check_weights_file(directory: str, m: Manifest) -> None:

@@ -292,3 +292,29 @@ def test_run_cli_streams_a_budget_below_the_weights_and_keeps_them_above(tiny: P
     assert "[async, 6 units, 2 stages" in capsys.readouterr().out  # asked for by name: streamed as asked
     assert main(["run", str(tiny), "--pipeline", "preload", "--budget", str(total // 2)]) == 2
     assert "stream the weights (pipeline 'auto' or 'async'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_inspect_budget_shows_the_plan_the_engine_makes(tiny: Path, capsys, stages: int):
+    m = read_manifest(tiny)
+    for budget in (m.total_bytes - 4096, m.total_bytes):
+        assert main(["inspect", str(tiny), "--budget", str(budget), "--stages", str(stages), "--json"]) == 0
+        plan = json.loads(capsys.readouterr().out)["auto_plan"]
+        with load(tiny, pipeline="auto", budget=budget, stages=stages) as engine:
+            assert plan["policy"] == engine.policy.name
+            assert plan["kept_units"] == list(engine.kept_units)
+            assert (plan["kept_bytes"], plan["buffer_bytes"], plan["device_buffer_bytes"]) == (
+                engine.memory.kept_bytes, engine.memory.buffer_bytes, engine.memory.device_buffer_bytes
+            )
+        read = [] if plan["policy"] == "preload" else [u for u in m.units if u.index not in plan["kept_units"]]
+        assert plan["bytes_read_per_inference"] == sum(u.nbytes for u in read)
+    assert main(["inspect", str(tiny), "--budget", str(m.total_bytes - 4096)]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # as one line, whatever the terminal's width
+    assert "(2 stages) pipeline auto runs async: 3 of 6 units kept resident (36.9 kB)" in out
+    assert "each inference reads 3 units, 12.3 kB" in out
+    assert main(["inspect", str(tiny), "--budget", str(m.total_bytes)]) == 0
+    assert "runs preload: every weight resident (49.2 kB), read once at load" in " ".join(capsys.readouterr().out.split())
+    assert main(["inspect", str(tiny), "--budget", "10kB"]) == 2
+    assert "below the minimum for this model: 20480 bytes" in capsys.readouterr().err
+    assert main(["inspect", str(tiny), "--budget", "1MB", "--stages", "4"]) == 2
+

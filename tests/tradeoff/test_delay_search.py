@@ -62,6 +62,9 @@ def test_search_with_auto_runs_from_async_minimum_to_every_weight_resident(tiny:
     assert curve.pipeline == "auto"
     assert budgets[0] == 2 * m.largest_unit_bytes and budgets[-1] == m.total_bytes
     assert all(p.weights_peak_bytes <= p.budget_bytes for p in curve.points)
+    with load(tiny, pipeline="auto", stages=3) as engine:  # one buffer holds it all from the model's size on
+        curve = minimal_delay_search(engine, (x,), step=4096, repeats=1, warmup=0)
+    assert curve.points[-1].budget_bytes == m.total_bytes
 
 
 def test_cli_writes_json_and_plot(tiny: Path, tmp_path: Path, capsys):

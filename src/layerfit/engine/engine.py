@@ -31,19 +31,13 @@ from layerfit.capture.units import storage_address
 from layerfit.engine.arena import PlannedActivations, make_activations
 from layerfit.engine.binding import Binder, get_binder
 from layerfit.engine.device import Device, get_device
-from layerfit.engine.policies import (
-    AUTO,
-    Policy,
-    choose_kept_units,
-    get_policy,
-    least_room_to_keep,
-    resolve_pipeline,
-)
+from layerfit.engine.policies import Policy, get_policy, resolve_pipeline
 from layerfit.engine.ring import Cancelled, RingBuffer
 from layerfit.engine.skeleton import Binding, bind, build_skeleton, segment_bindings, unbind
 from layerfit.engine.source import UnitSource
 from layerfit.engine.trace import Event, Timeline
 from layerfit.engine.units import Block, make_blocks
+from layerfit.engine.weight_plan import plan_weights
 from layerfit.errors import BudgetError, CorruptStoreError, LayerfitError, ReadError
 from layerfit.sizes import parse_bytes
 from layerfit.store.manifest import Manifest, read_manifest
@@ -224,20 +218,10 @@ class Engine:
         largest = max(sizes, default=0)
         three = self.device.stages == 3
         budget_bytes = None if budget is None else parse_bytes(budget)
-        self.policy = get_policy(resolve_pipeline(self.pipeline, resident + sum(sizes), budget_bytes))
-        kept: set[int] = set()
-        if self.pipeline == AUTO and self.policy.name == "async" and budget_bytes is not None:
-            kept = choose_kept_units(sizes, budget_bytes - resident, buffers=2 if three else 1)
-            least = least_room_to_keep(sizes, buffers=2) if three and not kept else None
-            if least is not None and budget_bytes < resident + least < resident + 2 * largest:
-                raise BudgetError(  # auto's minimum is then below async's: name it
-                    f"budget {budget_bytes} bytes is below the minimum for this model: {resident + least} bytes "
-                    "(pipeline auto with three stages: its largest units kept, and a read and a device "
-                    f"buffer of two of the next each; async alone needs {resident + 2 * largest})"
-                )
-        kept_bytes = sum(sizes[i] for i in kept)
-        streamed = [n for i, n in enumerate(sizes) if i not in kept]
-        capacity, device_capacity = self._buffer_sizes(streamed, resident + kept_bytes, budget_bytes)
+        plan = plan_weights(self.pipeline, sizes, resident, budget_bytes, self.device.stages)
+        self.policy = plan.policy
+        kept, kept_bytes = plan.kept, plan.kept_bytes
+        capacity, device_capacity = plan.buffer_bytes, plan.device_buffer_bytes
         bindings = [
             [
                 b
@@ -263,7 +247,7 @@ class Engine:
             self.device.pin(self._pinned)
         self._install_hooks()
         self._preloaded = self.policy.name == "preload"
-        self._kept = frozenset(kept)
+        self._kept = kept
         try:
             if self._preloaded:
                 self._preload()
@@ -276,44 +260,6 @@ class Engine:
             self._lost = f"reading its weights for the new configuration failed ({exc})"
             raise
         self._lost = None
-
-    def _buffer_sizes(self, sizes: list[int], resident: int, budget_bytes: int | None) -> tuple[int, int]:
-        """(read buffer, device buffer) bytes for ``budget_bytes``; a clear error below
-        the minimum. Three stages split the budget evenly between the two buffers."""
-        three = self.device.stages == 3
-        largest = max(sizes, default=0)
-        if three and self.policy.name == "external":
-            raise LayerfitError("pipeline 'external' takes units from a unit source in host memory: it runs with stages=2 on cpu")
-        copies = 2 if three and self.policy.name != "preload" else 1  # read + device buffer
-        if self.policy.name == "preload" and budget_bytes is not None and budget_bytes < resident + sum(sizes):
-            raise BudgetError(
-                f"preload keeps every weight resident and needs {resident + sum(sizes)} bytes; "
-                f"the budget is {budget_bytes} bytes: raise it, or stream the weights "
-                f"(pipeline 'auto' or 'async', from {resident + (2 if three else 1) * largest} bytes)"
-            )
-        if budget_bytes is not None and budget_bytes < resident + copies * largest:
-            raise BudgetError(
-                f"budget {budget_bytes} bytes is below the minimum for this model: "
-                f"{resident + copies * largest} bytes ("
-                + ("2 x " if copies == 2 else "")
-                + f"largest unit {largest}"
-                + (f" + resident tensors {resident}" if resident else "")
-                + ("; three stages hold a read and a device buffer" if copies == 2 else "")
-                + ")"
-            )
-        rings_budget = None if budget_bytes is None else budget_bytes - resident
-        if copies == 1:  # one buffer: the read buffer, or (preload, three stages) the device one
-            capacity = self.policy.buffer_bytes(sizes, rings_budget)
-            return (0, capacity) if three else (capacity, 0)
-        each = self.policy.minimum_bytes(sizes)
-        if rings_budget is not None and rings_budget < 2 * each:
-            raise BudgetError(
-                f"the three-stage {self.policy.name} pipeline needs a read and a device buffer "
-                f"of {each} bytes each: the minimum budget is {resident + 2 * each} bytes, "
-                f"the budget is {budget_bytes} bytes"
-            )
-        capacity = self.policy.buffer_bytes(sizes, None if rings_budget is None else rings_budget // 2)
-        return capacity, capacity
 
     def _resized(self, ring: RingBuffer | None, capacity: int, condition: threading.Condition, storage) -> RingBuffer | None:
         """``ring`` with ``capacity`` (reshaped in place when it can be); None for 0."""

@@ -137,8 +137,10 @@ def minimal_delay_search(
     check_search_options(tolerance, patience)
     mem = engine.memory
     start = mem.resident_bytes + 2 * mem.largest_unit_bytes  # async's minimum with 2 or 3 stages
-    # the whole model fits each buffer: one with two stages, a read and a device one with three
-    stop = mem.resident_bytes + mem.total_weight_bytes * (engine.device.stages - 1)
+    # the whole model fits each buffer: one with two stages, a read and a device one with
+    # three; auto holds it all in one (preload) from the model's size on
+    buffers = 1 if engine.pipeline == "auto" else engine.device.stages - 1
+    stop = mem.resident_bytes + mem.total_weight_bytes * buffers
     if until is not None:
         stop = min(stop, max(until, start))
     points: list[DelayPoint] = []

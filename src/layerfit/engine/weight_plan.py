@@ -1,0 +1,93 @@
+"""How a budget is spent on a model's weights: the policy that runs, the units kept
+resident, and the size of each unit buffer.
+
+The engine configures itself from this plan, and ``layerfit inspect --budget`` shows it
+without loading the model. It is arithmetic on unit sizes only, and it refuses a budget
+below the minimum with an error that names the minimum and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from layerfit.engine.policies import (
+    AUTO,
+    Policy,
+    choose_kept_units,
+    get_policy,
+    least_room_to_keep,
+    resolve_pipeline,
+)
+from layerfit.errors import BudgetError, LayerfitError
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """``policy`` runs; ``kept`` units (``auto``) stay resident beside the buffers;
+    ``buffer_bytes`` is the read buffer, ``device_buffer_bytes`` the copy stage's."""
+
+    policy: Policy
+    kept: frozenset[int]
+    kept_bytes: int
+    buffer_bytes: int
+    device_buffer_bytes: int
+
+
+def plan_weights(pipeline: str, unit_sizes: list[int], resident: int, budget: int | None, stages: int) -> WeightPlan:
+    """The plan of ``pipeline`` for units of ``unit_sizes`` bytes and ``resident`` bytes of
+    resident tensors under ``budget`` (None: the policy's own size) with 2 or 3 stages."""
+    three = stages == 3
+    largest = max(unit_sizes, default=0)
+    policy = get_policy(resolve_pipeline(pipeline, resident + sum(unit_sizes), budget))
+    kept: set[int] = set()
+    if pipeline == AUTO and policy.name == "async" and budget is not None:
+        kept = choose_kept_units(unit_sizes, budget - resident, buffers=2 if three else 1)
+        least = least_room_to_keep(unit_sizes, buffers=2) if three and not kept else None
+        if least is not None and budget < resident + least < resident + 2 * largest:
+            raise BudgetError(  # auto's minimum is then below async's: name it
+                f"budget {budget} bytes is below the minimum for this model: {resident + least} bytes "
+                "(pipeline auto with three stages: its largest units kept, and a read and a device "
+                f"buffer of two of the next each; async alone needs {resident + 2 * largest})"
+            )
+    kept_bytes = sum(unit_sizes[i] for i in kept)
+    streamed = [n for i, n in enumerate(unit_sizes) if i not in kept]
+    capacity, device_capacity = _buffer_sizes(policy, streamed, resident + kept_bytes, budget, three)
+    return WeightPlan(policy, frozenset(kept), kept_bytes, capacity, device_capacity)
+
+
+def _buffer_sizes(policy: Policy, sizes: list[int], resident: int, budget: int | None, three: bool) -> tuple[int, int]:
+    """(read buffer, device buffer) bytes for ``budget``; a clear error below the minimum.
+    Three stages split the budget evenly between the two buffers."""
+    largest = max(sizes, default=0)
+    if three and policy.name == "external":
+        raise LayerfitError("pipeline 'external' takes units from a unit source in host memory: it runs with stages=2 on cpu")
+    copies = 2 if three and policy.name != "preload" else 1  # read + device buffer
+    if policy.name == "preload" and budget is not None and budget < resident + sum(sizes):
+        raise BudgetError(
+            f"preload keeps every weight resident and needs {resident + sum(sizes)} bytes; "
+            f"the budget is {budget} bytes: raise it, or stream the weights "
+            f"(pipeline 'auto' or 'async', from {resident + (2 if three else 1) * largest} bytes)"
+        )
+    if budget is not None and budget < resident + copies * largest:
+        raise BudgetError(
+            f"budget {budget} bytes is below the minimum for this model: "
+            f"{resident + copies * largest} bytes ("
+            + ("2 x " if copies == 2 else "")
+            + f"largest unit {largest}"
+            + (f" + resident tensors {resident}" if resident else "")
+            + ("; three stages hold a read and a device buffer" if copies == 2 else "")
+            + ")"
+        )
+    rings_budget = None if budget is None else budget - resident
+    if copies == 1:  # one buffer: the read buffer, or (preload, three stages) the device one
+        capacity = policy.buffer_bytes(sizes, rings_budget)
+        return (0, capacity) if three else (capacity, 0)
+    each = policy.minimum_bytes(sizes)
+    if rings_budget is not None and rings_budget < 2 * each:
+        raise BudgetError(
+            f"the three-stage {policy.name} pipeline needs a read and a device buffer "
+            f"of {each} bytes each: the minimum budget is {resident + 2 * each} bytes, "
+            f"the budget is {budget} bytes"
+        )
+    capacity = policy.buffer_bytes(sizes, None if rings_budget is None else rings_budget // 2)
+    return capacity, capacity
