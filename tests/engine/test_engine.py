@@ -252,6 +252,12 @@ def test_a_bad_merge_size_is_refused(tiny: Path, spec: str):
         make_blocks(read_manifest(tiny).units, spec)
 
 
+def test_the_runtimes_merge_auto_is_refused_with_a_size_to_use_instead(tiny: Path, capsys):
+    assert main(["run", str(tiny), "--units", "merge:auto"]) == 2
+    err = capsys.readouterr().err
+    assert "'merge:auto' is the runtime's (serve, schedule run)" in err and "e.g. merge:4MB" in err
+
+
 def test_budget_below_largest_unit_states_the_minimum(tiny: Path, capsys):
     with pytest.raises(BudgetError, match="below the minimum for this model: 20480 bytes"):
         load(tiny, budget="10kB")

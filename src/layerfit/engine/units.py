@@ -113,6 +113,11 @@ def check_units_spec(spec: str | Sequence[int]) -> None:
     match = re.fullmatch(r"blocks:(\d+)", spec)
     if match and int(match.group(1)) >= 1:
         return
+    if spec == "merge:auto":  # the runtime resolves it per model from its profile
+        raise LayerfitError(
+            "unit granularity 'merge:auto' is the runtime's (serve, schedule run), which merges "
+            "layers within each model's minimum task memory; here give a size, e.g. merge:4MB"
+        )
     if spec.startswith("merge:"):
         try:
             if parse_bytes(spec[len("merge:") :]) >= 1:
