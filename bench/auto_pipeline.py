@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Storage, machine, mb, paired_overhead, prepared_zoo_model, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "auto_pipeline"
-DEFAULT_MODELS = "blazeface,mobilenet_v2,resnet50,deeplab_v3"
+DEFAULT_MODELS = "blazeface,mobilenet_v2,resnet50,deeplab_v3,resnet152@224"
 DEFAULT_FRACTIONS = "0.2,0.4,0.6,0.8,0.95"
 
 
@@ -67,11 +67,13 @@ def one_engine(directory: Path, x: Any, expected: Any, passes: int, storage: Sto
         }
 
 
-def measure_model(name: str, args: argparse.Namespace, storage: Storage) -> dict[str, Any]:
+def measure_model(spec: str, args: argparse.Namespace, storage: Storage) -> dict[str, Any]:
+    """``spec`` is a zoo model, at its own input size or at ``NAME@SIZE`` pixels."""
     from layerfit import zoo
     from layerfit.store import example_input, read_manifest
 
-    directory = prepared_zoo_model(name, zoo.get(name).input_shape[-1], CACHE)
+    name, _, size = spec.partition("@")
+    directory = prepared_zoo_model(name, int(size) if size else zoo.get(name).input_shape[-1], CACHE)
     m = read_manifest(directory)
     x = example_input(m.input_shape, m.input_dtype, m.seed)
     expected = one_engine(directory, x, None, 1, storage, pipeline="preload")["output"]
@@ -113,7 +115,7 @@ def measure_model(name: str, args: argparse.Namespace, storage: Storage) -> dict
         entry["auto_vs_async"] = paired_overhead(entry["auto"]["rounds_s"], entry["async"]["rounds_s"])
         result["budgets"].append(entry)
         print(
-            f"{name} at {fraction:.2f} of the weights ({mb(budget)} MB): preload "
+            f"{spec} at {fraction:.2f} of the weights ({mb(budget)} MB): preload "
             f"{entry['preload']['median_s'] * 1e3:.1f} ms, async {entry['async']['median_s'] * 1e3:.1f} ms, "
             f"auto {entry['auto']['median_s'] * 1e3:.1f} ms ({entry['auto']['policy']}, "
             f"{entry['auto']['kept_units']} units kept, {mb(entry['auto']['kept_bytes'])} MB)",
@@ -157,7 +159,7 @@ def markdown(data: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default=DEFAULT_MODELS)
+    p.add_argument("--models", default=DEFAULT_MODELS, help="zoo models, each at its own input size or NAME@SIZE")
     p.add_argument("--fractions", default=DEFAULT_FRACTIONS, help="budgets as fractions of each model's weights")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--passes", type=int, default=10, help="inferences per pipeline and round")

@@ -18,7 +18,12 @@ import layerfit.store.reader as reader_mod
 from layerfit.cli import main
 from layerfit.engine import load
 from layerfit.engine.engine import Engine
-from layerfit.engine.policies import REQUEST_BYTES, choose_kept_units, least_room_to_keep
+from layerfit.engine.policies import (
+    REQUEST_BYTES,
+    STREAMED_PER_BUFFER_BYTE,
+    choose_kept_units,
+    least_room_to_keep,
+)
 from layerfit.errors import BudgetError, LayerfitError, ReadError
 from layerfit.store import ModelSpec, example_input, prepare, read_manifest
 
@@ -52,13 +57,17 @@ def test_kept_units_leave_async_its_buffer_and_something_to_stream(sizes: list[i
     assert streamed, "keeping every unit is preload's case"
     if kept:  # what is kept, plus a buffer that holds two of the largest unit streamed
         assert sum(sizes[i] for i in kept) + 2 * max(streamed) <= room
+        # and is not too small for what streams through it
+        assert (room - sum(sizes[i] for i in kept)) * STREAMED_PER_BUFFER_BYTE >= sum(streamed)
     # Keeping the smallest units beside a buffer of two of the largest is one of the
     # candidates: the choice saves at least as much as it would.
     left, floor_kept = room - 2 * max(sizes), []
     for n in sorted(sizes)[:-1]:
-        if n <= left:
-            floor_kept.append(n)
-            left -= n
+        kept_after = sum(floor_kept) + n
+        if n > left or (room - kept_after) * STREAMED_PER_BUFFER_BYTE < sum(sizes) - kept_after:
+            break
+        floor_kept.append(n)
+        left -= n
     saved = sum(sizes[i] + REQUEST_BYTES for i in kept)
     assert saved >= sum(n + REQUEST_BYTES for n in floor_kept)
 
