@@ -3,13 +3,14 @@
 Accelerate's documented big-model path for weights on disk: ``disk_offload(model,
 offload_dir, execution_device=cpu)`` — weights live in memory-mapped files and a hook
 per module moves them in before it runs. layerfit runs the same prepared weights with
-the async pipeline. Each side runs in its own child process (own peak RSS, own memory
+the async pipeline (the paper's) and with ``auto`` (``layerfit run``'s default, which
+keeps what the budget holds beyond async's buffer resident). Each side runs in its own child process (own peak RSS, own memory
 cgroup where possible); offload folders and prepared models are written beforehand so
 neither side pays for building the model during measurement.
 
-layerfit is reported at the smallest budget whose peak RSS is not above Accelerate's
-(its minimum budget when that already is), and also at the largest such budget in the
-sweep. Writes bench/results/vs_accelerate.{json,md}.
+Each layerfit pipeline is reported at the smallest budget whose peak RSS is not above
+Accelerate's (its minimum budget when that already is), and also at the largest such
+budget in the sweep. Writes bench/results/vs_accelerate.{json,md}.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import statistics
 import sys
 import time
@@ -63,7 +65,7 @@ def child_layerfit(args: argparse.Namespace) -> dict:
 
     m = read_manifest(args.dir)
     x = example_input(m.input_shape, m.input_dtype, m.seed)
-    with load(args.dir, pipeline="async", budget=args.budget) as engine:
+    with load(args.dir, pipeline=args.pipeline, budget=args.budget) as engine:
         _, report = measure(engine, (x,), repeats=args.repeats, warmup=1)
     return report
 
@@ -92,6 +94,8 @@ def main() -> None:
     ap.add_argument("--resolution", type=int, default=224)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--budgets", type=int, default=6, help="budgets in the layerfit sweep")
+    ap.add_argument("--pipeline", help=argparse.SUPPRESS)
+    ap.add_argument("--pipelines", default="async,auto", help="layerfit pipelines to sweep")
     args = ap.parse_args()
     if args.child:
         result = child_accelerate(args) if args.side == "accelerate" else child_layerfit(args)
@@ -118,47 +122,68 @@ def main() -> None:
     low = m.resident_bytes + 2 * m.largest_unit_bytes
     high = m.resident_bytes + m.total_bytes
     budgets = sorted({int(low + (high - low) * i / max(1, args.budgets - 1)) for i in range(args.budgets)})
+    pipelines = args.pipelines.split(",")
     sweep = []
     for b in budgets:
-        r = run_child(__file__, ["--side", "layerfit", "--dir", str(prepared), "--budget", str(b), *common])
-        r["budget_bytes"] = b
-        sweep.append(r)
-        print("layerfit", mb(b), "MB:", r.get("latency_s"), mb(r.get("rss_peak_bytes")), flush=True)
-    fitting = [r for r in sweep if "rss_peak_bytes" in r and r["rss_peak_bytes"] <= acc.get("rss_peak_bytes", 0)]
-    smallest = fitting[0] if fitting else None
-    largest = fitting[-1] if fitting else None
+        for pipeline in pipelines:
+            r = run_child(
+                __file__, ["--side", "layerfit", "--dir", str(prepared), "--budget", str(b), "--pipeline", pipeline, *common]
+            )
+            r["budget_bytes"], r["pipeline_requested"] = b, pipeline
+            sweep.append(r)
+            print("layerfit", pipeline, mb(b), "MB:", r.get("latency_s"), mb(r.get("rss_peak_bytes")), flush=True)
+    by_pipeline = {}
+    for pipeline in pipelines:
+        fitting = [
+            r for r in sweep
+            if r["pipeline_requested"] == pipeline and r.get("rss_peak_bytes", math.inf) <= acc.get("rss_peak_bytes", 0)
+        ]
+        smallest, largest = (fitting[0], fitting[-1]) if fitting else (None, None)
+        by_pipeline[pipeline] = {
+            "smallest_fitting": smallest,
+            "largest_fitting": largest,
+            "speedup_smallest": acc["latency_s"] / smallest["latency_s"] if smallest else None,
+            "speedup_largest": acc["latency_s"] / largest["latency_s"] if largest else None,
+            "same_output": bool(smallest and smallest["output_sha256"] == acc.get("output_sha256")),
+        }
+    from importlib.metadata import version
+
     data = {
         "benchmark": "vs_accelerate",
         "machine": machine(),
+        "accelerate_version": version("accelerate"),
         "model": args.model,
         "input_shape": list(shape),
         "accelerate": acc,
         "layerfit_sweep": sweep,
-        "layerfit_smallest_fitting": smallest,
-        "layerfit_largest_fitting": largest,
-        "speedup_smallest": acc["latency_s"] / smallest["latency_s"] if smallest else None,
-        "speedup_largest": acc["latency_s"] / largest["latency_s"] if largest else None,
-        "same_output": bool(smallest and smallest["output_sha256"] == acc.get("output_sha256")),
+        "by_pipeline": by_pipeline,
     }
     lines = [
         f"# layerfit vs Accelerate disk offload: {args.model} {tuple(shape)}",
+        "",
+        f"Accelerate {data['accelerate_version']}; one child process per row, its median of "
+        f"{args.repeats} inferences (single runs: rows differ by the machine's noise too).",
         "",
         "| system | budget (MB) | latency (median ms) | peak RSS (MB) | cgroup peak (MB) |",
         "|---|---|---|---|---|",
         f"| Accelerate disk_offload | - | {acc.get('latency_s', 0) * 1e3:.0f} | {mb(acc.get('rss_peak_bytes'))} | {mb(acc.get('cgroup_peak_bytes'))} |",
     ]
     for r in sweep:
+        ran = r.get("pipeline", "?")
+        label = r["pipeline_requested"] if ran == r["pipeline_requested"] else f"{r['pipeline_requested']} ({ran})"
         lines.append(
-            f"| layerfit async | {mb(r['budget_bytes'])} | {r.get('latency_s', 0) * 1e3:.0f} | "
+            f"| layerfit {label} | {mb(r['budget_bytes'])} | {r.get('latency_s', 0) * 1e3:.0f} | "
             f"{mb(r.get('rss_peak_bytes'))} | {mb(r.get('cgroup_peak_bytes'))} |"
         )
-    lines += [
-        "",
-        "Speed-up at the smallest budget with RSS not above Accelerate's: "
-        + (f"{data['speedup_smallest']:.2f}x" if smallest else "none fits"),
-        "Speed-up at the largest such budget: " + (f"{data['speedup_largest']:.2f}x" if largest else "none fits"),
-        f"Outputs identical: {data['same_output']}",
-    ]
+    lines.append("")
+    for pipeline, fit in by_pipeline.items():
+        lines.append(
+            f"layerfit {pipeline}: speed-up at the smallest budget with RSS not above Accelerate's "
+            + (f"{fit['speedup_smallest']:.2f}x" if fit["smallest_fitting"] else "none fits")
+            + ", at the largest such budget "
+            + (f"{fit['speedup_largest']:.2f}x" if fit["largest_fitting"] else "none fits")
+            + f"; outputs identical: {fit['same_output']}"
+        )
     write_results("vs_accelerate", data, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
