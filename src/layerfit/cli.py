@@ -648,18 +648,17 @@ def inspect(
 def _auto_plan(m: Manifest, budget: str, stages: int) -> dict[str, Any]:
     """How ``run --pipeline auto`` spends ``budget`` on the model's weights, by layer (the
     plan the engine makes; nothing is loaded). Below the minimum: the engine's error."""
+    from layerfit.engine.device import get_device
+    from layerfit.engine.policies import AUTO
     from layerfit.engine.weight_plan import plan_weights
     from layerfit.sizes import parse_bytes
 
-    if stages not in (2, 3):
-        from layerfit.errors import LayerfitError
-
-        raise LayerfitError(f"--stages is 2 or 3, got {stages}")
-    sizes = [u.nbytes for u in m.units]
-    plan = plan_weights("auto", sizes, m.resident_bytes, parse_bytes(budget), stages)
+    get_device("cpu", stages)  # the engine's own check of --stages
+    sizes, budget_bytes = [u.nbytes for u in m.units], parse_bytes(budget)
+    plan = plan_weights(AUTO, sizes, m.resident_bytes, budget_bytes, stages)
     read = [] if plan.policy.name == "preload" else [i for i in range(len(sizes)) if i not in plan.kept]
     return {
-        "budget_bytes": parse_bytes(budget),
+        "budget_bytes": budget_bytes,
         "stages": stages,
         "policy": plan.policy.name,
         "kept_units": sorted(plan.kept),

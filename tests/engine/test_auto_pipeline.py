@@ -326,4 +326,5 @@ def test_inspect_budget_shows_the_plan_the_engine_makes(tiny: Path, capsys, stag
     assert main(["inspect", str(tiny), "--budget", "10kB"]) == 2
     assert "below the minimum for this model: 20480 bytes" in capsys.readouterr().err
     assert main(["inspect", str(tiny), "--budget", "1MB", "--stages", "4"]) == 2
+    assert "stages must be 2 (zero-copy) or 3" in capsys.readouterr().err
 

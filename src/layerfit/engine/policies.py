@@ -48,7 +48,9 @@ class Policy:
         return max(unit_sizes) * self.units_in_flight
 
     def buffer_bytes(self, unit_sizes: list[int], budget: int | None) -> int:
-        """Buffer size for ``budget`` (default: the policy's natural size)."""
+        """Buffer size for ``budget`` (default: the policy's natural size). Preload's need
+        of every weight is checked by :func:`~layerfit.engine.weight_plan.plan_weights`,
+        which knows the resident tensors and what streaming would need instead."""
         if self.name == "external":  # the unit source owns the units' memory
             return 0
         total = sum(unit_sizes)
@@ -60,11 +62,6 @@ class Policy:
             raise BudgetError(
                 f"budget of {budget} bytes is below the largest unit ({largest} bytes): "
                 f"the minimum budget is {largest} bytes"
-            )
-        if self.name == "preload" and budget < total:
-            raise BudgetError(
-                f"preload keeps every unit resident and needs {total} bytes; the budget is "
-                f"{budget} bytes: raise the budget or choose a streaming pipeline"
             )
         if self.name == "sync" and budget < 2 * largest:
             raise BudgetError(

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from layerfit.engine import Engine
+from layerfit.engine.policies import AUTO
 from layerfit.errors import LayerfitError
 
 
@@ -127,7 +128,7 @@ def minimal_delay_search(
 ) -> DelayCurve:
     """Run the two-phase search on ``engine`` (reconfigured in place, not reloaded);
     ``reference`` scores every point relative to that engine, run alternately."""
-    if engine.pipeline not in ("async", "auto"):
+    if engine.pipeline not in ("async", AUTO):
         raise LayerfitError(
             "the minimal-delay search needs a pipeline that uses a larger budget (async or auto), "
             f"not {engine.pipeline!r}"
@@ -139,7 +140,7 @@ def minimal_delay_search(
     start = mem.resident_bytes + 2 * mem.largest_unit_bytes  # async's minimum with 2 or 3 stages
     # the whole model fits each buffer: one with two stages, a read and a device one with
     # three; auto holds it all in one (preload) from the model's size on
-    buffers = 1 if engine.pipeline == "auto" else engine.device.stages - 1
+    buffers = 1 if engine.pipeline == AUTO else engine.device.stages - 1
     stop = mem.resident_bytes + mem.total_weight_bytes * buffers
     if until is not None:
         stop = min(stop, max(until, start))
