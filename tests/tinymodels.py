@@ -669,3 +669,81 @@ class _Unrolled(nn.Module):
 def unrolled() -> nn.Module:
     torch.manual_seed(33)
     return _Unrolled()
+
+
+class _Scaled(nn.Module):
+    """A leaf with one parameter, applied as many times as its parent calls it."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.rand(width) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x * self.gain)
+
+
+class _WeightRow(nn.Module):
+    """Returns a view of its own weight, which its parent then uses."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(3, width))
+
+    def forward(self) -> torch.Tensor:
+        return self.weight[1]
+
+
+class NestedBlock(nn.Module):
+    """A block whose tensors are used where its children's modules do not run, in every
+    way ``spec`` turns on: ``scale`` (the block owns a parameter next to its children's),
+    ``reuse`` (calls ``act`` that many times), ``reads`` (uses ``lin.weight`` in its own
+    forward, as nn.MultiheadAttention uses ``out_proj.weight``), ``row`` (a child returns
+    a view of its weight) and ``inner`` (a nested block's spec)."""
+
+    def __init__(self, width: int, spec: dict) -> None:
+        super().__init__()
+        self.spec = spec
+        self.lin = nn.Linear(width, width)
+        if spec.get("scale"):
+            self.scale = nn.Parameter(torch.rand(width) + 0.5)
+        if spec.get("reuse"):
+            self.act = _Scaled(width)
+        if spec.get("row"):
+            self.row = _WeightRow(width)
+        if spec.get("inner"):
+            self.inner = NestedBlock(width, spec["inner"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        if self.spec.get("reads"):
+            h = h + 0.5 * nn.functional.linear(x, self.lin.weight)
+        if self.spec.get("scale"):
+            h = h * self.scale
+        for _ in range(self.spec.get("reuse", 0)):
+            h = self.act(h)
+        if self.spec.get("row"):
+            h = h + self.row()
+        if self.spec.get("inner"):
+            h = self.inner(h)
+        return h
+
+
+def nested_blocks(width: int, specs: list[dict], reused_head: int = 0, head_width: int | None = None) -> nn.Module:
+    """A stack of :class:`NestedBlock` with a head (``head_width`` outputs, ``width`` by
+    default); with ``reused_head`` the root calls the head that many times, so its
+    weights can only stay resident (then it must keep ``width``)."""
+    torch.manual_seed(31)
+
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.Sequential(*(NestedBlock(width, s) for s in specs))
+            self.head = nn.Linear(width, head_width or width)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.blocks(x)
+            for _ in range(max(1, reused_head)):
+                h = self.head(h)
+            return h
+
+    return Stack()

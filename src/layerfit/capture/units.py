@@ -15,6 +15,14 @@ carries over from call to call as in the model; streamed, each call would start 
 from the stored bytes. Modules that never run in the forward pass, and whose tensors
 nothing reads, are reported as unused and not stored.
 
+A tensor resident only for where it is used (a container's own, one read by an
+ancestor's ``forward``, one of a module called several times) streams after all when an
+ancestor below the root runs once and runs at every use of it and of its subtree's other
+tensors: that ancestor's whole subtree is then one unit (``nn.MultiheadAttention`` with
+its ``out_proj``), if this lowers the model's minimum budget
+(:meth:`UnitRecorder._merge_subtrees`). Such a unit's tensors name their path below it
+(``out_proj.weight``).
+
 :class:`StateGuard` undoes what the capture's forward passes write, so ``prepare`` packs
 the model's weights as they were before it ran, never after.
 """
@@ -22,7 +30,7 @@ the model's weights as they were before it ran, never after.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -116,12 +124,11 @@ class _OutsideUse(TorchFunctionMode):
                     continue
                 if id(leaf) in rec._plain and _op_name(func) not in _METADATA_OPS:
                     rec.plain_reads.setdefault(rec._plain[id(leaf)], _op_name(func))
-                if id(leaf) not in rec.outside:
-                    owners = rec._owners.get(id(leaf))
-                    if owners and not any(rec._running[o] for o in owners):
-                        name = _op_name(func)
-                        if name not in _METADATA_OPS:
-                            rec.outside[id(leaf)] = name
+                owners = rec._owners.get(id(leaf))
+                if owners and _op_name(func) not in _METADATA_OPS:
+                    rec._note_read(id(leaf))
+                    if id(leaf) not in rec.outside and not any(rec._running[o] for o in owners):
+                        rec.outside[id(leaf)] = _op_name(func)
         return func(*args, **kwargs)
 
 
@@ -229,6 +236,13 @@ class UnitRecorder:
                 if (key := storage_address(place.tensor)) is not None:
                     self._by_storage[key].add(id(place.tensor))
         self._running: dict[str, int] = defaultdict(int)  # module -> calls in progress
+        self._stack: list[str] = []  # the modules running now, outermost first
+        self._active: frozenset[str] = frozenset()
+        # Which modules were running at every read (or escape) of each owned tensor, and at
+        # every call of each module: a module in both for all of a subtree's tensors can
+        # bind the whole subtree as one unit (see _merge_subtrees).
+        self.read_cover: dict[int, frozenset[str]] = {}
+        self.call_cover: dict[str, frozenset[str]] = {}
         self._in_hook = False  # our own hooks' ops are not the model's reads
         self.outside: dict[int, str] = {}  # id(tensor) -> the op that read it outside
         self.escaped: set[int] = set()  # id(tensor) whose view left its module's forward
@@ -275,12 +289,18 @@ class UnitRecorder:
                 self._clock += 1
             st.calls += 1
             self._running[name] += 1
+            self.call_cover[name] = self.call_cover.get(name, self._active) & self._active
+            self._stack.append(name)
+            self._active = frozenset(self._stack)
 
         return hook
 
     def _post(self, name: str):
         def hook(module: nn.Module, args: tuple, output: object) -> None:
             self._running[name] -= 1
+            if name in self._stack:
+                del self._stack[len(self._stack) - 1 - self._stack[::-1].index(name)]
+                self._active = frozenset(self._stack)
             self._in_hook = True
             try:
                 st = self.stats[name]
@@ -294,11 +314,17 @@ class UnitRecorder:
 
         return hook
 
+    def _note_read(self, tid: int) -> None:
+        """Narrow the modules that were running at every use of owned tensor ``tid``."""
+        cover = self.read_cover.get(tid)
+        self.read_cover[tid] = self._active if cover is None else cover & self._active
+
     def _note_escapes(self, output: object) -> None:
         """Owned tensors that ``output`` holds a view of while no owner of theirs runs."""
         for leaf in tree_leaves(output):
             if isinstance(leaf, torch.Tensor) and (key := storage_address(leaf)) is not None:
                 for tid in self._by_storage.get(key, ()):
+                    self._note_read(tid)  # the view lives on in the caller
                     if not any(self._running[o] for o in self._owners[tid]):
                         self.escaped.add(tid)
 
@@ -342,8 +368,9 @@ class UnitRecorder:
             return self.stats[q.module].calls > 0 or id(q.tensor) in self.outside
 
         resident: dict[int, ResidentTensor] = {}
+        rescuable: dict[int, _Place] = {}  # resident only for where it is used
         unused: list[str] = []
-        streamed: list[tuple[int, str, _CallStats]] = []
+        streamed: dict[str, list[_Place]] = {}
         for name, st in self.stats.items():
             if not st.places:
                 continue
@@ -366,6 +393,8 @@ class UnitRecorder:
                 if why is None:
                     keep.append(p)
                 elif id(p.tensor) not in resident:
+                    if not shared and id(p.tensor) not in written:
+                        rescuable[id(p.tensor)] = p
                     s = spec(p)
                     resident[id(p.tensor)] = ResidentTensor(
                         name=s.name,
@@ -377,24 +406,27 @@ class UnitRecorder:
                         reason=why,
                     )
             if keep:
-                streamed.append((st.first_call, name, st))
-        streamed.sort()
+                streamed[name] = keep
+        merged = self._merge_subtrees(streamed, resident, rescuable)
         units: list[UnitInfo] = []
-        for index, (_, name, st) in enumerate(streamed):
-            specs = tuple(
-                spec(p)
-                for p in st.places
-                if id(p.tensor) not in resident
-            )
+        for index, name in enumerate(sorted(streamed, key=lambda n: self.stats[n].first_call)):
+            st = self.stats[name]
+            specs = []
+            for p in streamed[name]:
+                s = spec(p)
+                if p.module != name:  # a merged subtree's tensor, bound at its path below the unit
+                    s = replace(s, attr=p.module[len(name) + 1 if name else 0 :] + "." + p.attr)
+                specs.append(s)
+            macs = sum(self.stats[m].macs for m in self._subtree(name)) if name in merged else st.macs
             units.append(
                 UnitInfo(
                     index=index,
                     name=name,
                     module_type=type(self._modules[name]).__name__,
-                    params=specs,
+                    params=tuple(specs),
                     s=sum(x.nbytes for x in specs),
                     d=len(specs),
-                    f=int(st.macs),
+                    f=int(macs),
                     calls=st.calls,
                     input_shapes=st.input_shapes,
                     output_shapes=st.output_shapes,
@@ -404,6 +436,78 @@ class UnitRecorder:
         used = {r.name for r in resident.values()} | {p.name for u in units for p in u.params}
         unused = sorted(set(unused) - used)
         return units, list(resident.values()), unused
+
+    def _subtree(self, root: str) -> list[str]:
+        """``root`` and every module below it, by qualified name."""
+        prefix = root + "." if root else ""
+        return [n for n in self.stats if n == root or n.startswith(prefix)]
+
+    def _covers(self, root: str, place: _Place) -> bool:
+        """Whether binding ``root``'s subtree around ``root``'s one call covers every use
+        of ``place``'s tensor: each read of it, each view of it leaving a module, and each
+        call of its module happened while ``root`` was running."""
+        if self.stats[root].calls != 1:
+            return False
+        reads = self.read_cover.get(id(place.tensor))
+        if reads is not None and root not in reads:
+            return False
+        owner = place.module
+        return owner == root or self.stats[owner].calls == 0 or root in self.call_cover.get(owner, frozenset())
+
+    def _merge_subtrees(
+        self, streamed: dict[str, list[_Place]], resident: dict[int, ResidentTensor], rescuable: dict[int, _Place]
+    ) -> set[str]:
+        """Stream, as one unit, a module's whole subtree where that lets tensors that would
+        otherwise stay resident stream (updating ``streamed`` and ``resident``); returns the
+        merged roots.
+
+        A tensor that is resident only because of where it is used (owned by a container,
+        read by an ancestor's ``forward`` as ``nn.MultiheadAttention`` reads its
+        ``out_proj.weight``, or owned by a module called several times within one call of
+        an ancestor) can still stream with the smallest ancestor that runs once and is
+        running at every use of it: bound before that ancestor's ``forward``, released
+        after it. A subtree is merged only if every tensor it streams today is covered
+        too, and only if that lowers the model's minimum budget (resident bytes plus the
+        largest unit): a block's small scale parameter stays resident rather than make
+        the block one unit larger than every layer. The root is never merged: the whole
+        model as one unit would only be read again on every call. Deepest subtrees are
+        tried first, which keeps units as small as they can be.
+        """
+        candidates: set[str] = set()
+        for place in rescuable.values():
+            parts = place.module.split(".") if place.module else []
+            for k in range(len(parts), 0, -1):  # the owner, then each ancestor below the root
+                root = ".".join(parts[:k])
+                if self._covers(root, place):
+                    candidates.add(root)
+                    break
+
+        def minimum() -> int:
+            largest = max((sum(p.tensor.nbytes for p in ps) for ps in streamed.values()), default=0)
+            return sum(r.nbytes for r in resident.values()) + largest
+
+        merged: set[str] = set()
+        for root in sorted(candidates, key=lambda n: (-(n.count(".") + 1 if n else 0), n)):
+            below = set(self._subtree(root))
+            absorbed = [n for n in streamed if n in below]
+            if any(not self._covers(root, p) for n in absorbed for p in streamed[n]):
+                continue
+            rescued = [p for tid, p in rescuable.items() if tid in resident and p.module in below and self._covers(root, p)]
+            if not rescued:
+                continue
+            before = minimum()
+            saved = {n: streamed.pop(n) for n in absorbed}
+            gone = {id(p.tensor): resident.pop(id(p.tensor)) for p in rescued}
+            order = sorted(below, key=lambda n: (self.stats[n].first_call < 0, self.stats[n].first_call, n))
+            streamed[root] = [p for n in order for p in [*saved.get(n, ()), *(q for q in rescued if q.module == n)]]
+            if minimum() >= before:  # undo: the model's minimum would not shrink
+                del streamed[root]
+                streamed.update(saved)
+                resident.update(gone)
+                continue
+            merged -= below
+            merged.add(root)
+        return merged
 
 
 def _named_state(model: nn.Module):

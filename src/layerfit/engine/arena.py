@@ -397,11 +397,20 @@ class PlannedActivations:
 
     def _check_units(self, graph: ModelGraph) -> None:
         called = {n.target for n in self.gm.graph.nodes if n.op == "call_module"}
-        loose = [u.name for u in self.manifest.units if u.name not in called]
+        loose = [u for u in self.manifest.units if u.name not in called]
         if loose:
+            first = loose[0]
+            merged = any("." in t.places[0][len(first.name) + 1 :] for t in first.tensors)
             raise ActivationPlanError(
                 f"planned activations need every unit to be one module call of the traced graph; "
-                f"{len(loose)} are not (first: {loose[0] or '<root>'})"
+                f"{len(loose)} are not (first: {first.name or '<root>'}"
+                + (
+                    ", a module streamed with its children because its forward uses their "
+                    "tensors, which torch.fx traces through"
+                    if merged
+                    else ""
+                )
+                + "): run it with activations='default'"
             )
 
     def _check_constants(self) -> None:
