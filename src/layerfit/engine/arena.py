@@ -400,7 +400,8 @@ class PlannedActivations:
         loose = [u for u in self.manifest.units if u.name not in called]
         if loose:
             first = loose[0]
-            merged = any("." in t.places[0][len(first.name) + 1 :] for t in first.tensors)
+            prefix = f"{first.name}." if first.name else ""
+            merged = any("." in t.places[0].removeprefix(prefix) for t in first.tensors)  # a child's tensor
             raise ActivationPlanError(
                 f"planned activations need every unit to be one module call of the traced graph; "
                 f"{len(loose)} are not (first: {first.name or '<root>'}"
