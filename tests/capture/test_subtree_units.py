@@ -21,23 +21,26 @@ from torch import nn
 from layerfit.capture import capture
 from layerfit.capture.graph import ModelGraph
 from layerfit.engine import load
-from layerfit.engine.arena import ActivationPlanError
 from layerfit.store import prepare, read_manifest
 from layerfit.store.model_spec import ModelSpec
 
 WIDTH = 16
 
 
-def _streams_exactly(tmp_path: Path, spec: ModelSpec, shape: tuple[int, ...]) -> ModelGraph:
+def _streams_exactly(tmp_path: Path, spec: ModelSpec, shape: tuple[int, ...], planned: bool = False) -> ModelGraph:
     """Prepare ``spec``, run it at its minimum budget (every unit read alone, released
-    before the next) and with two buffers, and compare each output with ``model(x)``."""
+    before the next) and with two buffers (and, with ``planned``, with its activations
+    in the planned arena), and compare each output with ``model(x)``."""
     manifest = prepare(spec, tmp_path / "m", input_shape=shape, force=True)
     model = spec.build().eval()
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = model(x)
     minimum = manifest.resident_bytes + manifest.largest_unit_bytes
-    for options in ({"pipeline": "sequential"}, {"pipeline": "async", "budget": minimum}, {"pipeline": "sync"}):
+    configs = [{"pipeline": "sequential"}, {"pipeline": "async", "budget": minimum}, {"pipeline": "sync"}]
+    if planned:
+        configs.append({"pipeline": "async", "budget": minimum, "activations": "planned"})
+    for options in configs:
         with load(tmp_path / "m", **options) as engine:
             for _ in range(2):
                 assert torch.equal(engine(x), expected), options
@@ -158,7 +161,7 @@ def test_any_nesting_streams_exactly_and_stores_every_tensor_once(tmp_path: Path
     if wide and not reused_head:
         kwargs["head_width"] = 8 * WIDTH
     spec = ModelSpec("factory", "tinymodels:nested_blocks", kwargs)
-    g = _streams_exactly(tmp_path, spec, (2, WIDTH))
+    g = _streams_exactly(tmp_path, spec, (2, WIDTH), planned=True)
     # Units are disjoint subtrees: none lies inside another, so each is bound and released
     # around one module call.
     names = [u.name for u in g.units]
@@ -189,15 +192,26 @@ def test_attention_model_from_the_architectures_streams_exactly(tmp_path: Path, 
         assert torch.equal(engine(x), model(x))
 
 
-def test_planned_activations_name_a_merged_block_they_cannot_plan(tmp_path: Path):
-    # torch.fx traces through a custom block, so the arena has no call to bind it around.
+def test_planned_activations_bind_a_merged_block_around_its_traced_nodes(tmp_path: Path):
+    # torch.fx traces through a custom block (no call_module node for it), so the arena
+    # binds its unit before the block's first node and releases it after its last.
     spec = ModelSpec(
-        "factory", "tinymodels:nested_blocks", {"width": WIDTH, "specs": [{"scale": True}], "head_width": 4 * WIDTH}
+        "factory",
+        "tinymodels:nested_blocks",
+        {"width": WIDTH, "specs": [{"scale": True, "reuse": 2, "reads": True}, {}], "head_width": 4 * WIDTH},
     )
-    prepare(spec, tmp_path / "m", input_shape=(2, WIDTH))
-    with pytest.raises(ActivationPlanError, match=r"first: blocks\.0, a module streamed with its children"):
-        load(tmp_path / "m", pipeline="sync", activations="planned")
-    # Attention is one call of the traced graph (torch.nn's modules are fx leaves): planned.
+    manifest = prepare(spec, tmp_path / "m", input_shape=(2, WIDTH))
+    assert [u.name for u in manifest.units] == ["blocks.0", "blocks.1.lin", "head"]
+    x = torch.randn(2, WIDTH)
+    with torch.no_grad():
+        expected = spec.build().eval()(x)
+    minimum = manifest.resident_bytes + manifest.largest_unit_bytes
+    for options in ({"pipeline": "sync"}, {"pipeline": "async", "budget": minimum}):
+        with load(tmp_path / "m", activations="planned", **options) as engine:
+            for _ in range(2):
+                assert torch.equal(engine(x), expected), options
+            assert engine.last_weights_peak <= minimum or options["pipeline"] == "sync"
+    # Attention is one call of the traced graph (torch.nn's modules are fx leaves).
     prepare(ModelSpec("factory", "tinymodels:attention"), tmp_path / "a", input_shape=(1, 5, 8))
     x = torch.randn(1, 5, 8)
     with torch.no_grad(), load(tmp_path / "a", pipeline="sync", activations="planned") as engine:

@@ -111,6 +111,44 @@ def test_op_without_out_overload_is_refused(tmp_path: Path):
         assert torch.equal(engine(x), prelu_net().eval()(x))
 
 
+class ScaleLayer(nn.Module):
+    """A layer of the user's own: torch.fx traces through it (no call_module node)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.linspace(0.5, 1.5, width))
+        self.shift = nn.Parameter(torch.linspace(-0.1, 0.1, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x * self.gain + self.shift)
+
+
+def custom_layers() -> nn.Module:
+    """Factory (``test_activation_arena:custom_layers``): two own layers between linears."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), ScaleLayer(16), nn.Linear(16, 16), ScaleLayer(16), nn.Linear(16, 4))
+
+
+@pytest.mark.parametrize("pipeline", ["sequential", "async"])
+def test_a_layer_fx_traces_through_is_bound_around_its_nodes(tmp_path: Path, pipeline: str):
+    out = tmp_path / "custom"
+    manifest = prepare("test_activation_arena:custom_layers", out, input_shape=(2, 8))
+    assert [u.name for u in manifest.units] == ["0", "1", "2", "3", "4"]
+    x = example_input((2, 8))
+    with load(out, activations="planned", pipeline=pipeline) as engine, torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(engine(x), custom_layers().eval()(x))
+        assert engine.arena is not None and engine.arena.report()["nodes_in_arena"] > 0
+
+
+def test_a_unit_inside_a_module_fx_keeps_whole_is_refused(tmp_path: Path):
+    # nn.TransformerEncoder is one call_module node: its layers' units have no node.
+    out = tmp_path / "encoder"
+    prepare("tinymodels:transformer_encoder", out, input_shape=(1, 5, 8))
+    with pytest.raises(ActivationPlanError, match=r"first: 1\.layers\.0\.self_attn, which the trace keeps"):
+        load(out, activations="planned")
+
+
 def test_unknown_mode_is_refused(tiny: Path):
     with pytest.raises(LayerfitError, match="default, planned"):
         load(tiny, activations="arena")

@@ -34,7 +34,9 @@ ARCHITECTURES = {
     "mixed_dtypes": ((2, 16), "float32"),
     "unrolled": ((2, 16), "float32"),
 }
-# Planned activations need one module call per unit and an out= overload for every op.
+# Planned activations need each unit to be one module call or one unbroken run of traced
+# nodes (not inside a module fx keeps whole, as nn.TransformerEncoder), and an out= overload
+# for every op.
 PLANNED_REFUSED = {"transformer_encoder", "weight_normed", "conv_zoo", "mixed_dtypes"}
 
 

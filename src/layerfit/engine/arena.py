@@ -193,20 +193,42 @@ class _SkeletonInterpreter(torch.fx.Interpreter):
 
     Modules and attributes are looked up on ``skeleton`` at run time (the engine binds
     weights there). A module's forward pre/post hooks run outside the mode, so the
-    engine's binding is never mistaken for the node's own work.
+    engine's binding is never mistaken for the node's own work. A module the trace went
+    through (a unit streamed with its children) has no node of its own: its pre-hooks run
+    before the first of its nodes (``enter``) and its hooks after the last (``leave``).
     """
 
-    def __init__(self, gm: torch.fx.GraphModule, skeleton: nn.Module, mode: Any) -> None:
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        skeleton: nn.Module,
+        mode: Any,
+        enter: dict[str, list[str]] | None = None,
+        leave: dict[str, list[str]] | None = None,
+    ) -> None:
         super().__init__(gm, garbage_collect_values=True)
         self.skeleton = skeleton
         self.mode = mode
         self._modules = dict(skeleton.named_modules(remove_duplicate=False))
+        self._enter, self._leave = enter or {}, leave or {}
 
     def fetch_attr(self, target: str) -> Any:
         owner, _, attr = target.rpartition(".")
         return getattr(self._modules[owner] if owner else self.skeleton, attr)
 
     def run_node(self, n: torch.fx.Node) -> Any:
+        for name in self._enter.get(n.name, ()):
+            module = self._modules[name]
+            for hook in module._forward_pre_hooks.values():
+                hook(module, ())
+        out = self._run_node(n)
+        for name in self._leave.get(n.name, ()):
+            module = self._modules[name]
+            for hook in module._forward_hooks.values():
+                hook(module, (), out)
+        return out
+
+    def _run_node(self, n: torch.fx.Node) -> Any:
         if n.op in ("placeholder", "output", "get_attr"):
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
@@ -379,7 +401,7 @@ class PlannedActivations:
                 f"the forward pass changes attribute {changed[0]}, a state the traced graph "
                 "froze at trace time: run it with activations='default'"
             )
-        self._check_units(graph)
+        self._enter, self._leave = self._unit_spans()
         self._check_constants()
         self.placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         self.plan = plan_activations(graph, self.strategy)
@@ -395,24 +417,36 @@ class PlannedActivations:
         self.arena = torch.empty(self.plan.arena_bytes, dtype=torch.uint8)
         self._interpreters: dict[int, _SkeletonInterpreter] = {}
 
-    def _check_units(self, graph: ModelGraph) -> None:
-        called = {n.target for n in self.gm.graph.nodes if n.op == "call_module"}
-        loose = [u for u in self.manifest.units if u.name not in called]
+    def _unit_spans(self) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        """Where the engine binds each unit: at its module's call, or, for a module the
+        trace went through (a unit streamed with its children), around the unbroken run
+        of nodes its forward made. Returns the units to enter before, and to leave after,
+        each node by name."""
+        nodes = list(self.gm.graph.nodes)
+        called = {n.target for n in nodes if n.op == "call_module"}
+        enter: dict[str, list[str]] = {}
+        leave: dict[str, list[str]] = {}
+        spans: dict[str, list[int]] = {}  # module -> the nodes made while it ran
+        for k, n in enumerate(nodes):
+            for path in _traced_through(n):
+                spans.setdefault(path, []).append(k)
+        loose = []
+        for unit in self.manifest.units:
+            if unit.name in called:
+                continue
+            inside = spans.get(unit.name, []) if unit.name else []
+            if not inside or inside[-1] - inside[0] + 1 != len(inside):
+                loose.append(unit.name)
+                continue
+            enter.setdefault(nodes[inside[0]].name, []).append(unit.name)
+            leave.setdefault(nodes[inside[-1]].name, []).append(unit.name)
         if loose:
-            first = loose[0]
-            prefix = f"{first.name}." if first.name else ""
-            merged = any("." in t.places[0].removeprefix(prefix) for t in first.tensors)  # a child's tensor
             raise ActivationPlanError(
-                f"planned activations need every unit to be one module call of the traced graph; "
-                f"{len(loose)} are not (first: {first.name or '<root>'}"
-                + (
-                    ", a module streamed with its children because its forward uses their "
-                    "tensors, which torch.fx traces through"
-                    if merged
-                    else ""
-                )
-                + "): run it with activations='default'"
+                f"planned activations need every unit to be one module call, or one unbroken "
+                f"run of nodes, of the traced graph; {len(loose)} are not (first: {loose[0] or '<root>'}, which the trace keeps inside "
+                "another module's call or splits): run it with activations='default'"
             )
+        return enter, leave
 
     def _check_constants(self) -> None:
         """Refuse tensors tracing froze into the graph: created from constant arguments
@@ -516,7 +550,7 @@ class PlannedActivations:
         interp = self._interpreters.get(id(skeleton))
         if interp is None or interp.skeleton is not skeleton:  # built once per skeleton
             interp = self._interpreters[id(skeleton)] = _SkeletonInterpreter(
-                self.gm, skeleton, mode
+                self.gm, skeleton, mode, self._enter, self._leave
             )
         interp.mode = mode
         with mode:
@@ -556,6 +590,11 @@ class PlannedActivations:
             "nodes_in_arena": len(self.targets),
             "nodes_allocated_by_pytorch": fallback,
         }
+
+
+def _traced_through(node: torch.fx.Node) -> set[str]:
+    """The modules whose ``forward`` was running when the trace made ``node``."""
+    return {path for path, _type in node.meta.get("nn_module_stack", {}).values()}
 
 
 def _layouts(args: Any, kwargs: Any) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
