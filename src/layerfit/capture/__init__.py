@@ -126,14 +126,25 @@ def capture(model: nn.Module, example_input: Any, *, method: str = "auto") -> Mo
 
 
 def _check_modules(model: nn.Module) -> None:
-    """Refuse modules the engine cannot hook or bind weights to (TorchScript)."""
+    """Refuse modules the engine cannot hook or bind weights to: TorchScript, and weights
+    held in packed or quantized form, which are neither stored nor streamed (packed
+    weights would be silently left out; the skeleton could not be rebuilt on meta)."""
     for name, module in model.named_modules():
+        where = f"submodule {name}" if name else "the model"
         if isinstance(module, torch.jit.ScriptModule):
-            where = f"submodule {name}" if name else "the model"
             raise CaptureError(
                 f"{where} is a TorchScript module (torch.jit.script or trace), which takes no "
                 "hooks and keeps its weights inside TorchScript: layerfit cannot stream it; "
                 "prepare the eager (unscripted) module"
+            )
+        packed = [a for a, v in vars(module).items() if isinstance(v, torch.ScriptObject)]
+        quantized = [a for a, t in [*module._parameters.items(), *module._buffers.items()] if t is not None and t.is_quantized]
+        if packed or quantized:
+            raise CaptureError(
+                f"{where} ({type(module).__name__}) keeps its weights "
+                + (f"packed in {packed[0]!r} (a TorchScript object)" if packed else f"quantized in {quantized[0]!r}")
+                + ", not as plain parameters or buffers, so layerfit can neither store nor stream "
+                "them: prepare the model before quantization (float32, float16 or bfloat16 weights)"
             )
 
 
