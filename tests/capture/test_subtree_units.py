@@ -40,6 +40,8 @@ def _streams_exactly(tmp_path: Path, spec: ModelSpec, shape: tuple[int, ...], pl
     configs = [{"pipeline": "sequential"}, {"pipeline": "async", "budget": minimum}, {"pipeline": "sync"}]
     if planned:
         configs.append({"pipeline": "async", "budget": minimum, "activations": "planned"})
+        configs.append({"pipeline": "sync", "units": "blocks:2"})  # a merged unit inside a block
+        configs.append({"pipeline": "auto", "budget": minimum + manifest.largest_unit_bytes + 4096})
     for options in configs:
         with load(tmp_path / "m", **options) as engine:
             for _ in range(2):
