@@ -562,7 +562,7 @@ def prepare(
 def inspect(
     directory: str = typer.Argument(..., help="prepared model directory"),
     budget: str = typer.Option(
-        None, "--budget", help="also show how `run --pipeline auto` spends this weight budget (units kept, bytes read)"
+        None, "--budget", help="also show how `run --pipeline auto` spends this weight budget, e.g. 24MB or 50% (units kept, bytes read)"
     ),
     stages: int = typer.Option(2, "--stages", help="with --budget: 2 (cpu) or 3 (a copy stage, as on cuda)"),
     as_json: bool = typer.Option(False, "--json"),
@@ -651,10 +651,10 @@ def _auto_plan(m: Manifest, budget: str, stages: int) -> dict[str, Any]:
     from layerfit.engine.device import get_device
     from layerfit.engine.policies import AUTO
     from layerfit.engine.weight_plan import plan_weights
-    from layerfit.sizes import parse_bytes
+    from layerfit.sizes import parse_budget
 
     get_device("cpu", stages)  # the engine's own check of --stages
-    sizes, budget_bytes = [u.nbytes for u in m.units], parse_bytes(budget)
+    sizes, budget_bytes = [u.nbytes for u in m.units], parse_budget(budget, m.total_bytes)
     plan = plan_weights(AUTO, sizes, m.resident_bytes, budget_bytes, stages)
     read = [] if plan.policy.name == "preload" else [i for i in range(len(sizes)) if i not in plan.kept]
     return {
@@ -783,7 +783,7 @@ def run(
         "auto", "--pipeline",
         help="auto (preload when --budget holds every weight or is not given, else async), preload, sequential, sync or async",
     ),
-    budget: str = typer.Option(None, "--budget", help="weight memory, e.g. 24MB (default: the pipeline's own)"),
+    budget: str = typer.Option(None, "--budget", help="weight memory, e.g. 24MB, or a share of the model's weights, e.g. 50% (default: the pipeline's own)"),
     units: str = typer.Option("layers", "--units", help="layers, blocks:N, merge:SIZE (consecutive layers up to SIZE per block) or swapnet (SwapNet partition for --budget)"),
     input_path: str = typer.Option(None, "--input", help="input .npy (default: seeded random)"),
     output_path: str = typer.Option(None, "--output", help="save the output to .npy/.npz"),

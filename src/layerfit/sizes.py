@@ -8,6 +8,7 @@ a :class:`~layerfit.errors.BudgetError` naming the accepted forms.
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 from layerfit.errors import BudgetError
 
@@ -36,6 +37,11 @@ def parse_bytes(text: str | int) -> int:
         return text
     match = _PATTERN.match(str(text))
     unit = match.group(2).lower() if match else None
+    if match is None and is_share(text):
+        raise BudgetError(
+            f"{text.strip()} is a share of a model's weights, which only one model's weight budget "
+            "takes (run, inspect, load): give a size here, e.g. 24MB, 1.5GiB"
+        )
     if match is None or unit not in _UNITS:
         raise BudgetError(
             f"cannot read {text!r} as a size: write a number and a unit, e.g. 24MB, "
@@ -45,6 +51,28 @@ def parse_bytes(text: str | int) -> int:
     if unit in ("", "b") and not float(match.group(1)).is_integer():
         raise BudgetError(f"a number of bytes must be whole: {text!r}")
     return int(round(value))
+
+
+_SHARE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*%\s*$")
+
+
+def is_share(text: object) -> bool:
+    """Whether ``text`` is a share such as ``50%`` rather than a byte quantity."""
+    return isinstance(text, str) and _SHARE.match(text) is not None
+
+
+def parse_budget(text: str | int, weights_bytes: int) -> int:
+    """A model's weight budget: a byte quantity (:func:`parse_bytes`), or a share of its
+    weights, ``weights_bytes`` (``50%``, ``12.5%``), rounded down to a whole byte, so that
+    one can try a model at a fraction of its size without working out the bytes."""
+    if isinstance(text, str) and (match := _SHARE.match(text)):
+        return int(Decimal(match.group(1)) * weights_bytes / 100)
+    try:
+        return parse_bytes(text)
+    except BudgetError as exc:
+        if isinstance(text, str):
+            raise BudgetError(f"{exc}; or a share of the model's weights, e.g. 50%") from None
+        raise
 
 
 def format_bytes(n: int | float) -> str:

@@ -328,3 +328,25 @@ def test_inspect_budget_shows_the_plan_the_engine_makes(tiny: Path, capsys, stag
     assert main(["inspect", str(tiny), "--budget", "1MB", "--stages", "4"]) == 2
     assert "stages must be 2 (zero-copy) or 3" in capsys.readouterr().err
 
+
+
+def test_a_share_of_the_weights_is_a_budget(tiny: Path, reference, capsys):
+    x, y = reference
+    total = read_manifest(tiny).total_bytes  # 49152: 50 % is 24576, 90 % is 44236
+    with load(tiny, pipeline="auto", budget="50%") as by_share, load(tiny, pipeline="auto", budget=total // 2) as by_bytes:
+        assert (by_share.policy.name, by_share.kept_units, by_share.memory.buffer_bytes) == (
+            by_bytes.policy.name, by_bytes.kept_units, by_bytes.memory.buffer_bytes
+        )
+        assert by_share.memory.buffer_bytes == 24576 and torch.equal(by_share(x), y)
+        by_share.reconfigure(budget="100%")
+        assert by_share.policy.name == "preload" and torch.equal(by_share(x), y)
+        with pytest.raises(BudgetError, match=r"below the minimum .* \(10% of its 49152 bytes of weights\)"):
+            by_share.reconfigure(budget="10%")
+        assert by_share.policy.name == "preload"  # refused: the old configuration runs on
+    assert main(["run", str(tiny), "--budget", "90%", "--json", "--repeats", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["weights_peak_bytes"] <= total * 90 // 100 and report["output_sha256"]
+    assert main(["inspect", str(tiny), "--budget", "90%", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["auto_plan"]["budget_bytes"] == total * 90 // 100
+    assert main(["run", str(tiny), "--budget", "half"]) == 2
+    assert "or a share of the model's weights, e.g. 50%" in capsys.readouterr().err

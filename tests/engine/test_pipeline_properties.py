@@ -119,3 +119,38 @@ def test_budget_nonsense(text):
 
     with pytest.raises(BudgetError):
         parse_bytes(text)
+
+
+@pytest.mark.parametrize(
+    "text,weights,expected",
+    [("50%", 1000, 500), ("12.5%", 1000, 125), (" 33 % ", 300, 99), ("100%", 7, 7), ("150%", 10, 15), ("24MB", 5, 24_000_000)],
+)
+def test_a_budget_may_be_a_share_of_the_weights(text, weights, expected):
+    from layerfit.sizes import parse_budget
+
+    assert parse_budget(text, weights) == expected
+
+
+@given(percent=st.integers(0, 1000), hundredths=st.integers(0, 99), weights=st.integers(0, 2**44))
+def test_a_share_is_exact_and_rounds_down(percent, hundredths, weights):
+    from layerfit.sizes import parse_budget
+
+    # No floating point: 12.34 % of any size is the same whole byte as in integers.
+    assert parse_budget(f"{percent}.{hundredths:02d}%", weights) == (percent * 100 + hundredths) * weights // 10000
+
+
+@pytest.mark.parametrize("text", ["%", "50%%", "-5%", "half", "5 0%", "1e2%"])
+def test_budget_share_nonsense(text):
+    from layerfit.errors import BudgetError
+    from layerfit.sizes import parse_budget
+
+    with pytest.raises(BudgetError, match="e.g. 50%"):
+        parse_budget(text, 1000)
+
+
+def test_a_share_where_no_single_model_is_meant_says_so():
+    from layerfit.errors import BudgetError
+    from layerfit.sizes import parse_bytes
+
+    with pytest.raises(BudgetError, match="50% is a share of a model's weights, which only one model's"):
+        parse_bytes("50%")

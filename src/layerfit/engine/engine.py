@@ -39,7 +39,7 @@ from layerfit.engine.trace import Event, Timeline
 from layerfit.engine.units import Block, make_blocks
 from layerfit.engine.weight_plan import plan_weights
 from layerfit.errors import BudgetError, CorruptStoreError, LayerfitError, ReadError
-from layerfit.sizes import parse_bytes
+from layerfit.sizes import is_share, parse_budget, parse_bytes
 from layerfit.store.manifest import Manifest, read_manifest
 from layerfit.store.reader import SegmentReader, aligned_buffer, verify_segment
 
@@ -217,8 +217,13 @@ class Engine:
         resident = m.resident_bytes
         largest = max(sizes, default=0)
         three = self.device.stages == 3
-        budget_bytes = None if budget is None else parse_bytes(budget)
-        plan = plan_weights(self.pipeline, sizes, resident, budget_bytes, self.device.stages)
+        budget_bytes = None if budget is None else parse_budget(budget, m.total_bytes)
+        try:
+            plan = plan_weights(self.pipeline, sizes, resident, budget_bytes, self.device.stages)
+        except BudgetError as exc:
+            if not is_share(budget):
+                raise
+            raise BudgetError(f"{exc} ({budget.strip()} of its {m.total_bytes} bytes of weights)") from None
         self.policy = plan.policy
         kept, kept_bytes = plan.kept, plan.kept_bytes
         capacity, device_capacity = plan.buffer_bytes, plan.device_buffer_bytes

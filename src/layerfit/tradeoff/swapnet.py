@@ -124,9 +124,15 @@ def swapnet_engine_options(
 ) -> dict[str, Any]:
     """Engine options (pipeline, budget, block points) SwapNet chooses for ``budget``."""
     from layerfit.errors import BudgetError
+    from layerfit.sizes import is_share
 
     if budget is None:
         raise BudgetError("--units swapnet partitions the model for a budget: give one with --budget, e.g. 100MB")
+    if is_share(budget):
+        raise BudgetError(
+            f"--units swapnet's budget is the model's memory in all (weights, activations and a reserve), "
+            f"not a share of its weights: give a size, e.g. 100MB, instead of {budget}"
+        )
     plan = SwapNetPlan.build(directory, profile_for(directory, profile_path))
     return engine_options(plan.choose(budget))
 
