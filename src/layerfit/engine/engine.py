@@ -109,7 +109,8 @@ class Engine:
     """A prepared model you call like the model, executed within a weight budget.
 
     ``budget`` counts weight buffers (resident tensors plus the unit buffer); it must be
-    at least the resident tensors plus the largest unit. ``pipeline`` is ``preload``,
+    at least the resident tensors plus the largest unit. It is bytes, a size (``"24MB"``)
+    or a share of the model's weights (``"50%"``). ``pipeline`` is ``preload``,
     ``sequential``, ``sync``, ``async`` or ``auto`` (``preload`` when the budget holds
     every weight or none is given, else ``async`` with the room beyond its buffer
     keeping units resident, see :func:`~layerfit.engine.policies.choose_kept_units`;
