@@ -500,10 +500,15 @@ class UnitRecorder:
             gone = {id(p.tensor): resident.pop(id(p.tensor)) for p in rescued}
             order = sorted(below, key=lambda n: (self.stats[n].first_call < 0, self.stats[n].first_call, n))
             streamed[root] = [p for n in order for p in [*saved.get(n, ()), *(q for q in rescued if q.module == n)]]
-            if minimum() >= before:  # undo: the model's minimum would not shrink
+            after = minimum()
+            if after >= before:  # undo: the model's minimum would not shrink, and say so
                 del streamed[root]
                 streamed.update(saved)
-                resident.update(gone)
+                for tid, r in gone.items():
+                    resident[tid] = replace(
+                        r, reason=f"{r.reason}; streamed with {root} as one unit, it would raise the "
+                        f"minimum budget from {before} to {after} bytes"
+                    )
                 continue
             merged -= below
             merged.add(root)
