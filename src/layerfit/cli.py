@@ -884,10 +884,10 @@ def tradeoff_delay(
     pipeline: str = typer.Option(
         "async", "--pipeline", help="a pipeline that uses a larger budget: async (the paper's search) or auto"
     ),
-    step: str = typer.Option("1MB", "--step", help="budget increment per point"),
+    step: str = typer.Option("1MB", "--step", help="budget increment per point, e.g. 1MB or 5% of the weights"),
     repeats: int = typer.Option(3, "--repeats", min=1),
     warmup: int = typer.Option(1, "--warmup", min=0),
-    until: str = typer.Option(None, "--until", help="stop phase 1 at this budget (default: model size)"),
+    until: str = typer.Option(None, "--until", help="stop phase 1 at this budget, e.g. 40MB or 60% (default: model size)"),
     patience: int = typer.Option(None, "--patience", help="stop phase 1 after N points without a new minimum"),
     tolerance: float = typer.Option(0.01, "--tolerance", help="relative slack when matching the minimum"),
     as_json: bool = typer.Option(False, "--json"),
@@ -898,7 +898,8 @@ def tradeoff_delay(
 ) -> None:
     """Find the minimal-delay buffer size by growing the budget (Demand Layering V-D)."""
     from layerfit.engine import load
-    from layerfit.sizes import format_bytes, parse_bytes
+    from layerfit.sizes import format_bytes, parse_budget
+    from layerfit.store import read_manifest
     from layerfit.store.outputs import check_output_file
     from layerfit.tradeoff.delay import (
         check_search_options,
@@ -910,11 +911,14 @@ def tradeoff_delay(
     check_search_options(tolerance, patience)  # before loading and measuring anything
     if plot:
         check_output_file(plot, force=force, option="--plot", image=True)
+    weights = read_manifest(directory).total_bytes  # what a share (--step 5%) is of
+    step_bytes = parse_budget(step, weights)
+    until_bytes = None if until is None else parse_budget(until, weights)
     with load(directory, pipeline=pipeline, device=device, stages=stages) as engine:
         x = engine.device.to_device(_load_input(None, engine.manifest))
         curve = minimal_delay_search(
-            engine, (x,), step=parse_bytes(step), repeats=repeats, warmup=warmup,
-            until=None if until is None else parse_bytes(until), patience=patience, tolerance=tolerance,
+            engine, (x,), step=step_bytes, repeats=repeats, warmup=warmup,
+            until=until_bytes, patience=patience, tolerance=tolerance,
             progress=None if as_json else lambda p: console.print(
                 f"  {format_bytes(p.budget_bytes):>10}  {p.mean_s * 1e3:9.1f} ms  "
                 f"[{p.min_s * 1e3:.1f} - {p.max_s * 1e3:.1f}]", highlight=False),

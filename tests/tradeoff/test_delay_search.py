@@ -76,6 +76,17 @@ def test_cli_writes_json_and_plot(tiny: Path, tmp_path: Path, capsys):
     assert png.stat().st_size > 1000
 
 
+def test_cli_steps_by_a_share_of_the_weights(tiny: Path, capsys):
+    total = read_manifest(tiny).total_bytes
+    argv = ["tradeoff", "delay", str(tiny), "--step", "5%", "--until", "95%", "--repeats", "1", "--warmup", "0", "--json"]
+    assert main(argv) == 0
+    budgets = [p["budget_bytes"] for p in json.loads(capsys.readouterr().out)["points"]]
+    steps = {b - a for a, b in zip(budgets[:-1], budgets[1:-1], strict=False)}
+    assert len(budgets) >= 3 and steps == {total * 5 // 100} and budgets[-1] == total * 95 // 100  # clamped
+    assert main(["tradeoff", "delay", str(tiny), "--step", "a quarter"]) == 2
+    assert "e.g. 50%" in capsys.readouterr().err
+
+
 def test_reference_scores_points_by_relative_delay(tiny: Path, monkeypatch):
     import layerfit.tradeoff.delay as delay
 
