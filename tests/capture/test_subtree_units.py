@@ -27,10 +27,11 @@ from layerfit.store.model_spec import ModelSpec
 WIDTH = 16
 
 
-def _streams_exactly(tmp_path: Path, spec: ModelSpec, shape: tuple[int, ...], planned: bool = False) -> ModelGraph:
+def _streams_exactly(tmp_path: Path, spec: ModelSpec, shape: tuple[int, ...], more: bool = False) -> ModelGraph:
     """Prepare ``spec``, run it at its minimum budget (every unit read alone, released
-    before the next) and with two buffers (and, with ``planned``, with its activations
-    in the planned arena), and compare each output with ``model(x)``."""
+    before the next) and with two buffers, and with ``more`` also with planned
+    activations, in blocks of several units and under auto with room to keep a unit;
+    compare each output with ``model(x)``."""
     manifest = prepare(spec, tmp_path / "m", input_shape=shape, force=True)
     model = spec.build().eval()
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
@@ -38,7 +39,7 @@ def _streams_exactly(tmp_path: Path, spec: ModelSpec, shape: tuple[int, ...], pl
         expected = model(x)
     minimum = manifest.resident_bytes + manifest.largest_unit_bytes
     configs = [{"pipeline": "sequential"}, {"pipeline": "async", "budget": minimum}, {"pipeline": "sync"}]
-    if planned:
+    if more:
         configs.append({"pipeline": "async", "budget": minimum, "activations": "planned"})
         configs.append({"pipeline": "sync", "units": "blocks:2"})  # a merged unit inside a block
         configs.append({"pipeline": "auto", "budget": minimum + manifest.largest_unit_bytes + 4096})
@@ -167,7 +168,7 @@ def test_any_nesting_streams_exactly_and_stores_every_tensor_once(tmp_path: Path
     if wide and not reused_head:
         kwargs["head_width"] = 8 * WIDTH
     spec = ModelSpec("factory", "tinymodels:nested_blocks", kwargs)
-    g = _streams_exactly(tmp_path, spec, (2, WIDTH), planned=True)
+    g = _streams_exactly(tmp_path, spec, (2, WIDTH), more=True)
     # Units are disjoint subtrees: none lies inside another, so each is bound and released
     # around one module call.
     names = [u.name for u in g.units]
