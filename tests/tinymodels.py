@@ -698,7 +698,8 @@ class NestedBlock(nn.Module):
     way ``spec`` turns on: ``scale`` (the block owns a parameter next to its children's),
     ``reuse`` (calls ``act`` that many times), ``reads`` (uses ``lin.weight`` in its own
     forward, as nn.MultiheadAttention uses ``out_proj.weight``), ``row`` (a child returns
-    a view of its weight) and ``inner`` (a nested block's spec)."""
+    a view of its weight), ``borrow`` (runs the module its caller passes in) and
+    ``inner`` (a nested block's spec)."""
 
     def __init__(self, width: int, spec: dict) -> None:
         super().__init__()
@@ -713,8 +714,10 @@ class NestedBlock(nn.Module):
         if spec.get("inner"):
             self.inner = NestedBlock(width, spec["inner"])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lender: nn.Module | None = None) -> torch.Tensor:
         h = self.lin(x)
+        if self.spec.get("borrow") and lender is not None:
+            h = lender(h)
         if self.spec.get("reads"):
             h = h + 0.5 * nn.functional.linear(x, self.lin.weight)
         if self.spec.get("scale"):
@@ -724,7 +727,7 @@ class NestedBlock(nn.Module):
         if self.spec.get("row"):
             h = h + self.row()
         if self.spec.get("inner"):
-            h = self.inner(h)
+            h = self.inner(h, lender)
         return h
 
 
@@ -737,13 +740,46 @@ def nested_blocks(width: int, specs: list[dict], reused_head: int = 0, head_widt
     class Stack(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.blocks = nn.Sequential(*(NestedBlock(width, s) for s in specs))
+            self.blocks = nn.ModuleList(NestedBlock(width, s) for s in specs)
+            self.lender = nn.LayerNorm(width)  # run by the blocks that ``borrow`` it
             self.head = nn.Linear(width, head_width or width)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            h = self.blocks(x)
+            h = x
+            for block in self.blocks:
+                h = block(h, self.lender)
             for _ in range(max(1, reused_head)):
                 h = self.head(h)
             return h
 
     return Stack()
+
+
+class _BorrowingBlock(nn.Module):
+    """Owns a scale beside its layer, and calls a module its caller passes in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 16))
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        return norm(self.lin(x)) * self.scale
+
+
+class _Lender(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = _BorrowingBlock()
+        self.norm = nn.LayerNorm(16)
+        self.head = nn.Linear(16, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(x, self.norm))
+
+
+def borrowed_module() -> nn.Module:
+    """A block that runs its parent's ``norm`` inside its own call: it cannot be one unit
+    (``norm`` is a unit of its own, and units never nest)."""
+    torch.manual_seed(32)
+    return _Lender()

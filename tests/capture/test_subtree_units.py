@@ -98,6 +98,13 @@ def test_the_root_is_never_one_unit(tmp_path: Path):
     assert list(_units(g)) == ["blocks.0.lin"]
 
 
+def test_a_block_that_runs_a_unit_from_outside_is_not_merged(tmp_path: Path):
+    # block calls its parent's norm (a unit) within its own call: as one unit it would nest.
+    g = _streams_exactly(tmp_path, ModelSpec("factory", "tinymodels:borrowed_module"), (2, 16))
+    assert list(_units(g)) == ["block.lin", "norm", "head"]
+    assert [r.name for r in g.resident] == ["block.scale"]
+
+
 def test_weights_read_by_the_root_stay_resident():
     # tinymodels.OutsideReads: only the root covers embed.weight, holder.scale, table.w
     # and fc.bias (two of them leave the forward pass in its output).
@@ -155,6 +162,7 @@ _leaf_spec = st.fixed_dictionaries(
         "reuse": st.integers(0, 3),
         "reads": st.booleans(),
         "row": st.booleans(),
+        "borrow": st.booleans(),
     },
 )
 _block_spec = st.recursive(_leaf_spec, lambda inner: st.builds(lambda s, i: {**s, "inner": i}, _leaf_spec, inner), max_leaves=3)
@@ -173,13 +181,14 @@ def test_any_nesting_streams_exactly_and_stores_every_tensor_once(tmp_path: Path
     # around one module call.
     names = [u.name for u in g.units]
     assert not any(a != b and b.startswith(a + ".") for a in names for b in names)
-    # Every tensor of the model is stored exactly once, streamed or resident.
+    # Every tensor of the model is stored exactly once, streamed or resident, or reported
+    # unused (the lender, where no block borrows it).
     stored = [f"{u.name}.{p.attr}" for u in g.units for p in u.params] + [r.name for r in g.resident]
     model = spec.build()
-    assert sorted(stored) == sorted(name for name, _ in model.named_parameters())
+    assert sorted(stored + g.unused) == sorted(name for name, _ in model.named_parameters())
     # A block that does nothing unusual is never merged: its layer stays a unit of its own.
     for k, s in enumerate(specs):
-        if not any(s.get(key) for key in ("scale", "reuse", "reads", "row", "inner")):
+        if not any(s.get(key) for key in ("scale", "reuse", "reads", "row", "inner", "borrow")):
             assert f"blocks.{k}.lin" in names
 
 

@@ -467,7 +467,8 @@ class UnitRecorder:
         an ancestor) can still stream with the smallest ancestor that runs once and is
         running at every use of it: bound before that ancestor's ``forward``, released
         after it. A subtree is merged only if every tensor it streams today is covered
-        too, and only if that lowers the model's minimum budget (resident bytes plus the
+        too, if no unit outside it runs within its call (units never nest), and only if
+        that lowers the model's minimum budget (resident bytes plus the
         largest unit): a block's small scale parameter stays resident rather than make
         the block one unit larger than every layer. The root is never merged: the whole
         model as one unit would only be read again on every call. Deepest subtrees are
@@ -492,6 +493,8 @@ class UnitRecorder:
             absorbed = [n for n in streamed if n in below]
             if any(not self._covers(root, p) for n in absorbed for p in streamed[n]):
                 continue
+            if any(root in self.call_cover.get(n, frozenset()) for n in streamed if n not in below):
+                continue  # another unit runs within root's call (a module passed to its forward)
             rescued = [p for tid, p in rescuable.items() if tid in resident and p.module in below and self._covers(root, p)]
             if not rescued:
                 continue
