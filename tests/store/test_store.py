@@ -13,6 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from layerfit.cli import main
+from layerfit.engine import load
 from layerfit.errors import (
     CheckpointError,
     CorruptStoreError,
@@ -52,6 +53,16 @@ def test_segments_are_aligned_in_execution_order_and_safetensors_readable(tiny: 
     with safe_open(str(tiny / "weights.safetensors"), "pt") as f:
         for name, tensor in model.state_dict().items():
             assert torch.equal(f.get_tensor(name), tensor)
+
+
+def test_a_prepared_directory_runs_wherever_it_is_moved(tmp_path: Path):
+    # Prepare on a workstation, copy to the device: nothing in it names where it was made.
+    prepare(TINY, tmp_path / "made_here", input_shape=(1, 3, 8, 8))
+    assert str(tmp_path) not in (tmp_path / "made_here" / "manifest.json").read_text()
+    (tmp_path / "made_here").rename(tmp_path / "moved")
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad(), load(tmp_path / "moved", pipeline="async") as engine:
+        assert torch.equal(engine(x), tinymodels.tiny_cnn().eval()(x))
 
 
 def test_inspect_json_lists_units(tiny: Path, capsys):
