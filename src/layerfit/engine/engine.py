@@ -299,28 +299,26 @@ class Engine:
         """Read ``units`` into ``target`` and bind them there for good. ``staged``: the
         target is device memory, reached through a host staging buffer of the largest of
         them that is freed after."""
-        if not staged:
-            for i in units:
-                n = self.blocks[i].nbytes
-                off = target.allocate(n)
-                self.read_unit(i, target.view[off : off + n])
-                bind(self._bindings[i], target.bytes, off)
-            return
         if not units:
             return
-        staging = aligned_buffer(max(self.blocks[i].nbytes for i in units))
-        view, host = memoryview(staging), torch.frombuffer(staging, dtype=torch.uint8)
+        staging = aligned_buffer(max(self.blocks[i].nbytes for i in units)) if staged else None
+        view = memoryview(staging) if staged else None
+        host = torch.frombuffer(staging, dtype=torch.uint8) if staged else None
         try:
             for i in units:
                 n = self.blocks[i].nbytes
                 off = target.allocate(n)
-                self.read_unit(i, view[:n])
-                self.device.copy(target.bytes[off : off + n], host[:n])
+                if staged:
+                    self.read_unit(i, view[:n])
+                    self.device.copy(target.bytes[off : off + n], host[:n])
+                else:
+                    self.read_unit(i, target.view[off : off + n])
                 bind(self._bindings[i], target.bytes, off)
         finally:
             del host
-            view.release()
-            staging.close()
+            if staged:
+                view.release()
+                staging.close()
 
     def _unpin(self) -> None:
         if self._pinned is not None:
