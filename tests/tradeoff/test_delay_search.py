@@ -67,6 +67,17 @@ def test_search_with_auto_runs_from_async_minimum_to_every_weight_resident(tiny:
     assert curve.points[-1].budget_bytes == m.total_bytes
 
 
+@pytest.mark.parametrize("pipeline", ["async", "auto"])
+def test_search_stops_where_the_units_fit_beside_the_resident_tensors(tmp_path: Path, pipeline: str):
+    # tied_lm keeps its tied embedding and position table resident: the last point is
+    # every weight once, not the resident bytes counted twice.
+    m = prepare("tinymodels:tied_lm", tmp_path / "lm", input_shape=(1, 8), input_dtype="int64")
+    assert m.resident_bytes > 0
+    with load(tmp_path / "lm", pipeline=pipeline) as engine:
+        curve = minimal_delay_search(engine, (example_input((1, 8), "int64"),), step=4096, repeats=1, warmup=0)
+    assert curve.points[-1].budget_bytes == m.total_bytes
+
+
 def test_cli_writes_json_and_plot(tiny: Path, tmp_path: Path, capsys):
     png = tmp_path / "curve.png"
     assert main(["tradeoff", "delay", str(tiny), "--step", "16KiB", "--repeats", "1", "--warmup", "0", "--json", "--plot", str(png)]) == 0

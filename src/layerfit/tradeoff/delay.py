@@ -141,7 +141,8 @@ def minimal_delay_search(
     # the whole model fits each buffer: one with two stages, a read and a device one with
     # three; auto holds it all in one (preload) from the model's size on
     buffers = 1 if engine.pipeline == AUTO else engine.device.stages - 1
-    stop = mem.resident_bytes + mem.total_weight_bytes * buffers
+    units_bytes = mem.total_weight_bytes - mem.resident_bytes  # the total counts resident tensors too
+    stop = mem.resident_bytes + units_bytes * buffers
     if until is not None:
         stop = min(stop, max(until, start))
     points: list[DelayPoint] = []
