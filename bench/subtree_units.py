@@ -4,8 +4,8 @@
 ``out_proj.weight`` from its own ``forward``. With layers as the only units both had to
 stay resident: a third of every encoder block. The capture now streams such a module's
 subtree as one unit (:meth:`layerfit.capture.units.UnitRecorder._merge_subtrees`). This
-bench prepares a ViT built like torchvision's (``nn.MultiheadAttention`` blocks; weights
-seeded, nothing downloaded) twice: as captured, and with subtree units switched off (the
+bench prepares the zoo's ViT (torchvision's layout, ``nn.MultiheadAttention`` blocks;
+weights seeded, nothing downloaded) twice: as captured, and with subtree units switched off (the
 capture before them, an ablation). It reports each one's resident bytes and minimum
 budget, then runs both in alternating rounds in one process: ``preload``, and ``async``
 and ``auto`` at the budget the ablation needs at least (resident tensors plus two of its
@@ -26,72 +26,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+
+from layerfit import zoo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, mb, paired_overhead, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "subtree_units"
-SIZES = {"s": (384, 12, 6, 1536), "b": (768, 12, 12, 3072)}  # width, blocks, heads, MLP width
-
-
-class EncoderBlock(nn.Module):
-    """torchvision's ViT encoder block."""
-
-    def __init__(self, width: int, heads: int, mlp: int) -> None:
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(width, eps=1e-6)
-        self.self_attention = nn.MultiheadAttention(width, heads, batch_first=True)
-        self.ln_2 = nn.LayerNorm(width, eps=1e-6)
-        self.mlp = nn.Sequential(nn.Linear(width, mlp), nn.GELU(), nn.Linear(mlp, width))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.ln_1(x)
-        y, _ = self.self_attention(y, y, y, need_weights=False)
-        x = x + y
-        return x + self.mlp(self.ln_2(x))
-
-
-class Encoder(nn.Module):
-    def __init__(self, blocks: int, width: int, heads: int, mlp: int, tokens: int) -> None:
-        super().__init__()
-        self.pos_embedding = nn.Parameter(torch.randn(1, tokens, width) * 0.02)
-        self.layers = nn.Sequential(*(EncoderBlock(width, heads, mlp) for _ in range(blocks)))
-        self.ln = nn.LayerNorm(width, eps=1e-6)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ln(self.layers(x + self.pos_embedding))
-
-
-class VisionTransformer(nn.Module):
-    """torchvision's ``vit_*_16`` layout at 224 px: patch convolution, class token, encoder."""
-
-    def __init__(self, size: str = "s", image: int = 224, patch: int = 16, classes: int = 1000) -> None:
-        super().__init__()
-        width, blocks, heads, mlp = SIZES[size]
-        self.conv_proj = nn.Conv2d(3, width, patch, patch)
-        self.class_token = nn.Parameter(torch.zeros(1, 1, width))
-        self.encoder = Encoder(blocks, width, heads, mlp, (image // patch) ** 2 + 1)
-        self.heads = nn.Linear(width, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.conv_proj(x).flatten(2).transpose(1, 2)
-        x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], 1)
-        return self.heads(self.encoder(x)[:, 0])
-
-
-def vit(size: str = "s") -> nn.Module:
-    torch.manual_seed(0)
-    return VisionTransformer(size)
+SIZES = ("s", "b")
 
 
 def prepare_both(size: str) -> tuple[Path, Path]:
     """The model prepared as captured, and with subtree units switched off."""
     from layerfit.capture.units import UnitRecorder
     from layerfit.store import prepare
-    from layerfit.store.model_spec import ModelSpec
 
-    spec = ModelSpec("factory", "subtree_units:vit", {"size": size})
+    spec = f"vit_{size}16"
     merged, layers = CACHE / f"vit_{size}", CACHE / f"vit_{size}_layers_only"
     prepare(spec, merged, input_shape=(1, 3, 224, 224), force=True)
     original = UnitRecorder._merge_subtrees
@@ -158,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         "merged auto": (merged, {"pipeline": "auto", "budget": old_budget}),
         "merged async at its default": (merged, {"pipeline": "async"}),
     }
-    model = vit(args.size).eval()
+    model = zoo.build(f"vit_{args.size}16")
     x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = model(x)
@@ -178,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             "policy": rs[0]["policy"], "kept_units": rs[0]["kept_units"],
             "budget_bytes": configs[name][1].get("budget"),
         }
-    data = {"machine": machine(), "model": f"vit_{args.size}16 (torchvision layout, seeded)",
+    data = {"machine": machine(), "model": f"vit_{args.size}16 (the zoo's: torchvision layout, seeded)",
             "rounds": args.rounds, "passes": args.passes, "capture": shape, "results": results,
             "outputs_bit_identical": True, "wall_s": time.perf_counter() - t0}
     js, md = write_results(args.output, data, markdown(data))

@@ -30,6 +30,8 @@ PARAMS: dict[str, int] = {
     "alexnet": 61_100_840,
     "vgg_s": 102_908_520,
     "googlenet": 6_998_552,
+    "vit_s16": 22_050_664,
+    "vit_b16": 86_567_656,
 }
 
 # Output shape on the entry's ``small_input_shape``.
@@ -37,7 +39,7 @@ SMALL_OUTPUT: dict[str, tuple[int, ...]] = {
     **{n: (1, 1000) for n in (
         "resnet50", "resnet101", "resnet152", "vgg16", "vgg19", "densenet121", "densenet201",
         "mobilenet_v1", "mobilenet_v1_025", "mobilenet_v2", "inception_v3", "efficientnet_b0",
-        "alexnet", "vgg_s", "googlenet",
+        "alexnet", "vgg_s", "googlenet", "vit_s16", "vit_b16",
     )},
     "yolov3": (1, 3 * (2 * 2 + 4 * 4 + 8 * 8), 85),  # 64×64: strides 32, 16, 8
     "yolov4": (1, 3 * (8 * 8 + 4 * 4 + 2 * 2), 85),  # strides 8, 16, 32

@@ -38,6 +38,7 @@ from layerfit.zoo import (
     resnet,
     vgg,
     vgg_s,
+    vit,
     yolo,
 )
 from layerfit.zoo.init import initialise
@@ -235,6 +236,16 @@ _ENTRIES: list[ZooEntry] = [
             "6.96 M: Szegedy et al. 2015 Table 1, params column summed (6,798 K with K = 1024, "
             "often quoted as 6.8 M; weights only); 224: paper"
         ),
+    ),
+    ZooEntry(
+        "vit_s16", vit.vit_s16, _img(224), 22.1,
+        "ViT-S/16 (Touvron et al. 2021, DeiT-S), torchvision's ViT layout, nn.MultiheadAttention",
+        source="22.1 M: Touvron et al. 2021 Table 1 (DeiT-S 22 M) / timm (22,050,664); 224: paper",
+    ),
+    ZooEntry(
+        "vit_b16", vit.vit_b16, _img(224), 86.6,
+        "ViT-B/16 (Dosovitskiy et al. 2021), torchvision's ViT layout, nn.MultiheadAttention",
+        source="86.6 M: torchvision vit_b_16 (86,567,656; paper Table 1: 86 M); 224: paper",
     ),
 ]
 
