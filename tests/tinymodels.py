@@ -227,6 +227,21 @@ def tiny_gpt2() -> nn.Module:
     return GPT2LMHeadModel(config).eval()
 
 
+def tiny_llama() -> nn.Module:
+    """A two-layer Hugging Face Llama (rotary positions, grouped-query attention, RMSNorm,
+    untied head) built from a config (no download)."""
+    import transformers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(5)
+    config = LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=100, max_position_embeddings=64, tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
 def needs_width(width: int) -> nn.Module:
     """A factory with a required argument: called without it, it raises TypeError."""
     return nn.Linear(width, width)
