@@ -242,6 +242,65 @@ def tiny_llama() -> nn.Module:
     return LlamaForCausalLM(config).eval()
 
 
+class _EncodesOutsideForward(nn.Module):
+    """Like an encoder-decoder's ``generate``: runs its encoder directly, then calls itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(8, 8)
+        self.decoder = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None) -> torch.Tensor:
+        return self.decoder(self.encoder(x) if memory is None else memory)
+
+    def generate(self, x: torch.Tensor) -> torch.Tensor:
+        return self(x, memory=self.encoder(x))
+
+
+class _Iterates(nn.Module):
+    """A model whose own ``generate`` feeds its output back ``steps`` times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+    def generate(self, x: torch.Tensor, steps: int = 3) -> list[torch.Tensor]:
+        out = [x]
+        for _ in range(steps):
+            out.append(self(out[-1]))
+        return out
+
+
+def iterates() -> nn.Module:
+    torch.manual_seed(0)
+    return _Iterates().eval()
+
+
+class _LastToken(nn.Module):
+    """A head on a slice of a batched hidden state, as a language model's ``logits_to_keep``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 100)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x)[:, -1:, :])
+
+
+def last_token() -> nn.Module:
+    torch.manual_seed(0)
+    return _LastToken().eval()
+
+
+def encodes_outside_forward() -> nn.Module:
+    torch.manual_seed(0)
+    return _EncodesOutsideForward().eval()
+
+
 def needs_width(width: int) -> nn.Module:
     """A factory with a required argument: called without it, it raises TypeError."""
     return nn.Linear(width, width)

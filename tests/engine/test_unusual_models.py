@@ -336,3 +336,18 @@ def test_a_strided_layout_is_format_version_2_so_older_readers_refuse_it(tmp_pat
         manifests[name].write_text(json.dumps(data))
         with pytest.raises(ManifestError, match="tensor strides"):
             read_manifest(tmp_path / name)
+
+
+@pytest.mark.parametrize("binding", ["reference", "copy", "instantiate"])
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_head_on_a_sliced_batch_rounds_as_the_models_parameters_do(tmp_path: Path, pipeline: str, binding: str):
+    """``matmul`` folds a strided batch into one GEMM only when the weight requires grad,
+    so a weight bound as a plain tensor (or a view, whose ``.t()`` under no_grad does not
+    require grad) gave other bits than the model's parameter here (4e-8 apart)."""
+    manifest = prepare("tinymodels:last_token", tmp_path / "lt", input_shape=(3, 8, 32))
+    x = example_input((3, 8, 32))
+    with torch.no_grad():
+        expected = tinymodels.last_token()(x)
+    budget = None if pipeline == "preload" else 2 * manifest.largest_unit_bytes
+    with load(tmp_path / "lt", pipeline=pipeline, budget=budget, binding=binding) as engine:
+        assert torch.equal(engine(x), expected)

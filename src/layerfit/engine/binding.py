@@ -65,9 +65,7 @@ class CopyBinder(Binder):
     def bind(self, bindings: list[Binding], buffer: torch.Tensor, base: int) -> None:
         total = 0
         for b in bindings:
-            fresh = b.view(buffer, base + b.offset).clone()
-            holder = b.module._parameters if b.kind == "param" else b.module._buffers
-            holder[b.attr] = fresh
+            b.attach(b.view(buffer, base + b.offset).detach().clone())
             total += b.nbytes
         if bindings:
             self._held[id(bindings[0])] = total
@@ -105,9 +103,8 @@ class InstantiateBinder(Binder):
                 state[b.attr] = b.view(buffer, base + b.offset)
             dummy.load_state_dict(state, strict=False)
             for b in group:
-                holder = b.module._parameters if b.kind == "param" else b.module._buffers
                 source = dummy._parameters if b.kind == "param" else dummy._buffers
-                holder[b.attr] = source[b.attr].detach()
+                b.attach(source[b.attr].detach())
             total += sum(t.numel() * t.element_size() for t in dummy.state_dict().values())
             dummies.append(dummy)
         if bindings:

@@ -38,6 +38,21 @@ class Binding:
         typed = buffer[start : start + self.nbytes].view(self.dtype)
         return typed.view(self.shape) if self.stride is None else typed.as_strided(self.shape, self.stride)
 
+    def attach(self, tensor: torch.Tensor) -> None:
+        """Put ``tensor`` in this place, requiring grad where the model's own tensor does.
+
+        The flag changes results, not only autograd: ``matmul`` folds a non-contiguous
+        batched input into one GEMM when the weight requires grad and into a batched GEMM
+        otherwise, so ``F.linear`` on a sliced hidden state (a language model's head with
+        ``logits_to_keep``) rounds differently for a plain tensor than for the model's
+        parameter, even under ``no_grad``. A view of the buffer will not do: under
+        ``no_grad`` its own views (``weight.t()``) do not require grad, so a parameter is
+        bound as a detached alias of the bytes (same memory, not a view) that requires grad.
+        """
+        if self.meta is not None and self.meta.requires_grad:
+            tensor = tensor.detach().requires_grad_(True)
+        (self.module._parameters if self.kind == "param" else self.module._buffers)[self.attr] = tensor
+
 
 def build_skeleton(manifest: Manifest) -> nn.Module:
     """The model rebuilt on the meta device from the manifest's factory and arguments."""
@@ -105,11 +120,7 @@ def segment_bindings(
 def bind(bindings: list[Binding], buffer: torch.Tensor, base: int) -> None:
     """Point every binding at its bytes in ``buffer`` (a uint8 tensor) from ``base``."""
     for b in bindings:
-        view = b.view(buffer, base + b.offset)
-        if b.kind == "param":
-            b.module._parameters[b.attr] = view
-        else:
-            b.module._buffers[b.attr] = view
+        b.attach(b.view(buffer, base + b.offset))
 
 
 def unbind(bindings: list[Binding]) -> None:
