@@ -164,6 +164,8 @@ class Engine:
         )
         self._verified: set[int] = set()  # segment indices whose SHA-256 was checked
         self._lock = threading.Lock()  # one inference at a time per engine
+        self.pass_thread: int | None = None  # the thread running a pass, while one runs
+        self.generating = threading.Lock()  # one generate() at a time (it overrides forward)
         # One lock for the ring and the run's progress, with a condition per waiter: the
         # reader waits on ``_room``, the executing thread on ``_ready``, and each is
         # woken only when what it waits for has happened.
@@ -734,7 +736,13 @@ class Engine:
         """Run the model on ``args``; the engine's reader thread supplies the units."""
         return self.run_from(None, *args, **kwargs)
 
-    @torch.no_grad()
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's own ``generate`` (Hugging Face's), every forward pass it makes
+        streamed by this engine; see :mod:`layerfit.engine.generation`."""
+        from layerfit.engine.generation import generate
+
+        return generate(self, *args, **kwargs)
+
     def run_from(self, source: UnitSource | None, *args: Any, **kwargs: Any) -> Any:
         """Run the model with the units supplied by ``source`` (None: the reader thread).
 
@@ -742,6 +750,12 @@ class Engine:
         :mod:`layerfit.engine.source`) decides when each unit's bytes are there and when
         its kernel may start — the multi-request scheduler drives engines this way.
         """
+        return self.run_pass(source, self.model, args, kwargs)
+
+    @torch.no_grad()
+    def run_pass(self, source: UnitSource | None, forward: Any, args: tuple, kwargs: dict) -> Any:
+        """One forward pass of the model made by calling ``forward(*args, **kwargs)``:
+        the model itself, or (for :meth:`generate`) its ``forward`` method."""
         if source is None and self.policy.name == "external":
             raise LayerfitError(
                 "this engine has pipeline 'external': it runs only with a unit source "
@@ -754,6 +768,7 @@ class Engine:
             if self._lost is not None:
                 raise LayerfitError(f"this engine cannot run: {self._lost}; reconfigure it or load the model again")
             self.reader.check_unchanged()
+            self.pass_thread = threading.get_ident()
             run = _Run(len(self.blocks))
             run.source = source
             run.ordered = source is not None or self.policy.name != "preload"
@@ -772,9 +787,9 @@ class Engine:
             try:
                 try:
                     if self.arena is None:
-                        out = self.model(*args, **kwargs)
+                        out = forward(*args, **kwargs)
                     else:
-                        out = self.arena.run(self.model, args, kwargs)
+                        out = self.arena.run(self.model, args, kwargs)  # generate() refuses planned mode
                 except RuntimeError as exc:
                     if "device meta" not in str(exc):
                         raise
@@ -800,6 +815,7 @@ class Engine:
                         self.binder.unbind(self._bindings[i])
                     run.bound.clear()
                 self._run = None
+                self.pass_thread = None
             if self.trace:
                 self.last_timeline = Timeline(
                     self.policy.name,

@@ -1,0 +1,111 @@
+"""``Engine.generate``: Hugging Face's own ``generate``, every forward pass streamed."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import tinymodels
+import torch
+
+from layerfit.engine import load
+from layerfit.errors import LayerfitError
+from layerfit.store import example_input, prepare
+
+PROMPT = 8
+
+
+@pytest.fixture(scope="module", params=["tiny_gpt2", "tiny_llama"])
+def lm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    name = request.param
+    directory = tmp_path_factory.mktemp("generation") / name
+    manifest = prepare(f"tinymodels:{name}", directory, input_shape=(1, PROMPT), input_dtype="int64")
+    ids = example_input((1, PROMPT), "int64", seed=4) % 100
+    return directory, manifest, getattr(tinymodels, name)(), ids
+
+
+MODES = {  # generate's own decoding strategies, each from the same seed on both sides
+    "greedy": {"do_sample": False},
+    "sampling": {"do_sample": True, "top_k": 20, "temperature": 0.8},
+    "beams": {"do_sample": False, "num_beams": 3},
+}
+
+
+@pytest.mark.parametrize("pipeline", ["sequential", "async", "auto"])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_generate_gives_the_models_tokens_and_scores(lm, pipeline: str, mode: str):
+    directory, manifest, model, ids = lm
+    options = {**MODES[mode], "max_new_tokens": 6, "output_scores": True, "return_dict_in_generate": True}
+    torch.manual_seed(11)
+    expected = model.generate(ids, **options)
+    budget = manifest.resident_bytes + 2 * manifest.largest_unit_bytes
+    if pipeline == "auto":
+        budget += (manifest.total_bytes - manifest.resident_bytes) // 2
+    elif pipeline == "sequential":
+        budget -= manifest.largest_unit_bytes
+    with load(directory, pipeline=pipeline, budget=budget) as engine:
+        torch.manual_seed(11)
+        got = engine.generate(ids, **options)
+        assert engine.last_weights_peak <= budget
+        assert "forward" not in vars(engine.model)  # the skeleton's own forward is back
+        assert torch.equal(engine(ids).logits, model(ids).logits)
+    assert torch.equal(got.sequences, expected.sequences)
+    assert len(got.scores) == len(expected.scores) == 6
+    for g, e in zip(got.scores, expected.scores, strict=True):
+        assert torch.equal(g, e)
+
+
+def test_a_plain_call_from_another_thread_during_generate_is_streamed_once(lm):
+    directory, manifest, model, ids = lm
+    expected_tokens = model.generate(ids, max_new_tokens=8, do_sample=False)
+    expected_logits = model(ids).logits
+    generated: list[torch.Tensor] = []
+    with load(directory, pipeline="async", budget=manifest.resident_bytes + 2 * manifest.largest_unit_bytes) as engine:
+
+        def generate_repeatedly() -> None:
+            for _ in range(5):
+                generated.append(engine.generate(ids, max_new_tokens=8, do_sample=False))
+
+        worker = threading.Thread(target=generate_repeatedly, daemon=True)
+        worker.start()
+        plain = [engine(ids).logits for _ in range(20)]  # interleaved with generate's passes
+        worker.join(timeout=120)
+        assert not worker.is_alive(), "generate and a plain call deadlocked"
+    assert len(generated) == 5
+    assert all(torch.equal(tokens, expected_tokens) for tokens in generated)
+    assert all(torch.equal(p, expected_logits) for p in plain)
+
+
+def test_planned_activations_and_models_without_generate_are_refused(tmp_path: Path):
+    prepare("tinymodels:tiny_cnn", tmp_path / "cnn", input_shape=(1, 3, 8, 8))
+    with load(tmp_path / "cnn", pipeline="async") as engine, pytest.raises(LayerfitError, match="has no generate method"):
+        engine.generate(torch.zeros(1, 3, 8, 8))
+    prepare("tinymodels:iterates", tmp_path / "it", input_shape=(2, 8))
+    with load(tmp_path / "it", pipeline="async", activations="planned") as engine:
+        with pytest.raises(LayerfitError, match="activations='default'"):
+            engine.generate(torch.zeros(2, 8))
+        assert "forward" not in vars(engine.model)
+
+
+def test_any_models_own_generate_runs_each_of_its_calls_through_the_engine(tmp_path: Path):
+    manifest = prepare("tinymodels:iterates", tmp_path / "it", input_shape=(2, 8))
+    x = example_input((2, 8))
+    with torch.no_grad():
+        expected = tinymodels.iterates().generate(x, steps=4)
+    # The skeleton holds no weights outside the engine's passes, so a call that did not
+    # go through the engine would fail or give other numbers.
+    with load(tmp_path / "it", pipeline="sequential", budget=manifest.largest_unit_bytes) as engine:
+        got = engine.generate(x, steps=4)
+    assert len(got) == 5
+    assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
+
+
+def test_a_generate_that_runs_a_layer_outside_forward_is_refused_and_the_engine_still_runs(tmp_path: Path):
+    prepare("tinymodels:encodes_outside_forward", tmp_path / "ed", input_shape=(2, 8))
+    x = example_input((2, 8))
+    with load(tmp_path / "ed", pipeline="async") as engine:
+        with pytest.raises(LayerfitError, match="outside its forward pass"):
+            engine.generate(x)
+        assert "forward" not in vars(engine.model)
+        assert torch.equal(engine(x), tinymodels.encodes_outside_forward()(x))
