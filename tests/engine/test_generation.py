@@ -61,18 +61,26 @@ def test_a_plain_call_from_another_thread_during_generate_is_streamed_once(lm):
     expected_tokens = model.generate(ids, max_new_tokens=8, do_sample=False)
     expected_logits = model(ids).logits
     generated: list[torch.Tensor] = []
-    with load(directory, pipeline="async", budget=manifest.resident_bytes + 2 * manifest.largest_unit_bytes) as engine:
+    plain: list[torch.Tensor] = []
+    engine = load(directory, pipeline="async", budget=manifest.resident_bytes + 2 * manifest.largest_unit_bytes)
 
-        def generate_repeatedly() -> None:
-            for _ in range(5):
-                generated.append(engine.generate(ids, max_new_tokens=8, do_sample=False))
+    def generate_repeatedly() -> None:
+        for _ in range(5):
+            generated.append(engine.generate(ids, max_new_tokens=8, do_sample=False))
 
-        worker = threading.Thread(target=generate_repeatedly, daemon=True)
-        worker.start()
-        plain = [engine(ids).logits for _ in range(20)]  # interleaved with generate's passes
-        worker.join(timeout=120)
-        assert not worker.is_alive(), "generate and a plain call deadlocked"
-    assert len(generated) == 5
+    def call_repeatedly() -> None:  # interleaved with generate's passes
+        for _ in range(20):
+            plain.append(engine(ids).logits)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (generate_repeatedly, call_repeatedly)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    # On a deadlock the engine is left to the daemon threads (closing it would hang too).
+    assert not any(thread.is_alive() for thread in threads), "generate and a plain call deadlocked"
+    engine.close()
+    assert len(generated) == 5 and len(plain) == 20
     assert all(torch.equal(tokens, expected_tokens) for tokens in generated)
     assert all(torch.equal(p, expected_logits) for p in plain)
 
