@@ -76,6 +76,24 @@ def greedy(model: Any, ids: torch.Tensor, tokens: int) -> tuple[list[torch.Tenso
     return logits, times
 
 
+def default_budget(directory: Path, options: dict[str, Any]) -> int:
+    """What async holds at its default budget with ``options``: the resident tensors and
+    two of the largest unit it streams (a table read by rows counts a row's room)."""
+    from layerfit.engine import load
+
+    with load(directory, **{**options, "budget": None, "pipeline": "async"}) as engine:
+        return engine.memory.resident_bytes + 2 * engine.memory.largest_unit_bytes
+
+
+def streamed_bytes(engine: Any) -> int:
+    """Weight bytes one pass reads: every unit neither kept nor read by rows (the rows of
+    a decoded token are a page or two)."""
+    if engine.policy.name == "preload":
+        return 0
+    skip = set(engine.kept_units) | set(engine.rows_units)
+    return sum(b.nbytes for i, b in enumerate(engine.blocks) if i not in skip)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="gpt2,llama")
@@ -103,9 +121,11 @@ def main(argv: list[str] | None = None) -> int:
             "auto at 50%": {"pipeline": "auto", "budget": "50%"},
             "auto at 75%": {"pipeline": "auto", "budget": "75%"},
         }
+        for config in list(configs)[1:]:  # the same, with embedding tables streamed whole
+            configs[f"{config}, tables whole"] = {**configs[config], "gather_rows": False}
         budgets = {  # what each configuration may hold: async's default is two of the largest unit
             config: parse_budget(o["budget"], m.total_bytes) if "budget" in o
-            else None if o["pipeline"] == "preload" else m.resident_bytes + 2 * m.largest_unit_bytes
+            else None if o["pipeline"] == "preload" else default_budget(directory, o)
             for config, o in configs.items()
         }
         runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
@@ -118,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                         "prompt_s": times[0], "token_s": statistics.median(times[1:]),
                         "weights_peak_bytes": engine.last_weights_peak,
                         "budget_bytes": budgets[config], "kept_units": len(engine.kept_units),
-                        "policy": engine.policy.name,
+                        "policy": engine.policy.name, "rows_units": [engine.blocks[i].name for i in engine.rows_units],
+                        "read_per_token_bytes": streamed_bytes(engine),
                     })
         reference = [r["token_s"] for r in runs["preload"]]
         results = {}
@@ -130,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                 "token_vs_preload": paired_overhead(tokens, reference),
                 "weights_peak_bytes": max(r["weights_peak_bytes"] for r in rs),
                 "budget_bytes": rs[0]["budget_bytes"], "kept_units": rs[0]["kept_units"],
-                "policy": rs[0]["policy"],
+                "policy": rs[0]["policy"], "rows_units": rs[0]["rows_units"],
+                "read_per_token_bytes": rs[0]["read_per_token_bytes"],
             }
         data["models"][name] = {
             "units": len(m.units), "weights_bytes": m.total_bytes, "resident_bytes": m.resident_bytes,
@@ -156,13 +178,14 @@ def markdown(data: dict[str, Any]) -> str:
             f"## {name}: {mb(model['weights_bytes'])} MB of weights, {model['units']} units, "
             f"resident {mb(model['resident_bytes'])} MB, largest unit {mb(model['largest_unit_bytes'])} MB",
             "",
-            "| configuration | budget (MB) | ran | kept units | weights held (MB) | prompt | per token | tokens/s | per token vs preload (90 % CI) |",
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+            "| configuration | budget (MB) | ran | kept units | read by rows | weights held (MB) | read per token (MB) | prompt | per token | tokens/s | per token vs preload (90 % CI) |",
+            "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|",
         ]
         for config, r in model["results"].items():
             o = r["token_vs_preload"]
             lines.append(
-                f"| {config} | {mb(r['budget_bytes'])} | {r['policy']} | {r['kept_units']} | {mb(r['weights_peak_bytes'])} | "
+                f"| {config} | {mb(r['budget_bytes'])} | {r['policy']} | {r['kept_units']} | "
+                f"{', '.join(r['rows_units']) or '-'} | {mb(r['weights_peak_bytes'])} | {mb(r['read_per_token_bytes'])} | "
                 f"{r['prompt_s'] * 1e3:.0f} ms | {r['token_s'] * 1e3:.1f} ms | {1 / r['token_s']:.1f} | "
                 f"{o['median'] * 100:+.0f} % ({o['ci90_low'] * 100:+.0f} .. {o['ci90_high'] * 100:+.0f}) |"
             )

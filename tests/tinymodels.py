@@ -857,3 +857,25 @@ def borrowed_module() -> nn.Module:
     (``norm`` is a unit of its own, and units never nest)."""
     torch.manual_seed(32)
     return _Lender()
+
+
+class _TokenTable(nn.Module):
+    """An untied token embedding large enough to be read by rows: 5000 ids x 100 fp32
+    (400-byte rows straddle 4 KiB pages, 2 MB span two scan pieces), a padding id, then
+    a norm and a head. ``by_keyword`` calls the embedding as ``embed(input=ids)``."""
+
+    def __init__(self, by_keyword: bool = False, max_norm: float | None = None) -> None:
+        super().__init__()
+        self.by_keyword = by_keyword
+        self.embed = nn.Embedding(5000, 100, padding_idx=3, max_norm=max_norm)
+        self.norm = nn.LayerNorm(100)
+        self.head = nn.Linear(100, 40)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input=ids) if self.by_keyword else self.embed(ids)
+        return self.head(self.norm(x))
+
+
+def token_table(by_keyword: bool = False, max_norm: float | None = None) -> nn.Module:
+    torch.manual_seed(31)
+    return _TokenTable(by_keyword, max_norm).eval()

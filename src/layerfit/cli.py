@@ -570,6 +570,7 @@ def inspect(
     """Show a prepared model: units with sizes and offsets, resident tensors, totals."""
     from rich.table import Table
 
+    from layerfit.engine.gather import gathered_units, streamed_minimum
     from layerfit.sizes import format_bytes
     from layerfit.store import read_manifest
 
@@ -588,7 +589,8 @@ def inspect(
         "weights_file": m.weights_file,
         "weights_bytes": m.total_bytes,
         "largest_unit_bytes": m.largest_unit_bytes,
-        "minimum_budget_bytes": m.largest_unit_bytes + m.resident_bytes,
+        "minimum_budget_bytes": streamed_minimum(m.units) + m.resident_bytes,
+        "rows_units": sorted(gathered_units([u] for u in m.units)),
         "resident_bytes": m.resident_bytes,
         "resident_tensors": [
             {"name": t.name, "nbytes": t.nbytes, "places": list(t.places), "reason": reasons.get(t.name, "")}
@@ -613,7 +615,13 @@ def inspect(
         f"{len(m.units)} units, {format_bytes(m.total_bytes)} weights, largest unit "
         f"{format_bytes(m.largest_unit_bytes)}, resident {format_bytes(m.resident_bytes)}, "
         f"{m.graph.total_macs / 1e9:.2f} GMACs, minimum budget "
-        f"{format_bytes(info['minimum_budget_bytes'])}\n"
+        f"{format_bytes(info['minimum_budget_bytes'])}"
+        + (
+            f" (embedding tables read by the rows they look up: units {', '.join(map(str, info['rows_units']))})"
+            if info["rows_units"]
+            else ""
+        )
+        + "\n"
         f"activation arena {format_bytes(info['activation_arena_bytes'])} (offsets plan, best); planned "
         f"total at the minimum budget {format_bytes(info['planned_total_bytes'])}"
     )
@@ -631,7 +639,12 @@ def inspect(
     kept = set() if plan is None else set(plan["kept_units"])
     table = Table("#", "unit", "type", "bytes", "offset", "d", "MMACs", *(["auto"] if plan else []))
     for u in m.units:
-        where = ["kept" if u.index in kept or plan["policy"] == "preload" else "read"] if plan else []
+        rows = set(plan["rows_units"]) if plan else set()
+        where = (
+            ["kept" if u.index in kept or plan["policy"] == "preload" else "rows" if u.index in rows else "read"]
+            if plan
+            else []
+        )
         table.add_row(
             str(u.index), u.name, u.module_type, format_bytes(u.nbytes), str(u.offset), str(u.d), f"{u.f / 1e6:.1f}", *where
         )
@@ -649,19 +662,25 @@ def _auto_plan(m: Manifest, budget: str, stages: int) -> dict[str, Any]:
     """How ``run --pipeline auto`` spends ``budget`` on the model's weights, by layer (the
     plan the engine makes; nothing is loaded). Below the minimum: the engine's error."""
     from layerfit.engine.device import get_device
+    from layerfit.engine.gather import gathered_units, least_room
     from layerfit.engine.policies import AUTO
     from layerfit.engine.weight_plan import plan_weights
     from layerfit.sizes import parse_budget
 
     get_device("cpu", stages)  # the engine's own check of --stages
     sizes, budget_bytes = [u.nbytes for u in m.units], parse_budget(budget, m.total_bytes)
-    plan = plan_weights(AUTO, sizes, m.resident_bytes, budget_bytes, stages)
-    read = [] if plan.policy.name == "preload" else [i for i in range(len(sizes)) if i not in plan.kept]
+    # As the engine on cpu: embedding tables read by the rows they look up (two stages).
+    rows = {} if stages == 3 else {i: least_room(m.units[i]) for i in gathered_units([u] for u in m.units)}
+    plan = plan_weights(AUTO, sizes, m.resident_bytes, budget_bytes, stages, rows)
+    read = [] if plan.policy.name == "preload" else [
+        i for i in range(len(sizes)) if i not in plan.kept and i not in plan.gathered
+    ]
     return {
         "budget_bytes": budget_bytes,
         "stages": stages,
         "policy": plan.policy.name,
         "kept_units": sorted(plan.kept),
+        "rows_units": sorted(plan.gathered),
         "kept_bytes": plan.kept_bytes,
         "buffer_bytes": plan.buffer_bytes,
         "device_buffer_bytes": plan.device_buffer_bytes,
@@ -683,8 +702,9 @@ def _check_weights_file(directory: str, m: Manifest) -> None:
 def _activation_info(m) -> dict[str, Any]:
     """The planned activation arena next to the minimum weight budget (Pisarchyk & Lee)."""
     from layerfit.engine.arena import memory_summary, plan_activations
+    from layerfit.engine.gather import streamed_minimum
 
-    return memory_summary(plan_activations(m.graph), m.largest_unit_bytes + m.resident_bytes)
+    return memory_summary(plan_activations(m.graph), streamed_minimum(m.units) + m.resident_bytes)
 
 
 @app.command()

@@ -31,7 +31,8 @@ from layerfit.capture.units import storage_address
 from layerfit.engine.arena import PlannedActivations, make_activations
 from layerfit.engine.binding import Binder, get_binder
 from layerfit.engine.device import Device, get_device
-from layerfit.engine.policies import Policy, get_policy, resolve_pipeline
+from layerfit.engine.gather import RowTable, gathered_units
+from layerfit.engine.policies import REQUEST_BYTES, Policy, get_policy, resolve_pipeline
 from layerfit.engine.ring import Cancelled, RingBuffer
 from layerfit.engine.skeleton import Binding, bind, build_skeleton, segment_bindings, unbind
 from layerfit.engine.source import UnitSource
@@ -89,6 +90,8 @@ class _Run:
         self.reader_waits = False  # the reader waits for room or its policy's gate
         self.reader_wants: tuple[int, int] = (0, 0)  # (unit, bytes of room) it waits for
         self.copier_waits: int | None = None  # the unit the copy thread waits to copy
+        self.gathered: dict[int, int | None] = {}  # embeddings bound to rows -> their padding_idx
+        self.placed: set[int] = set()  # embeddings whose rows have their place in the ring
 
 
 _UNBOUND_READ = (
@@ -130,6 +133,9 @@ class Engine:
     CPU) or 3 (a copy stage moves each unit into a device buffer, always on CUDA). With
     three stages the budget is split evenly between the read and the device buffer,
     as the paper's pairs of CPU and GPU buffers; inputs must be on the device.
+    ``gather_rows``: when the weights stream, an untied ``nn.Embedding`` table (a language
+    model's token embedding) is not streamed whole but read by the rows its ids look up,
+    when it runs (see :mod:`layerfit.engine.gather`; CPU with two stages).
     """
 
     def __init__(
@@ -146,12 +152,14 @@ class Engine:
         coalesce: int | str = "4MiB",
         device: str = "cpu",
         stages: int | None = None,
+        gather_rows: bool = True,
     ) -> None:
         self.directory = Path(directory)
         self.device: Device = get_device(device, stages)
         if self.device.name != "cpu" and activations != "default":
             raise LayerfitError("planned activations are laid out in host memory: use activations='default' on cuda")
         self.coalesce_bytes = parse_bytes(coalesce) if coalesce not in (0, "0") else 0
+        self.gather_rows = gather_rows
         self.binder: Binder = get_binder(binding)
         self.manifest: Manifest = read_manifest(self.directory)
         self.pipeline = pipeline  # as asked; ``policy`` is what runs (``auto`` picks per budget)
@@ -184,6 +192,7 @@ class Engine:
         self._preloaded = False  # every unit bound for good (preload policy)
         self._kept: frozenset[int] = frozenset()  # units bound for good beside the ring (auto)
         self._kept_ring: RingBuffer | None = None  # their memory
+        self._gathered: dict[int, RowTable] = {}  # units read by rows when they run
         self._lost: str | None = None  # why the configuration was lost (a failed re-read)
         self._units_spec = units
         self._closed = False
@@ -218,11 +227,25 @@ class Engine:
         blocks = make_blocks(m.units, units)
         sizes = [b.nbytes for b in blocks]
         resident = m.resident_bytes
-        largest = max(sizes, default=0)
         three = self.device.stages == 3
         budget_bytes = None if budget is None else parse_budget(budget, m.total_bytes)
+        bindings = [
+            [
+                b
+                for seg in blocks[k].segments
+                for b in segment_bindings(self.model, seg, seg.offset - blocks[k].offset, self._modules)
+            ]
+            for k in range(len(blocks))
+        ]
+        tables: dict[int, RowTable] = {}
+        if self.gather_rows and self.device.name == "cpu" and not three and self.arena is None:
+            for i in gathered_units(blk.segments for blk in blocks):
+                table = RowTable.of(blocks[i].segments[0], bindings[i])
+                if table is not None:
+                    tables[i] = table
         try:
-            plan = plan_weights(self.pipeline, sizes, resident, budget_bytes, self.device.stages)
+            floors = {i: t.least_room for i, t in tables.items()}
+            plan = plan_weights(self.pipeline, sizes, resident, budget_bytes, self.device.stages, floors)
         except BudgetError as exc:
             if not is_share(budget):
                 raise
@@ -230,14 +253,7 @@ class Engine:
         self.policy = plan.policy
         kept, kept_bytes = plan.kept, plan.kept_bytes
         capacity, device_capacity = plan.buffer_bytes, plan.device_buffer_bytes
-        bindings = [
-            [
-                b
-                for seg in blk.segments
-                for b in segment_bindings(self.model, seg, seg.offset - blk.offset, self._modules)
-            ]
-            for blk in blocks
-        ]
+        largest = max((tables[i].least_room if i in plan.gathered else n for i, n in enumerate(sizes)), default=0)
         # Everything is validated: replace the old configuration, reusing the buffer's
         # mapping when the new capacity fits it.
         self._release_configuration(keep_ring=True)
@@ -253,6 +269,7 @@ class Engine:
         if self.ring is not None and three and self.device.pins_host:
             self._pinned = self.ring.bytes[: self.ring.capacity]  # not the pages given back
             self.device.pin(self._pinned)
+        self._gathered = {i: tables[i] for i in plan.gathered}
         self._install_hooks()
         self._preloaded = self.policy.name == "preload"
         self._kept = kept
@@ -366,6 +383,7 @@ class Engine:
         for i in self._kept:
             unbind(self._bindings[i])
         self._kept = frozenset()
+        self._gathered = {}
         if self._kept_ring is not None:
             self._kept_ring.close()
             self._kept_ring = None
@@ -381,7 +399,10 @@ class Engine:
             first = blk.segments[0].name
             last = blk.segments[-1].name
             m_first, m_last = self._modules[first], self._modules[last]
-            self._hooks.append(m_first.register_forward_pre_hook(self._pre_hook(i)))
+            if i in self._gathered:
+                self._hooks.append(m_first.register_forward_pre_hook(self._gather_hook(i), with_kwargs=True))
+            else:
+                self._hooks.append(m_first.register_forward_pre_hook(self._pre_hook(i)))
             self._hooks.append(m_last.register_forward_hook(self._post_hook(i)))
             for seg in blk.segments[1:]:  # a later layer of the block needs the block bound
                 self._hooks.append(self._modules[seg.name].register_forward_pre_hook(self._inner_hook(i, seg.name)))
@@ -511,11 +532,19 @@ class Engine:
         # Coalescing and batch-sized wake-ups only where reads may run ahead (async):
         # sequential and sync read each unit as soon as their gate opens, as the paper.
         chunk = min(self.coalesce_bytes, ring.capacity // 2) if policy.name == "async" else 0
-        kept = self._kept
+        kept, gathered = self._kept, self._gathered
         i = 0
         try:
             while i < n:
                 if i in kept:
+                    i += 1
+                    continue
+                if i in gathered:  # read by rows when it runs: wait until they have their place
+                    with room:
+                        while i not in run.placed:
+                            if ring.cancelled:
+                                return
+                            room.wait()
                     i += 1
                     continue
                 first = blocks[i].nbytes
@@ -539,6 +568,7 @@ class Engine:
                     while (
                         stop < n
                         and stop not in kept
+                        and stop not in gathered
                         and total + blocks[stop].nbytes <= want
                         and policy.read_may_start(stop, run.started, run.done, self.device.stages)
                         and ring.next_offset(blocks[stop].nbytes) == off + total
@@ -621,22 +651,80 @@ class Engine:
                 run.error = (j, LayerfitError(f"copying unit {j} ({name}) to {self.device.torch_device} failed: {exc}"))
                 self._ready.notify()
 
+    def _check_order(self, run: _Run, i: int) -> None:
+        """Streamed units run once each, in the prepared order: a unit skipped or run
+        again would wait for a read that never comes, or use released bytes."""
+        if not run.ordered:
+            return
+        if run.bound:
+            running = self.blocks[next(iter(run.bound))].name or "<root>"
+            raise self._out_of_order(i, f"runs inside unit {next(iter(run.bound))} ({running})")
+        if i < run.done:
+            raise self._out_of_order(i, "runs a second time")
+        if i > run.done:
+            skipped = self.blocks[run.done].name or "<root>"
+            raise self._out_of_order(i, f"runs, but unit {run.done} ({skipped}) before it did not")
+
+    def _gather_hook(self, i: int):
+        """The pre-hook of an embedding read by rows: read the rows its ids look up, bind
+        them as its weight and hand it each id's position among them instead of the id."""
+        streamed_whole = self._pre_hook(i)  # with a unit source, the source supplies it whole
+        table = self._gathered[i]
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+            run = self._run
+            if run is None or run.source is not None:
+                streamed_whole(module, args)
+                return None
+            self._check_order(run, i)
+            ids = args[0] if args else kwargs.get("input")
+            table.check_ids(ids)
+            ring = self.ring
+            # Every earlier unit was released and the reader waits for this one to have
+            # its place, so the rows (and their read buffer) may use the whole ring.
+            lookup = table.plan(
+                ids, room=ring.capacity, verify=i not in self._verified_blocks, request_bytes=REQUEST_BYTES
+            )
+            with self._state:
+                off = ring.allocate_locked(lookup.nbytes)
+                if off is None:  # not reached: the ring is empty here
+                    raise LayerfitError(f"no room in the unit buffer for the rows of {table.name}")
+                run.bound[i] = off
+                run.gathered[i] = module.padding_idx
+                run.placed.add(i)
+                self._room.notify()  # the reader may go on past the table
+            t0 = time.perf_counter()
+            weight = table.read(self.reader, lookup, ring.bytes[off : off + lookup.nbytes], ring.view[off:])
+            t1 = time.perf_counter()
+            if lookup.verify:
+                self._verified.add(table.segment.index)
+                self._verified_blocks.add(i)
+            # padding_idx only shapes the gradient, but F.embedding checks it against the
+            # rows bound: it is cleared while they are, and restored with the table.
+            module.padding_idx = None
+            table.binding.attach(weight)
+            with self._state:
+                if self.trace:
+                    run.events.append(Event(i, self.blocks[i].name, "read", t0 - run.t0, t1 - run.t0, lookup.bytes_read))
+                run.kernel_start[i] = t1 - run.t0
+                run.started = i + 1
+                self._wake_reader(run)
+            positions = lookup.positions
+            return ((positions, *args[1:]), kwargs) if args else (args, {**kwargs, "input": positions})
+
+        return hook
+
+    def _end_gather(self, run: _Run, i: int) -> None:
+        """Put the meta table back in place of the rows (and the module's padding_idx)."""
+        unbind(self._bindings[i])
+        self._gathered[i].binding.module.padding_idx = run.gathered.pop(i)
+
     def _pre_hook(self, i: int):
         def hook(module: nn.Module, args: tuple) -> None:
             run = self._run
             if run is None:
                 return
-            if run.ordered:
-                # Streamed units run once each, in the prepared order: a unit skipped or run
-                # again would wait for a read that never comes, or use released bytes.
-                if run.bound:
-                    running = self.blocks[next(iter(run.bound))].name or "<root>"
-                    raise self._out_of_order(i, f"runs inside unit {next(iter(run.bound))} ({running})")
-                if i < run.done:
-                    raise self._out_of_order(i, "runs a second time")
-                if i > run.done:
-                    skipped = self.blocks[run.done].name or "<root>"
-                    raise self._out_of_order(i, f"runs, but unit {run.done} ({skipped}) before it did not")
+            self._check_order(run, i)
             if run.source is not None:  # the unit source decides when the unit may run
                 buffer, off = run.source.acquire(i)
                 run.kernel_start[i] = time.perf_counter() - run.t0
@@ -704,6 +792,8 @@ class Engine:
                     return
                 raise self._out_of_order(i, "ends, but its first layer did not run")
             off = run.bound.pop(i)
+            if i in run.gathered:  # and on to release its rows' place in the ring
+                self._end_gather(run, i)
             if i in self._kept and run.source is None:
                 with self._state:
                     run.done = i + 1
@@ -774,7 +864,8 @@ class Engine:
             run.ordered = source is not None or self.policy.name != "preload"
             self._run = run
             self.binder.reset()
-            streaming = source is None and self.policy.name != "preload" and self.blocks
+            # Nothing to read ahead when every streamed unit is an embedding read by rows.
+            streaming = source is None and self.policy.name != "preload" and self.ring is not None
             threads: list[threading.Thread] = []
             if streaming:
                 self.ring.reset()
@@ -807,13 +898,17 @@ class Engine:
                     for thread in threads:
                         thread.join()
                     for i in list(run.bound):
-                        if i not in self._kept:
+                        if i in run.gathered:
+                            self._end_gather(run, i)
+                        elif i not in self._kept:
                             self.binder.unbind(self._bindings[i])
                     run.bound.clear()
                 elif source is not None:
                     for i in list(run.bound):
                         self.binder.unbind(self._bindings[i])
                     run.bound.clear()
+                for i in list(run.gathered):
+                    self._end_gather(run, i)
                 self._run = None
                 self.pass_thread = None
             if self.trace:
@@ -877,6 +972,11 @@ class Engine:
     def kept_units(self) -> tuple[int, ...]:
         """The units pipeline ``auto`` keeps resident beside the buffer, in order."""
         return tuple(sorted(self._kept))
+
+    @property
+    def rows_units(self) -> tuple[int, ...]:
+        """The units read by the rows their ids look up (embedding tables), in order."""
+        return tuple(sorted(self._gathered))
 
     @property
     def io_mode(self) -> str:

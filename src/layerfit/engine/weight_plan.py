@@ -8,6 +8,7 @@ below the minimum with an error that names the minimum and why.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from layerfit.engine.policies import (
@@ -24,6 +25,9 @@ from layerfit.errors import BudgetError, LayerfitError
 @dataclass(frozen=True)
 class WeightPlan:
     """``policy`` runs; ``kept`` units (``auto``) stay resident beside the buffers;
+    ``gathered`` units (embedding tables, see :mod:`layerfit.engine.gather`) are read by
+    rows when they run: never kept, and the read buffer holds their rows in their turn
+    (room for one row at least, and what the budget leaves, up to whole tables);
     ``buffer_bytes`` is the read buffer, ``device_buffer_bytes`` the copy stage's."""
 
     policy: Policy
@@ -31,18 +35,34 @@ class WeightPlan:
     kept_bytes: int
     buffer_bytes: int
     device_buffer_bytes: int
+    gathered: frozenset[int] = frozenset()
 
 
-def plan_weights(pipeline: str, unit_sizes: list[int], resident: int, budget: int | None, stages: int) -> WeightPlan:
+def plan_weights(
+    pipeline: str,
+    unit_sizes: list[int],
+    resident: int,
+    budget: int | None,
+    stages: int,
+    gatherable: Mapping[int, int] | None = None,
+) -> WeightPlan:
     """The plan of ``pipeline`` for units of ``unit_sizes`` bytes and ``resident`` bytes of
-    resident tensors under ``budget`` (None: the policy's own size) with 2 or 3 stages."""
+    resident tensors under ``budget`` (None: the policy's own size) with 2 or 3 stages.
+    ``gatherable`` maps units read by rows when the policy streams to the least buffer
+    room their rows take (one row and its read): they are never kept, and the buffer
+    holds that room for them instead of their bytes."""
     three = stages == 3
-    largest = max(unit_sizes, default=0)
     policy = get_policy(resolve_pipeline(pipeline, resident + sum(unit_sizes), budget))
+    gathered = {} if policy.name in ("preload", "external") or not gatherable else dict(gatherable)
+    others = [i for i in range(len(unit_sizes)) if i not in gathered]
+    sizes = [unit_sizes[i] for i in others]  # what the buffers and the kept units share
+    largest = max(sizes, default=0)
+    floor = max(gathered.values(), default=0)  # set aside before auto keeps units
     kept: set[int] = set()
     if pipeline == AUTO and policy.name == "async" and budget is not None:
-        kept = choose_kept_units(unit_sizes, budget - resident, buffers=2 if three else 1)
-        least = least_room_to_keep(unit_sizes, buffers=2) if three and not kept else None
+        room = budget - resident - floor
+        kept = {others[j] for j in choose_kept_units(sizes, room, buffers=2 if three else 1)}
+        least = least_room_to_keep(sizes, buffers=2) if three and not kept else None
         if least is not None and budget < resident + least < resident + 2 * largest:
             raise BudgetError(  # auto's minimum is then below async's: name it
                 f"budget {budget} bytes is below the minimum for this model: {resident + least} bytes "
@@ -50,9 +70,16 @@ def plan_weights(pipeline: str, unit_sizes: list[int], resident: int, budget: in
                 f"buffer of two of the next each; async alone needs {resident + 2 * largest})"
             )
     kept_bytes = sum(unit_sizes[i] for i in kept)
-    streamed = [n for i, n in enumerate(unit_sizes) if i not in kept]
+    streamed = [unit_sizes[i] for i in others if i not in kept]
+    if gathered and not streamed:  # nothing else streams: the table streams whole, as before
+        return plan_weights(pipeline, unit_sizes, resident, budget, stages)
+    streamed += gathered.values()  # the rows take their turn in the buffer
     capacity, device_capacity = _buffer_sizes(policy, streamed, resident + kept_bytes, budget, three)
-    return WeightPlan(policy, frozenset(kept), kept_bytes, capacity, device_capacity)
+    if gathered and budget is not None and not three:
+        # Room the budget leaves may hold more rows (a long prompt), up to whole tables.
+        spare = (budget - resident - kept_bytes) // 4096 * 4096 - capacity
+        capacity += max(0, min(spare, sum(unit_sizes[i] for i in gathered)))
+    return WeightPlan(policy, frozenset(kept), kept_bytes, capacity, device_capacity, frozenset(gathered))
 
 
 def _buffer_sizes(policy: Policy, sizes: list[int], resident: int, budget: int | None, three: bool) -> tuple[int, int]:

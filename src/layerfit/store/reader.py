@@ -142,10 +142,14 @@ class SegmentReader:
 
 def verify_segment(segment: Segment, data: memoryview) -> None:
     """Raise naming the unit if ``data`` does not hash to the manifest's SHA-256."""
-    digest = hashlib.sha256(data[: segment.nbytes]).hexdigest()
-    if digest != segment.sha256:
-        what = "resident tensors" if segment.index < 0 else f"unit {segment.index} ({segment.name or '<root>'})"
-        raise CorruptStoreError(
-            f"checksum mismatch in {what} at offset {segment.offset}: the weights file is "
-            "corrupt (prepare the model again)"
-        )
+    if hashlib.sha256(data[: segment.nbytes]).hexdigest() != segment.sha256:
+        raise checksum_error(segment)
+
+
+def checksum_error(segment: Segment) -> CorruptStoreError:
+    """The error for a segment whose bytes do not hash to the manifest's SHA-256."""
+    what = "resident tensors" if segment.index < 0 else f"unit {segment.index} ({segment.name or '<root>'})"
+    return CorruptStoreError(
+        f"checksum mismatch in {what} at offset {segment.offset}: the weights file is "
+        "corrupt (prepare the model again)"
+    )
