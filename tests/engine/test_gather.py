@@ -231,3 +231,28 @@ def test_inspect_plans_the_table_by_rows_as_the_engine_does(table):
         assert info["auto_plan"]["kept_units"] == list(engine.kept_units)
         assert info["auto_plan"]["buffer_bytes"] == engine.memory.buffer_bytes
     assert info["auto_plan"]["bytes_read_per_inference"] < manifest.units[0].nbytes  # the table is not read
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    pipeline=st.sampled_from(["sequential", "sync", "async", "auto"]),
+    slack=st.integers(0, 600_000),
+    ids=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=400),
+)
+def test_the_budget_holds_whatever_the_ids_and_budget(table, pipeline: str, slack: int, ids: list[int]):
+    directory, manifest, model = table
+    copies = 1 if pipeline == "sequential" else 2
+    budget = manifest.resident_bytes + copies * _others(manifest) + slack
+    x = torch.tensor([ids])
+    with load(directory, pipeline=pipeline, budget=budget) as engine:
+        try:
+            got = engine(x)
+        except BudgetError as exc:  # only when the distinct rows cannot fit the buffer
+            assert "distinct rows of embedding embed" in str(exc)
+            assert len(set(ids)) * 400 + ALIGN > engine.memory.buffer_bytes
+        else:
+            assert torch.equal(got, model(x))
+            assert engine.last_weights_peak <= budget
+        small = torch.tensor([[ids[0]]])
+        assert torch.equal(engine(small), model(small))  # and it runs on
+        assert engine.last_weights_peak <= budget
