@@ -788,12 +788,16 @@ def _pipeline_label(report: dict) -> str:
 
 
 def _units_label(report: dict) -> str:
-    """How many units there are, and how many ``auto`` keeps resident beside the buffer."""
+    """How many units there are, how many ``auto`` keeps resident beside the buffer, and
+    how many are embedding tables read by rows."""
     from layerfit.sizes import format_bytes
 
-    if not report["kept_units"]:
-        return f"{report['units']} units"
-    return f"{report['units']} units ({report['kept_units']} kept resident, {format_bytes(report['kept_bytes'])})"
+    notes = []
+    if report["kept_units"]:
+        notes.append(f"{report['kept_units']} kept resident, {format_bytes(report['kept_bytes'])}")
+    if report.get("rows_units"):
+        notes.append(f"{report['rows_units']} read by rows")
+    return f"{report['units']} units" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 @app.command()
@@ -816,6 +820,10 @@ def run(
     ),
     coalesce: str = typer.Option(
         "4MiB", "--coalesce", help="read adjacent units with one request up to this size (0: one read per unit)"
+    ),
+    gather_rows: bool = typer.Option(
+        True, "--rows/--tables-whole",
+        help="read an untied embedding table by the rows its ids look up (default), or stream it whole",
     ),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
     stages: int = typer.Option(
@@ -857,6 +865,7 @@ def run(
         coalesce=coalesce,
         device=device,
         stages=stages,
+        gather_rows=gather_rows,
     ) as engine:
         x = engine.device.to_device(_load_input(input_path, engine.manifest))
         out, report = measure(engine, (x,), repeats=repeats, warmup=warmup)

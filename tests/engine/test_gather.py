@@ -256,3 +256,19 @@ def test_the_budget_holds_whatever_the_ids_and_budget(table, pipeline: str, slac
         small = torch.tensor([[ids[0]]])
         assert torch.equal(engine(small), model(small))  # and it runs on
         assert engine.last_weights_peak <= budget
+
+
+def test_run_reads_the_table_by_rows_unless_told_to_stream_it_whole(table):
+    from typer.testing import CliRunner
+
+    from layerfit.cli import app
+
+    directory = str(table[0])
+    reports = {}
+    for flag in ("--rows", "--tables-whole"):
+        out = CliRunner().invoke(app, ["run", directory, "--pipeline", "async", "--repeats", "1", flag, "--json"])
+        assert out.exit_code == 0, out.output
+        reports[flag] = json.loads(out.output)
+    assert reports["--rows"]["rows_units"] == 1 and reports["--tables-whole"]["rows_units"] == 0
+    assert reports["--rows"]["output_sha256"] == reports["--tables-whole"]["output_sha256"]
+    assert reports["--rows"]["weights_peak_bytes"] < reports["--tables-whole"]["weights_peak_bytes"]

@@ -62,6 +62,7 @@ def measure(engine: Engine, inputs: tuple, *, repeats: int = 3, warmup: int = 1)
         "units": len(engine.blocks),
         "kept_units": len(engine.kept_units),  # resident beside the buffer (auto)
         "kept_bytes": engine.memory.kept_bytes,
+        "rows_units": len(engine.rows_units),  # embedding tables read by rows
         "latency_s": statistics.median(times),
         "latency_min_s": min(times),
         "latency_max_s": max(times),
