@@ -272,3 +272,15 @@ def test_run_reads_the_table_by_rows_unless_told_to_stream_it_whole(table):
     assert reports["--rows"]["rows_units"] == 1 and reports["--tables-whole"]["rows_units"] == 0
     assert reports["--rows"]["output_sha256"] == reports["--tables-whole"]["output_sha256"]
     assert reports["--rows"]["weights_peak_bytes"] < reports["--tables-whole"]["weights_peak_bytes"]
+
+
+def test_reconfiguring_turns_rows_off_for_preload_and_on_again(table):
+    directory, manifest, model = table
+    ids = torch.tensor([[11, 4999]])
+    with load(directory, pipeline="async") as engine:
+        assert engine.rows_units == (0,)
+        engine.reconfigure(pipeline="preload")
+        assert engine.rows_units == () and torch.equal(engine(ids), model(ids))
+        engine.reconfigure(pipeline="auto", budget=manifest.resident_bytes + 3 * _others(manifest))
+        assert engine.rows_units == (0,) and torch.equal(engine(ids), model(ids))
+        assert engine.model.embed.weight.device.type == "meta"  # nothing left bound between passes
