@@ -16,6 +16,7 @@ starts with a cheap check that the weights file was not replaced or modified.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import mmap
 import threading
 import time
@@ -167,6 +168,14 @@ class Engine:
         self.trace = trace
         self.model: nn.Module = build_skeleton(self.manifest)
         self._modules: dict[str, nn.Module] = dict(self.model.named_modules(remove_duplicate=False))
+        # The skeleton's own (meta) tensors, which unbinding restores: a configuration made
+        # while another has weights bound must not take those for the skeleton's.
+        self._skeleton_tensors: dict[tuple[int, str], torch.Tensor] = {
+            (id(module), attr): t
+            for module in self._modules.values()
+            for attr, t in [*module._parameters.items(), *module._buffers.items()]
+            if t is not None
+        }
         self.reader = SegmentReader(
             self.directory / self.manifest.weights_file, self.manifest.weights_size, direct=direct_io
         )
@@ -229,9 +238,10 @@ class Engine:
         resident = m.resident_bytes
         three = self.device.stages == 3
         budget_bytes = None if budget is None else parse_budget(budget, m.total_bytes)
+        skeleton = self._skeleton_tensors
         bindings = [
             [
-                b
+                dataclasses.replace(b, meta=skeleton.get((id(b.module), b.attr), b.meta))
                 for seg in blocks[k].segments
                 for b in segment_bindings(self.model, seg, seg.offset - blocks[k].offset, self._modules)
             ]
