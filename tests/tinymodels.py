@@ -879,3 +879,84 @@ class _TokenTable(nn.Module):
 def token_table(by_keyword: bool = False, max_norm: float | None = None) -> nn.Module:
     torch.manual_seed(31)
     return _TokenTable(by_keyword, max_norm).eval()
+
+
+# --- encoder-decoders and skipped units (tests/engine/test_encoder_decoder.py) ----------
+
+
+def tiny_bart() -> nn.Module:
+    """A Hugging Face BART of two encoder and two decoder layers, built from a config (no
+    download): its generate calls the encoder once, then the model with the encoder's
+    output, whose decoder steps skip the cached cross-attention projections."""
+    import transformers
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(5)
+    config = BartConfig(
+        vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None,
+    )
+    return BartForConditionalGeneration(config).eval()
+
+
+class _SkipsLayers(nn.Module):
+    """Layer k of ``before`` and ``after`` runs only where the input's element [0, k]
+    (of ``after``: [1, k]) is not zero; between them an embedding table (read by rows)
+    looks up ids made from the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.before = nn.ModuleList(nn.Linear(8, 8) for _ in range(5))
+        self.table = nn.Embedding(5000, 100)
+        self.head = nn.Linear(100, 8)
+        self.after = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for k, layer in enumerate(self.before):
+            if x[0, k] != 0:
+                h = h + layer(h)
+        ids = x.abs().mul(1000).long() % 5000
+        h = h + self.head(self.table(ids).mean(1))
+        for k, layer in enumerate(self.after):
+            if x[1, k] != 0:
+                h = h + layer(h)
+        return h
+
+
+def skips_layers() -> nn.Module:
+    torch.manual_seed(13)
+    return _SkipsLayers()
+
+
+class _Outer(nn.Module):
+    def __init__(self, interleave: bool) -> None:
+        super().__init__()
+        self.x = nn.Linear(8, 8)
+        self.y = nn.Linear(8, 8)
+        self.interleave = interleave
+
+    def forward(self, h: torch.Tensor, helper: nn.Module) -> torch.Tensor:
+        if self.interleave:  # the helper's layer runs between its own
+            return self.y(helper(self.x(h)))
+        return helper(self.y(self.x(h)))
+
+
+class _Borrows(nn.Module):
+    """``outer`` runs a module it is handed (``mid``) after its own layers or between them."""
+
+    def __init__(self, interleave: bool) -> None:
+        super().__init__()
+        self.first = nn.Linear(8, 8)
+        self.outer = _Outer(interleave)
+        self.mid = nn.Linear(8, 8)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.outer(self.first(h), self.mid)
+
+
+def borrows(interleave: bool = False) -> nn.Module:
+    torch.manual_seed(17)
+    return _Borrows(interleave)

@@ -73,27 +73,39 @@ def _x(first: float, positives: int = 2) -> torch.Tensor:
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
 @pytest.mark.parametrize("budget", ["minimum", "large"])
-def test_a_unit_skipped_or_run_again_is_refused_not_a_hang(tmp_path: Path, pipeline: str, budget: str):
+def test_a_unit_skipped_is_the_models_output_and_one_run_again_is_refused_not_a_hang(
+    tmp_path: Path, pipeline: str, budget: str
+):
     # Prepared where ``opt`` runs (seed 5: x[0, 0] > 0) and ``step`` runs three times.
     prepare("tinymodels:branch", tmp_path / "branch", input_shape=(2, 8), seed=5)
     prepare("tinymodels:input_loop", tmp_path / "loop", input_shape=(2, 8), seed=1)  # step once
-    cases = [
-        ("branch", _x(+1), _x(-1), "unit 2 (b) runs, but unit 1 (opt) before it did not"),
-        ("loop", _x(+1, positives=1), _x(+1, positives=3), "unit 1 (step) runs a second time"),
-    ]
-    for name, same_path, other_path, message in cases:
-        factory = "branch" if name == "branch" else "input_loop"
-        size = None if budget == "large" else _minimum(tmp_path / name, pipeline)
-        with load(tmp_path / name, pipeline=pipeline, budget=size) as engine:
-            want_same, want_other = _reference(factory, same_path, other_path)
-            assert torch.equal(_call(engine, same_path), want_same)
-            if pipeline == "preload":  # every unit stays bound: any order is the model's
-                assert torch.equal(_call(engine, other_path), want_other)
-            else:
-                with pytest.raises(LayerfitError, match=re.escape(message)) as info:
-                    _call(engine, other_path)
-                assert "control flow differs" in str(info.value) and "\n" not in str(info.value)
-            assert torch.equal(_call(engine, same_path), want_same)  # the engine still works
+    size = None if budget == "large" else _minimum(tmp_path / "branch", pipeline)
+    with load(tmp_path / "branch", pipeline=pipeline, budget=size) as engine:
+        inputs = [_x(+1), _x(-1), _x(-1), _x(+1)]  # opt runs, is skipped, twice, runs again
+        for x, want in zip(inputs, _reference("branch", *inputs), strict=True):
+            assert torch.equal(_call(engine, x), want)
+            assert engine.last_weights_peak <= (size or 1 << 40)
+    size = None if budget == "large" else _minimum(tmp_path / "loop", pipeline)
+    with load(tmp_path / "loop", pipeline=pipeline, budget=size) as engine:
+        same_path, other_path = _x(+1, positives=1), _x(+1, positives=3)
+        want_same, want_other = _reference("input_loop", same_path, other_path)
+        assert torch.equal(_call(engine, same_path), want_same)
+        if pipeline == "preload":  # every unit stays bound: any order is the model's
+            assert torch.equal(_call(engine, other_path), want_other)
+        else:
+            with pytest.raises(LayerfitError, match=re.escape("unit 1 (step) runs a second time")) as info:
+                _call(engine, other_path)
+            assert "control flow differs" in str(info.value) and "\n" not in str(info.value)
+        assert torch.equal(_call(engine, same_path), want_same)  # the engine still works
+
+
+def test_a_unit_skipped_with_a_copy_stage_is_refused_not_a_hang(tmp_path: Path):
+    prepare("tinymodels:branch", tmp_path / "branch", input_shape=(2, 8), seed=5)
+    with load(tmp_path / "branch", pipeline="async", stages=3) as engine:
+        with pytest.raises(LayerfitError, match=re.escape("unit 2 (b) runs, but unit 1 (opt) before it did not")):
+            _call(engine, _x(-1))
+        x = _x(+1)
+        assert torch.equal(_call(engine, x), _reference("branch", x)[0])
 
 
 @pytest.mark.parametrize("pipeline", STREAMING)

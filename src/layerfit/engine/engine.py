@@ -33,6 +33,7 @@ from layerfit.engine.arena import PlannedActivations, make_activations
 from layerfit.engine.binding import Binder, get_binder
 from layerfit.engine.device import Device, get_device
 from layerfit.engine.gather import RowTable, gathered_units
+from layerfit.engine.parts import Part
 from layerfit.engine.policies import REQUEST_BYTES, Policy, get_policy, resolve_pipeline
 from layerfit.engine.ring import Cancelled, RingBuffer
 from layerfit.engine.skeleton import Binding, bind, build_skeleton, segment_bindings, unbind
@@ -75,7 +76,14 @@ class MemoryPlan:
 class _Run:
     """Shared state of one inference between the executing and the reader thread."""
 
-    def __init__(self, nblocks: int) -> None:
+    def __init__(self, nblocks: int, units: range | None = None) -> None:
+        # The units this pass may run (all, or one part's). A pass begins at the first
+        # unit it runs: units before it are not read (a decoder step given the encoder's
+        # output runs none of the encoder's), and runs each after it, in order.
+        self.units = range(nblocks) if units is None else units
+        self.begin: int | None = None  # set by the first unit that runs
+        self.skipped = 0  # units after it that did not run
+        self.read_for_nothing = 0  # bytes of them the reader had read
         self.ready: list[int | None] = [None] * nblocks  # read buffer offset per unit
         self.on_device: list[int | None] = [None] * nblocks  # device buffer offset (copy stage)
         self.started = 0
@@ -192,6 +200,9 @@ class Engine:
         self._copyable = threading.Condition(self._state)  # the copy thread (three stages)
         self._run: _Run | None = None
         self.last_timeline: Timeline | None = None
+        # The last pass's units that did not run (after its first), and the bytes the
+        # reader had read of them for nothing.
+        self.last_skipped: tuple[int, int] = (0, 0)
         self._hooks: list = []
         self.ring: RingBuffer | None = None  # the read buffer
         self.device_ring: RingBuffer | None = None  # the copy stage's target
@@ -514,6 +525,8 @@ class Engine:
 
     def _reader_may_go(self, run: _Run, i: int, want: int) -> bool:
         """The reader's wake-up predicate for unit ``i`` (lock held)."""
+        if i < run.done:  # the kernels skipped it: go on to the next
+            return True
         if not self.policy.read_may_start(i, run.started, run.done, self.device.stages):
             return False
         if not self.ring.fits(self.blocks[i].nbytes):
@@ -538,20 +551,26 @@ class Engine:
 
     def _reader_loop(self, run: _Run) -> None:
         policy, ring, room = self.policy, self.ring, self._room
-        blocks, n = self.blocks, len(self.blocks)
+        blocks = self.blocks
+        i = 0
         # Coalescing and batch-sized wake-ups only where reads may run ahead (async):
         # sequential and sync read each unit as soon as their gate opens, as the paper.
         chunk = min(self.coalesce_bytes, ring.capacity // 2) if policy.name == "async" else 0
         kept, gathered = self._kept, self._gathered
-        i = 0
         try:
+            with room:
+                while run.begin is None:  # the pass has not run its first unit yet
+                    if ring.cancelled:
+                        return
+                    room.wait()
+                i, n = run.begin, run.units.stop
             while i < n:
                 if i in kept:
                     i += 1
                     continue
                 if i in gathered:  # read by rows when it runs: wait until they have their place
                     with room:
-                        while i not in run.placed:
+                        while i not in run.placed and i >= run.done:
                             if ring.cancelled:
                                 return
                             room.wait()
@@ -562,12 +581,17 @@ class Engine:
                 with room:
                     if ring.cancelled:
                         return
+                    if i < run.done:  # the kernels skipped it
+                        i = run.done
+                        continue
                     while not self._reader_may_go(run, i, want):
                         if ring.cancelled:
                             return
                         run.reader_waits, run.reader_wants = True, (i, want)
                         room.wait()
                     run.reader_waits = False
+                    if i < run.done:
+                        continue
                     if self._kernel_needs(run, i):
                         want = first  # read it alone, the kernel waits for it
                     off = ring.allocate_locked(first)
@@ -592,6 +616,11 @@ class Engine:
                 with room:
                     at = t0
                     for k in range(i, stop):
+                        if k < run.done:  # skipped while it was read: the oldest in the ring
+                            ring.release_locked(off + blocks[k].offset - blocks[i].offset)
+                            run.read_for_nothing += blocks[k].nbytes
+                            self._ready.notify()  # rows may wait for the room
+                            continue
                         run.ready[k] = off + blocks[k].offset - blocks[i].offset
                         if self.trace:  # a coalesced read is shown split by bytes
                             end = t1 if k == stop - 1 else at + (t1 - t0) * blocks[k].nbytes / total
@@ -630,7 +659,14 @@ class Engine:
         host, dev, cond = self.ring, self.device_ring, self._copyable
         j = 0
         try:
-            for j, blk in enumerate(self.blocks):
+            with cond:
+                while run.begin is None and not dev.cancelled:
+                    cond.wait()
+                if dev.cancelled:
+                    return
+                first, stop = run.begin, run.units.stop
+            for j in range(first, stop):
+                blk = self.blocks[j]
                 if j in self._kept:  # already on the device, for good
                     continue
                 with cond:
@@ -662,18 +698,47 @@ class Engine:
                 self._ready.notify()
 
     def _check_order(self, run: _Run, i: int) -> None:
-        """Streamed units run once each, in the prepared order: a unit skipped or run
-        again would wait for a read that never comes, or use released bytes."""
+        """Streamed units run once each, in the prepared order: a unit run again, or
+        inside another, would use released bytes or wait for a read that never comes.
+        The pass begins at the first unit it runs, which the reader waits to know, and
+        may skip units (see :meth:`_skip`)."""
         if not run.ordered:
             return
+        if i not in run.units:
+            part = f"units {run.units.start}-{run.units.stop - 1}" if len(run.units) else "no units"
+            raise self._out_of_order(i, f"runs, but this pass streams {part}")
+        if run.begin is None:
+            with self._state:
+                run.begin = run.started = run.done = i
+                self._room.notify()
+                self._copyable.notify()
         if run.bound:
             running = self.blocks[next(iter(run.bound))].name or "<root>"
             raise self._out_of_order(i, f"runs inside unit {next(iter(run.bound))} ({running})")
         if i < run.done:
             raise self._out_of_order(i, "runs a second time")
         if i > run.done:
-            skipped = self.blocks[run.done].name or "<root>"
-            raise self._out_of_order(i, f"runs, but unit {run.done} ({skipped}) before it did not")
+            if run.source is not None or self.device_ring is not None:
+                skipped = self.blocks[run.done].name or "<root>"
+                raise self._out_of_order(i, f"runs, but unit {run.done} ({skipped}) before it did not")
+            self._skip(run, i)
+
+    def _skip(self, run: _Run, i: int) -> None:
+        """Unit ``i`` runs and the units between the last one that ran and it do not: a
+        decoder step whose cross-attention keys and values are cached skips their
+        projections. What the reader read of them is given back and it reads no more of
+        them (bytes read ahead for nothing, but the output is the model's: a skipped
+        unit is never bound). Two stages only: the copy stage does not skip."""
+        with self._state:
+            for k in range(run.done, i):
+                if run.ready[k] is not None:  # read already: the oldest bytes in the ring
+                    self.ring.release_locked(run.ready[k])
+                    run.ready[k] = None
+                    run.read_for_nothing += self.blocks[k].nbytes
+                # one being read is given back by the reader when its read ends
+            run.skipped += i - run.done
+            run.done = run.started = i
+            self._wake_reader(run)
 
     def _gather_hook(self, i: int):
         """The pre-hook of an embedding read by rows: read the rows its ids look up, bind
@@ -696,9 +761,12 @@ class Engine:
                 ids, room=ring.capacity, verify=i not in self._verified_blocks, request_bytes=REQUEST_BYTES
             )
             with self._state:
-                off = ring.allocate_locked(lookup.nbytes)
-                if off is None:  # not reached: the ring is empty here
-                    raise LayerfitError(f"no room in the unit buffer for the rows of {table.name}")
+                # Empty but for a skipped unit still being read, which the reader gives
+                # back when its read ends.
+                while (off := ring.allocate_locked(lookup.nbytes)) is None:
+                    if run.error is not None:
+                        raise LayerfitError(f"no room in the unit buffer for the rows of {table.name}")
+                    self._ready.wait()
                 run.bound[i] = off
                 run.gathered[i] = module.padding_idx
                 run.placed.add(i)
@@ -843,6 +911,12 @@ class Engine:
 
         return generate(self, *args, **kwargs)
 
+    def part(self, name: str) -> Part:
+        """Submodule ``name`` of the model (an encoder-decoder's ``model.encoder``),
+        called like it, each call a pass that streams only its units; see
+        :mod:`layerfit.engine.parts`."""
+        return Part(self, name)
+
     def run_from(self, source: UnitSource | None, *args: Any, **kwargs: Any) -> Any:
         """Run the model with the units supplied by ``source`` (None: the reader thread).
 
@@ -853,9 +927,20 @@ class Engine:
         return self.run_pass(source, self.model, args, kwargs)
 
     @torch.no_grad()
-    def run_pass(self, source: UnitSource | None, forward: Any, args: tuple, kwargs: dict) -> Any:
+    def run_pass(
+        self, source: UnitSource | None, forward: Any, args: tuple, kwargs: dict, units: range | None = None
+    ) -> Any:
         """One forward pass of the model made by calling ``forward(*args, **kwargs)``:
-        the model itself, or (for :meth:`generate`) its ``forward`` method."""
+        the model itself, (for :meth:`generate`) its ``forward`` method, or a part of it
+        whose ``units`` are the only ones the pass may run (see :meth:`part`).
+
+        A pass begins at the first unit it runs, so a decoder step given the encoder's
+        output reads only the decoder, and runs the units after it in the prepared order,
+        though it may skip some (a cached projection; two stages only) or end before the
+        last: a unit that does not run is never bound, so the output is the model's, and
+        what the reader read of it ahead is read for nothing (``last_skipped``). A unit
+        source supplies every unit, so a pass it drives runs them all.
+        """
         if source is None and self.policy.name == "external":
             raise LayerfitError(
                 "this engine has pipeline 'external': it runs only with a unit source "
@@ -869,7 +954,9 @@ class Engine:
                 raise LayerfitError(f"this engine cannot run: {self._lost}; reconfigure it or load the model again")
             self.reader.check_unchanged()
             self.pass_thread = threading.get_ident()
-            run = _Run(len(self.blocks))
+            run = _Run(len(self.blocks), units)
+            if source is not None:
+                run.begin = 0
             run.source = source
             run.ordered = source is not None or self.policy.name != "preload"
             self._run = run
@@ -896,8 +983,19 @@ class Engine:
                         raise
                     raise LayerfitError(f"{_UNBOUND_READ}: {exc}") from exc
                 self.device.finish_kernels()  # latency counts the kernels, not their launch
-                if run.done != len(self.blocks):
-                    raise LayerfitError(f"the forward pass ran {run.done} of {len(self.blocks)} units: {_OTHER_PATH}")
+                if run.done != run.units.stop:
+                    if source is not None:  # it supplies every unit, and waits for each to run
+                        ran = "none" if run.begin is None else f"units {run.begin}-{run.done - 1}"
+                        raise LayerfitError(
+                            f"the forward pass ran {ran} of units {run.units.start}-{run.units.stop - 1}, "
+                            f"stopping short of the last: {_OTHER_PATH}"
+                        )
+                    if run.begin is not None and run.ordered:  # it ended before its last units
+                        with self._state:
+                            for k in range(run.done, run.units.stop):
+                                run.skipped += 1
+                                if run.ready[k] is not None:
+                                    run.read_for_nothing += self.blocks[k].nbytes
                 self._check_output(out)
             finally:
                 end = time.perf_counter()
@@ -932,6 +1030,7 @@ class Engine:
             rings = [r.peak for r in (self.ring, self.device_ring) if r is not None]
             held = self.memory.resident_bytes + self.memory.kept_bytes
             self.last_weights_peak = held + sum(rings) + self.binder.peak_bytes
+            self.last_skipped = (run.skipped, run.read_for_nothing)
             return out
 
     def _check_output(self, out: Any) -> None:

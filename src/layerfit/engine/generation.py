@@ -8,11 +8,16 @@ the model, but ``generate`` belongs to the model and calls the model, not the en
 replaced for the call by one that runs each pass through the engine: the units bound,
 streamed and released as for any inference, and the same bits as ``model.generate``.
 
-What it cannot stream: a ``generate`` that runs part of the model outside its forward
-pass, as an encoder-decoder's does with the encoder, would run it with unbound weights;
-that is refused with a clear error (decode with a loop of engine calls instead). Planned
-activations fix every shape at prepare and the shapes change each step, so an engine
-loaded with them is refused too.
+An encoder-decoder's ``generate`` (T5, BART, Whisper) calls its encoder once, outside the
+model's forward, then the model once per token with the encoder's output. The encoder's
+``forward`` is replaced too, for the call, by a pass that streams only the encoder's
+units (:class:`~layerfit.engine.parts.Part`); each decoder step begins at the first unit
+it runs, so it reads only the decoder's.
+
+What it cannot stream: a ``generate`` that runs some other part of the model outside its
+forward pass would run it with unbound weights; that is refused with a clear error
+(decode with a loop of engine calls instead). Planned activations fix every shape at
+prepare and the shapes change each step, so an engine loaded with them is refused too.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ import functools
 import threading
 from typing import TYPE_CHECKING, Any
 
+from torch import nn
+
+from layerfit.engine.parts import part_units
 from layerfit.errors import LayerfitError
 
 if TYPE_CHECKING:
@@ -41,7 +49,31 @@ def generate(engine: Engine, *args: Any, **kwargs: Any) -> Any:
             "generate runs the model at a new input shape every step, and planned activations "
             "fix every shape at prepare: load the model with activations='default'"
         )
-    forward = model.forward
+    encoder = _encoder(engine)
+    with engine.generating:
+        patched = [(model, _streamed_forward(engine, model.forward, None))]
+        if encoder is not None:
+            module, units = encoder
+            patched.append((module, _streamed_forward(engine, module.forward, units)))
+        for module, forward in patched:
+            module.forward = forward
+        try:
+            return method(*args, **kwargs)
+        except RuntimeError as exc:
+            if "meta" not in str(exc):
+                raise
+            raise LayerfitError(
+                f"{type(model).__name__}.generate ran part of the model outside its forward "
+                "pass (and outside its encoder), where its weights are not loaded: decode with "
+                "a loop of engine calls instead (engine.part(name) runs a submodule as a pass)"
+            ) from exc
+        finally:
+            for module, _ in patched:
+                del module.forward
+
+
+def _streamed_forward(engine: Engine, forward: Any, units: range | None) -> Any:
+    """``forward`` run as a pass of ``engine`` (of ``units`` only, when given)."""
 
     # generate reads forward's signature to choose what to pass (logits_to_keep,
     # cache_position ...): the replacement must show the same one.
@@ -51,19 +83,28 @@ def generate(engine: Engine, *args: Any, **kwargs: Any) -> Any:
             # A pass already runs in this thread (a plain engine call made while
             # generate's forward is installed): the engine already streams it.
             return forward(*a, **k)
-        return engine.run_pass(None, forward, a, k)
+        return engine.run_pass(None, forward, a, k, units)
 
-    with engine.generating:
-        model.forward = streamed
-        try:
-            return method(*args, **kwargs)
-        except RuntimeError as exc:
-            if "meta" not in str(exc):
-                raise
-            raise LayerfitError(
-                f"{type(model).__name__}.generate ran part of the model outside its forward "
-                "pass (as an encoder-decoder's generate runs its encoder), where its weights "
-                "are not loaded: decode with a loop of engine calls instead"
-            ) from exc
-        finally:
-            del model.forward
+    return streamed
+
+
+def _encoder(engine: Engine) -> tuple[nn.Module, range] | None:
+    """An encoder-decoder's encoder, which its ``generate`` calls on its own, and its
+    units; None for a decoder-only model."""
+    model = engine.model
+    config = getattr(model, "config", None)
+    get_encoder = getattr(model, "get_encoder", None)
+    if not getattr(config, "is_encoder_decoder", False) or not callable(get_encoder):
+        return None
+    encoder = get_encoder()
+    name = next((n for n, m in model.named_modules() if m is encoder), None)
+    if encoder is model or name is None:
+        return None
+    if any(seg.name == name for block in engine.blocks for seg in block.segments):
+        # Its own hooks would run outside the pass that the replaced forward makes.
+        raise LayerfitError(
+            f"the encoder {name} holds weights of its own (not in a submodule), which "
+            "generate cannot stream: decode with a loop of engine calls instead "
+            f"(engine.part({name!r}) runs the encoder as a pass)"
+        )
+    return encoder, part_units(engine.blocks, name)

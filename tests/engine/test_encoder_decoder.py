@@ -1,0 +1,189 @@
+"""Encoder-decoders and passes that skip units: an encoder run as its own pass
+(``Engine.part``), ``generate`` on a BART (the encoder once, then decoder steps that skip
+their cached cross-attention projections), and any pattern of skipped units."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tinymodels
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from layerfit.engine import load
+from layerfit.engine.gather import streamed_minimum
+from layerfit.errors import InputError, LayerfitError
+from layerfit.store import example_input, prepare
+from layerfit.store.model_spec import ModelSpec
+
+PIPELINES = ["sequential", "sync", "async", "auto"]
+
+
+@pytest.fixture(scope="module")
+def bart(tmp_path_factory: pytest.TempPathFactory):
+    directory = tmp_path_factory.mktemp("encoder_decoder") / "bart"
+    manifest = prepare("tinymodels:tiny_bart", directory, input_shape=(1, 8), input_dtype="int64")
+    ids = example_input((2, 8), "int64", seed=4) % 100
+    return directory, manifest, tinymodels.tiny_bart(), ids
+
+
+def _budget(manifest, pipeline: str) -> int:
+    """Room for two of the largest unit (one for sequential); auto keeps half the rest."""
+    budget = manifest.resident_bytes + (1 if pipeline == "sequential" else 2) * manifest.largest_unit_bytes
+    if pipeline == "auto":
+        budget += (manifest.total_bytes - manifest.resident_bytes) // 2
+    return budget
+
+
+def test_the_encoder_and_decoder_units_are_two_runs(bart):
+    directory, manifest, _, _ = bart
+    with load(directory, pipeline="async") as engine:
+        encoder = engine.part("model.encoder")
+        assert encoder.units == range(0, 18)
+        assert all(engine.blocks[i].name.startswith("model.encoder.") for i in encoder.units)
+        assert all(b.name.startswith("model.decoder.") for b in engine.blocks[18:])
+        assert engine.part("model.decoder").units == range(18, len(engine.blocks))
+        assert repr(encoder) == "Part('model.encoder', units 0-17)"
+
+
+@pytest.mark.parametrize("pipeline", [*PIPELINES, "preload"])
+def test_a_decoding_loop_of_encoder_part_and_decoder_steps_gives_the_models_logits(bart, pipeline: str):
+    directory, manifest, model, ids = bart
+    with torch.no_grad():
+        encoded = model.model.encoder(ids)
+    budget = None if pipeline == "preload" else _budget(manifest, pipeline)
+    with load(directory, pipeline=pipeline, budget=budget) as engine:
+        got = engine.part("model.encoder")(ids)
+        assert torch.equal(got.last_hidden_state, encoded.last_hidden_state)
+        tokens = torch.full((2, 1), 2)
+        cache = expected_cache = None
+        for _ in range(4):  # the first step computes cross-attention keys, later ones skip them
+            step = tokens[:, -1:]
+            out = engine(encoder_outputs=got, decoder_input_ids=step, past_key_values=cache, use_cache=True)
+            with torch.no_grad():
+                want = model(encoder_outputs=encoded, decoder_input_ids=step, past_key_values=expected_cache, use_cache=True)
+            assert torch.equal(out.logits, want.logits)
+            if budget is not None:
+                assert engine.last_weights_peak <= budget
+            cache, expected_cache = out.past_key_values, want.past_key_values
+            tokens = torch.cat([tokens, out.logits[:, -1:].argmax(-1)], dim=1)
+        if pipeline != "preload":  # a later step skips each decoder layer's cross-attention k and v
+            assert engine.last_skipped[0] == 2 * 2
+        assert torch.equal(engine(ids).logits, model(ids).logits)  # a whole pass still runs
+
+
+MODES = {
+    "greedy": {"do_sample": False},
+    "sampling": {"do_sample": True, "top_k": 20, "temperature": 0.8},
+    "beams": {"do_sample": False, "num_beams": 3},
+}
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_generate_on_an_encoder_decoder_gives_the_models_tokens_and_scores(bart, pipeline: str, mode: str):
+    directory, manifest, model, ids = bart
+    options = {**MODES[mode], "max_new_tokens": 6, "min_new_tokens": 6, "output_scores": True,
+               "return_dict_in_generate": True}  # fmt: skip
+    torch.manual_seed(11)
+    expected = model.generate(ids, **options)
+    budget = _budget(manifest, pipeline)
+    with load(directory, pipeline=pipeline, budget=budget) as engine:
+        torch.manual_seed(11)
+        got = engine.generate(ids, **options)
+        assert engine.last_weights_peak <= budget
+        assert "forward" not in vars(engine.model) and "forward" not in vars(engine.model.model.encoder)
+    assert got.sequences.shape == (2, 7)
+    assert torch.equal(got.sequences, expected.sequences)
+    assert len(got.scores) == len(expected.scores) == 6
+    for g, e in zip(got.scores, expected.scores, strict=True):
+        assert torch.equal(g, e)
+
+
+def test_generate_reads_the_encoder_once_and_the_decoder_per_step(bart):
+    directory, manifest, model, ids = bart
+    passes: list[tuple[int | None, int]] = []
+    with load(directory, pipeline="async", budget=_budget(manifest, "async")) as engine:
+        run_pass = engine.run_pass
+
+        def spy(source, forward, args, kwargs, units=None):
+            out = run_pass(source, forward, args, kwargs, units)
+            passes.append((None if units is None else units.stop, engine.last_skipped[0]))
+            return out
+
+        engine.run_pass = spy
+        engine.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    # the encoder's pass, then a decoder step per token: the first computes the
+    # cross-attention keys and values, the later ones skip those 4 units
+    assert passes == [(18, 0), (None, 0), (None, 4), (None, 4), (None, 4)]
+
+
+def test_a_part_that_is_not_a_submodule_or_not_one_run_of_units_is_refused(bart, tmp_path: Path):
+    directory, manifest, model, ids = bart
+    with load(directory, pipeline="async") as engine:
+        with pytest.raises(InputError, match="no submodule 'model.encoderr' .*children: model, lm_head"):
+            engine.part("model.encoderr")
+        with (
+            load(directory, pipeline="async", units="blocks:3") as merged,
+            pytest.raises(InputError, match="holds layers inside and outside model.encoder"),
+        ):
+            merged.part("model.encoder")
+        assert torch.equal(engine(ids).logits, model(ids).logits)  # the engine still runs
+    spec = ModelSpec("factory", "tinymodels:borrows", {"interleave": True})
+    prepare(spec, tmp_path / "interleaved", input_shape=(2, 8))
+    with load(tmp_path / "interleaved", pipeline="async") as engine:
+        assert [b.name for b in engine.blocks] == ["first", "outer.x", "mid", "outer.y"]
+        with pytest.raises(InputError, match=r"units of outer are not contiguous .*unit 2, mid, runs between"):
+            engine.part("outer")
+
+
+def test_a_part_that_runs_a_unit_outside_it_is_refused_and_the_engine_runs_on(tmp_path: Path):
+    prepare("tinymodels:borrows", tmp_path / "m", input_shape=(2, 8))
+    model = tinymodels.borrows()
+    h = example_input((2, 8))
+    with load(tmp_path / "m", pipeline="async") as engine:
+        outer = engine.part("outer")
+        assert outer.units == range(1, 3)
+        with pytest.raises(LayerfitError, match=r"unit 3 \(mid\) runs, but this pass streams units 1-2"):
+            outer(h, engine.model.mid)
+        with torch.no_grad():
+            assert torch.equal(engine(h), model(h))
+
+
+# --- any pattern of skipped units ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def skips(tmp_path_factory: pytest.TempPathFactory):
+    directory = tmp_path_factory.mktemp("skips") / "m"
+    manifest = prepare("tinymodels:skips_layers", directory, input_shape=(2, 8))
+    return directory, manifest, tinymodels.skips_layers().eval()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    pipeline=st.sampled_from(PIPELINES),
+    slack=st.integers(0, 40_000),
+    coalesce=st.sampled_from([0, 1 << 20]),
+    patterns=st.lists(st.lists(st.booleans(), min_size=9, max_size=9), min_size=1, max_size=4),
+)
+def test_any_units_skipped_give_the_models_output_within_the_budget(
+    skips, pipeline: str, slack: int, coalesce: int, patterns: list[list[bool]]
+):
+    directory, manifest, model = skips
+    copies = 1 if pipeline == "sequential" else 2
+    budget = manifest.resident_bytes + copies * streamed_minimum(manifest.units) + slack
+    with load(directory, pipeline=pipeline, budget=budget, coalesce=coalesce) as engine:
+        for runs in patterns:
+            x = example_input((2, 8), seed=len(patterns))
+            x[0, :5] *= torch.tensor(runs[:5])  # a zero skips that layer
+            x[1, :4] *= torch.tensor(runs[5:])
+            with torch.no_grad():
+                want = model(x)
+            assert torch.equal(engine(x), want)
+            assert engine.last_weights_peak <= budget
+            first = runs.index(True) if any(runs[:5]) else 5  # the table always runs
+            streamed_after = [r for r in runs[first:5]] + [True, True] + runs[5:]  # table, head
+            assert engine.last_skipped[0] == streamed_after.count(False)
