@@ -663,7 +663,10 @@ def _auto_plan(m: Manifest, budget: str, stages: int) -> dict[str, Any]:
     plan the engine makes; nothing is loaded). Below the minimum: the engine's error."""
     from layerfit.engine.device import get_device
     from layerfit.engine.gather import gathered_units, least_room
+    from layerfit.engine.parts import unit_runs
     from layerfit.engine.policies import AUTO
+    from layerfit.engine.skeleton import build_skeleton
+    from layerfit.engine.units import make_blocks
     from layerfit.engine.weight_plan import plan_weights
     from layerfit.sizes import parse_budget
 
@@ -671,7 +674,12 @@ def _auto_plan(m: Manifest, budget: str, stages: int) -> dict[str, Any]:
     sizes, budget_bytes = [u.nbytes for u in m.units], parse_budget(budget, m.total_bytes)
     # As the engine on cpu: embedding tables read by the rows they look up (two stages).
     rows = {} if stages == 3 else {i: least_room(m.units[i]) for i in gathered_units([u] for u in m.units)}
-    plan = plan_weights(AUTO, sizes, m.resident_bytes, budget_bytes, stages, rows)
+    # An encoder-decoder's decoder runs once per generated token: the plan keeps it first.
+    try:
+        runs = unit_runs(build_skeleton(m), make_blocks(m.units))
+    except LayerfitError:  # its factory does not import here: nor would the engine load it
+        runs = None
+    plan = plan_weights(AUTO, sizes, m.resident_bytes, budget_bytes, stages, rows, runs)
     read = [] if plan.policy.name == "preload" else [
         i for i in range(len(sizes)) if i not in plan.kept and i not in plan.gathered
     ]

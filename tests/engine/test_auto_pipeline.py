@@ -85,6 +85,41 @@ def test_the_least_room_to_keep_is_where_keeping_starts(sizes: list[int], room_f
     assert bool(kept) == (least is not None and room >= least)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 256).map(lambda k: 4096 * k), min_size=1, max_size=40),
+    room_fraction=st.floats(0.0, 1.0),
+    runs=st.lists(st.integers(1, 32), min_size=40, max_size=40),
+)
+def test_units_weighed_by_their_runs_save_at_least_what_the_unweighed_choice_saves(
+    sizes: list[int], room_fraction: float, runs: list[int]
+):
+    room = int(room_fraction * sum(sizes))
+    runs = runs[: len(sizes)]
+    assert choose_kept_units(sizes, room, runs=[1] * len(sizes)) == choose_kept_units(sizes, room)
+    weighed, plain = choose_kept_units(sizes, room, runs=runs), choose_kept_units(sizes, room)
+    streamed = [n for i, n in enumerate(sizes) if i not in weighed]
+    assert streamed
+    if weighed:  # the same room rules: a buffer of two of the largest streamed, large enough
+        assert sum(sizes[i] for i in weighed) + 2 * max(streamed) <= room
+        assert (room - sum(sizes[i] for i in weighed)) * STREAMED_PER_BUFFER_BYTE >= sum(streamed)
+
+    def saved(kept: set[int]) -> int:
+        return sum(runs[i] * (sizes[i] + REQUEST_BYTES) for i in kept)
+
+    # greedy, so not always the best; but the most-run units come first
+    if plain and len(set(runs)) == 1:
+        assert saved(weighed) == saved(plain)
+
+
+def test_units_that_run_more_often_are_kept_first():
+    mib = 1 << 20
+    sizes = [mib] * 12  # an encoder of 6 and a decoder of 6 units of one size
+    runs = [1] * 6 + [16] * 6
+    assert choose_kept_units(sizes, 6 * mib) == {0, 1, 2, 3}  # the first, when they run alike
+    assert choose_kept_units(sizes, 6 * mib, runs=runs) == {6, 7, 8, 9}
+
+
 def test_kept_units_shrink_the_buffer_first_then_save_the_most_requests():
     mib, small = 1 << 20, 64 * 1024
     # Many small layers and one large classifier (a MobileNet's shape): kept, the

@@ -152,6 +152,28 @@ def test_a_part_that_runs_a_unit_outside_it_is_refused_and_the_engine_runs_on(tm
             assert torch.equal(engine(h), model(h))
 
 
+def test_auto_keeps_the_decoder_first_as_it_runs_per_token_and_inspect_plans_the_same(bart):
+    from typer.testing import CliRunner
+
+    from layerfit.cli import app
+
+    directory, manifest, model, ids = bart
+    budget = manifest.resident_bytes + (manifest.total_bytes - manifest.resident_bytes) // 3
+    with load(directory, pipeline="auto", budget=budget) as engine:
+        encoder = engine.part("model.encoder").units
+        kept = engine.kept_units
+        decoder_kept = [i for i in kept if i not in encoder]
+        assert decoder_kept and sum(engine.blocks[i].nbytes for i in decoder_kept) > sum(
+            engine.blocks[i].nbytes for i in kept if i in encoder
+        )
+        assert torch.equal(engine.generate(ids, max_new_tokens=3, do_sample=False), model.generate(ids, max_new_tokens=3, do_sample=False))
+    out = CliRunner().invoke(app, ["inspect", str(directory), "--budget", str(budget), "--json"])
+    assert out.exit_code == 0, out.output
+    import json
+
+    assert json.loads(out.output)["auto_plan"]["kept_units"] == list(kept)
+
+
 # --- any pattern of skipped units ---------------------------------------------------------
 
 

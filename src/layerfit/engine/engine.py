@@ -33,7 +33,7 @@ from layerfit.engine.arena import PlannedActivations, make_activations
 from layerfit.engine.binding import Binder, get_binder
 from layerfit.engine.device import Device, get_device
 from layerfit.engine.gather import RowTable, gathered_units
-from layerfit.engine.parts import Part
+from layerfit.engine.parts import Part, unit_runs
 from layerfit.engine.policies import REQUEST_BYTES, Policy, get_policy, resolve_pipeline
 from layerfit.engine.ring import Cancelled, RingBuffer
 from layerfit.engine.skeleton import Binding, bind, build_skeleton, segment_bindings, unbind
@@ -266,7 +266,8 @@ class Engine:
                     tables[i] = table
         try:
             floors = {i: t.least_room for i, t in tables.items()}
-            plan = plan_weights(self.pipeline, sizes, resident, budget_bytes, self.device.stages, floors)
+            runs = unit_runs(self.model, blocks)  # an encoder-decoder's decoder runs per token
+            plan = plan_weights(self.pipeline, sizes, resident, budget_bytes, self.device.stages, floors, runs)
         except BudgetError as exc:
             if not is_share(budget):
                 raise

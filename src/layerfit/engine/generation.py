@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from layerfit.engine.parts import part_units
+from layerfit.engine.parts import encoder_name, part_units
 from layerfit.errors import LayerfitError
 
 if TYPE_CHECKING:
@@ -91,14 +91,8 @@ def _streamed_forward(engine: Engine, forward: Any, units: range | None) -> Any:
 def _encoder(engine: Engine) -> tuple[nn.Module, range] | None:
     """An encoder-decoder's encoder, which its ``generate`` calls on its own, and its
     units; None for a decoder-only model."""
-    model = engine.model
-    config = getattr(model, "config", None)
-    get_encoder = getattr(model, "get_encoder", None)
-    if not getattr(config, "is_encoder_decoder", False) or not callable(get_encoder):
-        return None
-    encoder = get_encoder()
-    name = next((n for n, m in model.named_modules() if m is encoder), None)
-    if encoder is model or name is None:
+    name = encoder_name(engine.model)
+    if name is None:
         return None
     if any(seg.name == name for block in engine.blocks for seg in block.segments):
         # Its own hooks would run outside the pass that the replaced forward makes.
@@ -107,4 +101,4 @@ def _encoder(engine: Engine) -> tuple[nn.Module, range] | None:
             "generate cannot stream: decode with a loop of engine calls instead "
             f"(engine.part({name!r}) runs the encoder as a pass)"
         )
-    return encoder, part_units(engine.blocks, name)
+    return engine.model.get_submodule(name), part_units(engine.blocks, name)

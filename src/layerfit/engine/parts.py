@@ -57,6 +57,41 @@ def part_units(blocks: Sequence[Block], module: str) -> range:
     return units
 
 
+DECODER_RUNS = 16
+"""How many times ``auto`` counts a decoder unit running for each time an encoder unit
+runs: the tokens a ``generate`` call makes per input, roughly (the plan depends little
+on the number once it is well above one)."""
+
+
+def encoder_name(model: nn.Module) -> str | None:
+    """The submodule an encoder-decoder's ``generate`` calls on its own, once per input
+    (Hugging Face's ``config.is_encoder_decoder`` and ``get_encoder()``); None for any
+    other model."""
+    config = getattr(model, "config", None)
+    get_encoder = getattr(model, "get_encoder", None)
+    if not getattr(config, "is_encoder_decoder", False) or not callable(get_encoder):
+        return None
+    encoder = get_encoder()
+    if encoder is model:
+        return None
+    return next((n for n, m in model.named_modules() if m is encoder), None)
+
+
+def unit_runs(model: nn.Module, blocks: Sequence[Block]) -> list[int] | None:
+    """How often each unit runs relative to the others when the model generates: an
+    encoder-decoder's encoder units once, the others :data:`DECODER_RUNS` times. None
+    when every unit runs once per inference (any other model, or an encoder whose units
+    cannot run as one part)."""
+    name = encoder_name(model)
+    if name is None:
+        return None
+    try:
+        encoder = part_units(blocks, name)
+    except InputError:
+        return None
+    return [1 if i in encoder else DECODER_RUNS for i in range(len(blocks))]
+
+
 class Part:
     """Submodule ``name`` of an engine's model, called like the submodule: each call is
     a pass of the engine that streams only the submodule's units."""

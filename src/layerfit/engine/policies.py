@@ -26,6 +26,7 @@ read and the device buffer are each sized as the policy's buffer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from layerfit.errors import BudgetError, LayerfitError
@@ -153,7 +154,11 @@ through 8.4 MB, 25 % slower than async (all 242 MB through 63.5 MB); with it, it
 
 
 def choose_kept_units(
-    unit_sizes: list[int], room: int, request_bytes: int = REQUEST_BYTES, buffers: int = 1
+    unit_sizes: list[int],
+    room: int,
+    request_bytes: int = REQUEST_BYTES,
+    buffers: int = 1,
+    runs: Sequence[int] | None = None,
 ) -> set[int]:
     """Units ``auto`` keeps resident when ``room`` bytes hold some but not all of them;
     the rest stream through a circular buffer of the bytes left.
@@ -166,12 +171,17 @@ def choose_kept_units(
     its stages overlap, and together they must hold at least one byte in
     :data:`STREAMED_PER_BUFFER_BYTE` of what streams. So for each candidate
     largest-streamed size ``m``, every larger unit is kept, two of ``m`` per buffer are
-    set aside, and the rest of the room keeps the smallest units first (the most saved
-    per byte) while the buffers stay large enough. The candidate that saves the most
-    wins; none fits: nothing is kept and the room is the buffers.
+    set aside, and the rest of the room keeps the units that save the most per byte
+    first (the smallest, when every unit runs once per inference) while the buffers stay
+    large enough. The candidate that saves the most wins; none fits: nothing is kept and
+    the room is the buffers. ``runs`` weighs each unit by how often it runs (an
+    encoder-decoder's decoder once per generated token, its encoder once per input, see
+    :func:`~layerfit.engine.parts.unit_runs`): a kept unit saves its reads that often.
     """
     n, total = len(unit_sizes), sum(unit_sizes)
-    by_size = sorted(range(n), key=lambda i: (unit_sizes[i], i))
+    weight = [1] * n if runs is None else list(runs)
+    # The most saved per byte kept first: a unit's reads and requests, as often as it runs.
+    by_size = sorted(range(n), key=lambda i: (-weight[i] * (1 + request_bytes / max(unit_sizes[i], 1)), i))
     best: set[int] = set()
     best_saved = 0
 
@@ -189,12 +199,12 @@ def choose_kept_units(
         for i in by_size:
             size = unit_sizes[i]
             if size > left or size > m or not buffers_hold_enough(kept_bytes + size):
-                break
+                continue  # a later one may be smaller
             if i != streamed:
                 kept.add(i)
                 kept_bytes += size
                 left -= size
-        saved = kept_bytes + len(kept) * request_bytes
+        saved = sum(weight[i] * (unit_sizes[i] + request_bytes) for i in kept)
         if saved > best_saved:
             best, best_saved = kept, saved
     return best

@@ -8,7 +8,7 @@ below the minimum with an error that names the minimum and why.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from layerfit.engine.policies import (
@@ -45,12 +45,14 @@ def plan_weights(
     budget: int | None,
     stages: int,
     gatherable: Mapping[int, int] | None = None,
+    runs: Sequence[int] | None = None,
 ) -> WeightPlan:
     """The plan of ``pipeline`` for units of ``unit_sizes`` bytes and ``resident`` bytes of
     resident tensors under ``budget`` (None: the policy's own size) with 2 or 3 stages.
     ``gatherable`` maps units read by rows when the policy streams to the least buffer
     room their rows take (one row and its read): they are never kept, and the buffer
-    holds that room for them instead of their bytes."""
+    holds that room for them instead of their bytes. ``runs`` weighs the units ``auto``
+    may keep by how often each runs (see :func:`~layerfit.engine.policies.choose_kept_units`)."""
     three = stages == 3
     policy = get_policy(resolve_pipeline(pipeline, resident + sum(unit_sizes), budget))
     gathered = {} if policy.name in ("preload", "external") or not gatherable else dict(gatherable)
@@ -61,7 +63,8 @@ def plan_weights(
     kept: set[int] = set()
     if pipeline == AUTO and policy.name == "async" and budget is not None:
         room = budget - resident - floor
-        kept = {others[j] for j in choose_kept_units(sizes, room, buffers=2 if three else 1)}
+        weights = None if runs is None else [runs[i] for i in others]
+        kept = {others[j] for j in choose_kept_units(sizes, room, buffers=2 if three else 1, runs=weights)}
         least = least_room_to_keep(sizes, buffers=2) if three and not kept else None
         if least is not None and budget < resident + least < resident + 2 * largest:
             raise BudgetError(  # auto's minimum is then below async's: name it
@@ -72,7 +75,7 @@ def plan_weights(
     kept_bytes = sum(unit_sizes[i] for i in kept)
     streamed = [unit_sizes[i] for i in others if i not in kept]
     if gathered and not streamed:  # nothing else streams: the table streams whole, as before
-        return plan_weights(pipeline, unit_sizes, resident, budget, stages)
+        return plan_weights(pipeline, unit_sizes, resident, budget, stages, runs=runs)
     streamed += gathered.values()  # the rows take their turn in the buffer
     capacity, device_capacity = _buffer_sizes(policy, streamed, resident + kept_bytes, budget, three)
     if gathered and budget is not None and not three:
