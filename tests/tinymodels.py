@@ -960,3 +960,51 @@ class _Borrows(nn.Module):
 def borrows(interleave: bool = False) -> nn.Module:
     torch.manual_seed(17)
     return _Borrows(interleave)
+
+
+def tiny_whisper() -> nn.Module:
+    """A Hugging Face Whisper of two encoder and two decoder layers on 8 mel bins and 32
+    frames, built from a config (no download). Its forward needs decoder_input_ids too, so
+    it is prepared with an example of both."""
+    import transformers
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(5)
+    config = WhisperConfig(
+        vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=8,
+        max_source_positions=16, max_target_positions=32, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        decoder_start_token_id=0,
+    )
+    return WhisperForConditionalGeneration(config).eval()
+
+
+def tiny_t5() -> nn.Module:
+    """A Hugging Face T5 (relative position buckets, an untied head) of two encoder and
+    two decoder layers, built from a config; prepared with an example of both inputs."""
+    import transformers
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(5)
+    config = T5Config(
+        vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+    )
+    return T5ForConditionalGeneration(config).eval()
+
+
+def tiny_marian() -> nn.Module:
+    """A Hugging Face Marian translation model of two encoder and two decoder layers."""
+    import transformers
+    from transformers import MarianConfig, MarianMTModel
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(5)
+    config = MarianConfig(
+        vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        pad_token_id=1, eos_token_id=2, decoder_start_token_id=1, forced_eos_token_id=None,
+    )
+    return MarianMTModel(config).eval()

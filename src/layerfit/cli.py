@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from layerfit import strict_json
 from layerfit.engine.openmp import COMPUTE_THREADS_HELP, kernels_on, set_compute_threads
-from layerfit.errors import LayerfitError
+from layerfit.errors import InputError, LayerfitError
 
 if TYPE_CHECKING:
     from layerfit.store.manifest import Manifest
@@ -510,6 +510,27 @@ def _parse_shape(text: str | None) -> tuple[int, ...] | None:
     return shape
 
 
+def _example_kwargs(path: str | None, input_shape: str | None) -> dict[str, Any] | None:
+    """The keyword arguments stored in ``--example`` (safetensors: tensors only, nothing
+    unpickled); a clear error for a missing or malformed file, or with --input-shape."""
+    if path is None:
+        return None
+    if input_shape is not None:
+        raise InputError("--example gives the example input: leave out --input-shape")
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(path)
+    except FileNotFoundError:
+        raise InputError(f"--example {path}: no such file") from None
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise InputError(f"--example {path} is not a readable .safetensors file: {exc}") from None
+    if not tensors:
+        raise InputError(f"--example {path} holds no tensors: store the example call's keyword arguments in it")
+    return tensors
+
+
 @app.command()
 def prepare(
     model: str = typer.Argument(..., help="zoo name (see `layerfit zoo`) or package.module:factory"),
@@ -518,6 +539,10 @@ def prepare(
     input_dtype: str = typer.Option("float32", "--input-dtype"),
     checkpoint: str = typer.Option(None, "--checkpoint", help="weights from a .safetensors file"),
     seed: int = typer.Option(0, "--seed", help="seed of the zoo's initialisation and the example input"),
+    example: str = typer.Option(
+        None, "--example", help="a .safetensors file whose tensors are the example call's keyword arguments "
+        "(a model of several inputs, such as input_features and decoder_input_ids), instead of --input-shape",
+    ),
     force: bool = typer.Option(False, "--force", help="replace an existing directory"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -534,7 +559,7 @@ def prepare(
         task = bar.add_task("write", total=None)
         manifest = do_prepare(
             model, output, input_shape=_parse_shape(input_shape), input_dtype=input_dtype,
-            checkpoint=checkpoint, force=force, seed=seed,
+            checkpoint=checkpoint, force=force, seed=seed, example=_example_kwargs(example, input_shape),
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     summary = {

@@ -120,6 +120,63 @@ def test_generate_reads_the_encoder_once_and_the_decoder_per_step(bart):
     assert passes == [(18, 0), (None, 0), (None, 4), (None, 4), (None, 4)]
 
 
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory: pytest.TempPathFactory):
+    directory = tmp_path_factory.mktemp("encoder_decoder") / "whisper"
+    features = example_input((2, 8, 32), seed=6)  # 8 mel bins, 32 frames
+    example = {"input_features": features[:1], "decoder_input_ids": torch.tensor([[0, 5, 7]])}
+    manifest = prepare("tinymodels:tiny_whisper", directory, example=example)
+    assert (manifest.input_shape, manifest.input_dtype) == ((1, 8, 32), "float32")
+    return directory, manifest, tinymodels.tiny_whisper(), features
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("mode", ["greedy", "beams"])
+def test_whisper_prepared_with_an_example_of_both_inputs_generates_the_models_tokens(whisper, pipeline: str, mode: str):
+    directory, manifest, model, features = whisper
+    options = {**MODES[mode], "max_new_tokens": 5, "min_new_tokens": 5, "output_scores": True,
+               "return_dict_in_generate": True}  # fmt: skip
+    expected = model.generate(features, **options)
+    budget = _budget(manifest, pipeline)
+    with load(directory, pipeline=pipeline, budget=budget) as engine:
+        assert engine.part("model.encoder").units.start == 0
+        got = engine.generate(features, **options)
+        assert engine.last_weights_peak <= budget
+    assert torch.equal(got.sequences, expected.sequences)
+    for g, e in zip(got.scores, expected.scores, strict=True):
+        assert torch.equal(g, e)
+
+
+@pytest.mark.parametrize(("factory", "encoder"), [("tiny_t5", "encoder"), ("tiny_marian", "model.encoder")])
+def test_t5_and_marian_generate_the_models_beams(tmp_path: Path, factory: str, encoder: str):
+    ids = example_input((2, 8), "int64", seed=3) % 97 + 3
+    example = {"input_ids": ids[:1], "decoder_input_ids": torch.tensor([[0, 4]])}
+    manifest = prepare(f"tinymodels:{factory}", tmp_path / factory, example=example)
+    model = getattr(tinymodels, factory)()
+    options = {"max_new_tokens": 5, "min_new_tokens": 5, "num_beams": 2, "do_sample": False,
+               "output_scores": True, "return_dict_in_generate": True}  # fmt: skip
+    expected = model.generate(ids, **options)
+    for pipeline in ("async", "auto"):
+        with load(tmp_path / factory, pipeline=pipeline, budget=_budget(manifest, pipeline)) as engine:
+            got = engine.generate(ids, **options)
+            assert engine.part(encoder).units.start == 0
+            assert engine.last_skipped[0] == 4  # each decoder layer's cross-attention k and v
+        assert torch.equal(got.sequences, expected.sequences)
+        assert all(torch.equal(g, e) for g, e in zip(got.scores, expected.scores, strict=True))
+
+
+def test_the_skeleton_reports_the_engines_device_and_other_instances_keep_theirs(whisper):
+    directory, _, model, _ = whisper
+    with load(directory, pipeline="async") as engine:
+        assert engine.model.device == torch.device("cpu")  # its parameters are on meta
+        assert next(engine.model.parameters()).device.type == "meta"
+        assert type(engine.model).__name__ == "WhisperForConditionalGeneration"
+        assert isinstance(engine.model, type(model)) and type(engine.model) is not type(model)
+    with torch.device("meta"):
+        other = tinymodels.tiny_whisper()
+    assert other.device.type == "meta"
+
+
 def test_a_part_that_is_not_a_submodule_or_not_one_run_of_units_is_refused(bart, tmp_path: Path):
     directory, manifest, model, ids = bart
     with load(directory, pipeline="async") as engine:

@@ -15,9 +15,11 @@ from safetensors.torch import save_file
 from layerfit.cli import main
 from layerfit.engine import load
 from layerfit.errors import (
+    CaptureError,
     CheckpointError,
     CorruptStoreError,
     FactoryImportError,
+    InputError,
     ManifestError,
     OutputExistsError,
 )
@@ -235,3 +237,38 @@ def test_unknown_model_lists_close_matches_and_writes_nothing(tmp_path: Path, ca
     assert "unknown model 'resnet15'" in err and "resnet152" in err
     assert "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_of_several_inputs_is_prepared_from_an_example_of_them(tmp_path: Path, capsys):
+    features = torch.randn(1, 8, 32)
+    decoder_ids = torch.tensor([[0, 5, 7]])
+    model = tinymodels.tiny_whisper()
+    with pytest.raises(CaptureError, match="fails on the example input"):  # its forward needs both
+        prepare("tinymodels:tiny_whisper", tmp_path / "shape", input_shape=(1, 8, 32))
+    m = prepare("tinymodels:tiny_whisper", tmp_path / "api", example={"input_features": features, "decoder_input_ids": decoder_ids})
+    assert (m.input_shape, m.input_dtype) == ((1, 8, 32), "float32")
+    save_file({"input_features": features, "decoder_input_ids": decoder_ids}, tmp_path / "example.safetensors")
+    assert main(["prepare", "tinymodels:tiny_whisper", "-o", str(tmp_path / "cli"), "--example",
+                 str(tmp_path / "example.safetensors"), "--json"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert (tmp_path / "api" / "weights.safetensors").read_bytes() == (tmp_path / "cli" / "weights.safetensors").read_bytes()
+    with load(tmp_path / "cli", pipeline="async") as engine, torch.no_grad():
+        got = engine(input_features=features, decoder_input_ids=decoder_ids).logits
+        assert torch.equal(got, model(input_features=features, decoder_input_ids=decoder_ids).logits)
+
+
+def test_a_bad_example_is_refused_and_writes_nothing(tmp_path: Path, capsys):
+    with pytest.raises(InputError, match="holds no tensor"):
+        prepare(TINY, tmp_path / "a", example={"flag": True})
+    (tmp_path / "bad.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{not json")
+    save_file({"x": torch.zeros(1, 3, 8, 8)}, tmp_path / "good.safetensors")
+    cases = [
+        (["--example", str(tmp_path / "missing.safetensors")], "no such file"),
+        (["--example", str(tmp_path / "bad.safetensors")], "is not a readable .safetensors file"),
+        (["--example", str(tmp_path / "good.safetensors"), "--input-shape", "1,3,8,8"], "leave out --input-shape"),
+    ]
+    for args, message in cases:
+        assert main(["prepare", TINY, "-o", str(tmp_path / "b"), *args]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.safetensors", "good.safetensors"]

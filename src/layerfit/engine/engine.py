@@ -36,7 +36,14 @@ from layerfit.engine.gather import RowTable, gathered_units
 from layerfit.engine.parts import Part, unit_runs
 from layerfit.engine.policies import REQUEST_BYTES, Policy, get_policy, resolve_pipeline
 from layerfit.engine.ring import Cancelled, RingBuffer
-from layerfit.engine.skeleton import Binding, bind, build_skeleton, segment_bindings, unbind
+from layerfit.engine.skeleton import (
+    Binding,
+    bind,
+    build_skeleton,
+    report_device,
+    segment_bindings,
+    unbind,
+)
 from layerfit.engine.source import UnitSource
 from layerfit.engine.trace import Event, Timeline
 from layerfit.engine.units import Block, make_blocks
@@ -175,6 +182,7 @@ class Engine:
         self.policy: Policy = get_policy(resolve_pipeline(pipeline, 0, None))  # checks the name
         self.trace = trace
         self.model: nn.Module = build_skeleton(self.manifest)
+        report_device(self.model, self.device.torch_device)  # not meta, between passes
         self._modules: dict[str, nn.Module] = dict(self.model.named_modules(remove_duplicate=False))
         # The skeleton's own (meta) tensors, which unbinding restores: a configuration made
         # while another has weights bound must not take those for the skeleton's.

@@ -63,6 +63,29 @@ def build_skeleton(manifest: Manifest) -> nn.Module:
     return model.eval()
 
 
+def report_device(model: nn.Module, device: torch.device) -> None:
+    """Make each module of ``model`` whose class reports a ``device`` (Hugging Face's
+    models: their first parameter's) report ``device``, where the engine runs it.
+
+    A skeleton's parameters are on the meta device between passes, and code that creates
+    tensors on ``model.device`` (Whisper's generate makes its decoder's first tokens so)
+    would make meta tensors. Each such module's class is swapped for a subclass of it
+    (same name) that overrides only the property; other instances are untouched.
+    """
+    made: dict[type, type] = {}
+    for module in model.modules():
+        cls = type(module)
+        if not isinstance(getattr(cls, "device", None), property):
+            continue
+        if cls not in made:
+            made[cls] = type(
+                cls.__name__,
+                (cls,),
+                {"device": property(lambda self: device), "__module__": cls.__module__, "__qualname__": cls.__qualname__},
+            )
+        module.__class__ = made[cls]
+
+
 def _check_every_tensor_is_stored(model: nn.Module, manifest: Manifest) -> None:
     """Refuse a skeleton with a parameter or buffer the store neither holds nor lists as
     unused: left on the meta device it would run as garbage (PyTorch computes with it

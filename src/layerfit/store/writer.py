@@ -255,24 +255,32 @@ def prepare(
     seed: int = 0,
     progress: Progress | None = None,
     module: nn.Module | None = None,
+    example: Any = None,
 ) -> Manifest:
     """Build, capture and pack ``model`` into ``out_dir``; returns the manifest.
 
     ``module``, when given, is the already-built model whose weights are packed (it must
     come from the same factory and arguments, which rebuild its skeleton later);
     otherwise the spec builds it (seeded zoo weights, or the factory's own).
+    ``example``, when given, is the capture's input instead of a seeded one of
+    ``input_shape``: a tensor, a tuple of tensors or a dict of keyword arguments, for a
+    model that needs more than one input (an encoder-decoder's ``input_features`` and
+    ``decoder_input_ids``); the manifest records its first tensor's shape and dtype.
     """
     spec = resolve(model) if isinstance(model, str) else model
     out = Path(out_dir)
     _check_output_dir(out, force)
     if isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**64:
         raise InputError(f"seed {seed!r} is not a 64-bit integer: use a whole number such as 0 or 1234")
-    shape = tuple(input_shape or spec.input_shape or ())
+    if example is not None:
+        shape, input_dtype = _first_tensor(example)
+    else:
+        shape = tuple(input_shape or spec.input_shape or ())
     if not shape:
         raise InputError(f"{spec.name} has no default input shape: pass --input-shape, e.g. 1,3,224,224")
     was_training = module.training if module is not None else False
     module = (module if module is not None else spec.build(seed=seed)).eval()
-    x = example_input(shape, input_dtype, seed)
+    x = example if example is not None else example_input(shape, input_dtype, seed)
     graph = capture(module, x)
     _check_dtypes(graph)
     if checkpoint is not None:
@@ -313,6 +321,21 @@ def prepare(
     finally:
         module.train(was_training)
     return manifest
+
+
+def _first_tensor(example: Any) -> tuple[tuple[int, ...], str]:
+    """Shape and dtype name of an example input's first tensor (what the manifest keeps)."""
+    values = example.values() if isinstance(example, dict) else example if isinstance(example, (tuple, list)) else [example]
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            name = str(value.dtype).removeprefix("torch.")
+            if name not in DTYPES:
+                raise InputError(f"the example's first tensor has dtype {name}: use one of {', '.join(DTYPES)}")
+            return tuple(value.shape), name
+    raise InputError(
+        "the example input holds no tensor: give a tensor, a tuple of tensors or a dict of keyword "
+        "arguments with at least one tensor"
+    )
 
 
 def _check_dtypes(graph: ModelGraph) -> None:
