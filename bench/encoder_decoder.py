@@ -1,4 +1,4 @@
-"""Generating with an encoder-decoder (BART-base) under a weight budget.
+"""Generating with encoder-decoders (BART-base, Whisper-base) under a weight budget.
 
 An encoder-decoder's ``generate`` runs the encoder once, then the model once per token
 with the encoder's output and a KV cache whose cross-attention keys and values were
@@ -6,9 +6,11 @@ computed at the first step. ``engine.generate`` streams the encoder as its own p
 each decoder step begins at the decoder (none of the encoder is read) and skips the
 cached cross-attention projections. Before that an engine could only decode with whole
 passes (the encoder again every token, no cache: a later step with the cache skips units,
-which the engine refused). This bench prepares a BART-base built from its config (seeded
-weights, nothing downloaded; 140 M parameters, its 154 MB token embedding tied to the
-head and so resident) and generates greedily with ``preload``, ``async`` at its default
+which the engine refused). This bench prepares a BART-base (140 M parameters, its 154 MB
+token embedding tied to the head and so resident) and a Whisper-base (73 M parameters,
+its 106 MB embedding tied and resident, 30 s of 80 mel bins in), each built from its
+config (seeded weights, nothing downloaded), and generates greedily with ``preload``,
+``async`` at its default
 budget and ``auto`` at shares of the weights through ``engine.generate``, and with async
 by whole passes, in alternating rounds in one process. It reports the time to generate,
 per token, the weights held, what a decoder step reads and what it reads ahead of the
@@ -16,7 +18,7 @@ skipped projections for nothing. Every sequence and score is checked against the
 model's own ``generate`` (whole passes: against the model decoding by whole passes). Nothing asserts a timing. Writes
 ``bench/results/encoder_decoder.{json,md}``::
 
-    .venv/bin/python bench/encoder_decoder.py [--rounds 3] [--tokens 16] [--source 64]
+    .venv/bin/python bench/encoder_decoder.py [--models bart,whisper] [--rounds 3] [--tokens 16]
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, mb, paired_overhead, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "encoder_decoder"
-START = 2  # BART's decoder_start_token_id
+SOURCE_TOKENS = 64  # BART's input
+FRAMES = 3000  # Whisper's: 30 s of audio
 
 
 def bart_base() -> nn.Module:
@@ -52,12 +55,40 @@ def bart_base() -> nn.Module:
     return BartForConditionalGeneration(config).eval()
 
 
-def whole_passes(engine: Any, ids: torch.Tensor, tokens: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def whisper_base() -> nn.Module:
+    """Whisper-base: 6 encoder and 6 decoder layers, 512 wide, 51865-token vocabulary."""
+    import transformers
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = WhisperConfig(
+        d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
+        encoder_ffn_dim=2048, decoder_ffn_dim=2048, vocab_size=51865, num_mel_bins=80,
+    )
+    return WhisperForConditionalGeneration(config).eval()
+
+
+MODELS = {"bart": bart_base, "whisper": whisper_base}
+
+
+def model_input(name: str, model: nn.Module) -> tuple[str, torch.Tensor]:
+    """The keyword and tensor ``generate`` takes: BART's token ids, Whisper's features."""
+    from layerfit.store import example_input
+
+    if name == "bart":
+        return "input_ids", example_input((1, SOURCE_TOKENS), "int64", seed=1) % 1000 + 3
+    return "input_features", example_input((1, model.config.num_mel_bins, FRAMES), seed=1)
+
+
+def whole_passes(
+    engine: Any, key: str, x: torch.Tensor, start: int, tokens: int
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Greedy decoding with a whole pass per token (encoder included, no cache)."""
-    out_ids = torch.full((ids.shape[0], 1), START)
+    out_ids = torch.full((x.shape[0], 1), start)
     scores = []
     for _ in range(tokens):
-        logits = engine(input_ids=ids, decoder_input_ids=out_ids, use_cache=False).logits[:, -1, :]
+        logits = engine(**{key: x}, decoder_input_ids=out_ids, use_cache=False).logits[:, -1, :]
         scores.append(logits)
         out_ids = torch.cat([out_ids, logits.argmax(-1, keepdim=True)], dim=1)
     return out_ids, scores
@@ -65,26 +96,40 @@ def whole_passes(engine: Any, ids: torch.Tensor, tokens: int) -> tuple[torch.Ten
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="bart,whisper")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tokens", type=int, default=16, help="tokens generated per input")
-    p.add_argument("--source", type=int, default=64, help="tokens of the input the encoder reads")
     p.add_argument("--output", default="encoder_decoder")
     args = p.parse_args(argv)
-    from layerfit.engine import load
-    from layerfit.sizes import parse_budget
-    from layerfit.store import example_input, prepare
-
     t_start = time.perf_counter()
     CACHE.mkdir(parents=True, exist_ok=True)
-    directory = CACHE / "bart_base"
-    m = prepare("encoder_decoder:bart_base", directory, input_shape=(1, args.source), input_dtype="int64", force=True)
-    ids = example_input((1, args.source), "int64", seed=1) % 1000 + 3
-    options = {"max_new_tokens": args.tokens, "min_new_tokens": args.tokens, "do_sample": False,
+    data: dict[str, Any] = {"machine": machine(), "generated_tokens": args.tokens, "rounds": args.rounds, "models": {}}
+    for name in args.models.split(","):
+        data["models"][name] = bench_model(name, args.rounds, args.tokens)
+    data["outputs_bit_identical"] = True
+    data["wall_s"] = time.perf_counter() - t_start
+    js, md = write_results(args.output, data, markdown(data))
+    print(f"wrote {js} and {md}")
+    return 0
+
+
+def bench_model(name: str, rounds: int, tokens: int) -> dict[str, Any]:
+    from layerfit.engine import load
+    from layerfit.sizes import parse_budget
+    from layerfit.store import prepare
+
+    model = MODELS[name]()
+    key, x = model_input(name, model)
+    start = model.config.decoder_start_token_id
+    directory = CACHE / name
+    m = prepare(f"encoder_decoder:{MODELS[name].__name__}", directory, example={key: x, "decoder_input_ids": torch.tensor([[start]])},
+                force=True)  # fmt: skip
+    options = {"max_new_tokens": tokens, "min_new_tokens": tokens, "do_sample": False,
                "output_scores": True, "return_dict_in_generate": True}  # fmt: skip
-    model = bart_base()
-    expected = model.generate(ids, **options)
+    expected = model.generate(x, **options)
     with torch.no_grad():  # without the cache a step's logits differ by rounding from generate's
-        expected_whole = whole_passes(model, ids, args.tokens)
+        expected_whole = whole_passes(model, key, x, start, tokens)
+    del model
     configs: dict[str, dict[str, Any]] = {
         "preload, generate": {"pipeline": "preload"},
         "async (default budget), generate": {"pipeline": "async"},
@@ -99,21 +144,21 @@ def main(argv: list[str] | None = None) -> int:
         encoder_bytes = sum(engine.blocks[i].nbytes for i in encoder_units)
         cross_kv = sum(b.nbytes for b in engine.blocks if b.name.endswith(("encoder_attn.k_proj", "encoder_attn.v_proj")))
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for config, o in configs.items():
             with load(directory, **o) as engine:
                 t0 = time.perf_counter()
                 if config.endswith("whole passes"):
-                    sequences, scores = whole_passes(engine, ids, args.tokens)
+                    sequences, scores = whole_passes(engine, key, x, start, tokens)
                 else:
-                    got = engine.generate(ids, **options)
+                    got = engine.generate(x, **options)
                     sequences, scores = got.sequences, got.scores
                 wall = time.perf_counter() - t0
                 want_sequences, want_scores = (
                     expected_whole if config.endswith("whole passes") else (expected.sequences, expected.scores)
                 )
-                assert torch.equal(sequences, want_sequences), config
-                assert all(torch.equal(g, e) for g, e in zip(scores, want_scores, strict=True)), config
+                assert torch.equal(sequences, want_sequences), (name, config)
+                assert all(torch.equal(g, e) for g, e in zip(scores, want_scores, strict=True)), (name, config)
                 kept = set(engine.kept_units)
                 streamed_decoder = sum(
                     b.nbytes for i, b in enumerate(engine.blocks) if i not in encoder_units and i not in kept
@@ -133,48 +178,49 @@ def main(argv: list[str] | None = None) -> int:
         results[config] = {
             **{k: rs[0][k] for k in ("policy", "kept_units", "budget_bytes", "decoder_step_reads_bytes")},
             "generate_s": statistics.median(walls), "rounds_generate_s": walls,
-            "per_token_s": statistics.median(walls) / args.tokens,
+            "per_token_s": statistics.median(walls) / tokens,
             "vs_preload": paired_overhead(walls, reference),
             "weights_peak_bytes": max(r["weights_peak_bytes"] for r in rs),
             "last_step_skipped_units": rs[-1]["skipped_units"],
             "last_step_read_for_nothing_bytes": statistics.median(r["read_for_nothing_bytes"] for r in rs),
         }
-    data = {
-        "machine": machine(), "source_tokens": args.source, "generated_tokens": args.tokens, "rounds": args.rounds,
-        "units": len(m.units), "weights_bytes": m.total_bytes, "resident_bytes": m.resident_bytes,
-        "largest_unit_bytes": m.largest_unit_bytes, "encoder_bytes": encoder_bytes, "decoder_bytes": decoder_bytes,
-        "cross_attention_kv_bytes": cross_kv, "results": results, "outputs_bit_identical": True,
-        "wall_s": time.perf_counter() - t_start,
+    return {
+        "input": f"{key} {tuple(x.shape)}", "units": len(m.units), "weights_bytes": m.total_bytes,
+        "resident_bytes": m.resident_bytes, "largest_unit_bytes": m.largest_unit_bytes, "encoder_bytes": encoder_bytes,
+        "decoder_bytes": decoder_bytes, "cross_attention_kv_bytes": cross_kv, "results": results,
     }
-    js, md = write_results(args.output, data, markdown(data))
-    print(f"wrote {js} and {md}")
-    return 0
 
 
 def markdown(data: dict[str, Any]) -> str:
     lines = [
-        f"# BART-base generating under a weight budget: {data['source_tokens']} input tokens, "
-        f"{data['generated_tokens']} generated greedily",
+        f"# Encoder-decoders generating {data['generated_tokens']} tokens greedily under a weight budget",
         "",
-        f"{mb(data['weights_bytes'])} MB of weights in {data['units']} units (largest {mb(data['largest_unit_bytes'])} MB): "
-        f"{mb(data['resident_bytes'])} MB resident (the token embedding, tied to the head), encoder "
-        f"{mb(data['encoder_bytes'])} MB, decoder {mb(data['decoder_bytes'])} MB of which "
-        f"{mb(data['cross_attention_kv_bytes'])} MB are the cross-attention k/v projections a cached step skips. "
-        f"{data['rounds']} alternating rounds; every sequence and score equal to the model's own generate (whole passes: to the model's own whole passes).",
-        "",
-        "| configuration | budget (MB) | ran | kept units | weights held (MB) | a decoder step streams (MB) "
-        "| skipped units in a step | read for nothing in a step (MB) | generate | per token | vs preload (90 % CI) |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"{data['rounds']} alternating rounds; every sequence and score equal to the model's own generate "
+        "(whole passes: to the model's own whole passes).",
     ]
-    for config, r in data["results"].items():
-        o = r["vs_preload"]
-        lines.append(
-            f"| {config} | {mb(r['budget_bytes'])} | {r['policy']} | {r['kept_units']} | {mb(r['weights_peak_bytes'])} | "
-            f"{mb(r['decoder_step_reads_bytes'])} | {r['last_step_skipped_units']} | "
-            f"{mb(r['last_step_read_for_nothing_bytes'])} | {r['generate_s'] * 1e3:.0f} ms | "
-            f"{r['per_token_s'] * 1e3:.1f} ms | {o['median'] * 100:+.0f} % ({o['ci90_low'] * 100:+.0f} .. "
-            f"{o['ci90_high'] * 100:+.0f}) |"
-        )
+    for name, d in data["models"].items():
+        lines += [
+            "",
+            f"## {name}: {d['input']}",
+            "",
+            f"{mb(d['weights_bytes'])} MB of weights in {d['units']} units (largest {mb(d['largest_unit_bytes'])} MB): "
+            f"{mb(d['resident_bytes'])} MB resident (the token embedding, tied to the head), encoder "
+            f"{mb(d['encoder_bytes'])} MB, decoder {mb(d['decoder_bytes'])} MB of which "
+            f"{mb(d['cross_attention_kv_bytes'])} MB are the cross-attention k/v projections a cached step skips.",
+            "",
+            "| configuration | budget (MB) | ran | kept units | weights held (MB) | a decoder step streams (MB) "
+            "| skipped units in a step | read for nothing in a step (MB) | generate | per token | vs preload (90 % CI) |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for config, r in d["results"].items():
+            o = r["vs_preload"]
+            lines.append(
+                f"| {config} | {mb(r['budget_bytes'])} | {r['policy']} | {r['kept_units']} | {mb(r['weights_peak_bytes'])} | "
+                f"{mb(r['decoder_step_reads_bytes'])} | {r['last_step_skipped_units']} | "
+                f"{mb(r['last_step_read_for_nothing_bytes'])} | {r['generate_s'] * 1e3:.0f} ms | "
+                f"{r['per_token_s'] * 1e3:.1f} ms | {o['median'] * 100:+.0f} % ({o['ci90_low'] * 100:+.0f} .. "
+                f"{o['ci90_high'] * 100:+.0f}) |"
+            )
     lines += [
         "",
         "\"a decoder step streams\" counts every decoder unit not kept, the skipped projections included "

@@ -4,6 +4,7 @@ their cached cross-attention projections), and any pattern of skipped units."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,7 @@ def test_a_decoding_loop_of_encoder_part_and_decoder_steps_gives_the_models_logi
         assert torch.equal(got.last_hidden_state, encoded.last_hidden_state)
         tokens = torch.full((2, 1), 2)
         cache = expected_cache = None
-        for _ in range(4):  # the first step computes cross-attention keys, later ones skip them
+        for n in range(4):  # the first step computes cross-attention keys, later ones skip them
             step = tokens[:, -1:]
             out = engine(encoder_outputs=got, decoder_input_ids=step, past_key_values=cache, use_cache=True)
             with torch.no_grad():
@@ -67,6 +68,8 @@ def test_a_decoding_loop_of_encoder_part_and_decoder_steps_gives_the_models_logi
             assert torch.equal(out.logits, want.logits)
             if budget is not None:
                 assert engine.last_weights_peak <= budget
+            if n >= 2:  # as the step before: the reader does not read the projections skipped
+                assert engine.last_skipped == (0, 0) if pipeline == "preload" else (4, 0)
             cache, expected_cache = out.past_key_values, want.past_key_values
             tokens = torch.cat([tokens, out.logits[:, -1:].argmax(-1)], dim=1)
         if pipeline != "preload":  # a later step skips each decoder layer's cross-attention k and v
@@ -234,6 +237,39 @@ def test_auto_keeps_the_decoder_first_as_it_runs_per_token_and_inspect_plans_the
 # --- any pattern of skipped units ---------------------------------------------------------
 
 
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_unit_the_last_pass_skipped_runs_and_is_read_then(skips, pipeline: str):
+    directory, manifest, model = skips
+    x = example_input((2, 8), seed=9)
+    skip_one = x.clone()
+    skip_one[0, 1] = 0  # before.1 does not run
+    with load(directory, pipeline=pipeline, budget=manifest.total_bytes // 2, trace=True) as engine:
+        last = None
+        for inputs, skipped in [(skip_one, 1), (x, 0), (skip_one, 1), (skip_one, 1), (x, 0)]:
+            with torch.no_grad():
+                want = model(inputs)
+            assert torch.equal(_call(engine, inputs), want)
+            assert engine.last_skipped[0] == skipped
+            read = 1 in {e.unit for e in engine.last_timeline.events if e.stage == "read"}
+            if 1 in engine.kept_units:
+                assert not read
+            elif skipped == 0:  # it runs: read, at once or (the last pass skipped it) when it runs
+                assert read
+            elif last == 1:  # skipped as in the last pass: not read at all
+                assert not read and engine.last_skipped[1] == 0
+            last = skipped
+
+
+def _call(engine, x: torch.Tensor, seconds: float = 30.0):
+    """``engine(x)`` in a thread: a hang fails the test instead of stalling the run."""
+    box: list = []
+    thread = threading.Thread(target=lambda: box.append(engine(x)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "the engine hangs"
+    return box[0]
+
+
 @pytest.fixture(scope="module")
 def skips(tmp_path_factory: pytest.TempPathFactory):
     directory = tmp_path_factory.mktemp("skips") / "m"
@@ -261,7 +297,7 @@ def test_any_units_skipped_give_the_models_output_within_the_budget(
             x[1, :4] *= torch.tensor(runs[5:])
             with torch.no_grad():
                 want = model(x)
-            assert torch.equal(engine(x), want)
+            assert torch.equal(_call(engine, x), want)
             assert engine.last_weights_peak <= budget
             first = runs.index(True) if any(runs[:5]) else 5  # the table always runs
             streamed_after = [r for r in runs[first:5]] + [True, True] + runs[5:]  # table, head

@@ -90,7 +90,14 @@ class _Run:
         self.units = range(nblocks) if units is None else units
         self.begin: int | None = None  # set by the first unit that runs
         self.skipped = 0  # units after it that did not run
-        self.read_for_nothing = 0  # bytes of them the reader had read
+        self.skipped_units: set[int] = set()  # which (what the next such pass expects)
+        self.read_for_nothing = 0  # bytes the reader read of them, or read ahead and discarded
+        # Units the reader does not read, expecting the pass to skip them as the last did;
+        # one that runs after all rewinds the reader to it (a new epoch).
+        self.expect_skipped: set[int] = set()
+        self.epoch = 0
+        self.reader_epoch = 0  # the epoch the reader works in
+        self.rewind_to = 0
         self.ready: list[int | None] = [None] * nblocks  # read buffer offset per unit
         self.on_device: list[int | None] = [None] * nblocks  # device buffer offset (copy stage)
         self.started = 0
@@ -211,6 +218,9 @@ class Engine:
         # The last pass's units that did not run (after its first), and the bytes the
         # reader had read of them for nothing.
         self.last_skipped: tuple[int, int] = (0, 0)
+        # The units the last pass that began at a unit skipped, by (part, first unit run):
+        # the next such pass does not read them (a cached decoder step skips the same).
+        self._skips_seen: dict[tuple[int, int, int], frozenset[int]] = {}
         self._hooks: list = []
         self.ring: RingBuffer | None = None  # the read buffer
         self.device_ring: RingBuffer | None = None  # the copy stage's target
@@ -300,6 +310,7 @@ class Engine:
             self._pinned = self.ring.bytes[: self.ring.capacity]  # not the pages given back
             self.device.pin(self._pinned)
         self._gathered = {i: tables[i] for i in plan.gathered}
+        self._skips_seen = {}
         self._install_hooks()
         self._preloaded = self.policy.name == "preload"
         self._kept = kept
@@ -534,7 +545,7 @@ class Engine:
 
     def _reader_may_go(self, run: _Run, i: int, want: int) -> bool:
         """The reader's wake-up predicate for unit ``i`` (lock held)."""
-        if i < run.done:  # the kernels skipped it: go on to the next
+        if i < run.done or run.epoch != run.reader_epoch:  # skipped, or rewound: go on
             return True
         if not self.policy.read_may_start(i, run.started, run.done, self.device.stages):
             return False
@@ -573,13 +584,24 @@ class Engine:
                         return
                     room.wait()
                 i, n = run.begin, run.units.stop
-            while i < n:
-                if i in kept:
+            while True:
+                if run.epoch != run.reader_epoch:  # the kernels ran a unit it passed over
+                    with room:
+                        run.reader_epoch, i = run.epoch, run.rewind_to
+                    continue
+                if i >= n:  # all read, but for units it passed over: one may run yet
+                    with room:
+                        while run.expect_skipped and run.epoch == run.reader_epoch and not ring.cancelled:
+                            room.wait()
+                        if run.epoch == run.reader_epoch:
+                            return
+                    continue
+                if i in kept or i in run.expect_skipped:
                     i += 1
                     continue
                 if i in gathered:  # read by rows when it runs: wait until they have their place
                     with room:
-                        while i not in run.placed and i >= run.done:
+                        while i not in run.placed and i >= run.done and run.epoch == run.reader_epoch:
                             if ring.cancelled:
                                 return
                             room.wait()
@@ -590,6 +612,8 @@ class Engine:
                 with room:
                     if ring.cancelled:
                         return
+                    if run.epoch != run.reader_epoch:
+                        continue
                     if i < run.done:  # the kernels skipped it
                         i = run.done
                         continue
@@ -599,7 +623,7 @@ class Engine:
                         run.reader_waits, run.reader_wants = True, (i, want)
                         room.wait()
                     run.reader_waits = False
-                    if i < run.done:
+                    if i < run.done or run.epoch != run.reader_epoch:
                         continue
                     if self._kernel_needs(run, i):
                         want = first  # read it alone, the kernel waits for it
@@ -612,6 +636,7 @@ class Engine:
                         stop < n
                         and stop not in kept
                         and stop not in gathered
+                        and stop not in run.expect_skipped
                         and total + blocks[stop].nbytes <= want
                         and policy.read_may_start(stop, run.started, run.done, self.device.stages)
                         and ring.next_offset(blocks[stop].nbytes) == off + total
@@ -623,6 +648,12 @@ class Engine:
                 self._read_range(i, stop, off)
                 t1 = time.perf_counter()
                 with room:
+                    if run.epoch != run.reader_epoch:  # rewound while it read: the oldest bytes
+                        for k in range(i, stop):
+                            ring.release_locked(off + blocks[k].offset - blocks[i].offset)
+                            run.read_for_nothing += blocks[k].nbytes
+                        self._ready.notify()
+                        continue
                     at = t0
                     for k in range(i, stop):
                         if k < run.done:  # skipped while it was read: the oldest in the ring
@@ -719,6 +750,10 @@ class Engine:
         if run.begin is None:
             with self._state:
                 run.begin = run.started = run.done = i
+                if run.source is None and self.device_ring is None:  # two stages may skip units
+                    seen = self._skips_seen.get((run.units.start, run.units.stop, i), frozenset())
+                    # (not a table read by rows when it runs, nor a kept unit: neither is read ahead)
+                    run.expect_skipped = set(seen) - set(self._gathered) - self._kept
                 self._room.notify()
                 self._copyable.notify()
         if run.bound:
@@ -731,6 +766,8 @@ class Engine:
                 skipped = self.blocks[run.done].name or "<root>"
                 raise self._out_of_order(i, f"runs, but unit {run.done} ({skipped}) before it did not")
             self._skip(run, i)
+        if i in run.expect_skipped:
+            self._rewind(run, i)
 
     def _skip(self, run: _Run, i: int) -> None:
         """Unit ``i`` runs and the units between the last one that ran and it do not: a
@@ -746,8 +783,25 @@ class Engine:
                     run.read_for_nothing += self.blocks[k].nbytes
                 # one being read is given back by the reader when its read ends
             run.skipped += i - run.done
+            run.skipped_units.update(range(run.done, i))
             run.done = run.started = i
             self._wake_reader(run)
+
+    def _rewind(self, run: _Run, i: int) -> None:
+        """Unit ``i`` runs, though the last such pass skipped it and so the reader did not
+        read it: what the reader read ahead of it is discarded (the oldest bytes in the
+        ring, in order; a read under way is discarded by the reader when it ends) and the
+        reader goes back to ``i``. Bytes read twice, never a wrong one."""
+        with self._state:
+            run.expect_skipped.discard(i)
+            for k in range(i + 1, run.units.stop):
+                if run.ready[k] is not None:
+                    self.ring.release_locked(run.ready[k])
+                    run.ready[k] = None
+                    run.read_for_nothing += self.blocks[k].nbytes
+            run.epoch += 1
+            run.rewind_to = i
+            self._room.notify()
 
     def _gather_hook(self, i: int):
         """The pre-hook of an embedding read by rows: read the rows its ids look up, bind
@@ -1003,8 +1057,11 @@ class Engine:
                         with self._state:
                             for k in range(run.done, run.units.stop):
                                 run.skipped += 1
+                                run.skipped_units.add(k)
                                 if run.ready[k] is not None:
                                     run.read_for_nothing += self.blocks[k].nbytes
+                if run.begin is not None and run.ordered and run.source is None:
+                    self._skips_seen[(run.units.start, run.units.stop, run.begin)] = frozenset(run.skipped_units)
                 self._check_output(out)
             finally:
                 end = time.perf_counter()
