@@ -95,6 +95,7 @@ class _Run:
         # Units the reader does not read, expecting the pass to skip them as the last did;
         # one that runs after all rewinds the reader to it (a new epoch).
         self.expect_skipped: set[int] = set()
+        self.not_read: set[int] = set()  # skipped units the reader passed over (the copier's cue)
         self.epoch = 0
         self.reader_epoch = 0  # the epoch the reader works in
         self.rewind_to = 0
@@ -615,6 +616,9 @@ class Engine:
                     if run.epoch != run.reader_epoch:
                         continue
                     if i < run.done:  # the kernels skipped it
+                        run.not_read.update(range(i, run.done))
+                        if self.device_ring is not None:
+                            self._wake_copier(run)
                         i = run.done
                         continue
                     while not self._reader_may_go(run, i, want):
@@ -656,7 +660,9 @@ class Engine:
                         continue
                     at = t0
                     for k in range(i, stop):
-                        if k < run.done:  # skipped while it was read: the oldest in the ring
+                        # Skipped while it was read: the oldest bytes in the ring (with a
+                        # copy stage, the copier gives read bytes back, in order).
+                        if k < run.done and self.device_ring is None:
                             ring.release_locked(off + blocks[k].offset - blocks[i].offset)
                             run.read_for_nothing += blocks[k].nbytes
                             self._ready.notify()  # rows may wait for the room
@@ -681,6 +687,8 @@ class Engine:
     def _copier_may_go(self, run: _Run, j: int) -> bool:
         """The copy thread's wake-up predicate for unit ``j`` (lock held): Algorithm 1's
         copy constraints — the unit was read, and it has room in the device buffer."""
+        if j < run.done:  # skipped: once the reader read it or passed it over
+            return run.ready[j] is not None or j in run.not_read
         return (
             run.ready[j] is not None
             and self.policy.copy_may_start(j, run.started, run.done)
@@ -716,6 +724,13 @@ class Engine:
                     run.copier_waits = None
                     if dev.cancelled:
                         return
+                    if j < run.done:  # the kernels skipped it: give back what was read, in order
+                        if run.ready[j] is not None:
+                            host.release_locked(run.ready[j])
+                            run.ready[j] = None
+                            run.read_for_nothing += blk.nbytes
+                            self._wake_reader(run)
+                        continue
                     src = run.ready[j]
                     dst = dev.allocate_locked(blk.nbytes)
                 t0 = time.perf_counter()
@@ -723,6 +738,11 @@ class Engine:
                 t1 = time.perf_counter()
                 with cond:
                     host.release_locked(src)
+                    if j < run.done:  # skipped while it was copied: the oldest on the device
+                        dev.release_locked(dst)
+                        run.read_for_nothing += blk.nbytes
+                        self._wake_reader(run)
+                        continue
                     run.on_device[j] = dst
                     if self.trace:
                         run.events.append(Event(j, blk.name, "copy", t0 - run.t0, t1 - run.t0, blk.nbytes))
@@ -750,7 +770,8 @@ class Engine:
         if run.begin is None:
             with self._state:
                 run.begin = run.started = run.done = i
-                if run.source is None and self.device_ring is None:  # two stages may skip units
+                # The reader expects skips on two stages (with a copy stage it is not rewound).
+                if run.source is None and self.device_ring is None:
                     seen = self._skips_seen.get((run.units.start, run.units.stop, i), frozenset())
                     # (not a table read by rows when it runs, nor a kept unit: neither is read ahead)
                     run.expect_skipped = set(seen) - set(self._gathered) - self._kept
@@ -762,7 +783,7 @@ class Engine:
         if i < run.done:
             raise self._out_of_order(i, "runs a second time")
         if i > run.done:
-            if run.source is not None or self.device_ring is not None:
+            if run.source is not None:
                 skipped = self.blocks[run.done].name or "<root>"
                 raise self._out_of_order(i, f"runs, but unit {run.done} ({skipped}) before it did not")
             self._skip(run, i)
@@ -772,20 +793,25 @@ class Engine:
     def _skip(self, run: _Run, i: int) -> None:
         """Unit ``i`` runs and the units between the last one that ran and it do not: a
         decoder step whose cross-attention keys and values are cached skips their
-        projections. What the reader read of them is given back and it reads no more of
-        them (bytes read ahead for nothing, but the output is the model's: a skipped
-        unit is never bound). Two stages only: the copy stage does not skip."""
+        projections. What was read (or copied) of them is given back and no more of them
+        is read (bytes read ahead for nothing, but the output is the model's: a skipped
+        unit is never bound). Each buffer is given back oldest first: here what is ready
+        for the kernels; a read or copy under way by its thread when it ends; with a copy
+        stage, the read buffer by the copier, in order."""
+        three = self.device_ring is not None
         with self._state:
             for k in range(run.done, i):
-                if run.ready[k] is not None:  # read already: the oldest bytes in the ring
-                    self.ring.release_locked(run.ready[k])
-                    run.ready[k] = None
+                slots, ring = (run.on_device, self.device_ring) if three else (run.ready, self.ring)
+                if slots[k] is not None:  # ready for the kernels: the oldest bytes in its ring
+                    ring.release_locked(slots[k])
+                    slots[k] = None
                     run.read_for_nothing += self.blocks[k].nbytes
-                # one being read is given back by the reader when its read ends
             run.skipped += i - run.done
             run.skipped_units.update(range(run.done, i))
             run.done = run.started = i
             self._wake_reader(run)
+            if three:
+                self._wake_copier(run)
 
     def _rewind(self, run: _Run, i: int) -> None:
         """Unit ``i`` runs, though the last such pass skipped it and so the reader did not
@@ -999,7 +1025,7 @@ class Engine:
 
         A pass begins at the first unit it runs, so a decoder step given the encoder's
         output reads only the decoder, and runs the units after it in the prepared order,
-        though it may skip some (a cached projection; two stages only) or end before the
+        though it may skip some (a cached projection) or end before the
         last: a unit that does not run is never bound, so the output is the model's, and
         what the reader read of it ahead is read for nothing (``last_skipped``). A unit
         source supplies every unit, so a pass it drives runs them all.
