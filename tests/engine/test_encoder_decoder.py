@@ -123,20 +123,24 @@ def test_generate_with_a_copy_stage_skips_on_the_device_buffer_too(bart, pipelin
 
 def test_generate_reads_the_encoder_once_and_the_decoder_per_step(bart):
     directory, manifest, model, ids = bart
-    passes: list[tuple[int | None, int]] = []
-    with load(directory, pipeline="async", budget=_budget(manifest, "async")) as engine:
+    passes: list[tuple[int | None, int, int]] = []
+    with load(directory, pipeline="async", budget=_budget(manifest, "async") * 4) as engine:
         run_pass = engine.run_pass
 
         def spy(source, forward, args, kwargs, units=None):
             out = run_pass(source, forward, args, kwargs, units)
-            passes.append((None if units is None else units.stop, engine.last_skipped[0]))
+            passes.append((None if units is None else units.stop, *engine.last_skipped))
             return out
 
         engine.run_pass = spy
-        engine.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+        for _ in range(2):
+            engine.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)
     # the encoder's pass, then a decoder step per token: the first computes the
     # cross-attention keys and values, the later ones skip those 4 units
-    assert passes == [(18, 0), (None, 0), (None, 4), (None, 4), (None, 4)]
+    assert [(stop, skipped) for stop, skipped, _ in passes] == [(18, 0), (None, 0), (None, 4), (None, 4), (None, 4)] * 2
+    # The second generate expects each step's skips (after the encoder's pass: none; after
+    # a step: the projections), so the reader reads none of them for nothing.
+    assert [wasted for _, _, wasted in passes[5:]] == [0] * 5, passes
 
 
 @pytest.fixture(scope="module")

@@ -219,9 +219,12 @@ class Engine:
         # The last pass's units that did not run (after its first), and the bytes the
         # reader had read of them for nothing.
         self.last_skipped: tuple[int, int] = (0, 0)
-        # The units the last pass that began at a unit skipped, by (part, first unit run):
-        # the next such pass does not read them (a cached decoder step skips the same).
-        self._skips_seen: dict[tuple[int, int, int], frozenset[int]] = {}
+        # The units the last pass that began at a unit skipped, by where it began and
+        # where the pass before it began: the next such pass does not read them. A cached
+        # decoder step skips what the step before it skipped; the first step after the
+        # encoder's pass skips nothing.
+        self._skips_seen: dict[tuple, frozenset[int]] = {}
+        self._last_start: tuple[int, int, int] | None = None  # (part start, stop, first unit run)
         self._hooks: list = []
         self.ring: RingBuffer | None = None  # the read buffer
         self.device_ring: RingBuffer | None = None  # the copy stage's target
@@ -311,7 +314,7 @@ class Engine:
             self._pinned = self.ring.bytes[: self.ring.capacity]  # not the pages given back
             self.device.pin(self._pinned)
         self._gathered = {i: tables[i] for i in plan.gathered}
-        self._skips_seen = {}
+        self._skips_seen, self._last_start = {}, None
         self._install_hooks()
         self._preloaded = self.policy.name == "preload"
         self._kept = kept
@@ -772,7 +775,7 @@ class Engine:
                 run.begin = run.started = run.done = i
                 # The reader expects skips on two stages (with a copy stage it is not rewound).
                 if run.source is None and self.device_ring is None:
-                    seen = self._skips_seen.get((run.units.start, run.units.stop, i), frozenset())
+                    seen = self._skips_seen.get(((run.units.start, run.units.stop, i), self._last_start), frozenset())
                     # (not a table read by rows when it runs, nor a kept unit: neither is read ahead)
                     run.expect_skipped = set(seen) - set(self._gathered) - self._kept
                 self._room.notify()
@@ -1087,7 +1090,9 @@ class Engine:
                                 if run.ready[k] is not None:
                                     run.read_for_nothing += self.blocks[k].nbytes
                 if run.begin is not None and run.ordered and run.source is None:
-                    self._skips_seen[(run.units.start, run.units.stop, run.begin)] = frozenset(run.skipped_units)
+                    start = (run.units.start, run.units.stop, run.begin)
+                    self._skips_seen[(start, self._last_start)] = frozenset(run.skipped_units)
+                    self._last_start = start
                 self._check_output(out)
             finally:
                 end = time.perf_counter()
