@@ -611,6 +611,7 @@ def inspect(
         "model": m.model,
         "input_shape": list(m.input_shape),
         "input_dtype": m.input_dtype,
+        "input_keywords": [{"name": n, "shape": list(shape), "dtype": d} for n, shape, d in m.input_keywords],
         "weights_file": m.weights_file,
         "weights_bytes": m.total_bytes,
         "largest_unit_bytes": m.largest_unit_bytes,
@@ -636,7 +637,7 @@ def inspect(
         _check_weights_file(directory, m)
         return
     console.print(
-        f"[bold]{m.model['name']}[/] input {tuple(m.input_shape)} {m.input_dtype}: "
+        f"[bold]{m.model['name']}[/] input {_inputs_label(m)}: "
         f"{len(m.units)} units, {format_bytes(m.total_bytes)} weights, largest unit "
         f"{format_bytes(m.largest_unit_bytes)}, resident {format_bytes(m.resident_bytes)}, "
         f"{m.graph.total_macs / 1e9:.2f} GMACs, minimum budget "
@@ -681,6 +682,13 @@ def inspect(
             kept.add_row(r["name"], format_bytes(r["nbytes"]), r["reason"])
         console.print(kept)
     _check_weights_file(directory, m)
+
+
+def _inputs_label(m: Manifest) -> str:
+    """``(1, 3, 224, 224) float32``, or each keyword's for a model prepared from them."""
+    if not m.input_keywords:
+        return f"{tuple(m.input_shape)} {m.input_dtype}"
+    return ", ".join(f"{n}={tuple(shape)} {d}" for n, shape, d in m.input_keywords)
 
 
 def _auto_plan(m: Manifest, budget: str, stages: int) -> dict[str, Any]:
@@ -755,6 +763,31 @@ def verify(directory: str = typer.Argument(..., help="prepared model directory")
             verify_segment(seg, view)
     view.release()
     console.print(f"{directory}: {len(m.segments)} segments verified ({reader.mode} I/O)")
+
+
+def _load_call(path: str | None, manifest) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` of ``run``'s call: the seeded default, ``--input``'s one tensor,
+    or (a model prepared from an example of keyword arguments) ``--input``'s
+    ``.safetensors`` file of them."""
+    from layerfit.store import example_call
+
+    if path is None:
+        return example_call(manifest)
+    if not manifest.input_keywords:
+        return (_load_input(path, manifest),), {}
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(path)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise InputError(
+            f"cannot read input {path}: {exc} (this model takes keyword arguments: give a .safetensors file of them)"
+        ) from None
+    names = [name for name, _, _ in manifest.input_keywords]
+    if sorted(tensors) != sorted(names):
+        raise InputError(f"input {path} holds {', '.join(sorted(tensors)) or 'no tensors'}; the model takes {', '.join(names)}")
+    return (), tensors
 
 
 def _load_input(path: str | None, manifest):
@@ -842,7 +875,10 @@ def run(
     ),
     budget: str = typer.Option(None, "--budget", help="weight memory, e.g. 24MB, or a share of the model's weights, e.g. 50% (default: the pipeline's own)"),
     units: str = typer.Option("layers", "--units", help="layers, blocks:N, merge:SIZE (consecutive layers up to SIZE per block) or swapnet (SwapNet partition for --budget)"),
-    input_path: str = typer.Option(None, "--input", help="input .npy (default: seeded random)"),
+    input_path: str = typer.Option(
+        None, "--input", help="input .npy, or .safetensors of keyword arguments for a model prepared with "
+        "--example (default: seeded random)",
+    ),
     output_path: str = typer.Option(None, "--output", help="save the output to .npy/.npz"),
     repeats: int = typer.Option(3, "--repeats", min=1),
     warmup: int = typer.Option(1, "--warmup", min=0),
@@ -900,8 +936,10 @@ def run(
         stages=stages,
         gather_rows=gather_rows,
     ) as engine:
-        x = engine.device.to_device(_load_input(input_path, engine.manifest))
-        out, report = measure(engine, (x,), repeats=repeats, warmup=warmup)
+        args, keywords = _load_call(input_path, engine.manifest)
+        args = tuple(engine.device.to_device(a) for a in args)
+        keywords = {k: engine.device.to_device(v) for k, v in keywords.items()}
+        out, report = measure(engine, args, repeats=repeats, warmup=warmup, keywords=keywords)
         if trace:
             engine.last_timeline.save(trace)
             report["trace"] = trace

@@ -272,3 +272,27 @@ def test_a_bad_example_is_refused_and_writes_nothing(tmp_path: Path, capsys):
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.safetensors", "good.safetensors"]
+
+
+def test_run_calls_a_model_prepared_from_keyword_arguments_with_all_of_them(tmp_path: Path, capsys):
+    from layerfit.engine import output_digest
+    from layerfit.store import example_call
+
+    example = {"input_features": torch.randn(1, 8, 32), "decoder_input_ids": torch.tensor([[0, 5, 7]])}
+    m = prepare("tinymodels:tiny_whisper", tmp_path / "m", example=example)
+    assert m.input_keywords == (("input_features", (1, 8, 32), "float32"), ("decoder_input_ids", (1, 3), "int64"))
+    assert read_manifest(tmp_path / "m").input_keywords == m.input_keywords
+    args, keywords = example_call(m)
+    assert args == () and sorted(keywords) == ["decoder_input_ids", "input_features"]
+    model = tinymodels.tiny_whisper()
+    with torch.no_grad():
+        default_digest = output_digest(model(**keywords))
+        given_digest = output_digest(model(**example))
+    assert main(["run", str(tmp_path / "m"), "--pipeline", "async", "--repeats", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["output_sha256"] == default_digest
+    save_file(example, tmp_path / "in.safetensors")
+    assert main(["run", str(tmp_path / "m"), "--input", str(tmp_path / "in.safetensors"), "--repeats", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["output_sha256"] == given_digest
+    save_file({"input_features": example["input_features"]}, tmp_path / "half.safetensors")
+    assert main(["run", str(tmp_path / "m"), "--input", str(tmp_path / "half.safetensors")]) == 2
+    assert "holds input_features; the model takes input_features, decoder_input_ids" in capsys.readouterr().err

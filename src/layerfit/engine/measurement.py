@@ -39,17 +39,20 @@ def output_digest(out: Any) -> str:
     return h.hexdigest()
 
 
-def measure(engine: Engine, inputs: tuple, *, repeats: int = 3, warmup: int = 1) -> tuple[Any, dict[str, Any]]:
-    """``(output, report)`` of running ``engine(*inputs)`` ``warmup + repeats`` times."""
+def measure(
+    engine: Engine, inputs: tuple, *, repeats: int = 3, warmup: int = 1, keywords: dict[str, Any] | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """``(output, report)`` of running ``engine(*inputs, **keywords)`` ``warmup + repeats`` times."""
+    keywords = keywords or {}
     out = None
     for _ in range(warmup):
-        out = engine(*inputs)
+        out = engine(*inputs, **keywords)
     reset_ok = reset_peak_rss()
     times, peaks = [], []
     timelines = []
     for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
-        out = engine(*inputs)
+        out = engine(*inputs, **keywords)
         times.append(time.perf_counter() - t0)
         peaks.append(engine.last_weights_peak)
         if engine.last_timeline is not None:

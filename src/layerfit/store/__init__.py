@@ -22,6 +22,7 @@ _EXPORTS = {
     "aligned_buffer": "reader",
     "check_weights_file": "reader",
     "verify_segment": "reader",
+    "example_call": "writer",
     "example_input": "writer",
     "prepare": "writer",
 }

@@ -192,6 +192,9 @@ class Manifest:
     units: tuple[Segment, ...]
     graph: ModelGraph
     seed: int = 0
+    # A model prepared from an example of keyword arguments: each tensor's (name, shape,
+    # dtype), so the default input (``layerfit run``) is a call of them all.
+    input_keywords: tuple[tuple[str, tuple[int, ...], str], ...] = ()
 
     @property
     def segments(self) -> tuple[Segment, ...]:
@@ -218,7 +221,13 @@ class Manifest:
             "version": STRIDED_VERSION if self._strided() else VERSION,
             "model": self.model,
             "seed": self.seed,
-            "input": {"shape": list(self.input_shape), "dtype": self.input_dtype},
+            "input": {
+                "shape": list(self.input_shape),
+                "dtype": self.input_dtype,
+                **({"keywords": [
+                    {"name": n, "shape": list(shape), "dtype": dtype} for n, shape, dtype in self.input_keywords
+                ]} if self.input_keywords else {}),
+            },
             "weights": {"file": self.weights_file, "size": self.weights_size, "alignment": ALIGN},
             "resident": self.resident.to_dict() if self.resident else None,
             "units": [u.to_dict() for u in self.units],
@@ -247,7 +256,13 @@ class Manifest:
                 resident=Segment.from_dict(d["resident"]) if d.get("resident") else None,
                 units=tuple(Segment.from_dict(u) for u in d["units"]),
                 graph=ModelGraph.from_dict(d["graph"]),
+                input_keywords=tuple(
+                    (str(k["name"]), tuple(int(x) for x in k["shape"]), str(k["dtype"]))
+                    for k in d["input"].get("keywords", ())
+                ),
             )
+            if any(dtype not in DTYPES for _, _, dtype in manifest.input_keywords):
+                raise ValueError("an input keyword's dtype is not one layerfit makes inputs of")
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ManifestError(
                 f"manifest is malformed ({type(exc).__name__}: {exc}): prepare the model again"

@@ -307,6 +307,7 @@ def prepare(
             seed=seed,
             input_shape=shape,
             input_dtype=input_dtype,
+            input_keywords=_keywords(example),
             weights_file=WEIGHTS,
             weights_size=(tmp / WEIGHTS).stat().st_size,
             resident=resident,
@@ -321,6 +322,30 @@ def prepare(
     finally:
         module.train(was_training)
     return manifest
+
+
+def _keywords(example: Any) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+    """(name, shape, dtype) of each tensor of an example of keyword arguments; none when
+    one has a dtype :func:`example_input` cannot make (then the default call is the
+    first tensor alone)."""
+    if not isinstance(example, dict):
+        return ()
+    keywords = tuple(
+        (str(name), tuple(value.shape), str(value.dtype).removeprefix("torch."))
+        for name, value in example.items()
+        if isinstance(value, torch.Tensor)
+    )
+    return keywords if all(dtype in DTYPES for _, _, dtype in keywords) else ()
+
+
+def example_call(manifest: Manifest) -> tuple[tuple, dict[str, torch.Tensor]]:
+    """The seeded default call of a prepared model, ``(args, kwargs)``: one input of its
+    shape, or (prepared from an example of keyword arguments) one tensor per keyword."""
+    if not manifest.input_keywords:
+        return (example_input(manifest.input_shape, manifest.input_dtype, manifest.seed),), {}
+    return (), {
+        name: example_input(shape, dtype, manifest.seed + k) for k, (name, shape, dtype) in enumerate(manifest.input_keywords)
+    }
 
 
 def _first_tensor(example: Any) -> tuple[tuple[int, ...], str]:
