@@ -70,6 +70,11 @@ EDITS: dict[str, tuple[Callable[[dict], None], str]] = {
     "unaligned segment": (lambda d: d["units"][0].update(offset=4097), "4096-byte boundaries"),
     "segment past the end": (lambda d: d["units"][0].update(offset=4096 * 1000), "within the"),
     "place bound twice": (lambda d: d["units"][0]["tensors"][0].update(places=["conv2.weight"]), "bound to both"),
+    "input keyword of an unknown dtype": (
+        lambda d: d["input"].update(keywords=[{"name": "x", "shape": [1, 3, 16, 16], "dtype": "complex64"}]),
+        "input keyword's dtype",
+    ),
+    "input keyword without a shape": (lambda d: d["input"].update(keywords=[{"name": "x"}]), "KeyError: 'shape'"),
 }
 
 
