@@ -18,12 +18,13 @@ skipped projections for nothing. Every sequence and score is checked against the
 model's own ``generate`` (whole passes: against the model decoding by whole passes). Nothing asserts a timing. Writes
 ``bench/results/encoder_decoder.{json,md}``::
 
-    .venv/bin/python bench/encoder_decoder.py [--models bart,whisper] [--rounds 3] [--tokens 16]
+    .venv/bin/python bench/encoder_decoder.py [--models bart,whisper] [--rounds 3] [--tokens 16] [--physical]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -34,11 +35,12 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, mb, paired_overhead, write_results  # noqa: E402
+from common import machine, mb, paired_overhead, run_child, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "encoder_decoder"
 SOURCE_TOKENS = 64  # BART's input
 FRAMES = 3000  # Whisper's: 30 s of audio
+MELS = 80
 CROSS_KV = ("encoder_attn.k_proj", "encoder_attn.v_proj")  # computed at a decoder's first step only
 
 
@@ -65,7 +67,7 @@ def whisper_base() -> nn.Module:
     torch.manual_seed(0)
     config = WhisperConfig(
         d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
-        encoder_ffn_dim=2048, decoder_ffn_dim=2048, vocab_size=51865, num_mel_bins=80,
+        encoder_ffn_dim=2048, decoder_ffn_dim=2048, vocab_size=51865, num_mel_bins=MELS,
     )
     return WhisperForConditionalGeneration(config).eval()
 
@@ -73,13 +75,13 @@ def whisper_base() -> nn.Module:
 MODELS = {"bart": bart_base, "whisper": whisper_base}
 
 
-def model_input(name: str, model: nn.Module) -> tuple[str, torch.Tensor]:
+def model_input(name: str) -> tuple[str, torch.Tensor]:
     """The keyword and tensor ``generate`` takes: BART's token ids, Whisper's features."""
     from layerfit.store import example_input
 
     if name == "bart":
         return "input_ids", example_input((1, SOURCE_TOKENS), "int64", seed=1) % 1000 + 3
-    return "input_features", example_input((1, model.config.num_mel_bins, FRAMES), seed=1)
+    return "input_features", example_input((1, MELS, FRAMES), seed=1)
 
 
 def whole_passes(
@@ -101,7 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tokens", type=int, default=16, help="tokens generated per input")
     p.add_argument("--output", default="encoder_decoder")
+    p.add_argument("--physical", action="store_true",
+                   help="instead: each configuration in a child process of its own memory cgroup, peak RSS")
+    p.add_argument("--child", nargs=3, metavar=("MODEL", "CONFIG", "TOKENS"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child:
+        return child(*args.child)
+    if args.physical:
+        return physical(args)
     t_start = time.perf_counter()
     CACHE.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {"machine": machine(), "generated_tokens": args.tokens, "rounds": args.rounds, "models": {}}
@@ -114,13 +123,86 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+CONFIGS: dict[str, dict[str, Any]] = {
+    "preload, generate": {"pipeline": "preload"},
+    "async (default budget), generate": {"pipeline": "async"},
+    "async (default budget), whole passes": {"pipeline": "async"},
+    "auto at 50%, generate": {"pipeline": "auto", "budget": "50%"},
+    "auto at 75%, generate": {"pipeline": "auto", "budget": "75%"},
+}
+
+
+def child(name: str, config: str, tokens: str) -> int:
+    """One configuration's generate, twice, in this process: the output's digest, the
+    second call's time, the weights held and the process's peak RSS (one JSON line)."""
+    from layerfit.engine import load, output_digest
+    from layerfit.engine.osmem import peak_rss_bytes
+
+    key, x = model_input(name)
+    options = {"max_new_tokens": int(tokens), "min_new_tokens": int(tokens), "do_sample": False}
+    with load(CACHE / name, **CONFIGS[config]) as engine:
+        engine.generate(x, **options)
+        t0 = time.perf_counter()
+        out = engine.generate(x, **options)
+        wall = time.perf_counter() - t0
+        held = engine.last_weights_peak
+    print(json.dumps({
+        "digest": output_digest(out), "generate_s": wall, "weights_peak_bytes": held,
+        "peak_rss_bytes": peak_rss_bytes(),  # VmHWM: this process's own (ru_maxrss inherits the parent's)
+    }))
+    return 0
+
+
+def physical(args: argparse.Namespace) -> int:
+    """Each generate configuration in a fresh child process (its own memory cgroup where
+    one can be made): what the whole process holds, PyTorch included."""
+    from layerfit.engine import output_digest
+    from layerfit.store import prepare
+
+    data: dict[str, Any] = {"machine": machine(), "generated_tokens": args.tokens, "models": {}}
+    for name in args.models.split(","):
+        model = MODELS[name]()
+        key, x = model_input(name)
+        start = model.config.decoder_start_token_id
+        m = prepare(f"encoder_decoder:{MODELS[name].__name__}", CACHE / name,
+                    example={key: x, "decoder_input_ids": torch.tensor([[start]])}, force=True)  # fmt: skip
+        options = {"max_new_tokens": args.tokens, "min_new_tokens": args.tokens, "do_sample": False}
+        expected = output_digest(model.generate(x, **options))
+        del model
+        results = {}
+        for config in CONFIGS:
+            if config.endswith("whole passes"):
+                continue
+            r = run_child(__file__, [name, config, str(args.tokens)])
+            if "error" not in r:
+                r["bit_identical"] = r.pop("digest") == expected
+            results[config] = r
+        data["models"][name] = {"weights_bytes": m.total_bytes, "resident_bytes": m.resident_bytes, "results": results}
+    lines = [f"# Encoder-decoders generating {args.tokens} tokens: the whole process's memory", "",
+             "Each configuration in a fresh process (its own memory cgroup); generate twice, the second timed.", ""]
+    for name, d in data["models"].items():
+        lines += [f"## {name}: {mb(d['weights_bytes'])} MB of weights, {mb(d['resident_bytes'])} MB resident", "",
+                  "| configuration | weights held (MB) | peak RSS (MB) | cgroup peak (MB) | generate | bit-identical |",
+                  "|---|---:|---:|---:|---:|---|"]
+        for config, r in d["results"].items():
+            if "error" in r:
+                lines.append(f"| {config} | failed: {r['error']} | | | | |")
+                continue
+            lines.append(f"| {config} | {mb(r['weights_peak_bytes'])} | {mb(r['peak_rss_bytes'])} | "
+                         f"{mb(r['cgroup_peak_bytes'])} | {r['generate_s']:.2f} s | {r['bit_identical']} |")
+        lines.append("")
+    js, md = write_results(f"{args.output}_physical", data, "\n".join(lines))
+    print(f"wrote {js} and {md}")
+    return 0
+
+
 def bench_model(name: str, rounds: int, tokens: int) -> dict[str, Any]:
     from layerfit.engine import load
     from layerfit.sizes import parse_budget
     from layerfit.store import prepare
 
     model = MODELS[name]()
-    key, x = model_input(name, model)
+    key, x = model_input(name)
     start = model.config.decoder_start_token_id
     directory = CACHE / name
     m = prepare(f"encoder_decoder:{MODELS[name].__name__}", directory, example={key: x, "decoder_input_ids": torch.tensor([[start]])},
@@ -131,13 +213,7 @@ def bench_model(name: str, rounds: int, tokens: int) -> dict[str, Any]:
     with torch.no_grad():  # without the cache a step's logits differ by rounding from generate's
         expected_whole = whole_passes(model, key, x, start, tokens)
     del model
-    configs: dict[str, dict[str, Any]] = {
-        "preload, generate": {"pipeline": "preload"},
-        "async (default budget), generate": {"pipeline": "async"},
-        "async (default budget), whole passes": {"pipeline": "async"},
-        "auto at 50%, generate": {"pipeline": "auto", "budget": "50%"},
-        "auto at 75%, generate": {"pipeline": "auto", "budget": "75%"},
-    }
+    configs = CONFIGS
     with load(directory, pipeline="async") as engine:
         default = engine.memory.weight_bytes
         encoder_units = engine.part("model.encoder").units
