@@ -11,6 +11,8 @@ ahead into units the part never runs.
 A part's units must be contiguous in the prepared order and each wholly inside the
 submodule (a unit merged across its border cannot be split); capture orders an
 encoder's units before the decoder's when the example input runs the encoder first.
+:func:`unit_runs` says how often each unit runs as the model generates (the decoder's
+once per token), which ``auto`` weighs when it chooses the units to keep.
 """
 
 from __future__ import annotations
