@@ -232,6 +232,18 @@ def test_a_part_that_runs_a_unit_outside_it_is_refused_and_the_engine_runs_on(tm
             assert torch.equal(engine(h), model(h))
 
 
+def test_the_encoder_and_the_cross_attention_projections_run_once_per_input(bart):
+    from layerfit.engine.parts import DECODER_RUNS, unit_runs
+
+    directory, _, _, _ = bart
+    with load(directory, pipeline="async") as engine:
+        runs = unit_runs(engine.model, engine.blocks)
+    once = [b.name for b, r in zip(engine.blocks, runs, strict=True) if r == 1]
+    assert once[:18] == [b.name for b in engine.blocks[:18]]  # the encoder
+    assert once[18:] == [f"model.decoder.layers.{n}.encoder_attn.{p}_proj" for n in range(2) for p in "kv"]
+    assert runs.count(DECODER_RUNS) == len(runs) - 22
+
+
 def test_auto_keeps_the_decoder_first_as_it_runs_per_token_and_inspect_plans_the_same(bart):
     from typer.testing import CliRunner
 

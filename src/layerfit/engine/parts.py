@@ -17,6 +17,7 @@ once per token), which ``auto`` weighs when it chooses the units to keep.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -79,11 +80,17 @@ def encoder_name(model: nn.Module) -> str | None:
     return next((n for n, m in model.named_modules() if m is encoder), None)
 
 
+CROSS_KEY_VALUE = re.compile(r"(^|\.)(encoder_attn\.[kv]_proj|EncDecAttention\.[kv])$")
+"""A decoder layer's cross-attention key and value projections, by Hugging Face's names
+(BART, Marian, mBART, Pegasus, Whisper; T5): they project the encoder's output, once per
+input, and a cached decoder step skips them."""
+
+
 def unit_runs(model: nn.Module, blocks: Sequence[Block]) -> list[int] | None:
     """How often each unit runs relative to the others when the model generates: an
-    encoder-decoder's encoder units once, the others :data:`DECODER_RUNS` times. None
-    when every unit runs once per inference (any other model, or an encoder whose units
-    cannot run as one part)."""
+    encoder-decoder's encoder units and its cross-attention key and value projections
+    once, the others :data:`DECODER_RUNS` times. None when every unit runs once per
+    inference (any other model, or an encoder whose units cannot run as one part)."""
     name = encoder_name(model)
     if name is None:
         return None
@@ -91,7 +98,11 @@ def unit_runs(model: nn.Module, blocks: Sequence[Block]) -> list[int] | None:
         encoder = part_units(blocks, name)
     except InputError:
         return None
-    return [1 if i in encoder else DECODER_RUNS for i in range(len(blocks))]
+
+    def once(i: int) -> bool:
+        return i in encoder or all(CROSS_KEY_VALUE.search(seg.name) for seg in blocks[i].segments)
+
+    return [1 if once(i) else DECODER_RUNS for i in range(len(blocks))]
 
 
 class Part:
