@@ -118,6 +118,8 @@ def test_units_that_run_more_often_are_kept_first():
     runs = [1] * 6 + [16] * 6
     assert choose_kept_units(sizes, 6 * mib) == {0, 1, 2, 3}  # the first, when they run alike
     assert choose_kept_units(sizes, 6 * mib, runs=runs) == {6, 7, 8, 9}
+    # room for all six: the buffer's unit streams from the encoder, not the decoder
+    assert choose_kept_units(sizes, 8 * mib, runs=runs) == set(range(6, 12))
 
 
 def test_kept_units_shrink_the_buffer_first_then_save_the_most_requests():

@@ -194,7 +194,8 @@ def choose_kept_units(
         left = room - 2 * m * buffers - kept_bytes
         if m <= 0 or left < 0 or not buffers_hold_enough(kept_bytes):
             continue
-        streamed = max(i for i in range(n) if unit_sizes[i] == m)  # one of size m streams
+        # One of size m streams: the one run least often (the last, when they run alike).
+        streamed = max((i for i in range(n) if unit_sizes[i] == m), key=lambda i: (-weight[i], i))
         kept = set(larger)
         for i in by_size:
             size = unit_sizes[i]
