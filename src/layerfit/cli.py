@@ -1015,16 +1015,18 @@ def tradeoff_delay(
     step_bytes = parse_budget(step, weights)
     until_bytes = None if until is None else parse_budget(until, weights)
     with load(directory, pipeline=pipeline, device=device, stages=stages) as engine:
-        x = engine.device.to_device(_load_input(None, engine.manifest))
+        args, keywords = _load_call(None, engine.manifest)  # a model prepared from keywords: all of them
+        args = tuple(engine.device.to_device(a) for a in args)
+        keywords = {k: engine.device.to_device(v) for k, v in keywords.items()}
         curve = minimal_delay_search(
-            engine, (x,), step=step_bytes, repeats=repeats, warmup=warmup,
+            engine, args, keywords=keywords, step=step_bytes, repeats=repeats, warmup=warmup,
             until=until_bytes, patience=patience, tolerance=tolerance,
             progress=None if as_json else lambda p: console.print(
                 f"  {format_bytes(p.budget_bytes):>10}  {p.mean_s * 1e3:9.1f} ms  "
                 f"[{p.min_s * 1e3:.1f} - {p.max_s * 1e3:.1f}]", highlight=False),
         )
     with load(directory, pipeline="preload", device=device, stages=stages) as pre:
-        times = [timed_call(pre, (x,)) for _ in range(repeats + warmup)][warmup:]
+        times = [timed_call(pre, args, keywords) for _ in range(repeats + warmup)][warmup:]
         curve.preload_s = sorted(times)[len(times) // 2]
     if plot:
         plot_delay_curve(curve, plot, title=f"{engine.manifest.model['name']}: minimal-delay search")

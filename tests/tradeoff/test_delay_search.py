@@ -105,9 +105,9 @@ def test_reference_scores_points_by_relative_delay(tiny: Path, monkeypatch):
     calls: list[str] = []
     real = delay.timed_call
 
-    def spy(engine, inputs):
+    def spy(engine, inputs, keywords=None):
         calls.append(engine.policy.name)
-        return real(engine, inputs)
+        return real(engine, inputs, keywords)
 
     monkeypatch.setattr(delay, "timed_call", spy)
     with load(tiny, pipeline="preload") as pre, load(tiny, pipeline="async") as engine:
@@ -162,3 +162,14 @@ def test_cli_plot_format_follows_the_extension(tiny: Path, tmp_path: Path, capsy
     assert main(argv) == 2  # an existing plot is replaced only with --force
     assert "curve.svg already exists (pass --force" in capsys.readouterr().err and svg.read_bytes() == before
     assert main([*argv, "--force"]) == 0
+
+
+def test_cli_searches_a_model_prepared_from_keyword_arguments(tmp_path: Path, capsys):
+    import torch
+
+    example = {"input_features": torch.randn(1, 8, 32), "decoder_input_ids": torch.tensor([[0, 5]])}
+    m = prepare("tinymodels:tiny_whisper", tmp_path / "w", example=example)
+    argv = ["tradeoff", "delay", str(tmp_path / "w"), "--step", "25%", "--repeats", "1", "--warmup", "0", "--json"]
+    assert main(argv) == 0, capsys.readouterr().err
+    data = json.loads(capsys.readouterr().out)
+    assert data["points"][-1]["budget_bytes"] == m.total_bytes and data["preload_s"] > 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,24 +74,24 @@ class DelayCurve:
         }
 
 
-def timed_call(engine: Engine, inputs: tuple) -> float:
-    """Seconds one inference of ``engine`` on ``inputs`` takes."""
+def timed_call(engine: Engine, inputs: tuple, keywords: Mapping[str, Any] | None = None) -> float:
+    """Seconds one inference of ``engine`` on ``inputs`` (and ``keywords``) takes."""
     t0 = time.perf_counter()
-    engine(*inputs)
+    engine(*inputs, **(keywords or {}))
     return time.perf_counter() - t0
 
 
 def _measure(
-    engine: Engine, inputs: tuple, repeats: int, warmup: int, reference: Engine | None
+    engine: Engine, inputs: tuple, repeats: int, warmup: int, reference: Engine | None, keywords: Mapping[str, Any]
 ) -> tuple[list[float], int, float | None]:
     """Times of ``engine``, its weight peak, and its fastest run over the reference's."""
     for _ in range(warmup):
-        engine(*inputs)
+        engine(*inputs, **keywords)
     times, ref_times, peak = [], [], 0
     for _ in range(repeats):
         if reference is not None:
-            ref_times.append(timed_call(reference, inputs))
-        times.append(timed_call(engine, inputs))
+            ref_times.append(timed_call(reference, inputs, keywords))
+        times.append(timed_call(engine, inputs, keywords))
         peak = max(peak, engine.last_weights_peak)
     relative = min(times) / min(ref_times) if ref_times else None
     return times, peak, relative
@@ -125,9 +125,11 @@ def minimal_delay_search(
     tolerance: float = 0.01,
     progress: Callable[[DelayPoint], None] | None = None,
     reference: Engine | None = None,
+    keywords: Mapping[str, Any] | None = None,
 ) -> DelayCurve:
     """Run the two-phase search on ``engine`` (reconfigured in place, not reloaded);
-    ``reference`` scores every point relative to that engine, run alternately."""
+    ``reference`` scores every point relative to that engine, run alternately. Each
+    inference is ``engine(*inputs, **keywords)``."""
     if engine.pipeline not in ("async", AUTO):
         raise LayerfitError(
             "the minimal-delay search needs a pipeline that uses a larger budget (async or auto), "
@@ -150,7 +152,7 @@ def minimal_delay_search(
     budget = start
     while True:
         engine.reconfigure(budget=budget)
-        times, peak, relative = _measure(engine, inputs, repeats, warmup, reference)
+        times, peak, relative = _measure(engine, inputs, repeats, warmup, reference, keywords or {})
         point = DelayPoint(
             budget,
             peak,
