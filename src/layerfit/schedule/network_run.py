@@ -67,12 +67,14 @@ class NetworkRun:
         inputs: tuple[Any, ...],
         lock: threading.RLock,
         on_exit: Callable[[NetworkRun], None],
+        keywords: dict[str, Any] | None = None,
     ) -> None:
         self.uid = uid
         self.job_id = job_id
         self.model = model
         self.engine = engine
         self.inputs = inputs
+        self.keywords = dict(keywords or {})  # a model prepared from keyword arguments
         self.cond = threading.Condition(lock)
         # No unit (no parameters, or every weight resident): the forward pass is the one
         # execute task of the scheduler's single layer, and its load and unload hold nothing.
@@ -104,7 +106,7 @@ class NetworkRun:
                     self.cond.wait_for(lambda: self.abandoned or 0 in self._granted)
                     if self.abandoned:
                         raise Abandoned(f"network {self.uid} was abandoned before it ran")
-            output = self.engine.run_from(self, *self.inputs)
+            output = self.engine.run_from(self, *self.inputs, **self.keywords)
         except BaseException as exc:  # handed to the job (the runtime fails it)
             with self.cond:
                 self.error = exc
@@ -117,7 +119,7 @@ class NetworkRun:
                 self.finished = True
                 self.cond.notify_all()
         finally:
-            self.inputs = ()
+            self.inputs, self.keywords = (), {}
             self._on_exit(self)
 
     def acquire(self, i: int) -> tuple[torch.Tensor, int]:

@@ -223,9 +223,11 @@ def measure_profile(
 ) -> NetworkProfile:
     """Profile a prepared model on this machine (thesis §5.3); ``source = "profiled"``.
 
-    Runs ``warmup + repeats + 1`` inferences one unit at a time: warm-up runs are
-    discarded, times are medians of the ``repeats`` timed runs, memory comes from the
-    last run, the only one with the sampler thread (which would slow the timed ones).
+    Runs ``warmup + repeats + 1`` inferences one unit at a time, on ``inputs`` (positional
+    arguments) or else the manifest's example call (its input, or each of the keyword
+    arguments the model was prepared from): warm-up runs are discarded, times are
+    medians of the ``repeats`` timed runs, memory comes from the last run, the only one
+    with the sampler thread (which would slow the timed ones).
     A load's memory is at least its buffer. An execution's time includes the ops between
     the previous unit and this one (the last unit's, the ops after it too), as the
     runtime's execute task does; the network's unload time is the mean time to free a
@@ -234,20 +236,17 @@ def measure_profile(
     one task's), as do the layer kinds.
     """
     from layerfit.engine.engine import Engine
-    from layerfit.store import example_input
+    from layerfit.store import example_call
 
     directory = Path(directory)
     engine = Engine(directory, pipeline="external")
     try:
         manifest = engine.manifest
         estimate = estimate_profile(manifest, name or directory.name)
-        x = (
-            tuple(inputs)
-            if inputs is not None
-            else (example_input(manifest.input_shape, manifest.input_dtype, manifest.seed),)
-        )
+        # the manifest's example call: one input, or a model's keyword arguments
+        x, kwargs = (tuple(inputs), {}) if inputs is not None else example_call(manifest)
         if not engine.blocks:
-            return _profile_whole_model(engine, estimate, x, repeats, warmup, interval)
+            return _profile_whole_model(engine, estimate, (x, kwargs), repeats, warmup, interval)
         measures = [_UnitMeasure() for _ in engine.blocks]
         sampler = StatmSampler(interval)
         try:
@@ -256,7 +255,7 @@ def measure_profile(
                 sampled = run == warmup + max(1, repeats)
                 source = _ProfilingSource(engine, sampler if sampled else None, measures)
                 try:
-                    engine.run_from(source, *x)
+                    engine.run_from(source, *x, **kwargs)
                     source.finished()
                 finally:
                     source.close()
@@ -297,22 +296,23 @@ def measure_profile(
 def _profile_whole_model(
     engine: Engine,
     estimate: NetworkProfile,
-    x: tuple[torch.Tensor, ...],
+    call: tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]],
     repeats: int,
     warmup: int,
     interval: float,
 ) -> NetworkProfile:
     """:func:`measure_profile` of a model with no unit: its one layer's execution is
     the whole forward pass (median of the timed runs), its memory the last run's peak."""
+    x, kwargs = call
     times = []
     for _ in range(warmup + max(1, repeats)):
         t0 = time.perf_counter()
-        engine.run_from(_ProfilingSource(engine, None, []), *x)
+        engine.run_from(_ProfilingSource(engine, None, []), *x, **kwargs)
         times.append(time.perf_counter() - t0)
     sampler = StatmSampler(interval)
     try:
         sampler.start()
-        engine.run_from(_ProfilingSource(engine, None, []), *x)
+        engine.run_from(_ProfilingSource(engine, None, []), *x, **kwargs)
         peak = sampler.stop()
     finally:
         sampler.close()
@@ -404,7 +404,7 @@ def measure_contention(directories: Sequence[str | Path], *, repeats: int = 3) -
     """
     from layerfit.engine.engine import Engine
     from layerfit.schedule.contention import ContentionModel
-    from layerfit.store import example_input
+    from layerfit.store import example_call
 
     if not directories:
         raise ScheduleError("measuring contention needs at least one prepared model")
@@ -418,10 +418,7 @@ def measure_contention(directories: Sequence[str | Path], *, repeats: int = 3) -
             for engine in engines:
                 _read_all(engine)  # the first read of a unit verifies its checksum: not timed
         resident = [[_ResidentSource(engine) for engine in engines] for engines in pair]
-        inputs = [
-            example_input(e.manifest.input_shape, e.manifest.input_dtype, e.manifest.seed)
-            for e in pair[0]
-        ]
+        calls = [example_call(e.manifest) for e in pair[0]]
 
         def reads(engines: list[Engine]) -> Callable[[], None]:
             def run() -> None:
@@ -433,8 +430,8 @@ def measure_contention(directories: Sequence[str | Path], *, repeats: int = 3) -
         def forwards(engines: list[Engine], sources: list[_ResidentSource]) -> Callable[[], None]:
             def run() -> None:
                 with torch.inference_mode():
-                    for engine, source, x in zip(engines, sources, inputs, strict=True):
-                        engine.run_from(source, x)
+                    for engine, source, (x, kwargs) in zip(engines, sources, calls, strict=True):
+                        engine.run_from(source, *x, **kwargs)
 
             return run
 

@@ -135,7 +135,9 @@ class InferenceJob:
 
     ``input`` is the model input — a tensor, or a tuple of positional arguments — given
     to every network, or a mapping from model name to its own input (networks of one
-    job may expect different resolutions). ``timeout`` (seconds from submission)
+    job may expect different resolutions). A model prepared from keyword arguments
+    (Whisper's features and decoder ids) takes a mapping of them, by their names: as the
+    job's input, or as its entry in a mapping by model name. ``timeout`` (seconds from submission)
     cancels the job if it has not finished by then; ``deadline`` (seconds) is only
     reported. ``tag`` is carried through for the caller (e.g. an image file name).
     """
@@ -165,7 +167,7 @@ class _JobRun:
     spec: InferenceJob
     future: Future
     models: dict[str, str]  # network uid -> model name
-    inputs: dict[str, tuple[Any, ...]]  # network uid -> forward arguments, until its init
+    inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]]  # network uid -> forward call, until its init
     pools: dict[str, EnginePool] = field(default_factory=dict)  # network uid -> its model's engines
     unwrap: str | None = None  # infer(): resolve with this model's output alone
     expires: float | None = None
@@ -518,14 +520,14 @@ class Runtime:
             ]
         return ProfileSet(profiles, label=f"models of {self.repository}")
 
-    def example_input(self, name: str, seed: int | None = None) -> torch.Tensor:
-        """A deterministic input of the shape and dtype model ``name`` was prepared for."""
-        from layerfit.store import example_input
+    def example_input(self, name: str, seed: int | None = None) -> torch.Tensor | dict[str, torch.Tensor]:
+        """A deterministic input of the shape and dtype model ``name`` was prepared for, as
+        :meth:`infer` takes it: a tensor, or for a model prepared from keyword arguments
+        a dict of them."""
+        from layerfit.store import example_call
 
-        manifest = self._ready(name)[1]
-        return example_input(
-            manifest.input_shape, manifest.input_dtype, manifest.seed if seed is None else seed
-        )
+        args, keywords = example_call(self._ready(name)[1], seed)
+        return keywords if keywords else args[0]
 
     def _ready(self, name: str) -> tuple[NetworkProfile, Manifest]:
         check_name(name)
@@ -577,7 +579,7 @@ class Runtime:
         for name in spec.networks:
             profile, manifest = self._ready(name)
             profiles.append(profile)
-            inputs.append(_forward_args(spec, name, manifest))
+            inputs.append(_forward_call(spec, name, manifest))
         future: Future = Future()
         deliveries: list[Delivery] = []
         with self._lock:
@@ -801,9 +803,9 @@ class Runtime:
                 raise Abandoned(f"job {task.job} ended before network {task.network} started")
             model = run.models[task.network]
             pool = run.pools[task.network]
-            args = run.inputs.pop(task.network)
+            args, keywords = run.inputs.pop(task.network)
         engine = pool.checkout()
-        net = NetworkRun(task.network, task.job, model, engine, args, self._lock, self._network_exited)
+        net = NetworkRun(task.network, task.job, model, engine, args, self._lock, self._network_exited, keywords)
         with self._lock:
             if run.resolved:
                 pool.checkin(engine)
@@ -1062,25 +1064,60 @@ class Runtime:
         self.shutdown(wait=True, cancel_pending=exc[0] is not None)
 
 
-def _forward_args(spec: InferenceJob, name: str, manifest: Manifest) -> tuple[Any, ...]:
-    """The positional arguments of model ``name``'s forward pass, checked against its manifest."""
+def _forward_call(spec: InferenceJob, name: str, manifest: Manifest) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of model ``name``'s forward pass, ``(args, kwargs)``, checked against
+    its manifest: a tensor (or a tuple of positional arguments), or for a model prepared
+    from keyword arguments a mapping of each of them."""
     value = spec.input
+    keywords = manifest.input_keywords
     if isinstance(value, Mapping):
-        if name not in value:
-            raise InputError(f"the job gives no input for model {name!r} (inputs for: {', '.join(map(str, value))})")
-        value = value[name]
+        if name in value:
+            value = value[name]
+        elif not (keywords and set(value) & {k for k, _, _ in keywords}):  # no mapping of this model's keywords
+            takes = f"; it takes keyword arguments {_describe(keywords)}" if keywords else ""
+            raise InputError(
+                f"the job gives no input for model {name!r} (inputs for: {', '.join(map(str, value))}){takes}"
+            )
+    if keywords:
+        return (), _keyword_call(value, name, keywords)
     args = tuple(value) if isinstance(value, Sequence) and not isinstance(value, str) else (value,)
     if not args or not isinstance(args[0], torch.Tensor):
         raise InputError(f"model {name!r} takes a tensor input, got {type(args[0] if args else None).__name__}")
-    x = args[0]
-    expected = tuple(manifest.input_shape)
-    dtype = DTYPES.get(manifest.input_dtype)
-    if x.dim() != len(expected) or tuple(x.shape[1:]) != expected[1:] or x.dtype != dtype:
+    _check_tensor(args[0], name, "input", tuple(manifest.input_shape), manifest.input_dtype)
+    return args, {}
+
+
+def _keyword_call(value: Any, name: str, keywords: Sequence[tuple[str, tuple[int, ...], str]]) -> dict[str, Any]:
+    """The keyword arguments of a model prepared from them: every one, each a tensor as prepared."""
+    takes = _describe(keywords)
+    if not isinstance(value, Mapping):
         raise InputError(
-            f"model {name!r} expects input of shape (N, {', '.join(map(str, expected[1:]))}) and dtype "
-            f"{manifest.input_dtype}, got shape {tuple(x.shape)} and dtype {str(x.dtype).removeprefix('torch.')}"
+            f"model {name!r} takes keyword arguments {takes}: give a mapping of them, not a "
+            f"{type(value).__name__}"
         )
-    return args
+    names = [k for k, _, _ in keywords]
+    if set(value) != set(names):
+        sent = ", ".join(map(str, value)) or "none"
+        raise InputError(f"model {name!r} takes keyword arguments {takes}; the job gives {sent}")
+    for k, shape, dtype in keywords:
+        if not isinstance(value[k], torch.Tensor):
+            raise InputError(f"model {name!r}'s {k} must be a tensor, got {type(value[k]).__name__}")
+        _check_tensor(value[k], name, k, tuple(shape), dtype)
+    return {k: value[k] for k in names}
+
+
+def _describe(keywords: Sequence[tuple[str, tuple[int, ...], str]]) -> str:
+    return ", ".join(f"{k} (N, {', '.join(map(str, shape[1:]))}) {dtype}" for k, shape, dtype in keywords)
+
+
+def _check_tensor(x: torch.Tensor, name: str, what: str, expected: tuple[int, ...], dtype: str) -> None:
+    """Refuse a tensor of another dtype, or another shape than the prepared one's but for
+    its batch size (the memory estimates hold for that shape)."""
+    if x.dim() != len(expected) or tuple(x.shape[1:]) != expected[1:] or x.dtype != DTYPES.get(dtype):
+        raise InputError(
+            f"model {name!r} expects {what} of shape (N, {', '.join(map(str, expected[1:]))}) and dtype "
+            f"{dtype}, got shape {tuple(x.shape)} and dtype {str(x.dtype).removeprefix('torch.')}"
+        )
 
 
 def _deliver(deliveries: Sequence[Delivery]) -> None:

@@ -338,14 +338,14 @@ def _keywords(example: Any) -> tuple[tuple[str, tuple[int, ...], str], ...]:
     return keywords if all(dtype in DTYPES for _, _, dtype in keywords) else ()
 
 
-def example_call(manifest: Manifest) -> tuple[tuple, dict[str, torch.Tensor]]:
+def example_call(manifest: Manifest, seed: int | None = None) -> tuple[tuple, dict[str, torch.Tensor]]:
     """The seeded default call of a prepared model, ``(args, kwargs)``: one input of its
-    shape, or (prepared from an example of keyword arguments) one tensor per keyword."""
+    shape, or (prepared from an example of keyword arguments) one tensor per keyword.
+    ``seed`` defaults to the manifest's."""
+    seed = manifest.seed if seed is None else seed
     if not manifest.input_keywords:
-        return (example_input(manifest.input_shape, manifest.input_dtype, manifest.seed),), {}
-    return (), {
-        name: example_input(shape, dtype, manifest.seed + k) for k, (name, shape, dtype) in enumerate(manifest.input_keywords)
-    }
+        return (example_input(manifest.input_shape, manifest.input_dtype, seed),), {}
+    return (), {name: example_input(shape, dtype, seed + k) for k, (name, shape, dtype) in enumerate(manifest.input_keywords)}
 
 
 def _first_tensor(example: Any) -> tuple[tuple[int, ...], str]:
