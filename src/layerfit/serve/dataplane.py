@@ -165,16 +165,22 @@ class DataPlane:
 
     def _decode(
         self, name: str, signature: Signature, body: bytes, header_length: str | None
-    ) -> tuple[InferenceRequest, torch.Tensor]:
+    ) -> tuple[InferenceRequest, torch.Tensor | dict[str, torch.Tensor]]:
+        """The request and the model's input: a tensor, or (a model of several named inputs,
+        prepared from keyword arguments) a dict of them by name, each sent exactly once."""
         request, chunks = parse_request(body, header_length)
-        spec = signature.inputs[0]
-        if len(request.inputs) != 1 or request.inputs[0].name != spec.name:
-            sent = ", ".join(repr(i.name) for i in request.inputs)
+        specs = {spec.name: spec for spec in signature.inputs}
+        sent = [i.name for i in request.inputs]
+        if sorted(sent) != sorted(specs):
+            takes = ", ".join(f"{s.name!r} ({s.describe()})" for s in signature.inputs)
             raise BadRequestError(
-                f"model {name!r} takes one input, {spec.name!r} ({spec.describe()}); "
-                f"the request has {sent}"
+                f"model {name!r} takes {'one input' if len(specs) == 1 else f'{len(specs)} inputs'}, "
+                f"{takes}; the request has {', '.join(map(repr, sent)) or 'none'}"
             )
-        return request, decode_input(request.inputs[0], chunks[0], spec, name)
+        tensors = {
+            i.name: decode_input(i, chunk, specs[i.name], name) for i, chunk in zip(request.inputs, chunks, strict=True)
+        }
+        return request, tensors if signature.keywords else tensors[signature.inputs[0].name]
 
     def _timeout_of(self, request: InferenceRequest) -> float:
         """The server's timeout, shortened by the request's ``timeout`` parameter (µs)."""

@@ -7,9 +7,11 @@ anything touches the disk: a name must look like a folder name (no separators, n
 path outside it. It also refuses to load a model whose weights are not a safetensors
 file — weights are never unpickled.
 
-Each model has one version, ``"1"``. Its one input is called ``input``; its outputs
-``output`` (one) or ``output_0``, ``output_1``, … (several), with the shapes captured
-when the model was prepared.
+Each model has one version, ``"1"``. Its one input is called ``input`` — or, for a
+model prepared from keyword arguments (Whisper's ``input_features`` and
+``decoder_input_ids``), there is an input for each, by its name; its outputs ``output``
+(one) or ``output_0``, ``output_1``, … (several), with the shapes captured when the
+model was prepared.
 
 A model is READY only if it can run within the server's memory budget (its resident
 part beside its largest unit; with less, its jobs would run only by going over the
@@ -54,6 +56,7 @@ class Signature:
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    keywords: bool = False  # the model is called with its inputs as keyword arguments
 
     @property
     def output_names(self) -> list[str]:
@@ -72,7 +75,10 @@ def signature_of(manifest: Any) -> Signature:
     the dtype of the last captured activation of that shape (the tensor the model
     returned), falling back to the input dtype, or FP32 for integer inputs.
     """
-    inputs = (TensorSpec(INPUT_NAME, datatype_of(manifest.input_dtype), tuple(manifest.input_shape)),)
+    if manifest.input_keywords:  # prepared from keyword arguments: an input for each, by its name
+        inputs = tuple(TensorSpec(n, datatype_of(dtype), tuple(shape)) for n, shape, dtype in manifest.input_keywords)
+    else:
+        inputs = (TensorSpec(INPUT_NAME, datatype_of(manifest.input_dtype), tuple(manifest.input_shape)),)
     graph = manifest.graph
     fallback = manifest.input_dtype if inputs[0].datatype.startswith(("FP", "BF")) else "float32"
     shapes = [tuple(s) for s in graph.output_shapes]
@@ -80,7 +86,7 @@ def signature_of(manifest: Any) -> Signature:
     for name, shape in zip(output_names(len(shapes)), shapes, strict=True):
         dtype = next((t.dtype for t in reversed(graph.tensors) if tuple(t.shape) == shape), fallback)
         outputs.append(TensorSpec(name, datatype_of(dtype), shape))
-    return Signature(inputs, tuple(outputs))
+    return Signature(inputs, tuple(outputs), keywords=bool(manifest.input_keywords))
 
 
 def check_name(name: str) -> None:
