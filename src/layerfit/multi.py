@@ -20,14 +20,14 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from layerfit.errors import BudgetError, LayerfitError
 from layerfit.sizes import parse_bytes
-from layerfit.store import example_input
+from layerfit.store import example_call
 from layerfit.tradeoff.budget_split import performance_score, split_budget
 from layerfit.tradeoff.partition import SwapNetPlan
 from layerfit.tradeoff.swapnet import Adaptation, SwapNet
@@ -195,11 +195,12 @@ class MultiRunner:
 
     # --- running ------------------------------------------------------------------------
 
-    def run(self, iterations: int = 3, warmup: int = 1, inputs: Sequence[tuple] | None = None) -> list[ModelRun]:
+    def run(self, iterations: int = 3, warmup: int = 1, inputs: Sequence[Any] | None = None) -> list[ModelRun]:
         """Run every model ``warmup + iterations`` times, all concurrently, one thread each.
 
-        ``inputs``: per model, its input or a tuple of its arguments (default: each
-        model's example input).
+        ``inputs``: per model, its input, a tuple of its arguments or a dict of its
+        keyword arguments (default: each model's example call — its example input, or
+        the keyword arguments it was prepared from).
         """
         if not self.models:
             raise LayerfitError("this MultiRunner is closed: create a new one to run again")
@@ -208,12 +209,12 @@ class MultiRunner:
         if inputs is not None and len(inputs) != len(self.models):
             raise LayerfitError(f"{len(inputs)} inputs for {len(self.models)} models: give one tuple per model")
         if inputs is None:
-            inputs = [
-                (example_input(p.manifest.input_shape, p.manifest.input_dtype, p.manifest.seed),)
-                for p in self.plans
-            ]
+            calls = [example_call(p.manifest) for p in self.plans]
         else:  # a bare tensor is one argument (unpacking it would split its batch dimension)
-            inputs = [inp if isinstance(inp, tuple) else (inp,) for inp in inputs]
+            calls = [
+                ((), dict(inp)) if isinstance(inp, Mapping) else (inp if isinstance(inp, tuple) else (inp,), {})
+                for inp in inputs
+            ]
         runs = [
             ModelRun(nm, m.decision.budget if self.total_budget is not None else None, m.decision.choice.blocks,
                      m.decision.points)
@@ -226,12 +227,13 @@ class MultiRunner:
             model, run, task = self.models[i], runs[i], self.tasks[i]
             try:
                 _pin(task.cpus)
+                args, kwargs = calls[i]
                 for _ in range(warmup):
-                    model(*inputs[i])
+                    model(*args, **kwargs)
                 barrier.wait()
                 for _ in range(iterations):
                     t0 = time.perf_counter()
-                    run.output = model(*inputs[i])
+                    run.output = model(*args, **kwargs)
                     run.latencies_s.append(time.perf_counter() - t0)
                     run.weights_peak_bytes = max(run.weights_peak_bytes, model.engine.last_weights_peak)
                     run.accounted_peak_bytes = max(run.accounted_peak_bytes, model.accounted_peak_bytes)

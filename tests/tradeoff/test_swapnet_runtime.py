@@ -314,3 +314,42 @@ def test_malformed_profile_names_the_file_and_field(chain: Path, profile_file: P
     code = main(["partition", str(chain), "--budget", "1MB", "--profile", str(bad), "--no-measure", "--json"])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and "bad.json is malformed" in err and "Traceback" not in err
+
+
+# --- a model prepared from keyword arguments ----------------------------------------------
+
+
+def test_a_model_prepared_from_keyword_arguments_is_profiled_partitioned_and_run(chain: Path, tmp_path: Path):
+    # Whisper's forward takes features and decoder ids: profiling, the partition's measured
+    # latency and the multi-model runner call it with the keywords it was prepared from.
+    from layerfit.engine import flat_outputs
+    from layerfit.tradeoff.swapnet import partition_report
+
+    example = {"input_features": example_input((1, 8, 32), seed=6), "decoder_input_ids": torch.tensor([[0, 5, 7]])}
+    manifest = prepare("tinymodels:tiny_whisper", tmp_path / "whisper", example=example)
+    profile = profile_models([tmp_path / "whisper", chain], repeats=1, warmup=0)
+    assert model_key(manifest) in profile.models
+    plan = SwapNetPlan.build(tmp_path / "whisper", profile)
+    report = partition_report(tmp_path / "whisper", plan.minimum_budget, profile=profile, repeats=1, warmup=0)
+    assert report["measured"]["chosen"]["latency_s"] > 0
+    with torch.no_grad():
+        model = tinymodels.tiny_whisper()
+        expected = [flat_outputs(model(**call)) for call in (dict(example), manifest_call(manifest))]
+    (xc, yc) = chain_reference()
+    tasks = [ModelTask(tmp_path / "whisper"), ModelTask(chain)]
+    with MultiRunner(tasks, plan.minimum_budget + SwapNetPlan.build(chain, profile).minimum_budget,
+                     profile=profile) as runner:
+        runs = runner.run(iterations=1, warmup=0, inputs=[example, (xc,)])  # a dict: keyword arguments
+        assert all(torch.equal(a, b) for a, b in zip(flat_outputs(runs[0].output), expected[0], strict=True))
+        assert torch.equal(runs[1].output, yc)
+        runs = runner.run(iterations=1, warmup=0)  # by default, each model's example call
+        assert all(torch.equal(a, b) for a, b in zip(flat_outputs(runs[0].output), expected[1], strict=True))
+        assert all(run.accounted_peak_bytes <= run.budget for run in runs)
+
+
+def manifest_call(manifest) -> dict[str, torch.Tensor]:
+    from layerfit.store import example_call
+
+    args, kwargs = example_call(manifest)
+    assert args == () and set(kwargs) == {"input_features", "decoder_input_ids"}
+    return kwargs

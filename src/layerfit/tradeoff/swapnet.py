@@ -137,11 +137,13 @@ def swapnet_engine_options(
     return engine_options(plan.choose(budget))
 
 
-def _measure_points(plan: SwapNetPlan, decision: Decision, inputs: tuple, repeats: int, warmup: int) -> dict[str, Any]:
+def _measure_points(
+    plan: SwapNetPlan, decision: Decision, call: tuple[tuple, dict], repeats: int, warmup: int
+) -> dict[str, Any]:
     from layerfit.engine import measure
 
     with load(plan.directory, **engine_options(decision)) as engine:
-        _, report = measure(engine, inputs, repeats=repeats, warmup=warmup)
+        _, report = measure(engine, call[0], repeats=repeats, warmup=warmup, keywords=call[1])
     r = plan.reserve
     return {
         "latency_s": report["latency_s"],
@@ -164,7 +166,7 @@ def partition_report(
     """Table choice and exact optimum for ``budget``, predicted and (optionally) measured."""
     from dataclasses import replace
 
-    from layerfit.store import example_input
+    from layerfit.store import example_call
 
     plan = SwapNetPlan.build(directory, profile or profile_for(directory, profile_path))
     decision = plan.choose(budget)
@@ -175,8 +177,7 @@ def partition_report(
     out["dp"] = None if exact is None else {**exact.to_dict(), "seconds": dp_s}
     out["predicted_s"] = decision.choice.predicted_s
     if measure_latency:
-        m = plan.manifest
-        x = (example_input(m.input_shape, m.input_dtype, m.seed),)
+        x = example_call(plan.manifest)
         measured = {"chosen": _measure_points(plan, decision, x, repeats, warmup)}
         if exact is not None and exact.points != decision.points:
             measured["dp"] = _measure_points(plan, replace(decision, choice=exact), x, repeats, warmup)

@@ -59,7 +59,7 @@ import torch
 from layerfit.engine import load
 from layerfit.engine.skeleton import bind, build_skeleton, segment_bindings, unbind
 from layerfit.errors import LayerfitError, ProfileError, ProfileWarning
-from layerfit.store import SegmentReader, aligned_buffer, example_input, read_manifest
+from layerfit.store import SegmentReader, aligned_buffer, example_call, read_manifest
 from layerfit.store.manifest import Manifest
 
 FORMAT = "layerfit-device-profile"
@@ -414,20 +414,20 @@ def _time_kernels(
     buffer for the whole model, so that drifting load on the machine affects both alike;
     the streaming latency is the resident one plus the median paired difference.
     """
-    x = example_input(manifest.input_shape, manifest.input_dtype, manifest.seed)
+    x, kwargs = example_call(manifest)  # one input, or each keyword argument it was prepared from
     kernels, glues, tails, latencies, extra = [], [], [], [], []
     with (
         load(directory, pipeline="preload", trace=True) as engine,
         load(directory, pipeline="async", units="layers", budget=manifest.total_bytes) as stream,
     ):
         for _ in range(warmup):
-            engine(x)
-            stream(x)
+            engine(*x, **kwargs)
+            stream(*x, **kwargs)
         for _ in range(repeats):
-            engine(x)
+            engine(*x, **kwargs)
             tl = engine.last_timeline
             t0 = time.perf_counter()
-            stream(x)
+            stream(*x, **kwargs)
             extra.append(time.perf_counter() - t0 - tl.latency_s)
             events = sorted((e for e in tl.events if e.stage == "kernel"), key=lambda e: e.unit)
             if len(events) != len(manifest.units):
