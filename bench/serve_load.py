@@ -10,7 +10,7 @@ requests are in flight*, so the run also checks graceful shutdown under load.
 
 Reported: throughput (answered 200 per second during the load phase), latency
 p50/p95/p99 of successful requests (overall and per model), answers by status, the
-server's peak RSS (``getrusage`` of the reaped child: exact, not sampled), the cgroup
+server's peak RSS (its ``VmHWM`` at the end of the load: exact, not sampled), the cgroup
 peak where available (counts the page cache too), the runtime ledger's peak against the
 budget (from ``/metrics``), and two counts that must be zero: requests that were sent
 and never answered, and clients that saw a broken connection. Requests refused at
@@ -28,6 +28,13 @@ Writes ``bench/results/serve_load.json`` and ``.md``. From the repository root::
 
     .venv/bin/python bench/serve_load.py --clients 8 --duration 60 \\
         --models mobilenet_v1_025,blazeface,deeplab_v3,mobilenet_v2 --memory-budget 24MB
+
+A model prepared from keyword arguments gets a request tensor per input the server lists
+(integer ones are ids below 32): ``--models whisper_base`` serves a Whisper-base (seeded,
+from ``encoder_decoder.py``) on 30 s of audio features and a 4-token decoder prompt::
+
+    .venv/bin/python bench/serve_load.py --models whisper_base --clients 2 --duration 40 \\
+        --memory-budget 160MB --name serve_whisper_160
 """
 
 from __future__ import annotations
@@ -36,7 +43,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -95,11 +101,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # --- the server ----------------------------------------------------------------------------
 
 
+def whisper_example() -> dict[str, Any]:
+    """Whisper-base's call: 30 s of 80 mel bins and a 4-token decoder prompt."""
+    import torch
+
+    from layerfit.store import example_input
+
+    return {"input_features": example_input((1, 80, 3000), seed=1),
+            "decoder_input_ids": torch.tensor([[50258, 50259, 50359, 50363]])}
+
+
+# Models of this folder's benches, prepared from keyword arguments (not in the zoo); the
+# server finds their factories through PYTHONPATH.
+KEYWORD_MODELS = {"whisper_base": ("encoder_decoder:whisper_base", whisper_example)}
+
+
 def prepare_repository(models: list[str], root: Path) -> Path:
     from layerfit.store import prepare
 
     for name in models:
-        prepare(name, root / name)
+        if name in KEYWORD_MODELS:
+            factory, example = KEYWORD_MODELS[name]
+            prepare(factory, root / name, example=example())
+        else:
+            prepare(name, root / name)
     return root
 
 
@@ -116,6 +141,8 @@ def start_server(
     if args.threads is not None:
         command += ["--threads", str(args.threads)]
     env = dict(os.environ)
+    here = str(Path(__file__).resolve().parent)  # the factories of KEYWORD_MODELS
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
     if args.torch_threads is not None:
         env["OMP_NUM_THREADS"] = str(args.torch_threads)
     enters = [fn for fn in (cgroup.enter_fn(), storage.enter_fn()) if fn is not None]
@@ -147,6 +174,16 @@ def start_server(
     return proc, found[0], lines
 
 
+def vm_hwm(pid: int) -> int:
+    """The server's peak resident memory since it started (``VmHWM``: its own, unlike
+    ``getrusage``'s, which an exec'd child inherits from the parent that prepared models)."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmHWM for process {pid}")
+
+
 def scrape(url: str) -> dict[str, float]:
     """The server's Prometheus samples (name{labels} -> value)."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
@@ -162,19 +199,28 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def request_for(meta: dict[str, Any], rng: np.random.Generator, use_json: bool) -> tuple[bytes, dict[str, str]]:
-    """A ready-to-send body for ``meta``'s one input (binary or JSON tensor data)."""
-    (spec,) = meta["inputs"]
-    dtype = NUMPY_TYPES[spec["datatype"]]
-    x = rng.standard_normal(spec["shape"]).astype(dtype)
-    tensor: dict[str, Any] = {"name": spec["name"], "shape": spec["shape"], "datatype": spec["datatype"]}
+    """A ready-to-send body for ``meta``'s inputs (binary or JSON tensor data): one for most
+    models, one per keyword for a model prepared from keyword arguments (Whisper's features
+    and decoder ids). Integer inputs are ids below 32, as layerfit's example inputs."""
+    tensors, raws = [], []
+    for spec in meta["inputs"]:
+        dtype = NUMPY_TYPES[spec["datatype"]]
+        if np.issubdtype(dtype, np.integer):
+            x = rng.integers(0, 32, spec["shape"]).astype(dtype)
+        else:
+            x = rng.standard_normal(spec["shape"]).astype(dtype)
+        tensor: dict[str, Any] = {"name": spec["name"], "shape": spec["shape"], "datatype": spec["datatype"]}
+        if use_json:
+            tensor["data"] = x.reshape(-1).tolist()
+        else:
+            raws.append(x.tobytes())
+            tensor["parameters"] = {"binary_data_size": len(raws[-1])}
+        tensors.append(tensor)
     if use_json:
-        tensor["data"] = x.reshape(-1).tolist()
-        return json.dumps({"inputs": [tensor]}).encode(), {"content-type": "application/json"}
-    raw = x.tobytes()
-    tensor["parameters"] = {"binary_data_size": len(raw)}
-    head = json.dumps({"inputs": [tensor], "parameters": {"binary_data_output": True}}).encode()
-    return head + raw, {"Inference-Header-Content-Length": str(len(head)),
-                        "content-type": "application/octet-stream"}
+        return json.dumps({"inputs": tensors}).encode(), {"content-type": "application/json"}
+    head = json.dumps({"inputs": tensors, "parameters": {"binary_data_output": True}}).encode()
+    return head + b"".join(raws), {"Inference-Header-Content-Length": str(len(head)),
+                                   "content-type": "application/octet-stream"}
 
 
 class Tally:
@@ -263,6 +309,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             load_end = time.perf_counter()
             read_during_load = None if read_at_start is None else storage.bytes_read() - read_at_start
             metrics = scrape(url)
+            peak_rss = vm_hwm(proc.pid)
             stop.set()  # no new requests; those in flight are still waiting for answers
             proc.send_signal(signal.SIGTERM)
             returncode = proc.wait(timeout=args.shutdown_grace + args.timeout + 120)
@@ -273,7 +320,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        peak_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
         cgroup_peak = cgroup.peak_bytes()
     finally:
         cgroup.remove()

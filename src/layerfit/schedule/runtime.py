@@ -137,9 +137,9 @@ class InferenceJob:
     to every network, or a mapping from model name to its own input (networks of one
     job may expect different resolutions). A model prepared from keyword arguments
     (Whisper's features and decoder ids) takes a mapping of them, by their names: as the
-    job's input, or as its entry in a mapping by model name. ``timeout`` (seconds from submission)
-    cancels the job if it has not finished by then; ``deadline`` (seconds) is only
-    reported. ``tag`` is carried through for the caller (e.g. an image file name).
+    job's input, or as its entry in a mapping by model name. ``timeout`` (seconds from
+    submission) cancels the job if it has not finished by then; ``deadline`` (seconds)
+    is only reported. ``tag`` is carried through for the caller (e.g. an image file name).
     """
 
     networks: tuple[str, ...]
