@@ -517,15 +517,7 @@ def _example_kwargs(path: str | None, input_shape: str | None) -> dict[str, Any]
         return None
     if input_shape is not None:
         raise InputError("--example gives the example input: leave out --input-shape")
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        tensors = load_file(path)
-    except FileNotFoundError:
-        raise InputError(f"--example {path}: no such file") from None
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise InputError(f"--example {path} is not a readable .safetensors file: {exc}") from None
+    tensors = _read_safetensors(path, f"--example {path}", "")
     if not tensors:
         raise InputError(f"--example {path} holds no tensors: store the example call's keyword arguments in it")
     return tensors
@@ -765,6 +757,27 @@ def verify(directory: str = typer.Argument(..., help="prepared model directory")
     console.print(f"{directory}: {len(m.segments)} segments verified ({reader.mode} I/O)")
 
 
+def _read_safetensors(path: str, what: str, hint: str) -> dict[str, Any]:
+    """The tensors of a .safetensors file (nothing unpickled); a clear error naming
+    ``what`` (and ``hint``) for a missing or malformed file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except FileNotFoundError:
+        raise InputError(f"{what}: no such file{hint}") from None
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise InputError(f"{what} is not a readable .safetensors file: {exc}{hint}") from None
+
+
+def _device_call(path: str | None, engine) -> tuple[tuple, dict]:
+    """:func:`_load_call` for ``engine``, on its device."""
+    args, keywords = _load_call(path, engine.manifest)
+    to_device = engine.device.to_device
+    return tuple(to_device(a) for a in args), {k: to_device(v) for k, v in keywords.items()}
+
+
 def _load_call(path: str | None, manifest) -> tuple[tuple, dict]:
     """``(args, kwargs)`` of ``run``'s call: the seeded default, ``--input``'s one tensor,
     or (a model prepared from an example of keyword arguments) ``--input``'s
@@ -775,15 +788,9 @@ def _load_call(path: str | None, manifest) -> tuple[tuple, dict]:
         return example_call(manifest)
     if not manifest.input_keywords:
         return (_load_input(path, manifest),), {}
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        tensors = load_file(path)
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise InputError(
-            f"cannot read input {path}: {exc} (this model takes keyword arguments: give a .safetensors file of them)"
-        ) from None
+    tensors = _read_safetensors(
+        path, f"input {path}", " (this model takes keyword arguments: give a .safetensors file of them)"
+    )
     names = [name for name, _, _ in manifest.input_keywords]
     if sorted(tensors) != sorted(names):
         raise InputError(f"input {path} holds {', '.join(sorted(tensors)) or 'no tensors'}; the model takes {', '.join(names)}")
@@ -936,9 +943,7 @@ def run(
         stages=stages,
         gather_rows=gather_rows,
     ) as engine:
-        args, keywords = _load_call(input_path, engine.manifest)
-        args = tuple(engine.device.to_device(a) for a in args)
-        keywords = {k: engine.device.to_device(v) for k, v in keywords.items()}
+        args, keywords = _device_call(input_path, engine)
         out, report = measure(engine, args, repeats=repeats, warmup=warmup, keywords=keywords)
         if trace:
             engine.last_timeline.save(trace)
@@ -1015,9 +1020,7 @@ def tradeoff_delay(
     step_bytes = parse_budget(step, weights)
     until_bytes = None if until is None else parse_budget(until, weights)
     with load(directory, pipeline=pipeline, device=device, stages=stages) as engine:
-        args, keywords = _load_call(None, engine.manifest)  # a model prepared from keywords: all of them
-        args = tuple(engine.device.to_device(a) for a in args)
-        keywords = {k: engine.device.to_device(v) for k, v in keywords.items()}
+        args, keywords = _device_call(None, engine)  # a model prepared from keywords: all of them
         curve = minimal_delay_search(
             engine, args, keywords=keywords, step=step_bytes, repeats=repeats, warmup=warmup,
             until=until_bytes, patience=patience, tolerance=tolerance,

@@ -296,3 +296,5 @@ def test_run_calls_a_model_prepared_from_keyword_arguments_with_all_of_them(tmp_
     save_file({"input_features": example["input_features"]}, tmp_path / "half.safetensors")
     assert main(["run", str(tmp_path / "m"), "--input", str(tmp_path / "half.safetensors")]) == 2
     assert "holds input_features; the model takes input_features, decoder_input_ids" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "m"), "--input", str(tmp_path / "missing.safetensors")]) == 2
+    assert "no such file (this model takes keyword arguments" in capsys.readouterr().err

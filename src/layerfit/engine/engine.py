@@ -89,8 +89,7 @@ class _Run:
         # output runs none of the encoder's), and runs each after it, in order.
         self.units = range(nblocks) if units is None else units
         self.begin: int | None = None  # set by the first unit that runs
-        self.skipped = 0  # units after it that did not run
-        self.skipped_units: set[int] = set()  # which (what the next such pass expects)
+        self.skipped_units: set[int] = set()  # units after it that did not run (the next such pass expects them)
         self.read_for_nothing = 0  # bytes the reader read of them, or read ahead and discarded
         # Units the reader does not read, expecting the pass to skip them as the last did;
         # one that runs after all rewinds the reader to it (a new epoch).
@@ -802,14 +801,13 @@ class Engine:
         for the kernels; a read or copy under way by its thread when it ends; with a copy
         stage, the read buffer by the copier, in order."""
         three = self.device_ring is not None
+        slots, ring = (run.on_device, self.device_ring) if three else (run.ready, self.ring)
         with self._state:
             for k in range(run.done, i):
-                slots, ring = (run.on_device, self.device_ring) if three else (run.ready, self.ring)
                 if slots[k] is not None:  # ready for the kernels: the oldest bytes in its ring
                     ring.release_locked(slots[k])
                     slots[k] = None
                     run.read_for_nothing += self.blocks[k].nbytes
-            run.skipped += i - run.done
             run.skipped_units.update(range(run.done, i))
             run.done = run.started = i
             self._wake_reader(run)
@@ -1085,7 +1083,6 @@ class Engine:
                     if run.begin is not None and run.ordered:  # it ended before its last units
                         with self._state:
                             for k in range(run.done, run.units.stop):
-                                run.skipped += 1
                                 run.skipped_units.add(k)
                                 if run.ready[k] is not None:
                                     run.read_for_nothing += self.blocks[k].nbytes
@@ -1127,7 +1124,7 @@ class Engine:
             rings = [r.peak for r in (self.ring, self.device_ring) if r is not None]
             held = self.memory.resident_bytes + self.memory.kept_bytes
             self.last_weights_peak = held + sum(rings) + self.binder.peak_bytes
-            self.last_skipped = (run.skipped, run.read_for_nothing)
+            self.last_skipped = (len(run.skipped_units), run.read_for_nothing)
             return out
 
     def _check_output(self, out: Any) -> None:

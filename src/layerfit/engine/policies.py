@@ -181,7 +181,7 @@ def choose_kept_units(
     n, total = len(unit_sizes), sum(unit_sizes)
     weight = [1] * n if runs is None else list(runs)
     # The most saved per byte kept first: a unit's reads and requests, as often as it runs.
-    by_size = sorted(range(n), key=lambda i: (-weight[i] * (1 + request_bytes / max(unit_sizes[i], 1)), i))
+    best_first = sorted(range(n), key=lambda i: (-weight[i] * (1 + request_bytes / max(unit_sizes[i], 1)), i))
     best: set[int] = set()
     best_saved = 0
 
@@ -197,7 +197,7 @@ def choose_kept_units(
         # One of size m streams: the one run least often (the last, when they run alike).
         streamed = max((i for i in range(n) if unit_sizes[i] == m), key=lambda i: (-weight[i], i))
         kept = set(larger)
-        for i in by_size:
+        for i in best_first:
             size = unit_sizes[i]
             if size > left or size > m or not buffers_hold_enough(kept_bytes + size):
                 continue  # a later one may be smaller

@@ -1089,16 +1089,15 @@ def _forward_call(spec: InferenceJob, name: str, manifest: Manifest) -> tuple[tu
 
 def _keyword_call(value: Any, name: str, keywords: Sequence[tuple[str, tuple[int, ...], str]]) -> dict[str, Any]:
     """The keyword arguments of a model prepared from them: every one, each a tensor as prepared."""
-    takes = _describe(keywords)
     if not isinstance(value, Mapping):
         raise InputError(
-            f"model {name!r} takes keyword arguments {takes}: give a mapping of them, not a "
+            f"model {name!r} takes keyword arguments {_describe(keywords)}: give a mapping of them, not a "
             f"{type(value).__name__}"
         )
     names = [k for k, _, _ in keywords]
     if set(value) != set(names):
         sent = ", ".join(map(str, value)) or "none"
-        raise InputError(f"model {name!r} takes keyword arguments {takes}; the job gives {sent}")
+        raise InputError(f"model {name!r} takes keyword arguments {_describe(keywords)}; the job gives {sent}")
     for k, shape, dtype in keywords:
         if not isinstance(value[k], torch.Tensor):
             raise InputError(f"model {name!r}'s {k} must be a tensor, got {type(value[k]).__name__}")
