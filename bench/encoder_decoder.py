@@ -84,6 +84,19 @@ def model_input(name: str) -> tuple[str, torch.Tensor]:
     return "input_features", example_input((1, MELS, FRAMES), seed=1)
 
 
+def prepared(name: str, directory: Path) -> tuple[nn.Module, str, torch.Tensor, int, Any]:
+    """The model, its input's keyword and tensor, its decoder's start token, and its
+    manifest, prepared into ``directory`` from an example of the input and that token."""
+    from layerfit.store import prepare
+
+    model = MODELS[name]()
+    key, x = model_input(name)
+    start = model.config.decoder_start_token_id
+    example = {key: x, "decoder_input_ids": torch.tensor([[start]])}
+    manifest = prepare(f"encoder_decoder:{MODELS[name].__name__}", directory, example=example, force=True)
+    return model, key, x, start, manifest
+
+
 def whole_passes(
     engine: Any, key: str, x: torch.Tensor, start: int, tokens: int
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -157,15 +170,10 @@ def physical(args: argparse.Namespace) -> int:
     """Each generate configuration in a fresh child process (its own memory cgroup where
     one can be made): what the whole process holds, PyTorch included."""
     from layerfit.engine import output_digest
-    from layerfit.store import prepare
 
     data: dict[str, Any] = {"machine": machine(), "generated_tokens": args.tokens, "models": {}}
     for name in args.models.split(","):
-        model = MODELS[name]()
-        key, x = model_input(name)
-        start = model.config.decoder_start_token_id
-        m = prepare(f"encoder_decoder:{MODELS[name].__name__}", CACHE / name,
-                    example={key: x, "decoder_input_ids": torch.tensor([[start]])}, force=True)  # fmt: skip
+        model, _, x, _, m = prepared(name, CACHE / name)
         options = {"max_new_tokens": args.tokens, "min_new_tokens": args.tokens, "do_sample": False}
         expected = output_digest(model.generate(x, **options))
         del model
@@ -199,30 +207,24 @@ def physical(args: argparse.Namespace) -> int:
 def bench_model(name: str, rounds: int, tokens: int) -> dict[str, Any]:
     from layerfit.engine import load
     from layerfit.sizes import parse_budget
-    from layerfit.store import prepare
 
-    model = MODELS[name]()
-    key, x = model_input(name)
-    start = model.config.decoder_start_token_id
     directory = CACHE / name
-    m = prepare(f"encoder_decoder:{MODELS[name].__name__}", directory, example={key: x, "decoder_input_ids": torch.tensor([[start]])},
-                force=True)  # fmt: skip
+    model, key, x, start, m = prepared(name, directory)
     options = {"max_new_tokens": tokens, "min_new_tokens": tokens, "do_sample": False,
                "output_scores": True, "return_dict_in_generate": True}  # fmt: skip
     expected = model.generate(x, **options)
     with torch.no_grad():  # without the cache a step's logits differ by rounding from generate's
         expected_whole = whole_passes(model, key, x, start, tokens)
     del model
-    configs = CONFIGS
     with load(directory, pipeline="async") as engine:
         default = engine.memory.weight_bytes
         encoder_units = engine.part("model.encoder").units
         decoder_bytes = sum(b.nbytes for i, b in enumerate(engine.blocks) if i not in encoder_units)
         encoder_bytes = sum(engine.blocks[i].nbytes for i in encoder_units)
         cross_kv = sum(b.nbytes for b in engine.blocks if b.name.endswith(CROSS_KV))
-    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
     for _ in range(rounds):
-        for config, o in configs.items():
+        for config, o in CONFIGS.items():
             with load(directory, **o) as engine:
                 t0 = time.perf_counter()
                 if config.endswith("whole passes"):

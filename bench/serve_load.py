@@ -102,13 +102,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def whisper_example() -> dict[str, Any]:
-    """Whisper-base's call: 30 s of 80 mel bins and a 4-token decoder prompt."""
+    """Whisper-base's call: ``encoder_decoder.py``'s 30 s of audio features and a 4-token
+    decoder prompt."""
     import torch
+    from encoder_decoder import model_input
 
-    from layerfit.store import example_input
-
-    return {"input_features": example_input((1, 80, 3000), seed=1),
-            "decoder_input_ids": torch.tensor([[50258, 50259, 50359, 50363]])}
+    key, features = model_input("whisper")
+    return {key: features, "decoder_input_ids": torch.tensor([[50258, 50259, 50359, 50363]])}
 
 
 # Models of this folder's benches, prepared from keyword arguments (not in the zoo); the
