@@ -234,7 +234,9 @@ def prepared_zoo_model(name: str, resolution: int, cache: Path) -> Path:
     shape = (*entry.input_shape[:-2], resolution, resolution)
     out = cache / f"{name}-{resolution}"
     try:
-        if read_manifest(out).input_shape == shape:
+        manifest = read_manifest(out)
+        # prepared before the captured pass was measured: its estimates would be the old ones
+        if manifest.input_shape == shape and manifest.graph.pass_peak_bytes:
             return out
     except LayerfitError:
         pass  # missing or stale: prepare it again

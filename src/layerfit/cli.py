@@ -619,6 +619,7 @@ def inspect(
         "macs": m.graph.total_macs,
         "ops": len(m.graph.ops),
         "activation_tensors": len(m.graph.tensors),
+        "pass_peak_bytes": m.graph.pass_peak_bytes,
         **_activation_info(m),
         "units": units,
     }
@@ -642,6 +643,11 @@ def inspect(
         + "\n"
         f"activation arena {format_bytes(info['activation_arena_bytes'])} (offsets plan, best); planned "
         f"total at the minimum budget {format_bytes(info['planned_total_bytes'])}"
+        + (
+            f"; unplanned, the captured pass held {format_bytes(m.graph.pass_peak_bytes)} of tensors at its peak"
+            if m.graph.pass_peak_bytes
+            else ""
+        )
     )
     if plan is not None:
         head = f"at {format_bytes(plan['budget_bytes'])} ({plan['stages']} stages) pipeline auto runs {plan['policy']}: "

@@ -166,8 +166,11 @@ def test_cli_inspect_and_run_report_the_arena(tiny: Path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["activation_arena_bytes"] > 0
     assert info["planned_total_bytes"] == info["minimum_budget_bytes"] + info["activation_arena_bytes"]
+    # what the unplanned pass held, next to the arena that replaces it
+    assert info["pass_peak_bytes"] == read_manifest(tiny).graph.pass_peak_bytes > 0
     assert main(["inspect", str(tiny)]) == 0
-    assert "activation arena" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "activation arena" in text and "unplanned, the captured pass held" in text
     assert main(["run", str(tiny), "--json", "--activations", "planned", "--repeats", "1", "--warmup", "0"]) == 0
     planned = json.loads(capsys.readouterr().out)
     assert main(["run", str(tiny), "--json", "--repeats", "1", "--warmup", "0"]) == 0

@@ -46,6 +46,15 @@ def reference(name: str, x: torch.Tensor) -> torch.Tensor:
         return model(x)
 
 
+def largest_task(repo: Path, names: list[str]) -> int:
+    """The most memory one task of these prepared models reserves (the smallest budget
+    that runs each of them without the progress rule)."""
+    from layerfit.schedule.profiler import estimate_profile
+    from layerfit.store import read_manifest
+
+    return max(estimate_profile(read_manifest(repo / name), name).largest_task_memory for name in names)
+
+
 def runtime_threads() -> list[str]:
     """Names of the runtime's threads still alive (workers, timer, forward threads)."""
     return [

@@ -11,7 +11,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from runtime_helpers import NAMES, model_input, prepare_models, reference, runtime_threads
+from runtime_helpers import (
+    NAMES,
+    largest_task,
+    model_input,
+    prepare_models,
+    reference,
+    runtime_threads,
+)
 
 import layerfit
 from layerfit.engine.engine import Engine
@@ -131,7 +138,7 @@ def test_ungated_baselines_overcommit_and_memory_aware_ones_do_not(repo, refs, p
     (counted as over-commits, never as the progress rule) and still give model(x); MASA
     keeps the budget whatever ``gated`` says."""
     inputs, expected = refs
-    budget = 48 * 1024  # tiny's largest task (its init); its bulk peak is more than twice that
+    budget = largest_task(repo, ["tiny", "chain"])  # tiny's init; its bulk peak is more than twice that
     for name, gated in ((policy, False), ("masa", False), (policy, True)):
         rt = Runtime(repo, budget, workers=2, policy=name, gated=gated, trace=True)
         try:

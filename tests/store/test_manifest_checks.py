@@ -75,6 +75,8 @@ EDITS: dict[str, tuple[Callable[[dict], None], str]] = {
         "input keyword's dtype",
     ),
     "input keyword without a shape": (lambda d: d["input"].update(keywords=[{"name": "x"}]), "KeyError: 'shape'"),
+    "negative pass peak": (lambda d: d["graph"].update(pass_peak_bytes=-1), "negative number of bytes"),
+    "pass peak not a number": (lambda d: d["graph"].update(pass_peak_bytes="lots"), "ValueError"),
 }
 
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from layerfit.capture.activations import _flat_tensors, trace_fx, trace_hooks
+from layerfit.capture.allocations import PassAllocations
 from layerfit.capture.graph import (
     ModelGraph,
     OpRecord,
@@ -80,8 +81,10 @@ def capture(model: nn.Module, example_input: Any, *, method: str = "auto") -> Mo
         # ``prepare`` packs, start from the model as it was given.
         recorder = UnitRecorder(model)
         guard = StateGuard(model)
+        # what eager PyTorch holds at once besides the weights and the inputs
+        allocations = PassAllocations(weights=[*model.parameters(), *model.buffers()], inputs=(args, kwargs))
         try:
-            with recorder, guard, torch.no_grad():
+            with recorder, guard, torch.no_grad(), allocations:
                 output = model(*args, **kwargs)
         except LayerfitError:
             raise
@@ -122,6 +125,7 @@ def capture(model: nn.Module, example_input: Any, *, method: str = "auto") -> Mo
         resident=resident,
         unused=unused,
         output_shapes=[tuple(t.shape) for t in _flat_tensors(output)],
+        pass_peak_bytes=allocations.peak,
     )
 
 

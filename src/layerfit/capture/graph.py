@@ -108,6 +108,10 @@ class ModelGraph:
     resident: list[ResidentTensor] = field(default_factory=list)
     unused: list[str] = field(default_factory=list)  # tensors of modules never called
     output_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    # Most bytes of tensors the captured eager pass held at once, its inputs included and
+    # the weights not (every operator's output, functional code's too; 0: not measured,
+    # as in graphs captured before it was). See :mod:`layerfit.capture.allocations`.
+    pass_peak_bytes: int = 0
 
     @property
     def total_param_bytes(self) -> int:
@@ -164,6 +168,9 @@ class ModelGraph:
             for o in data["ops"]
         ]
         tensors = [TensorRecord(**{**t, "shape": tuple(t["shape"])}) for t in data["tensors"]]
+        pass_peak_bytes = int(data.get("pass_peak_bytes", 0))
+        if pass_peak_bytes < 0:
+            raise ValueError(f"pass_peak_bytes is {pass_peak_bytes}, a negative number of bytes")
         return cls(
             model_type=data["model_type"],
             input_shape=tuple(data["input_shape"]),
@@ -180,6 +187,7 @@ class ModelGraph:
             ],
             unused=list(data.get("unused", [])),
             output_shapes=[tuple(s) for s in data.get("output_shapes", [])],
+            pass_peak_bytes=pass_peak_bytes,
         )
 
     @classmethod

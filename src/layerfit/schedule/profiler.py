@@ -5,10 +5,11 @@ and init tasks cost (:class:`~layerfit.schedule.profile.NetworkProfile`). Two so
 
 - :func:`estimate_profile` — from the capture stored in the manifest, no execution:
   a load reserves exactly the unit's aligned bytes (the buffer it reads into), an
-  execution its output activations, the init the resident tensors plus the peak of
-  live activations of one forward pass (the network's working set, held from its init
-  until it finishes, as Caffe allocates its blobs when it builds the net). Times come
-  from the capture's MACs and bytes at nominal rates (:func:`profile_from_graph`).
+  execution its output activations, the init the resident tensors plus the activations
+  of one forward pass at their peak (:func:`activation_estimate_bytes`: the network's
+  working set, held from its init until it finishes, as Caffe allocates its blobs when
+  it builds the net). Times come from the capture's MACs and bytes at nominal rates
+  (:func:`profile_from_graph`).
 - :func:`measure_profile` — the profiler of thesis §5.3: every unit is loaded and
   executed in isolation by one thread while a parallel thread samples the process's
   resident memory from ``/proc/self/statm``; a task's memory is its peak above the
@@ -65,6 +66,19 @@ def activation_peak_bytes(graph: ModelGraph) -> int:
     return peak
 
 
+def activation_estimate_bytes(graph: ModelGraph) -> int:
+    """The activation memory the scheduler reserves for one forward pass of a network.
+
+    The larger of the tensor usage records' peak and what the captured eager pass held
+    at once (``graph.pass_peak_bytes``): the records miss what functional code makes
+    between modules (a transformer's attention scores, a returned key/value cache), and
+    eager PyTorch does not write every elementwise module's output over its input as
+    the records allow. Graphs captured before the pass was measured fall back to the
+    records.
+    """
+    return max(activation_peak_bytes(graph), graph.pass_peak_bytes)
+
+
 def _layer_kind(module_type: str) -> str:
     module = module_type.lower()
     return "conv" if "conv" in module else "fc" if "linear" in module else "other"
@@ -88,7 +102,7 @@ def estimate_profile(manifest: Manifest, name: str) -> NetworkProfile:
     return replace(
         base,
         layers=layers,
-        init_memory=manifest.resident_bytes + activation_peak_bytes(graph),
+        init_memory=manifest.resident_bytes + activation_estimate_bytes(graph),
         notes={**dict(base.notes), "estimates": "capture"},
     )
 
@@ -470,6 +484,7 @@ def measure_contention(directories: Sequence[str | Path], *, repeats: int = 3) -
 
 __all__ = [
     "StatmSampler",
+    "activation_estimate_bytes",
     "activation_peak_bytes",
     "estimate_profile",
     "measure_contention",
