@@ -852,11 +852,13 @@ class Engine:
             )
             with self._state:
                 # Empty but for a skipped unit still being read, which the reader gives
-                # back when its read ends.
-                while (off := ring.allocate_locked(lookup.nbytes)) is None:
-                    if run.error is not None:
-                        raise LayerfitError(f"no room in the unit buffer for the rows of {table.name}")
+                # back when its read ends: the rows wait for that, since placed after it
+                # they would be given back first, and the ring gives back oldest first.
+                while ring.in_use and run.error is None:
                     self._ready.wait()
+                if run.error is not None:
+                    raise LayerfitError(f"no room in the unit buffer for the rows of {table.name}")
+                off = ring.allocate_locked(lookup.nbytes)  # planned to fit the whole ring
                 run.bound[i] = off
                 run.gathered[i] = module.padding_idx
                 run.placed.add(i)
