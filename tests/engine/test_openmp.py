@@ -27,21 +27,24 @@ from layerfit.engine.openmp import release_thread_team, without_thread_team
 
 torch.set_num_threads(2)
 
-def helpers():
+def native():
     python = {t.native_id for t in threading.enumerate()}
-    return sum(int(t) not in python for t in os.listdir("/proc/self/task"))
+    return {int(t) for t in os.listdir("/proc/self/task")} - python
+
+def helpers():  # native threads started since the script began and still alive
+    return len(native() - before)
 
 conv = torch.nn.Conv2d(3, 8, 3).eval()
 x = torch.randn(1, 3, 64, 64)
-before = helpers()
+before = native()
 with torch.no_grad():
     first = conv(x)
-kept = helpers() - before
+kept = helpers()
 released = release_thread_team()
-after_release = helpers() - before
+after_release = helpers()
 with torch.no_grad():
     second = conv(x)  # a new team, the same bits
-again = helpers() - before
+again = helpers()
 
 def fails():
     torch.ones(1 << 20).add_(1)
@@ -51,7 +54,7 @@ try:
     without_thread_team(fails)()
 except ValueError:
     pass
-after_wrapped = helpers() - before
+after_wrapped = helpers()
 print(json.dumps({"kept": kept, "released": released, "after_release": after_release, "again": again,
                   "after_wrapped": after_wrapped, "same": bool(torch.equal(first, second))}))
 """
@@ -80,7 +83,9 @@ def test_without_thread_team_returns_what_the_work_returns() -> None:
     assert isinstance(release_thread_team(), bool)  # a thread with no team: nothing to free
 
 
-# A thread's kernels start a team of (threads - 1) helpers, counted while the thread lives.
+# A thread's kernels start a team of (threads - 1) helpers, counted while the thread lives
+# as the native threads that appeared during its work (the helpers of a thread that has
+# ended may leave meanwhile, which a plain count would subtract).
 _THREADS_SCRIPT = """
 import json, os, threading, torch
 from layerfit.engine.openmp import set_compute_threads
@@ -89,17 +94,17 @@ torch.set_num_threads(2)
 conv = torch.nn.Conv2d(3, 8, 3).eval()
 x = torch.randn(1, 3, 64, 64)
 
-def helpers():
+def native():
     python = {t.native_id for t in threading.enumerate()}
-    return sum(int(t) not in python for t in os.listdir("/proc/self/task"))
+    return {int(t) for t in os.listdir("/proc/self/task")} - python
 
 def team_of_a_new_thread():
     seen = []
     def work():
-        before = helpers()
+        before = native()
         with torch.no_grad():
             conv(x)
-        seen.append(helpers() - before)
+        seen.append(len(native() - before))
     t = threading.Thread(target=work)
     t.start()
     t.join()
