@@ -26,6 +26,7 @@ for bit against the model run preloaded in the same process. Writes
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -80,7 +81,7 @@ def child(model_dir: Path, mode: str, repeats: int) -> dict[str, Any]:
         runtime.load_model(model_dir.name)
         for _ in range(3):
             assert output_digest(runtime.infer(model_dir.name, x).result()) == expected
-        rises = []
+        rises, seconds = [], []
         for _ in range(repeats):
             # the baseline is what the process holds idle: the pass before may still be
             # giving its scratch back on its own thread, and glibc may keep some of it
@@ -89,7 +90,9 @@ def child(model_dir: Path, mode: str, repeats: int) -> dict[str, Any]:
             before = rss_bytes()
             if not reset_peak_rss():
                 raise RuntimeError("this kernel cannot reset the peak RSS (/proc/self/clear_refs)")
+            t0 = time.perf_counter()
             out = runtime.infer(model_dir.name, x).result()
+            seconds.append(time.perf_counter() - t0)
             rises.append(peak_rss_bytes() - before)
             assert output_digest(out) == expected, "output differs from the preloaded model's"
         stats = runtime.stats()
@@ -102,6 +105,7 @@ def child(model_dir: Path, mode: str, repeats: int) -> dict[str, Any]:
         "budget_bytes": budget,
         "rss_rise_bytes": rises,
         "rss_rise_median_bytes": statistics.median(rises),
+        "pass_median_s": statistics.median(seconds),
         "weights_bytes": manifest.weights_size,
         "weight_cache_hits": stats["weight_cache"]["hits"],
         "freed_memory": stats["freed_memory"],
@@ -115,6 +119,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=7, help="measured passes per run")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--name", default="activation_estimates", help="result file name under bench/results/")
     p.add_argument("--child", nargs=3, metavar=("DIR", "MODE", "REPEATS"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -129,8 +134,11 @@ def main() -> None:
             result = run_child(__file__, [str(model_dir), mode, str(args.repeats)])
             rows.append({"model": model_dir.name, "mode": mode, **result})
             print(name, mode, {k: v for k, v in result.items() if k != "rss_rise_bytes"}, flush=True)
-    data = {"machine": machine(), "repeats": args.repeats, "rows": rows}
-    write_results("activation_estimates", data, markdown(data))
+    # glibc's own settings from the environment (MALLOC_MMAP_THRESHOLD_, ...), which the
+    # children inherit: under "never" the runtime leaves them as they are
+    malloc_env = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+    data = {"machine": machine(), "repeats": args.repeats, "malloc_env": malloc_env, "rows": rows}
+    write_results(args.name, data, markdown(data))
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -145,15 +153,18 @@ def markdown(data: dict[str, Any]) -> str:
         "MB = 10^6 bytes.",
         "",
         "*Records*: the usage records' peak (the estimate until the pass was measured); *pass*: "
-        "what the captured eager pass held at once; *estimate*: what the ledger counts, the larger.",
+        "what the captured eager pass held at once; *estimate*: what the ledger counts, the larger. "
+        "*Pass ms*: the median wall time of the measured passes (a request through the runtime).",
         "",
+        *([f"glibc settings from the environment: {', '.join(f'`{k}={v}`' for k, v in data['malloc_env'].items())}.", ""]
+          if data.get("malloc_env") else []),
         "| model | records MB | pass MB | estimate MB | mode | RSS rise MB (median) | min - max "
-        "| rise / records | rise / estimate | bit-identical |",
-        "|---|---:|---:|---:|---|---:|---|---:|---:|---|",
+        "| rise / records | rise / estimate | pass ms | bit-identical |",
+        "|---|---:|---:|---:|---|---:|---|---:|---:|---:|---|",
     ]
     for row in data["rows"]:
         if "error" in row:
-            lines.append(f"| {row['model']} | | | | {row['mode']} | error: {row['error']} | | | | |")
+            lines.append(f"| {row['model']} | | | | {row['mode']} | error: {row['error']} | | | | | |")
             continue
         records, estimate = row["records_activation_bytes"], row["captured_activation_bytes"]
         rise = row["rss_rise_median_bytes"]
@@ -161,7 +172,8 @@ def markdown(data: dict[str, Any]) -> str:
             f"| {row['model']} | {mb(records)} | {mb(row['pass_peak_bytes'])} | {mb(estimate)} | "
             f"{row['mode']} | {mb(rise)} | "
             f"{mb(min(row['rss_rise_bytes']))} - {mb(max(row['rss_rise_bytes']))} | "
-            f"{rise / records:.2f} | {rise / estimate:.2f} | {'yes' if row['bit_identical'] else 'no'} |"
+            f"{rise / records:.2f} | {rise / estimate:.2f} | {row['pass_median_s'] * 1e3:.0f} | "
+            f"{'yes' if row['bit_identical'] else 'no'} |"
         )
     return "\n".join(lines) + "\n"
 
