@@ -4,6 +4,7 @@ the progress rule, precedence holds, at most ``workers`` tasks run at once."""
 from __future__ import annotations
 
 import gc
+import json
 import shutil
 import threading
 
@@ -27,8 +28,14 @@ from layerfit.errors import LayerfitError, ScheduleError
 from layerfit.schedule import runtime as runtime_module
 from layerfit.schedule.graph import build_graph
 from layerfit.schedule.policies import POLICIES, policy_names
-from layerfit.schedule.profiler import StatmSampler, estimate_profile, measure_profile
+from layerfit.schedule.profiler import (
+    StatmSampler,
+    activation_peak_bytes,
+    estimate_profile,
+    measure_profile,
+)
 from layerfit.schedule.runtime import Job, Runtime
+from layerfit.store import read_manifest
 
 
 def check_trace(rt: Runtime, workers: int) -> None:
@@ -320,6 +327,26 @@ def test_capture_estimates_reserve_unit_bytes_and_activations(repo):
     assert profile.init_memory > 0  # the activations of one forward pass
     measured = measure_profile(repo / "chain", repeats=1, warmup=0)
     assert measured.name == "chain" and measured.notes["estimates"] == "statm"
+
+
+def test_init_counts_the_captured_pass_and_an_older_manifest_warns(repo, tmp_path, caplog):
+    manifest = read_manifest(repo / "tiny")
+    graph = manifest.graph
+    assert graph.pass_peak_bytes > activation_peak_bytes(graph)  # eager batch norm: its own output
+    with caplog.at_level("WARNING", logger="layerfit.schedule.profiler"):
+        profile = estimate_profile(manifest, "tiny")
+    assert profile.init_memory == manifest.resident_bytes + graph.pass_peak_bytes
+    assert not caplog.records
+    # prepared before the pass was measured: the records alone, and a warning saying so
+    older = tmp_path / "tiny"
+    shutil.copytree(repo / "tiny", older)
+    data = json.loads((older / "manifest.json").read_text())
+    del data["graph"]["pass_peak_bytes"]
+    (older / "manifest.json").write_text(json.dumps(data))
+    with caplog.at_level("WARNING", logger="layerfit.schedule.profiler"):
+        profile = estimate_profile(read_manifest(older), "tiny")
+    assert profile.init_memory == manifest.resident_bytes + activation_peak_bytes(graph)
+    assert "prepare it again" in caplog.text
 
 
 def test_measured_executions_include_the_ops_between_units(tmp_path):

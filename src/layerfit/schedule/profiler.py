@@ -21,6 +21,7 @@ and init tasks cost (:class:`~layerfit.schedule.profile.NetworkProfile`). Two so
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import os
 import statistics
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     from layerfit.engine.engine import Engine
     from layerfit.schedule.contention import ContentionModel
     from layerfit.store.manifest import Manifest
+
+log = logging.getLogger(__name__)
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 STATM = "/proc/self/statm"
@@ -92,6 +95,13 @@ def estimate_profile(manifest: Manifest, name: str) -> NetworkProfile:
         raise ScheduleError(
             f"model {name}: the capture has {len(graph.units)} units but the store "
             f"{len(manifest.units)} (prepare it again)"
+        )
+    if not graph.pass_peak_bytes:
+        log.warning(
+            "model %s was prepared before layerfit measured the captured pass: its activations "
+            "are estimated from the usage records alone (%d bytes), which can be far too few for "
+            "a model whose functional code makes tensors between modules; prepare it again",
+            name, activation_peak_bytes(graph),
         )
     layers = base.layers  # no unit: the one layer of the whole forward pass
     if manifest.units:
