@@ -81,7 +81,7 @@ def capture(model: nn.Module, example_input: Any, *, method: str = "auto") -> Mo
         # ``prepare`` packs, start from the model as it was given.
         recorder = UnitRecorder(model)
         guard = StateGuard(model)
-        # what eager PyTorch holds at once besides the weights and the inputs
+        # the most bytes of tensors eager PyTorch holds at once, the inputs included
         allocations = PassAllocations(weights=[*model.parameters(), *model.buffers()], inputs=(args, kwargs))
         try:
             with recorder, guard, torch.no_grad(), allocations:

@@ -77,7 +77,9 @@ class PassAllocations(TorchDispatchMode):
             del self._views[address]
             self.live -= entry[0]
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if not isinstance(t, torch.Tensor) or (key := _storage(t)) is None:
