@@ -137,6 +137,18 @@ def test_every_budget_runs_bit_identical_within_budget(chain: Path, profile):
     assert streamed >= 3
 
 
+def test_the_reserve_counts_what_the_eager_pass_holds(tiny: Path, profile):
+    """SwapNet's engine lets PyTorch allocate: eager batch norm writes its own output,
+    which the planner's arena (from the usage records) would reuse."""
+    from layerfit.store import read_manifest
+    from layerfit.tradeoff.partition import planned_arena_bytes
+
+    graph = read_manifest(tiny).graph
+    plan = SwapNetPlan.build(tiny, profile)
+    assert graph.pass_peak_bytes > planned_arena_bytes(graph)
+    assert plan.reserve.activations == graph.pass_peak_bytes
+
+
 def test_infeasible_budget_names_the_layer_and_the_minimum(chain: Path, profile):
     plan = SwapNetPlan.build(chain, profile)
     with pytest.raises(PartitionError) as info:

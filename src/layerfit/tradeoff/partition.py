@@ -424,11 +424,20 @@ class PartitionTables:
 
 
 def activation_bytes(graph: ModelGraph, strategy: str = "greedy_by_size") -> int:
-    """Arena size of the activations as the memory planner lays them out.
+    """The activations' share of the reserve: what one eager forward pass holds at once.
 
-    Views (``alias_of``) share their base's storage: they are folded into the base,
-    whose lifetime is extended to the view's last use.
+    The arena the memory planner lays the usage records out in, or what the captured
+    eager pass held at its peak (``graph.pass_peak_bytes``) if that is more: SwapNet's
+    engine lets PyTorch allocate, which does not reuse buffers as the planner does, and
+    the records miss tensors made by functional code between modules (a transformer's
+    attention scores, a returned cache). Views (``alias_of``) share their base's storage:
+    they are folded into the base, whose lifetime is extended to the view's last use.
     """
+    return max(planned_arena_bytes(graph, strategy), graph.pass_peak_bytes)
+
+
+def planned_arena_bytes(graph: ModelGraph, strategy: str = "greedy_by_size") -> int:
+    """Size of the arena the memory planner lays the activation usage records out in."""
     by_id = {t.id: t for t in graph.tensors}
     last: dict[int, int] = {}
     for t in graph.tensors:
