@@ -43,15 +43,22 @@ MODES = ("after-pass", "eagerly", "never")
 
 def prepared_model(name: str) -> Path:
     """A zoo model at its own resolution, or one of serve_load's keyword models."""
-    from serve_load import KEYWORD_MODELS, prepare_repository
+    from serve_load import KEYWORD_MODELS
 
     from layerfit import zoo
+    from layerfit.errors import LayerfitError
+    from layerfit.store import prepare, read_manifest
 
     root = CACHE / "activation_estimates"
     if name not in KEYWORD_MODELS:
         return prepared_zoo_model(name, zoo.get(name).input_shape[-1], root)
-    if not (root / name / "manifest.json").exists():
-        prepare_repository([name], root)
+    try:  # reused unless prepared before the captured pass was measured (as zoo models)
+        if read_manifest(root / name).graph.pass_peak_bytes:
+            return root / name
+    except LayerfitError:
+        pass  # missing or stale: prepare it again
+    factory, example = KEYWORD_MODELS[name]
+    prepare(factory, root / name, example=example(), force=True)
     return root / name
 
 

@@ -430,14 +430,17 @@ def activation_bytes(graph: ModelGraph, strategy: str = "greedy_by_size") -> int
     eager pass held at its peak (``graph.pass_peak_bytes``) if that is more: SwapNet's
     engine lets PyTorch allocate, which does not reuse buffers as the planner does, and
     the records miss tensors made by functional code between modules (a transformer's
-    attention scores, a returned cache). Views (``alias_of``) share their base's storage:
-    they are folded into the base, whose lifetime is extended to the view's last use.
+    attention scores, a returned cache).
     """
     return max(planned_arena_bytes(graph, strategy), graph.pass_peak_bytes)
 
 
 def planned_arena_bytes(graph: ModelGraph, strategy: str = "greedy_by_size") -> int:
-    """Size of the arena the memory planner lays the activation usage records out in."""
+    """Size of the arena the memory planner lays the activation usage records out in.
+
+    Views (``alias_of``) share their base's storage: they are folded into the base,
+    whose lifetime is extended to the view's last use.
+    """
     by_id = {t.id: t for t in graph.tensors}
     last: dict[int, int] = {}
     for t in graph.tensors:
