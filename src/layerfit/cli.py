@@ -17,6 +17,7 @@ from rich.markup import escape
 from layerfit import strict_json
 from layerfit.engine.openmp import COMPUTE_THREADS_HELP, kernels_on, set_compute_threads
 from layerfit.errors import InputError, LayerfitError
+from layerfit.extras import MissingExtraError, extra_for
 
 if TYPE_CHECKING:
     from layerfit.store.manifest import Manifest
@@ -31,6 +32,23 @@ app = typer.Typer(
 console = Console()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from layerfit import __version__
+
+        typer.echo(f"layerfit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="print the version and exit"
+    ),
+) -> None:
+    """Run deep neural networks within a memory budget smaller than the networks."""
+
+
 def print_json(obj: Any) -> None:
     """Print ``obj`` as strict JSON on stdout (machine-readable output of ``--json``):
     a figure that is not finite is null, never a bare NaN that parsers refuse."""
@@ -42,8 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app(args=argv, standalone_mode=False)
     except LayerfitError as exc:
-        # escaped: "[...]" in a message (a path, a shape the user wrote) is text, not style
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        _print_error(str(exc))
+        return 2
+    except ModuleNotFoundError as exc:
+        if extra_for(exc) is None:  # not an optional dependency: a broken install, show it
+            raise
+        _print_error(str(MissingExtraError(exc.name or "", extra_for(exc) or "")))
         return 2
     except typer.Exit as exc:
         return exc.exit_code
@@ -53,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         exc.show()  # type: ignore[attr-defined]
         return exc.exit_code  # type: ignore[attr-defined]
     return 0
+
+
+def _print_error(message: str) -> None:
+    # escaped: "[...]" in a message (a path, a shape the user wrote) is text, not style
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def _usage_errors() -> tuple[type[Exception], ...]:

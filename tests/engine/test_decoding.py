@@ -17,6 +17,8 @@ import torch
 from layerfit.engine import load
 from layerfit.store import example_input, prepare
 
+pytestmark = pytest.mark.compat  # every pipeline, a cached decode: run on each leg of the matrix
+
 PROMPT = 8
 STEPS = 6
 

@@ -40,6 +40,7 @@ def infer_json(http: httpx.Client, model: str, x: torch.Tensor, datatype: str = 
 # --- tritonclient ------------------------------------------------------------------------
 
 
+@pytest.mark.compat
 def test_triton_health_and_metadata(client: triton.InferenceServerClient) -> None:
     assert client.is_server_live() and client.is_server_ready()
     meta = client.get_server_metadata()
@@ -52,6 +53,7 @@ def test_triton_health_and_metadata(client: triton.InferenceServerClient) -> Non
     assert client.is_model_ready("chain") and not client.is_model_ready("corrupt")
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("model", ["chain", "cnn"])
 def test_triton_binary_infer_equals_model(client: triton.InferenceServerClient, model: str) -> None:
     shape = client.get_model_metadata(model)["inputs"][0]["shape"]
@@ -63,6 +65,7 @@ def test_triton_binary_infer_equals_model(client: triton.InferenceServerClient, 
     assert torch.equal(torch.from_numpy(result.as_numpy("output").copy()), reference(model, x))
 
 
+@pytest.mark.compat
 def test_triton_json_input_and_json_output(client: triton.InferenceServerClient) -> None:
     x = torch.randn(1, 8)
     inp = triton.InferInput("input", [1, 8], "FP32")
@@ -92,6 +95,7 @@ def test_triton_repository_unload_then_load(client: triton.InferenceServerClient
 # --- httpx, JSON -------------------------------------------------------------------------
 
 
+@pytest.mark.compat
 def test_json_infer_equals_model(http: httpx.Client) -> None:
     for model, shape in (("chain", (1, 8)), ("cnn", (1, 3, 8, 8))):
         x = torch.randn(*shape)

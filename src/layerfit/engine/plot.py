@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from layerfit.engine.trace import STAGES, Timeline
+from layerfit.extras import require
 from layerfit.store.outputs import image_suffixes, save_figure
 
 
@@ -21,6 +22,7 @@ def plot_timeline(timeline: Timeline, path: str | Path, title: str | None = None
         raise OutputPathError(
             f"cannot write an image to {path}: end the name with one of {', '.join(image_suffixes())}"
         )
+    require("matplotlib")  # the plot extra
     import matplotlib
 
     matplotlib.use("Agg")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from layerfit.errors import PlanError
+from layerfit.extras import require
 from layerfit.memory.records import TensorUsageRecord, check_time_limit
 
 DEFAULT_TIME_LIMIT = 10.0
@@ -52,6 +53,7 @@ def legal_hint(
 
 def cp_model() -> Any:
     """The ``ortools.sat.python.cp_model`` module (imported on first use)."""
+    require("ortools")  # the plan extra
     from ortools.sat.python import cp_model as module
 
     return module

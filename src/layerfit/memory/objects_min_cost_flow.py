@@ -45,6 +45,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from layerfit.errors import PlanError
+from layerfit.extras import require
 from layerfit.memory.plans import SharedObjectsPlan
 from layerfit.memory.records import TensorUsageRecord
 from layerfit.memory.registry import register
@@ -166,6 +167,7 @@ class FlowNetwork:
 
     def flow_ortools(self) -> np.ndarray:
         """Unit flow on every arc, by OR-Tools' min-cost flow solver."""
+        require("ortools")  # the plan extra
         from ortools.graph.python import min_cost_flow
 
         solver = min_cost_flow.SimpleMinCostFlow()

@@ -22,12 +22,12 @@ arrival order across jobs, as EdgeCaffe chains them.
 
 from __future__ import annotations
 
-import enum
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
+from layerfit.backports import StrEnum
 from layerfit.errors import JobRejectedError, ScheduleError
 from layerfit.schedule.graph import GraphCache, TaskGraph, check_estimate_factor
 from layerfit.schedule.ledger import Admission, MemoryLedger
@@ -38,7 +38,7 @@ from layerfit.sizes import format_bytes
 Oversize = Literal["reject", "alone"]
 
 
-class JobStatus(enum.StrEnum):
+class JobStatus(StrEnum):
     WAITING = "waiting"
     RUNNING = "running"
     DONE = "done"

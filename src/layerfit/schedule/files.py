@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from layerfit.errors import OutputPathError, ScheduleError
+from layerfit.extras import require
 from layerfit.store import outputs
 
 
@@ -46,6 +47,7 @@ def write_text(path: str | Path, text: str) -> Path:
 def save_figure(fig: Any, path: str | Path, dpi: int = 130) -> Path:
     """Save a matplotlib figure to ``path`` (format from its extension) via a temporary
     file and a rename, and close it."""
+    require("matplotlib")  # the plot extra
     import matplotlib.pyplot as plt
 
     try:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from layerfit.errors import ScheduleError
+from layerfit.extras import require
 from layerfit.schedule.files import save_figure
 from layerfit.schedule.profile import NetworkProfile
 from layerfit.schedule.tasks import Job, NetworkPlan, Pool, Scheme, Task, TaskKind, task_id
@@ -189,6 +190,7 @@ def build_graph(
     estimate_factor: float = 1.0,
 ) -> nx.DiGraph:
     """The transitively reduced task graph of ``profiles`` analysed together as one job."""
+    require("networkx")  # the schedule extra
     import networkx as nx
 
     tasks, successors = _reduced_graph(
@@ -294,6 +296,7 @@ class TaskGraph:
     index: dict[str, int]
 
     def to_networkx(self) -> nx.DiGraph:
+        require("networkx")  # the schedule extra
         import networkx as nx
 
         graph = nx.DiGraph()
@@ -390,6 +393,7 @@ def tasks_of(graph: nx.DiGraph) -> list[Task]:
 
 def count_orders(graph: nx.DiGraph, limit: int = 10**6) -> int:
     """How many topological orders the graph has, counting up to ``limit`` (|T| in §4.1.2)."""
+    require("networkx")  # the schedule extra
     import networkx as nx
 
     count = 0
@@ -410,6 +414,7 @@ _COLOURS = {
 
 def draw_graph(graph: nx.DiGraph, path: str | Path, title: str | None = None) -> Path:
     """Draw the graph left to right by dependency depth (Appendix B) and save it as an image."""
+    require("matplotlib")  # the plot extra
     import matplotlib
     import networkx as nx
 

@@ -27,17 +27,17 @@ so worker threads wait on the condition instead of polling.
 
 from __future__ import annotations
 
-import enum
 import threading
 import time
 from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from layerfit.backports import StrEnum
 from layerfit.errors import ScheduleError
 
 
-class Admission(enum.StrEnum):
+class Admission(StrEnum):
     """Why a reservation was admitted."""
 
     FIT = "fit"

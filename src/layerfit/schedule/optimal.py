@@ -28,11 +28,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import reduce
 
-import networkx as nx
-
 from layerfit.errors import ScheduleError
+from layerfit.extras import require
 from layerfit.schedule.graph import build_job_graph
 from layerfit.schedule.tasks import Job, Scheme, Task
+
+nx = require("networkx")
 
 
 @dataclass
@@ -73,7 +74,7 @@ def solve_optimal(
     time_unit: float | None = None,
 ) -> OptimalSchedule:
     """Minimum makespan of the tasks of ``graph`` on ``workers`` workers within ``budget``."""
-    from ortools.sat.python import cp_model
+    cp_model = require("ortools.sat.python.cp_model")
 
     if workers < 1:
         raise ScheduleError(f"need at least one worker, got {workers}")

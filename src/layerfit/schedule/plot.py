@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from layerfit.extras import require
 from layerfit.schedule.files import save_figure
 from layerfit.schedule.report import RunReport
 
@@ -12,6 +13,7 @@ _COLOURS = {"INIT": "#9e9e9e", "LOAD": "#4e79a7", "EXEC": "#f28e2b", "UNLOAD": "
 
 def plot_run(report: RunReport, path: str | Path, title: str | None = None) -> Path:
     """Save a two-panel figure: ledger and resident memory over time, and a worker Gantt chart."""
+    require("matplotlib")  # the plot extra
     import matplotlib
 
     matplotlib.use("Agg")

@@ -22,17 +22,19 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from layerfit.errors import ScheduleError
+from layerfit.extras import require
 from layerfit.schedule.files import read_text, write_text
 
 if TYPE_CHECKING:
     from layerfit.capture.graph import ModelGraph
 
-# libyaml's safe loader and dumper when PyYAML has them (a profile set is thousands of lines)
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+def _yaml() -> tuple[Any, Any, Any]:
+    """PyYAML with its safe loader and dumper, libyaml's where it has them (a profile set
+    is thousands of lines); imported only for a YAML file, JSON needs none."""
+    yaml = require("yaml")
+    return yaml, getattr(yaml, "CSafeLoader", yaml.SafeLoader), getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 FORMAT = "layerfit-profiles"
 VERSION = 1
@@ -348,11 +350,11 @@ class ProfileSet(Mapping[str, NetworkProfile]):
         """Write as JSON (``.json``) or YAML (anything else), via a temp file and rename."""
         path = Path(path)
         data = self.to_dict()
-        text = (
-            json.dumps(data, indent=2)
-            if path.suffix == ".json"
-            else yaml.dump(data, Dumper=_YAML_DUMPER, sort_keys=False)
-        )
+        if path.suffix == ".json":
+            text = json.dumps(data, indent=2)
+        else:
+            yaml, _, dumper = _yaml()
+            text = yaml.dump(data, Dumper=dumper, sort_keys=False)
         write_text(path, text)
 
 
@@ -381,9 +383,14 @@ def load_profiles(path: str | Path) -> ProfileSet:
     """Read a profile file (JSON or YAML; a set of networks or a single network)."""
     path = Path(path)
     text = read_text(path, "profile file")
+    if path.suffix == ".json":
+        parse, errors = json.loads, (json.JSONDecodeError,)
+    else:
+        yaml, loader, _ = _yaml()
+        parse, errors = (lambda t: yaml.load(t, Loader=loader)), (yaml.YAMLError,)  # noqa: S506 - safe loader
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 - safe loader
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        data = parse(text)
+    except errors as exc:
         raise ScheduleError(
             f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
         ) from None

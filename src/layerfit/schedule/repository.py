@@ -17,13 +17,13 @@ can reach outside the repository.
 from __future__ import annotations
 
 import contextlib
-import enum
 import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from layerfit.backports import StrEnum
 from layerfit.engine.engine import Engine
 from layerfit.errors import LayerfitError, ModelNotReadyError, UnknownModelError
 from layerfit.schedule.profile import NetworkProfile
@@ -32,7 +32,7 @@ from layerfit.store.manifest import Manifest
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-class ModelState(enum.StrEnum):
+class ModelState(StrEnum):
     """Whether a model can serve requests (the KServe v2 repository index states)."""
 
     READY = "READY"

@@ -21,9 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-import simpy
-
 from layerfit.errors import ScheduleError
+from layerfit.extras import require
 from layerfit.schedule.contention import NO_CONTENTION, SHARED_KINDS, ContentionModel
 from layerfit.schedule.dispatch import Dispatcher, JobState, Oversize
 from layerfit.schedule.ledger import MemoryLedger
@@ -33,6 +32,8 @@ from layerfit.schedule.profile import ProfileSet
 from layerfit.schedule.report import JobResult, RunReport, TaskRecord
 from layerfit.schedule.tasks import Job, TaskKind
 from layerfit.schedule.workload import Workload
+
+simpy = require("simpy")
 
 DEFAULT_PAGING = PagingModel()
 

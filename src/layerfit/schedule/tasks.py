@@ -18,15 +18,16 @@ by the ledger, the simulator and the CP model, so all three count memory identic
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from layerfit.backports import StrEnum
 
 if TYPE_CHECKING:
     from layerfit.schedule.profile import NetworkProfile
 
 
-class TaskKind(enum.StrEnum):
+class TaskKind(StrEnum):
     """What a task does; the value is the one-letter prefix used in task ids."""
 
     INIT = "I"
@@ -35,7 +36,7 @@ class TaskKind(enum.StrEnum):
     UNLOAD = "U"
 
 
-class Scheme(enum.StrEnum):
+class Scheme(StrEnum):
     """How a network's tasks depend on each other (thesis §4.1.2, Figures 4.3–4.8).
 
     - ``partial``: ``I < L_i``, ``L_i < E_i < U_i``, ``E_i < E_{i+1}`` — loads are free to
@@ -56,7 +57,7 @@ class Scheme(enum.StrEnum):
     DEEPEYE = "deepeye"
 
 
-class Pool(enum.StrEnum):
+class Pool(StrEnum):
     """Which DeepEye pool a task belongs to: the convolutional part or the FC part."""
 
     CONV = "conv"

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from layerfit.errors import ScheduleError, WorkloadError
+from layerfit.extras import require
 from layerfit.schedule.files import read_text, write_text
 from layerfit.schedule.profile import ProfileSet, resolve_profiles
 from layerfit.schedule.tasks import Job
+
+yaml = require("yaml")
 
 MODES = ("open", "closed")
 TOP_FIELDS = ("name", "mode", "deadline", "profiles", "arrivals")

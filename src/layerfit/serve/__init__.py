@@ -13,7 +13,10 @@ importing this package does not import FastAPI.
 
 from __future__ import annotations
 
+from layerfit.extras import ensure
 from layerfit.lazy import lazy_exports
+
+ensure("serve")  # FastAPI, uvicorn, orjson, prometheus-client: one line naming the extra
 
 _EXPORTS = {
     "ServeSettings": "server",

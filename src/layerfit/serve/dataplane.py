@@ -117,9 +117,9 @@ class DataPlane:
             return True
         if self._idle is None:
             self._idle = asyncio.Event()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await self._idle.wait()
+        # asyncio.TimeoutError: the builtin's alias from 3.11, a class of its own in 3.10
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
         return self.inflight == 0
 
     async def drain(self, grace: float) -> None:
@@ -206,9 +206,8 @@ class DataPlane:
 
         future.add_done_callback(wake)
         try:
-            async with asyncio.timeout(timeout + 5.0):
-                await woken
-        except TimeoutError:
+            await asyncio.wait_for(woken, timeout + 5.0)
+        except asyncio.TimeoutError:  # the builtin's alias from 3.11, a class of its own in 3.10
             future.cancel()
             raise JobTimeoutError(f"inference did not finish within {timeout:g} s and was cancelled") from None
         except asyncio.CancelledError:

@@ -15,6 +15,7 @@ from typing import Any
 from torch import nn
 
 from layerfit.errors import FactoryImportError, UnknownModelError
+from layerfit.extras import MissingExtraError, extra_for
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,12 @@ class ModelSpec:
         factory = self.factory()
         try:
             module = factory(**self.kwargs)
+        except ModuleNotFoundError as exc:
+            if extra_for(exc) is None:
+                raise FactoryImportError(
+                    f"factory {self.name!r} fails when called with arguments {self.kwargs}: {exc} ({hint})"
+                ) from exc
+            raise MissingExtraError(exc.name or "", extra_for(exc) or "") from None
         except Exception as exc:  # the user's factory may raise anything
             raise FactoryImportError(
                 f"factory {self.name!r} fails when called with arguments {self.kwargs}: "
@@ -70,6 +77,11 @@ def _import_factory(path: str) -> Callable[..., nn.Module]:
         raise FactoryImportError(f"factory path {path!r} must look like package.module:factory")
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        extra = extra_for(exc)
+        if extra is not None:  # the factory needs an optional dependency: name the extra
+            raise MissingExtraError(exc.name or "", extra) from None
+        raise FactoryImportError(f"cannot import {module_name!r} for factory {path!r}: {exc}") from exc
     except Exception as exc:
         raise FactoryImportError(f"cannot import {module_name!r} for factory {path!r}: {exc}") from exc
     obj: Any = module

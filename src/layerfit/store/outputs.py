@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from layerfit.errors import OutputExistsError, OutputPathError
+from layerfit.extras import require
 
 
 def current_umask() -> int:
@@ -89,6 +90,7 @@ def write_atomic(path: str | Path, write: Callable[[Path], None]) -> Path:
 
 def image_suffixes() -> list[str]:
     """The extensions matplotlib writes images in (``.png``, ``.svg``, ``.pdf`` …)."""
+    require("matplotlib")  # the plot extra
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     return sorted(f".{s}" for s in FigureCanvasAgg.get_supported_filetypes())

@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from layerfit.errors import BudgetError, LayerfitError, TradeoffError
+from layerfit.extras import require
 from layerfit.sizes import parse_bytes
 from layerfit.tradeoff.application import (
     BYTES_PER_ELEMENT,
@@ -41,6 +40,9 @@ from layerfit.tradeoff.application import (
     split_partitions,
 )
 from layerfit.tradeoff.cnn import CNN, cnn_from_module, layers_from_dicts
+
+# PyYAML comes with the tradeoff extra too: application files are YAML
+yaml = require("yaml", extra="tradeoff")
 
 
 @dataclass(frozen=True)

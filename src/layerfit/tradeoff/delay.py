@@ -30,6 +30,7 @@ from typing import Any
 from layerfit.engine import Engine
 from layerfit.engine.policies import AUTO
 from layerfit.errors import LayerfitError
+from layerfit.extras import require
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ def plot_delay_curve(curve: DelayCurve, path: str | Path, title: str | None = No
     Written atomically (check the path with :func:`~layerfit.store.outputs.check_output_file`
     before a long search, to fail early).
     """
+    require("matplotlib")  # the plot extra
     import matplotlib
 
     matplotlib.use("Agg")

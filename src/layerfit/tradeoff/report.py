@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from layerfit.errors import OutputPathError, TradeoffError
+from layerfit.extras import require
 from layerfit.sizes import format_bytes
 from layerfit.store import outputs
 from layerfit.tradeoff.search import Evaluation, TradeoffResult
@@ -36,6 +37,7 @@ def _row(label: str, e: Evaluation) -> dict[str, Any]:
 
 def plot_pareto(result: TradeoffResult, path: str | Path) -> Path:
     """Memory vs throughput of every Pareto point, baselines and constraints, as a PNG."""
+    require("matplotlib")  # the plot extra
     import matplotlib
 
     matplotlib.use("Agg")

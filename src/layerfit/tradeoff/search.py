@@ -31,6 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from layerfit.errors import TradeoffError
+from layerfit.extras import require
 from layerfit.sizes import format_bytes
 from layerfit.tradeoff.appfile import Constraints
 from layerfit.tradeoff.application import Application, DerivedApplication, MemoryCost
@@ -297,6 +298,7 @@ def _violations(evaluations: list[Evaluation], constraints: Constraints) -> list
 
 def _run_ga(evaluator: Evaluator, constraints: Constraints, mask: np.ndarray, ga: GAParams) -> None:
     """NSGA-II over the tileable genes; every evaluation lands in ``evaluator.cache``."""
+    require("pymoo")  # the tradeoff extra
     from pymoo.algorithms.moo.nsga2 import NSGA2
     from pymoo.core.problem import Problem
     from pymoo.operators.crossover.pntx import TwoPointCrossover

@@ -48,7 +48,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from dataclasses import fields as dataclass_fields
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -538,7 +538,7 @@ def fit_profile(models: Sequence[LayerTimes], *, repeats: int = 0) -> DeviceProf
         glue_ratio=glue / kernel if kernel > 0 else 0.0,
         fits=fits,
         models={m.key: m for m in models},
-        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         repeats=repeats,
         kappa_read=fits["t_in"].coefficients["kappa_read"],
         kappa_exec=kappa_exec,
