@@ -36,6 +36,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, mb, off_main, prepared_zoo_model, run_child, write_results  # noqa: E402
 
+from layerfit.store.trust import trust_factories  # noqa: E402
+
+trust_factories(["encoder_decoder"])  # this bench's own factories rebuild the models it prepares
+
 CACHE = Path(__file__).parent / ".cache"
 MODELS = ("mobilenet_v1_025", "blazeface", "deeplab_v3", "mobilenet_v2", "whisper_base")
 MODES = ("after-pass", "eagerly", "never")

@@ -28,6 +28,10 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, mb, paired_overhead, write_results  # noqa: E402
 
+from layerfit.store.trust import trust_factories  # noqa: E402
+
+trust_factories(["embedding_rows"])  # this bench's own factories rebuild the models it prepares
+
 CACHE = Path(__file__).parent / ".cache" / "embedding_rows"
 TOKENS = 128
 

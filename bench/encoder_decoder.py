@@ -37,6 +37,10 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, mb, paired_overhead, run_child, write_results  # noqa: E402
 
+from layerfit.store.trust import trust_factories  # noqa: E402
+
+trust_factories(["encoder_decoder"])  # this bench's own factories rebuild the models it prepares
+
 CACHE = Path(__file__).parent / ".cache" / "encoder_decoder"
 SOURCE_TOKENS = 64  # BART's input
 FRAMES = 3000  # Whisper's: 30 s of audio

@@ -131,7 +131,9 @@ def prepare_repository(models: list[str], root: Path) -> Path:
 def start_server(
     args: argparse.Namespace, repository: Path, cgroup: Cgroup, storage: Storage
 ) -> tuple[subprocess.Popen, str, list[str]]:
-    command = [sys.executable, "-m", "layerfit.cli", "serve", "--repository", str(repository),
+    # the bench's own factories (KEYWORD_MODELS) rebuild the models it prepared
+    command = [sys.executable, "-m", "layerfit.cli", "--trust-factory", "encoder_decoder", "serve",
+               "--repository", str(repository),
                "--memory-budget", args.memory_budget, "--workers", str(args.workers), "--policy", args.policy,
                "--units", args.units, "--cache-weights" if args.cache_weights else "--no-cache-weights",
                "--return-freed-memory", args.return_freed_memory,

@@ -45,8 +45,17 @@ def _root(
     version: bool = typer.Option(
         False, "--version", callback=_print_version, is_eager=True, help="print the version and exit"
     ),
+    trust_factory: list[str] | None = typer.Option(  # noqa: B008 (typer reads defaults)
+        None, "--trust-factory", metavar="MODULE",
+        help="run prepared folders whose factory is in MODULE (or under it), e.g. mypkg; repeatable. "
+        "Zoo models need none; a folder's own manifest can never add one (also: LAYERFIT_TRUST_FACTORY=a,b)",
+    ),
 ) -> None:
     """Run deep neural networks within a memory budget smaller than the networks."""
+    if trust_factory:
+        from layerfit.store.trust import trust_factories
+
+        trust_factories(trust_factory)
 
 
 def print_json(obj: Any) -> None:

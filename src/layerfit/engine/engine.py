@@ -20,6 +20,7 @@ import dataclasses
 import mmap
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ from layerfit.errors import BudgetError, CorruptStoreError, LayerfitError, ReadE
 from layerfit.sizes import is_share, parse_budget, parse_bytes
 from layerfit.store.manifest import Manifest, read_manifest
 from layerfit.store.reader import SegmentReader, aligned_buffer, verify_segment
+from layerfit.store.trust import trust_factories
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,7 @@ class Engine:
         self.pipeline = pipeline  # as asked; ``policy`` is what runs (``auto`` picks per budget)
         self.policy: Policy = get_policy(resolve_pipeline(pipeline, 0, None))  # checks the name
         self.trace = trace
-        self.model: nn.Module = build_skeleton(self.manifest)
+        self.model: nn.Module = build_skeleton(self.manifest, str(self.directory))
         report_device(self.model, self.device.torch_device)  # not meta, between passes
         self._modules: dict[str, nn.Module] = dict(self.model.named_modules(remove_duplicate=False))
         # The skeleton's own (meta) tensors, which unbinding restores: a configuration made
@@ -1207,8 +1209,14 @@ class Engine:
         self.close()
 
 
-def load(directory: str | Path, **kwargs: Any) -> Engine:
-    """Load a prepared model; see :class:`Engine` for ``budget``, ``pipeline``, ``units``."""
+def load(directory: str | Path, *, trust_factory: Iterable[str] = (), **kwargs: Any) -> Engine:
+    """Load a prepared model; see :class:`Engine` for ``budget``, ``pipeline``, ``units``.
+
+    ``trust_factory`` names modules whose factories a prepared folder may run (a folder
+    prepared from your own ``mypkg.models:build`` needs ``["mypkg"]``); they stay trusted
+    for the process, see :mod:`layerfit.store.trust`. Zoo models need none.
+    """
+    trust_factories([trust_factory] if isinstance(trust_factory, str) else trust_factory)
     return Engine(directory, **kwargs)
 
 

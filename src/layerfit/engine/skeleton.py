@@ -16,6 +16,7 @@ from torch import nn
 from layerfit.errors import ManifestError
 from layerfit.store.manifest import Manifest, Segment
 from layerfit.store.model_spec import ModelSpec
+from layerfit.store.trust import check_trusted
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,11 @@ class Binding:
         (self.module._parameters if self.kind == "param" else self.module._buffers)[self.attr] = tensor
 
 
-def build_skeleton(manifest: Manifest) -> nn.Module:
-    """The model rebuilt on the meta device from the manifest's factory and arguments."""
+def build_skeleton(manifest: Manifest, where: str = "the prepared model") -> nn.Module:
+    """The model rebuilt on the meta device from the manifest's factory and arguments:
+    the zoo's, or a factory trusted to run (:mod:`layerfit.store.trust`); ``where``
+    names the prepared folder in a refusal."""
+    check_trusted(manifest.model["source"], manifest.model["name"], where)
     spec = ModelSpec(manifest.model["source"], manifest.model["name"], manifest.model.get("kwargs", {}))
     with torch.device("meta"):
         model = spec.instantiate("the manifest's factory or arguments changed: prepare the model again")

@@ -51,7 +51,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -98,6 +98,7 @@ from layerfit.schedule.tasks import TaskKind
 from layerfit.schedule.weight_cache import WeightCache
 from layerfit.sizes import format_bytes, parse_bytes
 from layerfit.store.manifest import DTYPES, Manifest, read_manifest
+from layerfit.store.trust import trust_factories
 
 ESTIMATES = ("capture", "profile")
 AUTO_UNITS = "merge:auto"  # merge layers as far as the model's minimum budget allows
@@ -244,7 +245,10 @@ class Runtime:
         return_freed_memory: bool | str = "after-pass",
         units: str = "layers",
         cache_weights: bool = False,
+        trust_factory: Iterable[str] = (),
     ) -> None:
+        # modules whose factories the repository's folders may run (layerfit.store.trust)
+        trust_factories([trust_factory] if isinstance(trust_factory, str) else trust_factory)
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ScheduleError(f"need at least one worker, got {workers!r}")
         if queue_limit is not None and (

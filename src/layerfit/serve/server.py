@@ -55,6 +55,7 @@ class ServeSettings:
     load_models: bool = True
     log_level: str = "warning"
     access_log: bool = False
+    trust_factory: tuple[str, ...] = ()  # modules whose factories the repository's folders may run
 
     def validate(self) -> None:
         """Refuse settings that cannot work, with the option to change, before anything loads."""
@@ -115,6 +116,9 @@ def build(settings: ServeSettings) -> Built:
     from layerfit.serve.app import create_app
 
     settings.validate()
+    from layerfit.store.trust import trust_factories
+
+    trust_factories(settings.trust_factory)  # before any folder is read; never from a request
     set_compute_threads(settings.threads, "--threads")  # before the runtime's threads run a kernel
     runtime = Runtime(
         str(settings.repository), parse_bytes(settings.memory_budget), workers=settings.workers,
