@@ -25,25 +25,50 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-TORCH_LIKE = ("torch", "nvidia", "triton", "functorch", "torchgen", "cuda_")
 
 
 def sh(cmd: list[str], **kw) -> str:
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
 
 
+_SIZES = r"""
+import json, re
+from importlib import metadata
+
+def size(dist):
+    total = 0
+    for f in dist.files or []:
+        try:
+            total += f.locate().stat().st_size
+        except OSError:
+            pass
+    return total
+
+dists = {d.metadata["Name"].lower().replace("_", "-"): d for d in metadata.distributions()}
+def closure(name):
+    seen, todo = set(), [name]
+    while todo:
+        n = todo.pop()
+        if n in seen or n not in dists:
+            continue
+        seen.add(n)
+        for req in dists[n].requires or []:
+            if "extra ==" in req:
+                continue
+            todo.append(re.match(r"[A-Za-z0-9._-]+", req).group(0).lower().replace("_", "-"))
+    return seen
+torch = closure("torch")
+sizes = {n: size(d) for n, d in dists.items()}
+print(json.dumps({"total": sum(sizes.values()), "torch_closure": sum(sizes[n] for n in torch),
+                  "torch_closure_names": sorted(torch)}))
+"""
+
+
 def sizes(py: Path) -> tuple[float, float]:
-    """(MB in site-packages, MB without torch and its CUDA libraries)."""
-    purelib = Path(sh([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip())
-    total = without = 0
-    for entry in purelib.iterdir():
-        size = entry.stat().st_size if entry.is_file() else sum(
-            f.stat().st_size for f in entry.rglob("*") if f.is_file() and not f.is_symlink()
-        )
-        total += size
-        if not entry.name.lower().startswith(TORCH_LIKE):
-            without += size
-    return total / 1e6, without / 1e6
+    """(MB of every installed distribution, MB without torch and what torch itself
+    requires: a Jetson or a Pi already has those, the rest is what layerfit adds)."""
+    data = json.loads(sh([str(py), "-c", _SIZES]).strip().splitlines()[-1])
+    return data["total"] / 1e6, (data["total"] - data["torch_closure"]) / 1e6
 
 
 def startup(py: Path, repeat: int) -> dict[str, float]:
@@ -96,7 +121,7 @@ def main() -> None:
         f"Python {machine['python']} on {machine['machine']} ({machine['cpus']} CPUs), torch {machine['torch']}; "
         f"`bench/install_footprint.py`, medians of {args.repeat} start-ups.",
         "",
-        "| install | packages | site-packages MB | without torch MB | install s |",
+        "| install | packages | site-packages MB | without torch and its dependencies MB | install s |",
         "|---|---:|---:|---:|---:|",
         *(f"| `layerfit{'' if r['variant'] == 'core' else '[all]'}` | {r['packages']} | {r['site_packages_mb']:.0f} | "
           f"{r['without_torch_mb']:.0f} | {r['install_s']:.0f} |" for r in rows),

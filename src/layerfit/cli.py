@@ -66,6 +66,9 @@ def print_json(obj: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``layerfit`` script; returns the exit status."""
+    import warnings
+
+    warnings.showwarning = _show_warning  # one line each, as the errors are
     try:
         app(args=argv, standalone_mode=False)
     except LayerfitError as exc:
@@ -84,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         exc.show()  # type: ignore[attr-defined]
         return exc.exit_code  # type: ignore[attr-defined]
     return 0
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    Console(stderr=True).print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
 
 
 def _print_error(message: str) -> None:
@@ -144,6 +152,31 @@ def serve_command(
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="port to listen on (0: a free one)"),
     queue_limit: int = typer.Option(64, "--queue-limit", min=1, help="most inference requests held at once; more get 429"),
     max_body: str = typer.Option("64MB", "--max-body", help="largest request body; larger ones get 413"),
+    request_memory: str | None = typer.Option(
+        None, "--request-memory",
+        help="memory all requests' bodies and decoding may hold at once, outside --memory-budget "
+        "(default: twice --max-body); a request that cannot fit gets 413, one that must wait 429",
+    ),
+    body_timeout: float = typer.Option(
+        30.0, "--body-timeout", help="seconds a request body may take to arrive (then 408)"
+    ),
+    min_body_rate: str = typer.Option(
+        "16kB", "--min-body-rate", help="slowest a request body may arrive, per second after its first (then 408)"
+    ),
+    repository_api: bool = typer.Option(
+        True, "--repository-api/--no-repository-api",
+        help="serve the model repository extension (index, load, unload); off: those endpoints answer 404",
+    ),
+    verify: str = typer.Option(
+        "first", "--verify",
+        help="when a unit's SHA-256 is checked: first (its first read), always (every read from storage) or "
+        "never; a unit that fails takes its model out of service (503) until it is loaded again",
+    ),
+    reverify_every: float = typer.Option(
+        0.0, "--reverify-every", metavar="SECONDS",
+        help="re-read and hash every ready model's weights this often, in the background (0: never): "
+        "catches a file changed after its first check",
+    ),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds before a request is cancelled (503)"),
     shutdown_grace: float = typer.Option(
         30.0, "--shutdown-grace", help="seconds (0 or more) requests may finish after SIGTERM"
@@ -159,7 +192,9 @@ def serve_command(
         repository=repository, memory_budget=memory_budget, workers=workers, policy=policy, units=units,
         cache_weights=cache_weights, return_freed_memory=return_freed_memory, warm_up=warm_up, threads=threads,
         host=host,
-        port=port, queue_limit=queue_limit, max_body=max_body, timeout=timeout,
+        port=port, queue_limit=queue_limit, max_body=max_body, request_memory=request_memory,
+        body_timeout=body_timeout, min_body_rate=min_body_rate, repository_api=repository_api, timeout=timeout,
+        verify=verify, reverify_every=reverify_every,
         shutdown_grace=shutdown_grace, log_level=log_level, access_log=log_level.lower() in ("debug", "trace"),
     )
 
@@ -785,18 +820,10 @@ def _activation_info(m) -> dict[str, Any]:
 @app.command()
 def verify(directory: str = typer.Argument(..., help="prepared model directory")) -> None:
     """Read every unit and check its SHA-256 against the manifest."""
-    from layerfit.store import SegmentReader, aligned_buffer, read_manifest, verify_segment
+    from layerfit.store.verify import verify_folder
 
-    m = read_manifest(directory)
-    largest = max((s.nbytes for s in m.segments), default=0)
-    buf = aligned_buffer(largest)
-    view = memoryview(buf)
-    with SegmentReader(f"{directory}/{m.weights_file}", m.weights_size) as reader:
-        for seg in m.segments:
-            reader.read(seg, view)
-            verify_segment(seg, view)
-    view.release()
-    console.print(f"{directory}: {len(m.segments)} segments verified ({reader.mode} I/O)")
+    checked = verify_folder(directory)
+    console.print(f"{directory}: {checked.segments} segments verified ({checked.io_mode} I/O)")
 
 
 def _read_safetensors(path: str, what: str, hint: str) -> dict[str, Any]:
@@ -836,6 +863,13 @@ def _load_call(path: str | None, manifest) -> tuple[tuple, dict]:
     names = [name for name, _, _ in manifest.input_keywords]
     if sorted(tensors) != sorted(names):
         raise InputError(f"input {path} holds {', '.join(sorted(tensors)) or 'no tensors'}; the model takes {', '.join(names)}")
+    for name, shape, dtype in manifest.input_keywords:
+        t = tensors[name]
+        if t.dim() != len(shape) or str(t.dtype).removeprefix("torch.") != dtype:
+            raise InputError(
+                f"input {path}: {name} is {str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}; the model "
+                f"was prepared with {dtype} {tuple(shape)} (the same dtype and number of dimensions are needed)"
+            )
     return (), tensors
 
 
@@ -848,9 +882,15 @@ def _load_input(path: str | None, manifest):
     import numpy as np
     import torch
 
+    if str(path).lower().endswith(".safetensors"):
+        raise InputError(
+            f"input {path} is a .safetensors file: this model takes one tensor, give it as a .npy file "
+            "(numpy.save); a .safetensors file of named tensors is for a model prepared from keyword arguments"
+        )
+    _check_npy_header(path, manifest)
     try:
         arr = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
+    except (OSError, ValueError, EOFError, SyntaxError, TypeError, MemoryError, OverflowError) as exc:
         raise InputError(f"cannot read input {path}: {exc}") from exc
     if not isinstance(arr, np.ndarray):  # an .npz archive
         arr.close()
@@ -867,6 +907,38 @@ def _load_input(path: str | None, manifest):
             f"{manifest.input_dtype} {tuple(manifest.input_shape)}{hint}"
         )
     return torch.from_numpy(arr)
+
+
+def _check_npy_header(path: str, manifest) -> None:
+    """Read a ``.npy`` file's header only, and refuse one that is not an array of the
+    model's input shape and dtype before a byte of its data is read (a crafted header
+    may declare terabytes, or a dtype that needs pickle)."""
+    import numpy as np
+
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(6) != b"\x93NUMPY":
+                return  # not .npy: np.load says what it is (.npz, or nothing it reads)
+            fh.seek(0)
+            version = np.lib.format.read_magic(fh)
+            read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read is None:
+                raise ValueError(f"unknown .npy format version {version}")
+            shape, _, dtype = read(fh)
+    except FileNotFoundError:
+        raise InputError(f"input {path} does not exist") from None
+    except IsADirectoryError:
+        raise InputError(f"input {path} is a directory, not a .npy file") from None
+    except Exception as exc:  # numpy parses the header with tokenize and ast: any of their errors
+        raise InputError(f"cannot read input {path}: its .npy header is not valid ({type(exc).__name__}: {exc})") from None
+    expected = tuple(manifest.input_shape)
+    if dtype.hasobject or tuple(shape) != expected or str(dtype.newbyteorder("=")) != manifest.input_dtype:
+        hint = ""
+        if str(dtype.newbyteorder("=")) == manifest.input_dtype and len(shape) == len(expected):
+            hint = f" (it was prepared for that shape: prepare it again with --input-shape {','.join(map(str, shape))})"
+        raise InputError(
+            f"input {path} is {dtype} {tuple(shape)}; the model expects {manifest.input_dtype} {expected}{hint}"
+        )
 
 
 def _save_output(path: str, out) -> None:

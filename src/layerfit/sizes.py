@@ -24,7 +24,9 @@ _UNITS = {
     "gib": 1024**3,
     "tib": 1024**4,
 }
-_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+# ASCII digits only: "١٢MB" (Arabic-Indic digits) is not read as 12 MB
+_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$", re.ASCII)
+MAX_BYTES = 2**63 - 1  # larger than any memory or file: a typo, refused
 
 
 def parse_bytes(text: str | int) -> int:
@@ -34,6 +36,8 @@ def parse_bytes(text: str | int) -> int:
     if isinstance(text, int):
         if text < 0:
             raise BudgetError(f"a byte quantity cannot be negative: {text}")
+        if text > MAX_BYTES:
+            raise BudgetError("a byte quantity larger than any machine's memory")
         return text
     match = _PATTERN.match(str(text))
     unit = match.group(2).lower() if match else None
@@ -47,13 +51,16 @@ def parse_bytes(text: str | int) -> int:
             f"cannot read {text!r} as a size: write a number and a unit, e.g. 24MB, "
             "1.5GiB, 512KiB (units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"
         )
-    value = float(match.group(1)) * _UNITS[unit]
-    if unit in ("", "b") and not float(match.group(1)).is_integer():
+    number = Decimal(match.group(1))
+    if unit in ("", "b") and number != number.to_integral_value():
         raise BudgetError(f"a number of bytes must be whole: {text!r}")
-    return int(round(value))
+    value = int((number * _UNITS[unit]).to_integral_value())
+    if value > MAX_BYTES:
+        raise BudgetError(f"{str(text).strip()[:40]}{'...' if len(str(text).strip()) > 40 else ''} is more bytes than any machine has")
+    return value
 
 
-_SHARE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*%\s*$")
+_SHARE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*%\s*$", re.ASCII)
 
 
 def is_share(text: object) -> bool:
@@ -66,7 +73,10 @@ def parse_budget(text: str | int, weights_bytes: int) -> int:
     weights, ``weights_bytes`` (``50%``, ``12.5%``), rounded down to a whole byte, so that
     one can try a model at a fraction of its size without working out the bytes."""
     if isinstance(text, str) and (match := _SHARE.match(text)):
-        return int(Decimal(match.group(1)) * weights_bytes / 100)
+        share = Decimal(match.group(1))
+        if share > 100_000:
+            raise BudgetError(f"{text.strip()} of the model's weights is not a budget: give a share up to 100%")
+        return int(share * weights_bytes / 100)
     try:
         return parse_bytes(text)
     except BudgetError as exc:

@@ -242,5 +242,22 @@ def test_names_and_statuses() -> None:
     from layerfit.errors import CorruptStoreError, QueueFullError
 
     assert status_of(QueueFullError("x")) == 429
-    assert status_of(CorruptStoreError("x")) == 400
+    assert status_of(CorruptStoreError("x")) == 503  # the model is taken out of service: not the request's fault
     assert status_of(RuntimeError("x")) == 500
+
+
+def test_decoding_is_reserved_before_parsing_and_nested_rows_are_not_extra_values() -> None:
+    from layerfit.serve.codec import JSON_BYTES_PER_VALUE, TensorSpec, decoding_bytes
+
+    spec = TensorSpec("input", "FP32", (64, 3, 2, 2))  # rows of 2: a comma between rows for every 2 values
+    nested = torch.zeros(spec.shape).tolist()
+    body = json.dumps({"inputs": [{"name": "input", "shape": list(spec.shape), "datatype": "FP32",
+                                          "data": nested}]}).encode()
+    values = body.count(b",") + 1
+    assert values > 768  # more separators than values: a flat count would refuse it
+    assert decoding_bytes(body, None, [spec], "m") == 768 * 4 + JSON_BYTES_PER_VALUE * values * (values > 4096)
+    flood = b'{"inputs": [{"name": "input", "shape": [64, 3, 2, 2], "datatype": "FP32", "data": [' + b"0," * 10_000 + b"0]}]}"
+    with pytest.raises(BadRequestError, match="refused before parsing"):
+        decoding_bytes(flood, None, [spec], "m")
+    binary = b'{"inputs": [{"name": "input"}]}' + b"\0" * 3072
+    assert decoding_bytes(binary, "31", [spec], "m") == 768 * 4

@@ -22,6 +22,7 @@ from layerfit.errors import (
     InputError,
     ManifestError,
     OutputExistsError,
+    OutputPathError,
 )
 from layerfit.store import (
     ALIGN,
@@ -225,7 +226,7 @@ def test_failed_write_leaves_nothing(tmp_path: Path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(writer, "_write_weights", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(OutputPathError, match="disk full .* free on its file system\\); nothing was kept"):
         prepare(TINY, tmp_path / "out", input_shape=(1, 3, 8, 8))
     assert list(tmp_path.iterdir()) == []
     assert os.path.exists(tmp_path)
@@ -298,3 +299,9 @@ def test_run_calls_a_model_prepared_from_keyword_arguments_with_all_of_them(tmp_
     assert "holds input_features; the model takes input_features, decoder_input_ids" in capsys.readouterr().err
     assert main(["run", str(tmp_path / "m"), "--input", str(tmp_path / "missing.safetensors")]) == 2
     assert "no such file (this model takes keyword arguments" in capsys.readouterr().err
+    wrong = {"input_features": example["input_features"][0], "decoder_input_ids": example["decoder_input_ids"].float()}
+    save_file(wrong, tmp_path / "wrong.safetensors")
+    assert main(["run", str(tmp_path / "m"), "--input", str(tmp_path / "wrong.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "input_features is float32 (8, 32); the model was prepared with float32 (1, 8, 32)" in err
+    assert "Traceback" not in err

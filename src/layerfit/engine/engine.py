@@ -178,7 +178,11 @@ class Engine:
         device: str = "cpu",
         stages: int | None = None,
         gather_rows: bool = True,
+        verify: str = "first",
     ) -> None:
+        if verify not in VERIFY_MODES:
+            raise LayerfitError(f"verify must be one of {', '.join(VERIFY_MODES)}, not {verify!r}")
+        self.verify = verify  # when a unit's SHA-256 is checked: each read, its first, never
         self.directory = Path(directory)
         self.device: Device = get_device(device, stages)
         if self.device.name != "cpu" and activations != "default":
@@ -256,7 +260,8 @@ class Engine:
             self._resident_buf = aligned_buffer(m.resident.nbytes)
             view = memoryview(self._resident_buf)
             self.reader.read(m.resident, view)
-            verify_segment(m.resident, view)
+            if self.verify != "never":
+                verify_segment(m.resident, view)
             view.release()
             resident = torch.frombuffer(self._resident_buf, dtype=torch.uint8)
             if self.device.name != "cpu":
@@ -304,7 +309,8 @@ class Engine:
         self._release_configuration(keep_ring=True)
         self.blocks: list[Block] = blocks
         self._bindings = bindings
-        self._verified_blocks: set[int] = set()
+        # units whose SHA-256 needs no check (again): none while verify is "always"
+        self._verified_blocks: set[int] = set(range(len(blocks))) if self.verify == "never" else set()
         self.memory = MemoryPlan(resident, capacity, largest, m.total_bytes, device_capacity, kept_bytes)
         self._unpin()
         self.ring = self._resized(self.ring, capacity, self._room, None)
@@ -540,13 +546,16 @@ class Engine:
                 self._verify(k, view[pos : pos + blocks[k].nbytes])
 
     def _verify(self, i: int, view: memoryview) -> None:
+        always = self.verify == "always"
         pos = 0
         for seg in self.blocks[i].segments:
-            if seg.index not in self._verified:
+            if always or seg.index not in self._verified:
                 verify_segment(seg, view[pos : pos + seg.nbytes])
-                self._verified.add(seg.index)
+                if not always:
+                    self._verified.add(seg.index)
             pos += seg.nbytes
-        self._verified_blocks.add(i)
+        if not always:
+            self._verified_blocks.add(i)
 
     def _reader_may_go(self, run: _Run, i: int, want: int) -> bool:
         """The reader's wake-up predicate for unit ``i`` (lock held)."""
@@ -868,7 +877,7 @@ class Engine:
             t0 = time.perf_counter()
             weight = table.read(self.reader, lookup, ring.bytes[off : off + lookup.nbytes], ring.view[off:])
             t1 = time.perf_counter()
-            if lookup.verify:
+            if lookup.verify and self.verify != "always":
                 self._verified.add(table.segment.index)
                 self._verified_blocks.add(i)
             # padding_idx only shapes the gradient, but F.embedding checks it against the
@@ -1207,6 +1216,9 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+VERIFY_MODES = ("always", "first", "never")
 
 
 def load(directory: str | Path, *, trust_factory: Iterable[str] = (), **kwargs: Any) -> Engine:

@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from layerfit.engine.engine import Engine
+from layerfit.engine.engine import VERIFY_MODES, Engine
 from layerfit.engine.osmem import (
     AFTER_PASS_TRIM_THRESHOLD,
     HEAP_TRIM_THRESHOLD,
@@ -70,6 +70,7 @@ from layerfit.engine.osmem import (
 )
 from layerfit.engine.units import check_units_spec
 from layerfit.errors import (
+    CorruptStoreError,
     InputError,
     JobTimeoutError,
     LayerfitError,
@@ -221,7 +222,13 @@ class Runtime:
       (:class:`~layerfit.schedule.weight_cache.WeightCache`): a later job's load of the
       same unit takes it instead of reading it, and any task that needs the memory
       evicts it first, so the budget holds either way. Off by default (the thesis reads
-      every job's weights); a server with a budget above its models' minimum wants it.
+      every job's weights); a server with a budget above its models' minimum wants it;
+    - ``verify`` — when a unit's SHA-256 is checked: ``"first"`` (default: its first read
+      by the model's engines), ``"always"`` (every read from storage; a cached unit is
+      not read again) or ``"never"``; a unit that fails makes its model UNAVAILABLE
+      until it is loaded again;
+    - ``trust_factory`` — modules whose factories the repository's folders may run
+      (:mod:`layerfit.store.trust`).
 
     Call :meth:`shutdown` (or use it as a context manager): its threads wait for work
     until then.
@@ -246,9 +253,13 @@ class Runtime:
         units: str = "layers",
         cache_weights: bool = False,
         trust_factory: Iterable[str] = (),
+        verify: str = "first",
     ) -> None:
         # modules whose factories the repository's folders may run (layerfit.store.trust)
         trust_factories([trust_factory] if isinstance(trust_factory, str) else trust_factory)
+        if verify not in VERIFY_MODES:
+            raise ScheduleError(f"verify must be one of {', '.join(VERIFY_MODES)}, not {verify!r}")
+        self._verify = verify  # when an engine checks a unit's SHA-256: each read from disk, its first, never
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ScheduleError(f"need at least one worker, got {workers!r}")
         if queue_limit is not None and (
@@ -379,13 +390,16 @@ class Runtime:
             return self._load_locked(info, directory, within_budget)
 
     def _load_locked(self, info: ModelInfo, directory: Path, within_budget: bool) -> ModelInfo:
-        """:meth:`load_model` with the model's ``changing`` lock held."""
+        """:meth:`load_model` with the model's ``changing`` lock held.
+
+        A model that is READY keeps serving while it is reloaded, and if the reload fails
+        (as Triton does): the new version replaces it only once it has loaded.
+        """
         name = info.name
         with self._lock:
-            old_pool, info.pool = info.pool, None
-            info.loaded, info.reason = False, "loading"
-        if old_pool is not None:
-            self._retire_pool(old_pool)
+            serving = info.loaded and info.pool is not None
+            if not serving:
+                info.loaded, info.reason = False, "loading"
         engine: Engine | None = None
         try:
             layered = self._profile(name, directory, read_manifest(directory))
@@ -397,10 +411,13 @@ class Runtime:
                 self._check_fits(name, profile)
             with self._lock:
                 self._refuse_if_closing("it loads no models")
+                old_pool = info.pool
                 info.manifest = engine.manifest
                 info.profile = profile
                 info.pool = EnginePool(partial(self._new_engine, directory, units), engine)
                 info.loaded, info.reason = True, ""
+            if old_pool is not None:
+                self._retire_pool(old_pool)
         except Exception as exc:
             if engine is not None:
                 engine.close()
@@ -408,11 +425,35 @@ class Runtime:
                 f"cannot load model {name!r} from {directory}: {type(exc).__name__}: {exc}"
             )
             with self._lock:
-                info.reason = "the runtime is shut down" if self._closing else str(error)
+                still = serving and info.loaded and not self._closing
+                if not still:
+                    info.reason = "the runtime is shut down" if self._closing else str(error)
+            if still:  # as Triton: the version loaded before keeps serving
+                raise LayerfitError(f"{error} (the version loaded before keeps serving)") from exc
             if error is exc:
                 raise
             raise error from exc
         return info
+
+    def mark_unavailable(self, name: str, reason: str) -> None:
+        """Take model ``name`` out of service (UNAVAILABLE, ``reason``) until it is loaded
+        again, as when its weights fail verification: new jobs naming it are refused,
+        jobs already accepted end, and its engines close when the last of them ends."""
+        with self._lock:
+            self._take_down_locked(name, reason)
+            if self._retiring:
+                self._close_retired_locked()
+
+    def _take_down_locked(self, name: str, reason: str) -> None:
+        info = self.models.get(name)
+        if info is None or not info.loaded:
+            return
+        pool, info.pool = info.pool, None
+        info.loaded, info.reason = False, reason
+        if pool is not None:
+            if self._cache is not None:
+                self._cache.drop_model(pool)
+            self._retiring.append(pool)
 
     def _refuse_if_closing(self, what: str) -> None:
         """Raise if :meth:`shutdown` was called (lock held)."""
@@ -462,7 +503,7 @@ class Runtime:
         return list(itertools.accumulate(layered.blocks_within_min_budget()))[:-1]
 
     def _new_engine(self, directory: Path, units: str | list[int]) -> Engine:
-        return Engine(directory, pipeline="external", direct_io=self._direct_io, units=units)
+        return Engine(directory, pipeline="external", direct_io=self._direct_io, units=units, verify=self._verify)
 
     def _profile(self, name: str, directory: Path, manifest: Manifest) -> NetworkProfile:
         """The model's profile, one layer per stored layer."""
@@ -680,9 +721,16 @@ class Runtime:
                 net.output = None
             delivery = (run.future, True, outputs[run.unwrap] if run.unwrap else outputs)
         else:
+            error = state.error or ScheduleError(f"job {run.id} {state.status.value}")
+            if isinstance(error, CorruptStoreError):  # the model's weights changed or rotted on disk
+                for net in run.networks:
+                    if net.output is None:
+                        self._take_down_locked(
+                            net.model, f"its weights failed verification ({error}); fix or prepare the folder "
+                            "again, then load it"
+                        )
             for net in run.networks:
                 net.abandon()
-            error = state.error or ScheduleError(f"job {run.id} {state.status.value}")
             if run.outcome == "timed_out":
                 error = JobTimeoutError(
                     f"job {run.id} did not finish within its timeout of {run.spec.timeout:g} s; "

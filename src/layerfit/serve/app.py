@@ -16,6 +16,7 @@ Endpoints::
     POST /v2/repository/index
     POST /v2/repository/models/{name}/load  POST /v2/repository/models/{name}/unload
     GET  /metrics                           (Prometheus text format)
+    GET  /v2/openapi.json                   (this API as an OpenAPI 3.1 document)
 """
 
 from __future__ import annotations
@@ -27,17 +28,22 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from layerfit.errors import LayerfitError
+from layerfit.serve.body import ClientGoneError
 from layerfit.serve.codec import HEADER_LENGTH, describe_validation_error, parse_json
 from layerfit.serve.dataplane import DataPlane
 from layerfit.serve.errors import BadRequestError, status_of
 from layerfit.serve.metrics import ServerMetrics
 from layerfit.serve.middleware import BodyLimitMiddleware, MetricsMiddleware
+from layerfit.serve.openapi import openapi_document
 from layerfit.serve.types import RepositoryIndexRequest, RepositoryLoadRequest
 
 log = logging.getLogger("layerfit.serve")
+
+CLIENT_CLOSED = 499  # nginx's "client closed request": counted in metrics, never a 5xx
 
 
 def error_response(status: int, message: str) -> JSONResponse:
@@ -56,9 +62,13 @@ async def _body_model(request: Request, model: type[BaseModel]) -> Any:
         raise BadRequestError(f"invalid request: {describe_validation_error(exc)}") from None
 
 
-def create_app(dataplane: DataPlane, metrics: ServerMetrics, *, max_body: int) -> Any:
+def create_app(dataplane: DataPlane, metrics: ServerMetrics, *, max_body: int, repository_api: bool = True) -> Any:
     """The ASGI application: routes, error handlers, body limit and metrics middleware."""
     app = FastAPI(title="layerfit", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(_: Request, exc: ClientDisconnect) -> Response:
+        return Response(status_code=CLIENT_CLOSED)  # the client left mid-body: not a server error
 
     @app.exception_handler(LayerfitError)
     async def _layerfit_error(_: Request, exc: LayerfitError) -> JSONResponse:
@@ -96,6 +106,12 @@ def create_app(dataplane: DataPlane, metrics: ServerMetrics, *, max_body: int) -
     async def server_metadata() -> JSONResponse:
         return JSONResponse(dataplane.server_metadata())
 
+    document = openapi_document(dataplane.version, repository_api)
+
+    @app.get("/v2/openapi.json")
+    async def openapi() -> JSONResponse:
+        return JSONResponse(document)
+
     @app.get("/v2/models/{name}")
     @app.get("/v2/models/{name}/versions/{version}")
     async def model_metadata(name: str, version: str | None = None) -> JSONResponse:
@@ -114,12 +130,39 @@ def create_app(dataplane: DataPlane, metrics: ServerMetrics, *, max_body: int) -
     @app.post("/v2/models/{name}/versions/{version}/infer")
     async def infer(name: str, request: Request, version: str | None = None) -> Response:
         dataplane.check_inference(name, version)  # 4xx/503 before reading the body
-        with dataplane.admit():
-            body = await request.body()
-            content, headers = await dataplane.infer(name, version, body, request.headers.get(HEADER_LENGTH))
+        # The body is read before admission (a slow client holds no queue slot), within a
+        # deadline and a minimum rate, and into request memory reserved for it first.
+        with dataplane.requests.account() as reservation:
+            try:
+                body = await dataplane.read_body(request.receive, request.headers.get("content-length"), reservation)
+            except ClientGoneError:
+                return Response(status_code=CLIENT_CLOSED)  # nobody reads it; counted, not logged
+            with dataplane.admit():
+                content, headers = await dataplane.infer(
+                    name, version, body, request.headers.get(HEADER_LENGTH), reservation
+                )
         return Response(content=content, headers=headers)
 
     # --- model repository extension -------------------------------------------------
+
+    if repository_api:
+        _repository_routes(app, dataplane)
+
+    # --- metrics ------------------------------------------------------------------------
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        content, media_type = metrics.render()
+        return Response(content=content, media_type=media_type)
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body)
+    app.add_middleware(MetricsMiddleware, observe=metrics.observe_request)
+    return app
+
+
+def _repository_routes(app: Any, dataplane: DataPlane) -> None:
+    """The model repository extension: index, load, unload (``--no-repository-api`` leaves
+    them out, and they answer 404 like any unknown path)."""
 
     @app.post("/v2/repository/index")
     async def repository_index(request: Request) -> JSONResponse:
@@ -137,14 +180,3 @@ def create_app(dataplane: DataPlane, metrics: ServerMetrics, *, max_body: int) -
         await _body_model(request, RepositoryLoadRequest)
         await dataplane.unload(name)
         return JSONResponse({})
-
-    # --- metrics ------------------------------------------------------------------------
-
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        content, media_type = metrics.render()
-        return Response(content=content, media_type=media_type)
-
-    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body)
-    app.add_middleware(MetricsMiddleware, observe=metrics.observe_request)
-    return app

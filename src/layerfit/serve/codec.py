@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,8 +97,44 @@ def loads(data: bytes | memoryview) -> Any:
     ``NaN``/``Infinity`` tokens requests may carry and words its complaints as before."""
     try:
         return orjson.loads(data)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as exc:
+        if "recursion" in str(exc):  # orjson stops at 1024 levels; json would overflow the stack
+            raise ValueError(f"nested more than 1024 levels deep ({exc})") from None
+    try:
         return json.loads(bytes(data))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+# What decoding one JSON number costs before it is a tensor element: a Python float
+# (24 bytes) or small int and its list slot (8), and the row lists around them.
+JSON_BYTES_PER_VALUE = 40
+# Commas a request's JSON may hold beyond its tensors' values: shapes, names, parameters.
+JSON_SEPARATOR_ALLOWANCE = 4096
+
+
+def decoding_bytes(body: bytes | bytearray, header_length: str | None, inputs: Sequence[TensorSpec], model: str) -> int:
+    """Memory that decoding ``body`` for a model taking ``inputs`` will hold beyond the
+    body: the input tensors, and the Python values a JSON part is parsed into first.
+
+    Counted before parsing, from the separators in the JSON part (a C-speed scan): a
+    JSON part with more values than the inputs take is refused unparsed (400), so no
+    request makes the server build more Python objects than its model's inputs need.
+    """
+    tensors = sum(math.prod(spec.shape) * itemsize(spec.datatype) for spec in inputs)
+    try:
+        json_length = len(body) if header_length is None else min(max(int(header_length), 0), len(body))
+    except ValueError:
+        return tensors  # parse_request refuses the header with its own message
+    values = body.count(b",", 0, json_length) + 1
+    expected = sum(math.prod(spec.shape) for spec in inputs)
+    # nested data has a comma between rows too: at most one per value, plus the rest
+    if values > 2 * expected + JSON_SEPARATOR_ALLOWANCE:
+        raise BadRequestError(
+            f"the request's JSON holds about {values:,} values but model {model!r} takes {expected:,} in all; "
+            "it is refused before parsing"
+        )
+    return tensors + (JSON_BYTES_PER_VALUE * values if values > JSON_SEPARATOR_ALLOWANCE else 0)
 
 
 def describe_validation_error(exc: ValidationError, limit: int = 5) -> str:

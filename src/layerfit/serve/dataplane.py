@@ -34,7 +34,8 @@ from starlette.concurrency import run_in_threadpool
 from layerfit.engine import flat_outputs
 from layerfit.engine.openmp import without_thread_team
 from layerfit.errors import JobTimeoutError, LayerfitError
-from layerfit.serve.codec import decode_input, encode_response, parse_request
+from layerfit.serve.body import BodyLimits, RequestMemory, Reservation, read_body
+from layerfit.serve.codec import decode_input, decoding_bytes, encode_response, parse_request
 from layerfit.serve.errors import BadRequestError, ServerBusyError, ShuttingDownError
 from layerfit.serve.registry import VERSION, ModelRegistry, Signature
 from layerfit.serve.types import InferenceRequest
@@ -54,6 +55,8 @@ class DataPlane:
         timeout: float,
         max_inflight: int,
         metrics: Any = None,
+        body: BodyLimits | None = None,
+        request_memory: RequestMemory | None = None,
     ) -> None:
         from layerfit import __version__
 
@@ -66,6 +69,10 @@ class DataPlane:
         self.draining = False
         self.inflight = 0
         self._idle: asyncio.Event | None = None
+        self.body = body or BodyLimits(64 * 2**20, 30.0, 16 * 1024.0)
+        self.requests = request_memory or RequestMemory(2 * self.body.max_bytes)
+        self.stopping = asyncio.Event()  # set on SIGTERM: bodies still arriving are not read
+        self.abandoned = asyncio.Event()  # set when the grace ends: waiting requests get 503
 
     # --- health and metadata ------------------------------------------------------
 
@@ -108,8 +115,9 @@ class DataPlane:
                 self._idle.set()
 
     def begin_drain(self) -> None:
-        """Stop admitting inference (called on SIGTERM)."""
+        """Stop admitting inference and reading bodies (called on SIGTERM)."""
         self.draining = True
+        self.stopping.set()
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no inference is in flight, at most ``timeout`` seconds; True if idle."""
@@ -131,8 +139,11 @@ class DataPlane:
         """
         self.begin_drain()
         if not await self.wait_idle(grace):
+            # the grace is over: queued work is cancelled and every request still waiting
+            # is answered 503 now; a forward pass under way ends in the background
             await run_in_threadpool(self.runtime.shutdown, wait=False, cancel_pending=True)
-            await self.wait_idle(self.timeout + 5.0)
+            self.abandoned.set()
+            await self.wait_idle(5.0)
         await run_in_threadpool(self.runtime.shutdown, wait=True)
 
     # --- inference -------------------------------------------------------------------
@@ -143,11 +154,23 @@ class DataPlane:
             raise ShuttingDownError("the server is shutting down and accepts no new inference")
         return self.registry.require_ready(name, version)
 
+    async def read_body(self, receive: Any, declared: str | None, reservation: Reservation) -> bytes | bytearray:
+        """The request body, within the deadline, rate and request memory (see :mod:`.body`)."""
+        length = int(declared) if declared is not None and declared.isascii() and declared.isdigit() else None
+        return await read_body(receive, self.body, reservation, self.stopping, length)
+
     async def infer(
-        self, name: str, version: str | None, body: bytes, header_length: str | None
+        self, name: str, version: str | None, body: bytes | bytearray, header_length: str | None,
+        reservation: Reservation | None = None,
     ) -> tuple[bytes | memoryview, dict[str, str]]:
-        """Run one inference request; returns the response body and its headers."""
+        """Run one inference request; returns the response body and its headers.
+
+        Decoding reserves what it will hold in ``reservation`` first (a JSON request
+        carrying more values than the model's inputs take is refused unparsed).
+        """
         signature = self.check_inference(name, version)
+        if reservation is not None:
+            reservation.grow(decoding_bytes(body, header_length, signature.inputs, name), "decoding this request")
         # decoding and encoding run tensor operations on the pool's long-lived threads: none
         # may keep an OpenMP team there, or every forward pass runs at half speed
         request, x = await run_in_threadpool(without_thread_team(self._decode), name, signature, body, header_length)
@@ -205,14 +228,21 @@ class DataPlane:
                 loop.call_soon_threadsafe(lambda: woken.done() or woken.set_result(None))
 
         future.add_done_callback(wake)
+        abandoned = asyncio.ensure_future(self.abandoned.wait())
         try:
-            await asyncio.wait_for(woken, timeout + 5.0)
-        except asyncio.TimeoutError:  # the builtin's alias from 3.11, a class of its own in 3.10
-            future.cancel()
-            raise JobTimeoutError(f"inference did not finish within {timeout:g} s and was cancelled") from None
+            done, _ = await asyncio.wait({woken, abandoned}, timeout=timeout + 5.0,
+                                         return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             future.cancel()
             raise
+        finally:
+            abandoned.cancel()
+        if not done:
+            future.cancel()
+            raise JobTimeoutError(f"inference did not finish within {timeout:g} s and was cancelled")
+        if woken not in done:  # the shutdown grace ran out
+            future.cancel()
+            raise ShuttingDownError("the server shut down before this request finished; it was cancelled")
         if future.cancelled():
             if self.draining:
                 raise ShuttingDownError("the server shut down before this request ran; it was cancelled")

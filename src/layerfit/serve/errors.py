@@ -12,6 +12,7 @@ the request's fault) a 503, without the server re-wrapping them.
 from __future__ import annotations
 
 from layerfit.errors import (
+    CorruptStoreError,
     JobRejectedError,
     JobTimeoutError,
     LayerfitError,
@@ -65,8 +66,8 @@ def status_of(exc: BaseException) -> int:
         return 404
     if isinstance(exc, QueueFullError):
         return 429
-    if isinstance(exc, ModelNotReadyError | JobTimeoutError | JobRejectedError):
-        return 503
+    if isinstance(exc, ModelNotReadyError | JobTimeoutError | JobRejectedError | CorruptStoreError):
+        return 503  # the server's state (a corrupt model is taken out of service), not the request
     if isinstance(exc, LayerfitError):
         return 400
     return 500

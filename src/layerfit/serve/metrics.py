@@ -34,15 +34,31 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 class RuntimeCollector(Collector):
     """Gauges read from ``Runtime.stats()`` and the data plane at each scrape."""
 
-    def __init__(self, stats: Callable[[], dict[str, Any]], inflight: Callable[[], int]) -> None:
+    def __init__(self, stats: Callable[[], dict[str, Any]], inflight: Callable[[], int], requests: Any = None) -> None:
         self.stats = stats
         self.inflight = inflight
+        self.requests = requests
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
             "layerfit_inflight_requests", "Inference requests admitted and not yet answered",
             value=self.inflight(),
         )
+        if self.requests is not None:
+            memory = GaugeMetricFamily(
+                "layerfit_request_bytes",
+                "Request memory (bodies and their decoding, outside the budget): bytes held now "
+                "(in_flight), the most held at once (peak) and the limit (--request-memory)",
+                labels=["kind"],
+            )
+            for kind, value in (("in_flight", self.requests.in_use), ("peak", self.requests.peak),
+                                ("limit", self.requests.capacity)):
+                memory.add_metric([kind], float(value))
+            yield memory
+            yield CounterMetricFamily(
+                "layerfit_request_memory_refusals", "Requests refused because request memory was full or too small",
+                value=float(self.requests.refused),
+            )
         try:
             stats = self.stats()
         except Exception:  # a scrape must not fail because the runtime is shutting down
@@ -125,10 +141,11 @@ class ServerMetrics:
             ["model"], buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
 
-    def attach(self, runtime: Any, inflight: Callable[[], int]) -> None:
-        """Read the runtime's models and stats, and the data plane's in-flight count."""
+    def attach(self, runtime: Any, inflight: Callable[[], int], requests: Any = None) -> None:
+        """Read the runtime's models and stats, the data plane's in-flight count and its
+        request memory (a :class:`~layerfit.serve.body.RequestMemory`)."""
         self.models = lambda: runtime.models
-        self.registry.register(RuntimeCollector(runtime.stats, inflight))
+        self.registry.register(RuntimeCollector(runtime.stats, inflight, requests))
 
     def _model_label(self, name: str | None) -> str:
         if name is None:

@@ -27,7 +27,9 @@ from uvicorn.config import LOG_LEVELS
 
 from layerfit.engine.openmp import check_compute_threads, set_compute_threads
 from layerfit.errors import LayerfitError
+from layerfit.serve.body import BodyLimits, RequestMemory
 from layerfit.serve.dataplane import DataPlane
+from layerfit.serve.integrity import Reverifier
 from layerfit.serve.metrics import ServerMetrics
 from layerfit.serve.registry import ModelRegistry
 from layerfit.sizes import parse_bytes
@@ -50,12 +52,18 @@ class ServeSettings:
     port: int = 8000
     queue_limit: int = 64
     max_body: str | int = "64MB"
+    request_memory: str | int | None = None  # None: twice max_body
+    body_timeout: float = 30.0
+    min_body_rate: str | int = "16kB"  # per second
+    repository_api: bool = True
     timeout: float = 60.0
     shutdown_grace: float = 30.0
     load_models: bool = True
     log_level: str = "warning"
     access_log: bool = False
     trust_factory: tuple[str, ...] = ()  # modules whose factories the repository's folders may run
+    verify: str = "first"  # when a unit's SHA-256 is checked: each read from storage, its first, never
+    reverify_every: float = 0.0  # seconds between re-hashing every READY model's weights (0: never)
 
     def validate(self) -> None:
         """Refuse settings that cannot work, with the option to change, before anything loads."""
@@ -78,6 +86,20 @@ class ServeSettings:
             raise LayerfitError(f"--port must be from 0 (a free port) to 65535, not {self.port}")
         if parse_bytes(self.max_body) < 1:
             raise LayerfitError("--max-body must be at least one byte")
+        if self.request_memory is not None and parse_bytes(self.request_memory) < parse_bytes(self.max_body):
+            raise LayerfitError(
+                f"--request-memory ({self.request_memory}) must be at least --max-body ({self.max_body}): "
+                "a body of the largest size allowed must fit"
+            )
+        if not (self.body_timeout > 0 and math.isfinite(self.body_timeout)):
+            raise LayerfitError(f"--body-timeout must be a positive, finite number of seconds, not {self.body_timeout}")
+        parse_bytes(self.min_body_rate)
+        if self.verify not in ("always", "first", "never"):
+            raise LayerfitError(f"--verify must be always, first or never, not {self.verify!r}")
+        if not (self.reverify_every >= 0 and math.isfinite(self.reverify_every)):
+            raise LayerfitError(
+                f"--reverify-every must be a finite number of seconds, 0 or more (0: never), not {self.reverify_every}"
+            )
         from layerfit.schedule.runtime import check_runtime_units, freed_memory_mode
 
         try:
@@ -103,6 +125,7 @@ class Built:
     metrics: ServerMetrics
     app: Any
     load_errors: dict[str, str]
+    reverifier: Reverifier | None = None
 
 
 def build(settings: ServeSettings) -> Built:
@@ -124,38 +147,51 @@ def build(settings: ServeSettings) -> Built:
         str(settings.repository), parse_bytes(settings.memory_budget), workers=settings.workers,
         policy=settings.policy, queue_limit=settings.queue_limit, load=False, units=settings.units,
         cache_weights=settings.cache_weights, return_freed_memory=settings.return_freed_memory,
+        verify=settings.verify,
     )
     try:
         registry = ModelRegistry(runtime, warm_up=settings.warm_up, warm_up_timeout=settings.timeout)
         load_errors = registry.load_all() if settings.load_models else {}
         registry.check_budget()
         metrics = ServerMetrics()
+        max_body = parse_bytes(settings.max_body)
         dataplane = DataPlane(
             runtime, registry, timeout=settings.timeout,
             max_inflight=settings.queue_limit, metrics=metrics,
+            body=BodyLimits(max_body, settings.body_timeout, float(parse_bytes(settings.min_body_rate))),
+            request_memory=RequestMemory(
+                parse_bytes(settings.request_memory) if settings.request_memory is not None else 2 * max_body
+            ),
         )
-        metrics.attach(runtime, lambda: dataplane.inflight)
-        app = create_app(dataplane, metrics, max_body=parse_bytes(settings.max_body))
+        metrics.attach(runtime, lambda: dataplane.inflight, dataplane.requests)
+        app = create_app(dataplane, metrics, max_body=max_body, repository_api=settings.repository_api)
     except BaseException:
         runtime.shutdown(wait=True, cancel_pending=True)
         raise
-    return Built(runtime, registry, dataplane, metrics, app, load_errors)
+    reverifier = Reverifier(runtime, settings.reverify_every) if settings.reverify_every > 0 else None
+    return Built(runtime, registry, dataplane, metrics, app, load_errors, reverifier)
 
 
 class Server(uvicorn.Server):
     """uvicorn's server with a drain before it closes connections."""
 
-    def __init__(self, config: uvicorn.Config, dataplane: DataPlane, grace: float) -> None:
+    def __init__(self, config: uvicorn.Config, dataplane: DataPlane, grace: float,
+                 reverifier: Reverifier | None = None) -> None:
         super().__init__(config)
         self.dataplane = dataplane
         self.grace = grace
+        self.reverifier = reverifier
         self.started_event = threading.Event()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
+        if self.reverifier is not None and self.started:
+            self.reverifier.start()
         self.started_event.set()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.reverifier is not None:
+            self.reverifier.request_stop()  # a pass under way stops at its next model
         try:
             await self.dataplane.drain(self.grace)
         finally:
@@ -166,10 +202,11 @@ def make_server(settings: ServeSettings, built: Built) -> Server:
     config = uvicorn.Config(
         built.app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
         access_log=settings.access_log, lifespan="off",
-        # uvicorn's own graceful timeout only backs up the drain, which comes first.
-        timeout_graceful_shutdown=settings.shutdown_grace + settings.timeout + 10.0,
+        # uvicorn's own graceful timeout only backs up the drain, which comes first and
+        # answers every admitted request within the grace period.
+        timeout_graceful_shutdown=settings.shutdown_grace + 5.0,
     )
-    return Server(config, built.dataplane, settings.shutdown_grace)
+    return Server(config, built.dataplane, settings.shutdown_grace, built.reverifier)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -154,25 +154,25 @@ class Segment:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Segment:
         return cls(
-            index=int(d["index"]),
-            name=str(d["name"]),
-            module_type=str(d["module_type"]),
-            offset=int(d["offset"]),
-            nbytes=int(d["nbytes"]),
-            payload_bytes=int(d["payload_bytes"]),
-            sha256=str(d["sha256"]),
-            d=int(d.get("d", 0)),
-            f=int(d.get("f", 0)),
+            index=_whole(d["index"]),
+            name=_text(d["name"]),
+            module_type=_text(d["module_type"]),
+            offset=_whole(d["offset"]),
+            nbytes=_whole(d["nbytes"]),
+            payload_bytes=_whole(d["payload_bytes"]),
+            sha256=_text(d["sha256"]),
+            d=_whole(d.get("d", 0)),
+            f=_whole(d.get("f", 0)),
             tensors=tuple(
                 TensorLayout(
-                    name=t["name"],
-                    kind=t["kind"],
-                    dtype=t["dtype"],
-                    shape=tuple(int(x) for x in t["shape"]),
-                    offset=int(t["offset"]),
-                    nbytes=int(t["nbytes"]),
-                    places=tuple(t["places"]),
-                    stride=tuple(int(x) for x in t["stride"]) if t.get("stride") is not None else None,
+                    name=_text(t["name"]),
+                    kind=_text(t["kind"]),
+                    dtype=_text(t["dtype"]),
+                    shape=tuple(_whole(x) for x in t["shape"]),
+                    offset=_whole(t["offset"]),
+                    nbytes=_whole(t["nbytes"]),
+                    places=tuple(_text(p) for p in t["places"]),
+                    stride=tuple(_whole(x) for x in t["stride"]) if t.get("stride") is not None else None,
                 )
                 for t in d["tensors"]
             ),
@@ -247,17 +247,17 @@ class Manifest:
             raise ManifestError("manifest is malformed (its graph is not a JSON object): prepare the model again")
         try:
             manifest = cls(
-                model=dict(d["model"]),
-                seed=int(d.get("seed", 0)),
-                input_shape=tuple(int(x) for x in d["input"]["shape"]),
+                model=_model(d["model"]),
+                seed=_whole(d.get("seed", 0)),
+                input_shape=tuple(_whole(x) for x in d["input"]["shape"]),
                 input_dtype=str(d["input"]["dtype"]),
                 weights_file=str(d["weights"]["file"]),
-                weights_size=int(d["weights"]["size"]),
+                weights_size=_whole(d["weights"]["size"]),
                 resident=Segment.from_dict(d["resident"]) if d.get("resident") else None,
                 units=tuple(Segment.from_dict(u) for u in d["units"]),
                 graph=ModelGraph.from_dict(d["graph"]),
                 input_keywords=tuple(
-                    (str(k["name"]), tuple(int(x) for x in k["shape"]), str(k["dtype"]))
+                    (str(k["name"]), tuple(_whole(x) for x in k["shape"]), str(k["dtype"]))
                     for k in d["input"].get("keywords", ())
                 ),
             )
@@ -290,8 +290,10 @@ def read_manifest(directory: str | Path) -> Manifest:
         raise ManifestError(f"{path} is missing: {directory} is not a prepared model")
     try:
         data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{path} is not valid JSON: {exc}") from exc
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, or an integer of 5,000 digits
+        raise ManifestError(f"{path} is not valid JSON: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise ManifestError(f"{path} is not a manifest: its JSON is nested too deeply") from None
     except OSError as exc:
         raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from exc
     if not isinstance(data, dict):
@@ -314,6 +316,9 @@ def read_manifest(directory: str | Path) -> Manifest:
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# The largest input a manifest may declare: more than any edge device holds, far less
+# than a hand-edited shape such as [1e6, 3, 1e5, 1e5] asks for.
+MAX_INPUT_BYTES = 2**40
 
 
 def check_manifest(m: Manifest) -> None:
@@ -326,6 +331,11 @@ def check_manifest(m: Manifest) -> None:
         raise ManifestError(f"input shape {list(m.input_shape)} has a dimension below 1")
     if m.input_dtype not in DTYPES:
         raise ManifestError(f"input dtype {m.input_dtype!r} is not one of {', '.join(DTYPES)}")
+    inputs = [(list(m.input_shape), m.input_dtype)] + [(list(shape), dtype) for _, shape, dtype in m.input_keywords]
+    for shape, dtype in inputs:
+        itemsize = torch.empty((), dtype=DTYPES.get(dtype, torch.float32)).element_size()
+        if any(d <= 0 for d in shape) or math.prod(shape) * itemsize > MAX_INPUT_BYTES:
+            raise ManifestError(f"input shape {shape} of {dtype} is not one prepare writes (over {MAX_INPUT_BYTES:,} bytes)")
     g = m.graph
     if tuple(g.input_shape) != tuple(m.input_shape) or g.input_dtype != m.input_dtype:
         raise ManifestError(
@@ -408,6 +418,32 @@ def _check_tensor(t: TensorLayout, seg: Segment, what: str, places: dict[str, st
         places[place] = t.name
 
 
+def _model(value: Any) -> dict[str, Any]:
+    """The manifest's ``model``: its source and name strings, its keyword arguments a mapping."""
+    if not isinstance(value, dict) or not isinstance(value.get("kwargs", {}), dict):
+        raise ValueError("model must be an object with source, name and kwargs")
+    _text(value["source"])
+    _text(value["name"])
+    return dict(value)
+
+
+def _text(value: Any) -> str:
+    """``value`` if it is a JSON string; a ``ValueError`` for anything else."""
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a string")
+    return value
+
+
+def _whole(value: Any) -> int:
+    """``value`` if it is a JSON whole number of at most 63 bits; a ``ValueError`` for a
+    fraction (an offset of ``12288.7``), a boolean, a string or a number past any file."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{value!r} is not a whole number")
+    if abs(value) >= 2**63:
+        raise ValueError("a number larger than any file or tensor")
+    return value
+
+
 def check_weights_header(m: Manifest, path: Path) -> None:
     """Raise unless the safetensors header of the weights file at ``path`` places every
     tensor of the manifest where the manifest does (dtype, shape, byte range).
@@ -418,6 +454,8 @@ def check_weights_header(m: Manifest, path: Path) -> None:
     """
     from layerfit.errors import CorruptStoreError
 
+    if not path.is_file():  # missing, or a FIFO whose open would wait forever: the reader names it
+        return
     try:
         with open(path, "rb") as fh:
             size = fh.seek(0, 2)

@@ -58,6 +58,11 @@ def check_weights_file(path: str | Path, expected_size: int) -> FileIdentity:
     a missing, truncated or replaced file is refused before anything reads from it."""
     path = Path(path)
     if not path.is_file():
+        if path.exists() or path.is_symlink():
+            raise CorruptStoreError(
+                f"weights file {path} is not a regular file (a FIFO, a device, a folder or a broken link): "
+                "prepare the model again"
+            )
         raise CorruptStoreError(f"weights file {path} is missing")
     identity = FileIdentity.of(path)
     if identity.size != expected_size:

@@ -14,6 +14,7 @@ import os
 import shutil
 import struct
 import tempfile
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from torch import nn
 from layerfit.capture import capture
 from layerfit.capture.graph import ModelGraph
 from layerfit.errors import CheckpointError, InputError, OutputExistsError, OutputPathError
+from layerfit.sizes import format_bytes
 from layerfit.store.manifest import (
     ALIGN,
     DTYPES,
@@ -294,8 +296,10 @@ def prepare(
 
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(out)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
         os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private to its owner
+        (tmp / OWNER).write_text(str(os.getpid()))
     except OSError as exc:
         raise OutputPathError(f"cannot create {out}: {exc.strerror or exc} (choose another directory)") from exc
     try:
@@ -315,7 +319,15 @@ def prepare(
             graph=graph,
         )
         (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=1))
+        (tmp / OWNER).unlink()
         _replace_dir(tmp, out)
+    except OSError as exc:  # disk full, quota, I/O error: one line, and nothing kept
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(out.parent).free
+        raise OutputPathError(
+            f"cannot write {out}: {exc.strerror or exc} ({format_bytes(free)} free on its file system); "
+            "nothing was kept"
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -401,6 +413,41 @@ def _check_output_dir(out: Path, force: bool) -> None:
     if entries and (MANIFEST not in entries or entries - {MANIFEST, WEIGHTS}):
         foreign = sorted(entries - {MANIFEST, WEIGHTS}) or [f"no {MANIFEST}"]
         raise OutputExistsError(f"{refuse} (it holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''})")
+
+
+OWNER = ".prepare-pid"  # in a temporary folder while prepare writes it: the writer's process id
+
+
+def _remove_stale_temporaries(out: Path) -> None:
+    """Remove what an interrupted ``prepare`` of ``out`` left beside it (killed with
+    SIGKILL, or the machine lost power): temporary folders whose writer is gone, with a
+    warning naming what was freed. A folder another live process is writing stays."""
+    for stale in sorted(out.parent.glob(f".{out.name}.*.tmp")) + sorted(out.parent.glob(f".{out.name}.*.old")):
+        if not stale.is_dir() or stale.is_symlink():
+            continue
+        owner = stale / OWNER
+        try:
+            pid = int(owner.read_text())
+        except (OSError, ValueError):
+            pid = None
+        if pid is not None and pid != os.getpid() and _alive(pid):
+            continue
+        size = sum(f.stat().st_size for f in stale.rglob("*") if f.is_file() and not f.is_symlink())
+        shutil.rmtree(stale, ignore_errors=True)
+        warnings.warn(
+            f"removed {stale.name} ({format_bytes(size)}), left in {out.parent} by an interrupted prepare",
+            stacklevel=3,
+        )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _replace_dir(tmp: Path, out: Path) -> None:

@@ -1,0 +1,196 @@
+"""Clients that trickle, flood, vanish or nest: bounded memory, deadlines, one-line
+answers, and a shutdown within its grace period."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+import torch
+from serve_helpers import json_body, reference, settings
+
+from layerfit.serve.server import ServerThread
+
+
+@pytest.fixture()
+def start(repository: Path) -> Iterator[Callable[..., ServerThread]]:
+    started: list[ServerThread] = []
+
+    def make(**overrides: object) -> ServerThread:
+        running = ServerThread(settings(repository, **overrides)).start()
+        started.append(running)
+        return running
+
+    yield make
+    for running in started:
+        running.stop()
+
+
+def slow_sender(url: str, path: str, body: bytes, every: float, stop: threading.Event) -> dict:
+    """Send ``body`` one byte every ``every`` seconds on a raw connection; what came back."""
+    parsed = urlparse(url)
+    result: dict = {"status": None}
+
+    def run() -> None:
+        with socket.create_connection((parsed.hostname, parsed.port), timeout=60) as sock:
+            sock.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+            )
+            try:
+                for byte in body:
+                    if stop.is_set():
+                        break
+                    sock.sendall(bytes([byte]))
+                    if stop.wait(every):
+                        break
+                    sock.settimeout(0.0)
+                    try:
+                        reply = sock.recv(65536)
+                    except BlockingIOError:
+                        reply = b""
+                    finally:
+                        sock.settimeout(60)
+                    if reply:
+                        result["status"] = int(reply.split()[1])
+                        result["body"] = reply
+                        return
+                sock.settimeout(10)
+                reply = sock.recv(65536)
+                if reply:
+                    result["status"] = int(reply.split()[1])
+                    result["body"] = reply
+            except OSError as exc:  # the server closed the connection
+                result["error"] = repr(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    result["thread"] = thread
+    return result
+
+
+def request_body(x: torch.Tensor) -> bytes:
+    return json.dumps(json_body(x)).encode()
+
+
+def test_a_trickling_body_gets_408_and_holds_no_queue_slot(start) -> None:
+    server = start(queue_limit=1, body_timeout=20.0, min_body_rate="1kB")
+    stop = threading.Event()
+    body = request_body(torch.randn(1, 8))
+    slow = [slow_sender(server.url, "/v2/models/chain/infer", body, 0.5, stop) for _ in range(3)]
+    try:
+        time.sleep(1.0)  # the slow bodies are arriving: the one queue slot is still free
+        x = torch.randn(1, 8)
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            response = http.post("/v2/models/chain/infer", json=json_body(x))
+            assert response.status_code == 200, response.text
+            assert torch.equal(torch.tensor(response.json()["outputs"][0]["data"]).reshape(1, 4), reference("chain", x))
+        for s in slow:
+            s["thread"].join(15)
+            assert s["status"] == 408, s
+            assert b"--min-body-rate" in s["body"]
+    finally:
+        stop.set()
+
+
+def test_a_body_past_its_deadline_gets_408(start) -> None:
+    server = start(body_timeout=1.5, min_body_rate="1")
+    stop = threading.Event()
+    slow = slow_sender(server.url, "/v2/models/chain/infer", request_body(torch.randn(1, 8)), 0.2, stop)
+    try:
+        slow["thread"].join(15)
+        assert slow["status"] == 408 and b"--body-timeout of 1.5 s" in slow["body"], slow
+    finally:
+        stop.set()
+
+
+def test_sigterm_with_slow_clients_stops_within_the_grace(start) -> None:
+    server = start(shutdown_grace=1.0, body_timeout=120.0, min_body_rate="1", queue_limit=64)
+    stop = threading.Event()
+    slow = [slow_sender(server.url, "/v2/models/chain/infer", request_body(torch.randn(1, 8)), 0.5, stop)
+            for _ in range(16)]
+    try:
+        time.sleep(1.0)
+        began = time.monotonic()
+        server.stop()
+        took = time.monotonic() - began
+        assert took < 1.0 + 5.0, f"shutdown took {took:.1f} s with a 1 s grace"
+        for s in slow:
+            s["thread"].join(15)
+            assert s["status"] in (503, None), s  # answered 503, or the connection closed
+    finally:
+        stop.set()
+
+
+def test_json_with_more_values_than_the_model_takes_is_refused_unparsed(start) -> None:
+    server = start(max_body="8MB")
+    flood = b'{"inputs": [{"name": "input", "shape": [1, 8], "datatype": "FP32", "data": [' + b"0," * 2_000_000 + b"0]}]}"
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        response = http.post("/v2/models/chain/infer", content=flood)
+        assert response.status_code == 400
+        assert "refused before parsing" in response.json()["error"]
+        metrics = http.get("/metrics").text
+    peak = next(float(line.split()[-1]) for line in metrics.splitlines()
+                if line.startswith('layerfit_request_bytes{kind="peak"}'))
+    assert len(flood) <= peak < len(flood) + 1_000_000  # the body, never its 2 M parsed values
+
+
+def test_request_memory_bounds_what_requests_hold(start) -> None:
+    server = start(max_body="64kB", request_memory="100kB", body_timeout=30.0, min_body_rate="1")
+    stop = threading.Event()
+    big = b'{"inputs": [{"name": "input", "shape": [1, 8], "datatype": "FP32", "data": [' + b" " * 60_000 + b"0]}]}"
+    slow_sender(server.url, "/v2/models/chain/infer", big, 0.2, stop)  # reserves its 60 kB now
+    try:
+        time.sleep(0.5)
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            busy = http.post("/v2/models/chain/infer", content=big)
+            assert busy.status_code == 429, busy.text
+            assert "request memory" in busy.json()["error"]
+            x = torch.randn(1, 8)
+            assert http.post("/v2/models/chain/infer", json=json_body(x)).status_code == 200  # a small one fits
+            stats = http.get("/metrics").text
+        assert 'layerfit_request_bytes{kind="limit"} 100000.0' in stats
+        assert "layerfit_request_memory_refusals_total 1.0" in stats
+    finally:
+        stop.set()
+
+
+def test_a_deeply_nested_body_is_a_400(start) -> None:
+    server = start(max_body="1MB")
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        for body in (b"[" * 100_000, b'{"a":' * 50_000):
+            response = http.post("/v2/models/chain/infer", content=body)
+            assert response.status_code == 400, response.text
+            assert "not valid JSON" in response.json()["error"]
+            response = http.post("/v2/repository/index", content=body)
+            assert response.status_code == 400, response.text
+
+
+def test_a_client_leaving_mid_body_is_not_a_server_error(start, caplog: pytest.LogCaptureFixture) -> None:
+    server = start()
+    parsed = urlparse(server.url)
+    for path in ("/v2/models/chain/infer", "/v2/repository/index"):
+        with socket.create_connection((parsed.hostname, parsed.port), timeout=10) as sock:
+            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{{\"in".encode())
+            time.sleep(0.3)
+    time.sleep(0.5)
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        metrics = http.get("/metrics").text
+    assert 'status="500"' not in metrics
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
+def test_the_repository_api_can_be_switched_off(start) -> None:
+    server = start(repository_api=False)
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        for path in ("/v2/repository/index", "/v2/repository/models/chain/load", "/v2/repository/models/chain/unload"):
+            response = http.post(path)
+            assert response.status_code == 404, path
+        assert http.get("/v2/models/chain/ready").status_code == 200
