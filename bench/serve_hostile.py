@@ -11,8 +11,8 @@ bounded in requests and time, loopback only:
    peak (reset too) are read after.
 2. **trickle**: ``--slow`` connections each send a body one byte every 2 s while one
    client sends real binary requests for ``--duration`` seconds: answers by status.
-3. **sigterm**: the slow connections again, then SIGTERM with ``--shutdown-grace 2``:
-   seconds until the process exited, and what the slow clients got.
+3. **sigterm**: the slow connections again, mid-body, then SIGTERM with
+   ``--shutdown-grace 2``: seconds until the process exited, and what the slow clients got.
 
 ``--src DIR`` runs the server from another checkout's ``src`` (the code before a change),
 so before and after are measured on one machine in one session.
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -124,14 +125,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     directory = prepared_zoo_model(args.model, args.resolution, CACHE)
     repository = CACHE / "repository"
     repository.mkdir(parents=True, exist_ok=True)
-    link = repository / "m"
-    if not link.exists():
-        link.symlink_to(directory.resolve())
+    copy = repository / "m"  # a copy: a link out of the repository folder is refused
+    if copy.is_symlink():
+        copy.unlink()
+    if not copy.exists():
+        shutil.copytree(directory, copy)
     cgroup = Cgroup()
     proc, url = start_server(args, repository, cgroup)
     out: dict[str, Any] = {"machine": machine(), "args": vars(args), "cgroup": cgroup.available}
     try:
         with httpx.Client(base_url=url, timeout=120) as http:
+            if http.get("/v2/models/m/ready").status_code != 200:
+                raise SystemExit(f"model m is not ready: {http.post('/v2/repository/index').json()}")
             meta = http.get("/v2/models/m").json()
             spec = meta["inputs"][0]
             x = np.random.default_rng(0).standard_normal(spec["shape"]).astype(np.float32)
@@ -189,7 +194,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # SIGTERM with slow clients connected
         stop = threading.Event()
         slow = slow_clients(url, args.slow, stop)
-        time.sleep(3.0)
+        time.sleep(0.7)  # all connected and mid-body, before a minimum rate could cut them
         began = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         try:
