@@ -9,17 +9,19 @@ from pathlib import Path
 
 import httpx
 import pytest
-import schemathesis
 from hypothesis import HealthCheck, given, settings
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (
+from serve_helpers import settings as server_settings
+
+from layerfit.serve.server import ServerThread
+
+# a test tool of `make test` ([test] extra); the compatibility legs install fewer
+schemathesis = pytest.importorskip("schemathesis")
+from schemathesis.checks import not_a_server_error  # noqa: E402
+from schemathesis.specs.openapi.checks import (  # noqa: E402
     content_type_conformance,
     response_schema_conformance,
     status_code_conformance,
 )
-from serve_helpers import settings as server_settings
-
-from layerfit.serve.server import ServerThread
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from layerfit.cli import _load_input, _read_safetensors, main
+from layerfit.cli import main
+from layerfit.cli.models import _load_input, _read_safetensors
 from layerfit.errors import BudgetError, LayerfitError
 from layerfit.sizes import parse_budget, parse_bytes
 from layerfit.store import prepare, read_manifest

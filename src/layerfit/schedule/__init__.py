@@ -8,7 +8,7 @@ execute and unload tasks with dependencies (:mod:`~layerfit.schedule.graph`); a 
 (:func:`simulate`) and the real executor alike. :func:`solve_optimal` gives the exact
 optimum of small instances (CP-SAT).
 
-Names are loaded on first use so that ``import layerfit.schedule.cli`` stays cheap.
+Names are loaded on first use so that ``import layerfit.cli.schedule`` stays cheap.
 """
 
 from __future__ import annotations

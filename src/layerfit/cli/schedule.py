@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from layerfit import strict_json
+from layerfit.cli.app import app
 from layerfit.engine.openmp import (
     COMPUTE_THREADS_HELP,
     check_compute_threads,
@@ -30,10 +31,11 @@ if TYPE_CHECKING:
     from layerfit.schedule.contention import ContentionModel
     from layerfit.schedule.report import RunReport
 
-app = typer.Typer(
+schedule_app = typer.Typer(
     help="Schedule many requests over one memory budget (MASA and baselines): graphs, workloads, runs.",
     no_args_is_help=True,
 )
+app.add_typer(schedule_app, name="schedule")
 _console = Console()
 
 
@@ -77,7 +79,7 @@ def _network(name: str, profiles: str | None):
     )
 
 
-@app.command("graph")
+@schedule_app.command("graph")
 def graph_command(
     network: str = typer.Argument(
         ..., help="profile file, profile name (e.g. agenet) or zoo model"
@@ -116,7 +118,7 @@ def graph_command(
         )
 
 
-@app.command("profiles")
+@schedule_app.command("profiles")
 def profiles_command(
     profiles: str = typer.Option(
         None, "--profiles", help="profile set: 'thesis' (default) or a file"
@@ -178,7 +180,7 @@ def profiles_command(
     _console.print(table)
 
 
-@app.command("contention")
+@schedule_app.command("contention")
 def contention_command(
     models: list[str] = typer.Argument(..., help="prepared model folders to read and run"),  # noqa: B008
     repeats: int = typer.Option(3, "--repeats", min=1),
@@ -209,7 +211,7 @@ def contention_command(
     )
 
 
-@app.command("bound")
+@schedule_app.command("bound")
 def bound_command(
     workload: str = typer.Option(..., "--workload", help="workload YAML"),
     workers: int = typer.Option(2, "--workers", min=1),
@@ -247,7 +249,7 @@ def _bound_line(bound: Any, name: str) -> str:
     )
 
 
-@app.command("generate")
+@schedule_app.command("generate")
 def generate_command(
     scenario: str = typer.Argument(
         ...,
@@ -323,7 +325,7 @@ def generate_command(
     )
 
 
-@app.command("run")
+@schedule_app.command("run")
 def run_command(
     workload: str = typer.Option(..., "--workload", help="workload YAML"),
     policy: str = typer.Option(

@@ -1,0 +1,26 @@
+"""The ``layerfit`` command: parses arguments, calls the library, prints results.
+
+Thin by design: every command is a few lines over a library function. Errors caused by
+the user (:class:`~layerfit.errors.LayerfitError`) are printed as one line without a
+traceback and exit with status 2. One module per command group, outside the library's
+layers (nothing in the library imports this package):
+
+* :mod:`.app` — the typer app, ``main``, ``--version``, ``--trust-factory``
+* :mod:`.serve` — ``serve``
+* :mod:`.zoo` — ``zoo``
+* :mod:`.memory` — ``plan``
+* :mod:`.schedule` — ``schedule graph|profiles|contention|bound|generate|run``
+* :mod:`.tradeoff` — ``tradeoff parts|delay``, ``profile``, ``partition``
+* :mod:`.models` — ``prepare``, ``inspect``, ``verify``, ``run``, ``plot-trace``
+
+Importing it imports no PyTorch: the commands import what they use when they run.
+"""
+
+from __future__ import annotations
+
+from layerfit.cli.app import app, console, main, print_json
+
+# Each module registers its commands on ``app``; the order is ``layerfit --help``'s.
+from layerfit.cli import serve, zoo, memory, schedule, tradeoff, models  # noqa: E402, F401, I001  isort: skip
+
+__all__ = ["app", "console", "main", "print_json"]

@@ -1,0 +1,120 @@
+"""The ``layerfit`` command itself: the typer app, ``main`` (errors as one line, exit
+status 2), ``--version`` and ``--trust-factory``. The commands live in the modules beside
+this one, one per command group, and register on :data:`app` when imported."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from layerfit import strict_json
+from layerfit.errors import LayerfitError
+from layerfit.extras import MissingExtraError, extra_for
+
+app = typer.Typer(
+    name="layerfit",
+    help="Run deep neural networks within a memory budget smaller than the networks.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from layerfit import __version__
+
+        typer.echo(f"layerfit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="print the version and exit"
+    ),
+    trust_factory: list[str] | None = typer.Option(  # noqa: B008 (typer reads defaults)
+        None, "--trust-factory", metavar="MODULE",
+        help="run prepared folders whose factory is in MODULE (or under it), e.g. mypkg; repeatable. "
+        "Zoo models need none; a folder's own manifest can never add one (also: LAYERFIT_TRUST_FACTORY=a,b)",
+    ),
+) -> None:
+    """Run deep neural networks within a memory budget smaller than the networks."""
+    if trust_factory:
+        from layerfit.store.trust import trust_factories
+
+        trust_factories(trust_factory)
+
+
+def print_json(obj: Any) -> None:
+    """Print ``obj`` as strict JSON on stdout (machine-readable output of ``--json``):
+    a figure that is not finite is null, never a bare NaN that parsers refuse."""
+    sys.stdout.write(strict_json.dumps(obj) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``layerfit`` script; returns the exit status."""
+    import warnings
+
+    warnings.showwarning = _show_warning  # one line each, as the errors are
+    try:
+        app(args=argv, standalone_mode=False)
+    except LayerfitError as exc:
+        _print_error(str(exc))
+        return 2
+    except ModuleNotFoundError as exc:
+        if extra_for(exc) is None:  # not an optional dependency: a broken install, show it
+            raise
+        _print_error(str(MissingExtraError(exc.name or "", extra_for(exc) or "")))
+        return 2
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        return 130
+    except _usage_errors() as exc:  # a missing argument, an unknown option, a bad value
+        exc.show()  # type: ignore[attr-defined]
+        return exc.exit_code  # type: ignore[attr-defined]
+    return 0
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    Console(stderr=True).print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
+
+
+def _print_error(message: str) -> None:
+    # escaped: "[...]" in a message (a path, a shape the user wrote) is text, not style
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+def _usage_errors() -> tuple[type[Exception], ...]:
+    """Click's usage errors, as raised in non-standalone mode: recent typer releases
+    vendor their own copy of click, whose ``ClickException`` is not click's."""
+    import click
+
+    vendored = [c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"]
+    return (click.ClickException, *vendored)
+
+
+def print_warnings(caught: list) -> None:
+    for w in caught:
+        Console(stderr=True).print(f"[yellow]warning:[/] {escape(str(w.message))}", highlight=False, soft_wrap=True)
+
+
+def parse_shape(text: str | None) -> tuple[int, ...] | None:
+    from layerfit.errors import InputError
+
+    if text is None:
+        return None
+    try:
+        shape = tuple(int(p) for p in text.replace("x", ",").split(",") if p.strip())
+    except ValueError:
+        shape = ()
+    if not shape or any(d <= 0 for d in shape):
+        raise InputError(f"cannot read input shape {text!r}: write dimensions like 1,3,224,224")
+    return shape

@@ -1,0 +1,537 @@
+"""``layerfit prepare``, ``inspect``, ``verify``, ``run`` and ``plot-trace``: one prepared
+model, from its folder to its outputs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.console import Console
+
+from layerfit.cli.app import app, console, parse_shape, print_json, print_warnings
+from layerfit.engine.openmp import COMPUTE_THREADS_HELP, kernels_on, set_compute_threads
+from layerfit.errors import InputError, LayerfitError
+
+if TYPE_CHECKING:
+    from layerfit.store.manifest import Manifest
+
+
+# --- store and engine (prepare, inspect, verify, run, plot-trace) ----------------------
+
+
+
+
+def _example_kwargs(path: str | None, input_shape: str | None) -> dict[str, Any] | None:
+    """The keyword arguments stored in ``--example`` (safetensors: tensors only, nothing
+    unpickled); a clear error for a missing or malformed file, or with --input-shape."""
+    if path is None:
+        return None
+    if input_shape is not None:
+        raise InputError("--example gives the example input: leave out --input-shape")
+    tensors = _read_safetensors(path, f"--example {path}", "")
+    if not tensors:
+        raise InputError(f"--example {path} holds no tensors: store the example call's keyword arguments in it")
+    return tensors
+
+
+@app.command()
+def prepare(
+    model: str = typer.Argument(..., help="zoo name (see `layerfit zoo`) or package.module:factory"),
+    output: str = typer.Option(..., "-o", "--output", help="directory to create"),
+    input_shape: str = typer.Option(None, "--input-shape", help="e.g. 1,3,224,224 (default: the model's)"),
+    input_dtype: str = typer.Option("float32", "--input-dtype"),
+    checkpoint: str = typer.Option(None, "--checkpoint", help="weights from a .safetensors file"),
+    seed: int = typer.Option(0, "--seed", help="seed of the zoo's initialisation and the example input"),
+    example: str = typer.Option(
+        None, "--example", help="a .safetensors file whose tensors are the example call's keyword arguments "
+        "(a model of several inputs, such as input_features and decoder_input_ids), instead of --input-shape",
+    ),
+    force: bool = typer.Option(False, "--force", help="replace an existing directory"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Capture MODEL and pack its weights in execution order into a prepared directory."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    from layerfit.sizes import format_bytes
+    from layerfit.store import prepare as do_prepare
+
+    with Progress(
+        TextColumn("[bold]preparing[/] " + model), BarColumn(), DownloadColumn(),
+        console=Console(stderr=True), transient=True, disable=as_json,
+    ) as bar:
+        task = bar.add_task("write", total=None)
+        manifest = do_prepare(
+            model, output, input_shape=parse_shape(input_shape), input_dtype=input_dtype,
+            checkpoint=checkpoint, force=force, seed=seed, example=_example_kwargs(example, input_shape),
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    summary = {
+        "directory": output,
+        "model": manifest.model,
+        "input_shape": list(manifest.input_shape),
+        "units": len(manifest.units),
+        "weights_bytes": manifest.total_bytes,
+        "largest_unit_bytes": manifest.largest_unit_bytes,
+        "resident_bytes": manifest.resident_bytes,
+        "capture": manifest.graph.method,
+    }
+    if as_json:
+        print_json(summary)
+    else:
+        console.print(
+            f"prepared {model} -> {output}: {len(manifest.units)} units, "
+            f"{format_bytes(manifest.total_bytes)} of weights, largest unit "
+            f"{format_bytes(manifest.largest_unit_bytes)}, resident {format_bytes(manifest.resident_bytes)} "
+            f"(capture: {manifest.graph.method})"
+        )
+
+
+@app.command()
+def inspect(
+    directory: str = typer.Argument(..., help="prepared model directory"),
+    budget: str = typer.Option(
+        None, "--budget", help="also show how `run --pipeline auto` spends this weight budget, e.g. 24MB or 50% (units kept, bytes read)"
+    ),
+    stages: int = typer.Option(2, "--stages", help="with --budget: 2 (cpu) or 3 (a copy stage, as on cuda)"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Show a prepared model: units with sizes and offsets, resident tensors, totals."""
+    from rich.table import Table
+
+    from layerfit.engine.gather import gathered_units, streamed_minimum
+    from layerfit.sizes import format_bytes
+    from layerfit.store import read_manifest
+
+    m = read_manifest(directory)
+    plan = None if budget is None else _auto_plan(m, budget, stages)
+    reasons = {r.name: r.reason for r in m.graph.resident}  # why each is kept, from the capture
+    units = [
+        {"index": u.index, "name": u.name, "type": u.module_type, "nbytes": u.nbytes,
+         "payload_bytes": u.payload_bytes, "offset": u.offset, "d": u.d, "f": u.f, "sha256": u.sha256}
+        for u in m.units
+    ]
+    info = {
+        "model": m.model,
+        "input_shape": list(m.input_shape),
+        "input_dtype": m.input_dtype,
+        "input_keywords": [{"name": n, "shape": list(shape), "dtype": d} for n, shape, d in m.input_keywords],
+        "weights_file": m.weights_file,
+        "weights_bytes": m.total_bytes,
+        "largest_unit_bytes": m.largest_unit_bytes,
+        "minimum_budget_bytes": streamed_minimum(m.units) + m.resident_bytes,
+        "rows_units": sorted(gathered_units([u] for u in m.units)),
+        "resident_bytes": m.resident_bytes,
+        "resident_tensors": [
+            {"name": t.name, "nbytes": t.nbytes, "places": list(t.places), "reason": reasons.get(t.name, "")}
+            for t in (m.resident.tensors if m.resident else ())
+        ],
+        "unused_tensors": m.graph.unused,
+        "capture": m.graph.method,
+        "macs": m.graph.total_macs,
+        "ops": len(m.graph.ops),
+        "activation_tensors": len(m.graph.tensors),
+        "pass_peak_bytes": m.graph.pass_peak_bytes,
+        **_activation_info(m),
+        "units": units,
+    }
+    if plan is not None:
+        info["auto_plan"] = plan
+    if as_json:
+        print_json(info)
+        _check_weights_file(directory, m)
+        return
+    console.print(
+        f"[bold]{m.model['name']}[/] input {_inputs_label(m)}: "
+        f"{len(m.units)} units, {format_bytes(m.total_bytes)} weights, largest unit "
+        f"{format_bytes(m.largest_unit_bytes)}, resident {format_bytes(m.resident_bytes)}, "
+        f"{m.graph.total_macs / 1e9:.2f} GMACs, minimum budget "
+        f"{format_bytes(info['minimum_budget_bytes'])}"
+        + (
+            f" (embedding tables read by the rows they look up: units {', '.join(map(str, info['rows_units']))})"
+            if info["rows_units"]
+            else ""
+        )
+        + "\n"
+        f"activation arena {format_bytes(info['activation_arena_bytes'])} (offsets plan, best); planned "
+        f"total at the minimum budget {format_bytes(info['planned_total_bytes'])}"
+        + (
+            f"; unplanned, the captured pass held {format_bytes(m.graph.pass_peak_bytes)} of tensors at its peak"
+            if m.graph.pass_peak_bytes
+            else ""
+        )
+    )
+    if plan is not None:
+        head = f"at {format_bytes(plan['budget_bytes'])} ({plan['stages']} stages) pipeline auto runs {plan['policy']}: "
+        if plan["policy"] == "preload":
+            console.print(head + f"every weight resident ({format_bytes(m.total_bytes)}), read once at load")
+        else:
+            console.print(
+                head + f"{len(plan['kept_units'])} of {len(m.units)} units kept resident "
+                f"({format_bytes(plan['kept_bytes'])}), buffers "
+                f"{format_bytes(plan['buffer_bytes'] + plan['device_buffer_bytes'])}; each inference reads "
+                f"{plan['units_read_per_inference']} units, {format_bytes(plan['bytes_read_per_inference'])}"
+            )
+    kept = set() if plan is None else set(plan["kept_units"])
+    table = Table("#", "unit", "type", "bytes", "offset", "d", "MMACs", *(["auto"] if plan else []))
+    for u in m.units:
+        rows = set(plan["rows_units"]) if plan else set()
+        where = (
+            ["kept" if u.index in kept or plan["policy"] == "preload" else "rows" if u.index in rows else "read"]
+            if plan
+            else []
+        )
+        table.add_row(
+            str(u.index), u.name, u.module_type, format_bytes(u.nbytes), str(u.offset), str(u.d), f"{u.f / 1e6:.1f}", *where
+        )
+    console.print(table)
+    if info["resident_tensors"]:
+        # resident tensors count against every budget: say which they are and why
+        kept = Table("resident tensor", "bytes", "why it is not streamed", title="kept in memory for the whole inference")
+        for r in sorted(info["resident_tensors"], key=lambda r: -r["nbytes"]):
+            kept.add_row(r["name"], format_bytes(r["nbytes"]), r["reason"])
+        console.print(kept)
+    _check_weights_file(directory, m)
+
+
+def _inputs_label(m: Manifest) -> str:
+    """``(1, 3, 224, 224) float32``, or each keyword's for a model prepared from them."""
+    if not m.input_keywords:
+        return f"{tuple(m.input_shape)} {m.input_dtype}"
+    return ", ".join(f"{n}={tuple(shape)} {d}" for n, shape, d in m.input_keywords)
+
+
+def _auto_plan(m: Manifest, budget: str, stages: int) -> dict[str, Any]:
+    """How ``run --pipeline auto`` spends ``budget`` on the model's weights, by layer (the
+    plan the engine makes; nothing is loaded). Below the minimum: the engine's error."""
+    from layerfit.engine.device import get_device
+    from layerfit.engine.gather import gathered_units, least_room
+    from layerfit.engine.parts import unit_runs
+    from layerfit.engine.policies import AUTO
+    from layerfit.engine.skeleton import build_skeleton
+    from layerfit.engine.units import make_blocks
+    from layerfit.engine.weight_plan import plan_weights
+    from layerfit.sizes import parse_budget
+
+    get_device("cpu", stages)  # the engine's own check of --stages
+    sizes, budget_bytes = [u.nbytes for u in m.units], parse_budget(budget, m.total_bytes)
+    # As the engine on cpu: embedding tables read by the rows they look up (two stages).
+    rows = {} if stages == 3 else {i: least_room(m.units[i]) for i in gathered_units([u] for u in m.units)}
+    # An encoder-decoder's decoder runs once per generated token: the plan keeps it first.
+    try:
+        runs = unit_runs(build_skeleton(m), make_blocks(m.units))
+    except LayerfitError:  # its factory does not import here: nor would the engine load it
+        runs = None
+    plan = plan_weights(AUTO, sizes, m.resident_bytes, budget_bytes, stages, rows, runs)
+    read = [] if plan.policy.name == "preload" else [
+        i for i in range(len(sizes)) if i not in plan.kept and i not in plan.gathered
+    ]
+    return {
+        "budget_bytes": budget_bytes,
+        "stages": stages,
+        "policy": plan.policy.name,
+        "kept_units": sorted(plan.kept),
+        "rows_units": sorted(plan.gathered),
+        "kept_bytes": plan.kept_bytes,
+        "buffer_bytes": plan.buffer_bytes,
+        "device_buffer_bytes": plan.device_buffer_bytes,
+        "units_read_per_inference": len(read),
+        "bytes_read_per_inference": sum(sizes[i] for i in read),
+    }
+
+
+def _check_weights_file(directory: str, m: Manifest) -> None:
+    """After showing the manifest, refuse (exit 2) if its weights file is missing or the
+    wrong size, so that a damaged model never looks healthy (``verify`` checks the bytes)."""
+    from pathlib import Path
+
+    from layerfit.store import check_weights_file
+
+    check_weights_file(Path(directory) / m.weights_file, m.weights_size)
+
+
+def _activation_info(m) -> dict[str, Any]:
+    """The planned activation arena next to the minimum weight budget (Pisarchyk & Lee)."""
+    from layerfit.engine.arena import memory_summary, plan_activations
+
+    # Planned activations read embedding tables whole (the arena replays the captured ops).
+    return memory_summary(plan_activations(m.graph), m.largest_unit_bytes + m.resident_bytes)
+
+
+@app.command()
+def verify(directory: str = typer.Argument(..., help="prepared model directory")) -> None:
+    """Read every unit and check its SHA-256 against the manifest."""
+    from layerfit.store.verify import verify_folder
+
+    checked = verify_folder(directory)
+    console.print(f"{directory}: {checked.segments} segments verified ({checked.io_mode} I/O)")
+
+
+def _read_safetensors(path: str, what: str, hint: str) -> dict[str, Any]:
+    """The tensors of a .safetensors file (nothing unpickled); a clear error naming
+    ``what`` (and ``hint``) for a missing or malformed file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except FileNotFoundError:
+        raise InputError(f"{what}: no such file{hint}") from None
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise InputError(f"{what} is not a readable .safetensors file: {exc}{hint}") from None
+
+
+def device_call(path: str | None, engine) -> tuple[tuple, dict]:
+    """:func:`_load_call` for ``engine``, on its device."""
+    args, keywords = _load_call(path, engine.manifest)
+    to_device = engine.device.to_device
+    return tuple(to_device(a) for a in args), {k: to_device(v) for k, v in keywords.items()}
+
+
+def _load_call(path: str | None, manifest) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` of ``run``'s call: the seeded default, ``--input``'s one tensor,
+    or (a model prepared from an example of keyword arguments) ``--input``'s
+    ``.safetensors`` file of them."""
+    from layerfit.store import example_call
+
+    if path is None:
+        return example_call(manifest)
+    if not manifest.input_keywords:
+        return (_load_input(path, manifest),), {}
+    tensors = _read_safetensors(
+        path, f"input {path}", " (this model takes keyword arguments: give a .safetensors file of them)"
+    )
+    names = [name for name, _, _ in manifest.input_keywords]
+    if sorted(tensors) != sorted(names):
+        raise InputError(f"input {path} holds {', '.join(sorted(tensors)) or 'no tensors'}; the model takes {', '.join(names)}")
+    for name, shape, dtype in manifest.input_keywords:
+        t = tensors[name]
+        if t.dim() != len(shape) or str(t.dtype).removeprefix("torch.") != dtype:
+            raise InputError(
+                f"input {path}: {name} is {str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}; the model "
+                f"was prepared with {dtype} {tuple(shape)} (the same dtype and number of dimensions are needed)"
+            )
+    return (), tensors
+
+
+def _load_input(path: str | None, manifest):
+    from layerfit.errors import InputError
+    from layerfit.store import example_input
+
+    if path is None:
+        return example_input(manifest.input_shape, manifest.input_dtype, manifest.seed)
+    import numpy as np
+    import torch
+
+    if str(path).lower().endswith(".safetensors"):
+        raise InputError(
+            f"input {path} is a .safetensors file: this model takes one tensor, give it as a .npy file "
+            "(numpy.save); a .safetensors file of named tensors is for a model prepared from keyword arguments"
+        )
+    _check_npy_header(path, manifest)
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, SyntaxError, TypeError, MemoryError, OverflowError) as exc:
+        raise InputError(f"cannot read input {path}: {exc}") from exc
+    if not isinstance(arr, np.ndarray):  # an .npz archive
+        arr.close()
+        raise InputError(f"input {path} is an .npz archive: save the one input tensor with numpy.save as .npy")
+    if not arr.dtype.isnative:  # the same values in this machine's byte order
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    if tuple(arr.shape) != tuple(manifest.input_shape) or str(arr.dtype) != manifest.input_dtype:
+        hint = ""
+        if str(arr.dtype) == manifest.input_dtype and arr.ndim == len(manifest.input_shape):
+            shape = ",".join(str(n) for n in arr.shape)
+            hint = f" (it was prepared for that shape: prepare it again with --input-shape {shape})"
+        raise InputError(
+            f"input {path} is {arr.dtype} {tuple(arr.shape)}; the model expects "
+            f"{manifest.input_dtype} {tuple(manifest.input_shape)}{hint}"
+        )
+    return torch.from_numpy(arr)
+
+
+def _check_npy_header(path: str, manifest) -> None:
+    """Read a ``.npy`` file's header only, and refuse one that is not an array of the
+    model's input shape and dtype before a byte of its data is read (a crafted header
+    may declare terabytes, or a dtype that needs pickle)."""
+    import numpy as np
+
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(6) != b"\x93NUMPY":
+                return  # not .npy: np.load says what it is (.npz, or nothing it reads)
+            fh.seek(0)
+            version = np.lib.format.read_magic(fh)
+            read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read is None:
+                raise ValueError(f"unknown .npy format version {version}")
+            shape, _, dtype = read(fh)
+    except FileNotFoundError:
+        raise InputError(f"input {path} does not exist") from None
+    except IsADirectoryError:
+        raise InputError(f"input {path} is a directory, not a .npy file") from None
+    except Exception as exc:  # numpy parses the header with tokenize and ast: any of their errors
+        raise InputError(f"cannot read input {path}: its .npy header is not valid ({type(exc).__name__}: {exc})") from None
+    expected = tuple(manifest.input_shape)
+    if dtype.hasobject or tuple(shape) != expected or str(dtype.newbyteorder("=")) != manifest.input_dtype:
+        hint = ""
+        if str(dtype.newbyteorder("=")) == manifest.input_dtype and len(shape) == len(expected):
+            hint = f" (it was prepared for that shape: prepare it again with --input-shape {','.join(map(str, shape))})"
+        raise InputError(
+            f"input {path} is {dtype} {tuple(shape)}; the model expects {manifest.input_dtype} {expected}{hint}"
+        )
+
+
+def _save_output(path: str, out) -> None:
+    """Write the output tensors to ``path`` (.npy: the one output; .npz: every output),
+    through a temporary file and a rename."""
+    import numpy as np
+
+    from layerfit.engine import flat_outputs
+    from layerfit.store.outputs import write_atomic
+
+    def into(save):  # through an open file: numpy appends .npy/.npz to a name not ending in it
+        def write(tmp) -> None:
+            with open(tmp, "wb") as fh:
+                save(fh)
+
+        return write
+
+    outs = [t.detach().cpu().numpy() for t in flat_outputs(out)]
+    if path.lower().endswith(".npz"):
+        write_atomic(path, into(lambda fh: np.savez(fh, *outs)))
+    elif len(outs) == 1:
+        write_atomic(path, into(lambda fh: np.save(fh, outs[0])))
+    else:
+        from layerfit.errors import InputError
+
+        raise InputError(f"the model has {len(outs)} outputs: save them to a .npz file")
+
+
+def _pipeline_label(report: dict) -> str:
+    """The pipeline that ran, and that ``auto`` chose it where it did."""
+    if report["pipeline_requested"] == report["pipeline"]:
+        return report["pipeline"]
+    return f"{report['pipeline']}, chosen by {report['pipeline_requested']}"
+
+
+def _units_label(report: dict) -> str:
+    """How many units there are, how many ``auto`` keeps resident beside the buffer, and
+    how many are embedding tables read by rows."""
+    from layerfit.sizes import format_bytes
+
+    notes = []
+    if report["kept_units"]:
+        notes.append(f"{report['kept_units']} kept resident, {format_bytes(report['kept_bytes'])}")
+    if report.get("rows_units"):
+        notes.append(f"{report['rows_units']} read by rows")
+    return f"{report['units']} units" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+@app.command()
+def run(
+    directory: str = typer.Argument(..., help="prepared model directory"),
+    pipeline: str = typer.Option(
+        "auto", "--pipeline",
+        help="auto (preload when --budget holds every weight or is not given, else async), preload, sequential, sync or async",
+    ),
+    budget: str = typer.Option(None, "--budget", help="weight memory, e.g. 24MB, or a share of the model's weights, e.g. 50% (default: the pipeline's own)"),
+    units: str = typer.Option("layers", "--units", help="layers, blocks:N, merge:SIZE (consecutive layers up to SIZE per block) or swapnet (SwapNet partition for --budget)"),
+    input_path: str = typer.Option(
+        None, "--input", help="input .npy, or .safetensors of keyword arguments for a model prepared with "
+        "--example (default: seeded random)",
+    ),
+    output_path: str = typer.Option(None, "--output", help="save the output to .npy/.npz"),
+    repeats: int = typer.Option(3, "--repeats", min=1),
+    warmup: int = typer.Option(1, "--warmup", min=0),
+    trace: str = typer.Option(None, "--trace", help="write a Chrome trace of the median run"),
+    direct_io: bool = typer.Option(True, "--direct-io/--buffered-io"),
+    activations: str = typer.Option(
+        "default", "--activations", help="default (PyTorch allocates) or planned (one arena laid out by the planner)"
+    ),
+    coalesce: str = typer.Option(
+        "4MiB", "--coalesce", help="read adjacent units with one request up to this size (0: one read per unit)"
+    ),
+    gather_rows: bool = typer.Option(
+        True, "--rows/--tables-whole",
+        help="read an untied embedding table by the rows its ids look up (default), or stream it whole",
+    ),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
+    stages: int = typer.Option(
+        None, "--stages", help="2: kernels use the read buffer (cpu default); 3: read, copy, kernel (cuda)"
+    ),
+    threads: int | None = typer.Option(None, "--threads", help=COMPUTE_THREADS_HELP),
+    force: bool = typer.Option(False, "--force", help="replace existing --output and --trace files"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Execute a prepared model under a weight budget and report latency and memory."""
+    from layerfit.engine import load, measure
+    from layerfit.sizes import format_bytes
+    from layerfit.store.outputs import check_output_file
+
+    # Checked before the model runs: finding out afterwards would lose the run.
+    if output_path:
+        check_output_file(output_path, force=force, option="--output", suffixes=(".npy", ".npz"))
+    if trace:
+        check_output_file(trace, force=force, option="--trace")
+    set_compute_threads(threads, "--threads")
+    options = {"budget": budget, "pipeline": pipeline, "units": units}
+    if units == "swapnet":
+        import warnings
+
+        from layerfit.tradeoff.swapnet import swapnet_engine_options
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                options = swapnet_engine_options(directory, budget)
+            finally:
+                print_warnings(caught)
+    with load(
+        directory,
+        **options,
+        direct_io=direct_io,
+        trace=trace is not None,
+        activations=activations,
+        coalesce=coalesce,
+        device=device,
+        stages=stages,
+        gather_rows=gather_rows,
+    ) as engine:
+        args, keywords = device_call(input_path, engine)
+        out, report = measure(engine, args, repeats=repeats, warmup=warmup, keywords=keywords)
+        if trace:
+            engine.last_timeline.save(trace)
+            report["trace"] = trace
+    if output_path:
+        _save_output(output_path, out)
+    if as_json:
+        report.pop("latencies_s", None)
+        print_json(report)
+        return
+    console.print(
+        f"{report['model']} [{_pipeline_label(report)}, {_units_label(report)}, {report['stages']} stages on "
+        f"{report['device']}, {report['io_mode']} I/O, {kernels_on(report['compute_threads'])}]: "
+        f"latency {report['latency_s'] * 1e3:.1f} ms (median of {repeats}), weights peak "
+        f"{format_bytes(report['weights_peak_bytes'])} of {format_bytes(report['weights_total_bytes'])}, "
+        f"peak RSS {format_bytes(report['rss_peak_bytes'])}\n"
+        f"activations {report['activations']}: planned arena {format_bytes(report['activation_arena_bytes'])}, "
+        f"planned total {format_bytes(report['planned_total_bytes'])} (weight buffers + arena)\n"
+        f"output {report['output_shape']} sha256 {report['output_sha256'][:16]}",
+        markup=False,  # the [pipeline, ...] part is text, not a rich style tag
+    )
+
+
+@app.command("plot-trace")
+def plot_trace(
+    trace_file: str = typer.Argument(..., help="trace written by `layerfit run --trace`"),
+    output: str = typer.Option(..., "-o", "--output", help="image to write (png, svg, pdf)"),
+    force: bool = typer.Option(False, "--force", help="replace an existing image"),
+) -> None:
+    """Draw the read/copy/kernel Gantt chart with the weight buffer's use beneath it."""
+    from layerfit.engine.plot import plot_timeline
+    from layerfit.engine.trace import load_timeline
+    from layerfit.store.outputs import check_output_file
+
+    check_output_file(output, force=force, option="--output", image=True)
+    plot_timeline(load_timeline(trace_file), output)
+    console.print(f"wrote {output}")
