@@ -134,7 +134,7 @@ def start_server(
     # the bench's own factories (KEYWORD_MODELS) rebuild the models it prepared
     command = [sys.executable, "-m", "layerfit.cli", "--trust-factory", "encoder_decoder", "serve",
                "--repository", str(repository),
-               "--memory-budget", args.memory_budget, "--workers", str(args.workers), "--policy", args.policy,
+               "--budget", args.memory_budget, "--workers", str(args.workers), "--policy", args.policy,
                "--units", args.units, "--cache-weights" if args.cache_weights else "--no-cache-weights",
                "--return-freed-memory", args.return_freed_memory,
                "--host", "127.0.0.1", "--port", "0", "--queue-limit", str(args.queue_limit),

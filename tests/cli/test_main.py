@@ -39,3 +39,22 @@ def test_strict_json_never_writes_a_bare_nan(value):
     text = strict_json.dumps(value)
     json.loads(text, parse_constant=_refuse_constant)
     assert "NaN" not in text and "Infinity" not in text
+
+
+def test_a_budget_is_budget_everywhere_and_the_old_names_warn_once(tmp_path, capsys) -> None:
+    """serve, schedule run and tradeoff parts took --memory-budget / --memory: still read,
+    with one warning each, and refused beside --budget."""
+    from layerfit.cli.app import _WARNED
+
+    _WARNED.clear()
+    workload = tmp_path / "w.yaml"
+    assert main(["schedule", "generate", "small-3", "-o", str(workload)]) == 0
+    capsys.readouterr()
+    for flag, warns in (("--budget", False), ("--memory", True), ("--memory", False)):  # once per process
+        assert main(["schedule", "run", "--workload", str(workload), flag, "2GB", "--simulate", "--json"]) == 0
+        assert ("warning: --memory is now --budget" in capsys.readouterr().err) == warns
+    assert main(["schedule", "run", "--workload", str(workload), "--budget", "2GB", "--memory", "1GB", "--simulate"]) == 2
+    assert "--memory is the old name of --budget: give --budget only" in capsys.readouterr().err
+    assert main(["serve", "--repository", str(tmp_path / "none"), "--memory-budget", "1GB"]) == 2
+    err = capsys.readouterr().err
+    assert "warning: --memory-budget is now --budget" in err and "is not a directory" in err

@@ -36,10 +36,10 @@ def test_help_and_simulated_scheduling_never_import_torch(tmp_path: Path) -> Non
     assert run_cli("schedule", "--help", cwd=tmp_path) == {"code": 0, "torch": False}
     generated = run_cli("schedule", "generate", "small-3", "--count", "6", "-o", "w.yaml", cwd=tmp_path)
     assert generated == {"code": 0, "torch": False}
-    simulated = run_cli("schedule", "run", "--workload", "w.yaml", "--simulate", "--memory", "512MB",
+    simulated = run_cli("schedule", "run", "--workload", "w.yaml", "--simulate", "--budget", "512MB",
                         cwd=tmp_path)
     assert simulated == {"code": 0, "torch": False}
-    refused = run_cli("schedule", "run", "--workload", "w.yaml", "--simulate", "--memory", "512MB",
+    refused = run_cli("schedule", "run", "--workload", "w.yaml", "--simulate", "--budget", "512MB",
                       "--threads", "1", cwd=tmp_path)
     assert refused == {"code": 2, "torch": False}  # a real run's option, refused before anything loads
 

@@ -36,7 +36,7 @@ def repo(tmp_path_factory):
 def test_real_run_reports_like_the_simulator_and_compares(repo, tmp_path, capsys):
     workload = tmp_path / "w.yaml"
     workload.write_text(WORKLOAD)
-    args = ["schedule", "run", "--workload", str(workload), "--memory", "150KB", "--workers", "2"]
+    args = ["schedule", "run", "--workload", str(workload), "--budget", "150KB", "--workers", "2"]
     contention = tmp_path / "contention.json"
     code = main(["schedule", "contention", str(repo / "chain"), "--repeats", "1", "--save", str(contention)])
     assert code == 0 and "load by load" in capsys.readouterr().out
@@ -76,7 +76,7 @@ def test_a_real_run_with_merged_units_schedules_one_task_per_block(repo, tmp_pat
 
     workload = tmp_path / "w.yaml"
     workload.write_text(WORKLOAD)
-    code = main(["schedule", "run", "--workload", str(workload), "--memory", "150KB", "--repository", str(repo),
+    code = main(["schedule", "run", "--workload", str(workload), "--budget", "150KB", "--repository", str(repo),
                  "--units", "merge:12kB", "--json", "--trace", "--compare-simulator"])
     assert code == 0
     data = json.loads(capsys.readouterr().out)
@@ -91,7 +91,7 @@ def test_a_real_run_with_merged_units_schedules_one_task_per_block(repo, tmp_pat
 def test_a_real_run_with_cached_weights_reads_each_unit_once(repo, tmp_path, capsys):
     workload = tmp_path / "w.yaml"
     workload.write_text(WORKLOAD)
-    args = ["schedule", "run", "--workload", str(workload), "--memory", "1MB", "--repository", str(repo), "--json"]
+    args = ["schedule", "run", "--workload", str(workload), "--budget", "1MB", "--repository", str(repo), "--json"]
     assert main([*args, "--cache-weights"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["jobs_by_status"] == {"done": 3} and data["budget_violations"] == 0
@@ -106,7 +106,7 @@ def test_a_real_run_with_cached_weights_reads_each_unit_once(repo, tmp_path, cap
 def test_a_real_run_returns_freed_memory_as_told(repo, tmp_path, capsys):
     workload = tmp_path / "w.yaml"
     workload.write_text(WORKLOAD)
-    args = ["schedule", "run", "--workload", str(workload), "--memory", "1MB", "--repository", str(repo), "--json"]
+    args = ["schedule", "run", "--workload", str(workload), "--budget", "1MB", "--repository", str(repo), "--json"]
     for given, mode in (([], "after-pass"), (["--return-freed-memory", "eagerly"], "eagerly")):
         assert main([*args, *given]) == 0
         data = json.loads(capsys.readouterr().out)
@@ -123,7 +123,7 @@ def test_a_real_run_computes_on_the_threads_it_is_given(repo, tmp_path, capsys):
 
     workload = tmp_path / "w.yaml"
     workload.write_text(WORKLOAD)
-    args = ["schedule", "run", "--workload", str(workload), "--memory", "1MB", "--repository", str(repo)]
+    args = ["schedule", "run", "--workload", str(workload), "--budget", "1MB", "--repository", str(repo)]
     before = torch.get_num_threads()
     try:
         assert main([*args, "--threads", "1", "--json"]) == 0
@@ -144,7 +144,7 @@ def test_ungated_real_run_overcommits_like_the_thesis_baselines(repo, tmp_path, 
     workload = tmp_path / "w.yaml"
     workload.write_text(WORKLOAD)
     budget = largest_task(repo, ["tiny", "chain"])  # tiny's init; its bulk peak is more than twice that
-    args = ["schedule", "run", "--workload", str(workload), "--memory", str(budget), "--policy", "bulk",
+    args = ["schedule", "run", "--workload", str(workload), "--budget", str(budget), "--policy", "bulk",
             "--repository", str(repo), "--json"]
     assert main(args) == 0
     gated = json.loads(capsys.readouterr().out)
@@ -160,14 +160,14 @@ def test_workload_naming_an_unknown_network(repo, tmp_path, capsys):
     workload = tmp_path / "w.yaml"
     workload.write_text("arrivals:\n  - at: 0\n    networks: [tiny, alexnet]\n")
     code = main(
-        ["schedule", "run", "--workload", str(workload), "--memory", "1MB", "--repository", str(repo)]
+        ["schedule", "run", "--workload", str(workload), "--budget", "1MB", "--repository", str(repo)]
     )
     assert code == 2
     err = capsys.readouterr().err
     assert "line 3: arrivals[0].networks[1]: unknown network 'alexnet'; known: chain, tiny" in err
     with Runtime(repo, "1MB") as rt, pytest.raises(WorkloadError, match="unknown network 'alexnet'"):
         load_workload(workload, rt.profile_set())
-    code = main(["schedule", "run", "--workload", str(workload), "--memory", "1MB"])
+    code = main(["schedule", "run", "--workload", str(workload), "--budget", "1MB"])
     assert code == 2 and "--repository DIR" in capsys.readouterr().err
 
 

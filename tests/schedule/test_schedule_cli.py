@@ -26,7 +26,7 @@ def test_generate_then_simulate_with_json_and_plot(tmp_path, capsys, monkeypatch
             "w.yaml",
             "--policy",
             "masa",
-            "--memory",
+            "--budget",
             "512MiB",
             "--workers",
             "2",
@@ -65,7 +65,7 @@ def test_graph_command(tmp_path, capsys):
 def test_user_errors_exit_2_without_traceback(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("arrivals:\n  - at: 0\n    networks: [agenet, nonet]\n")
-    assert main(["schedule", "run", "--workload", str(bad), "--memory", "1GB", "--simulate"]) == 2
+    assert main(["schedule", "run", "--workload", str(bad), "--budget", "1GB", "--simulate"]) == 2
     err = capsys.readouterr().err
     assert (
         "line 3: arrivals[0].networks[1]: unknown network 'nonet'" in err and "Traceback" not in err
@@ -79,7 +79,7 @@ def test_user_errors_exit_2_without_traceback(tmp_path, capsys):
                 "run",
                 "--workload",
                 str(good),
-                "--memory",
+                "--budget",
                 "1GB",
                 "--policy",
                 "lifo",
@@ -89,18 +89,18 @@ def test_user_errors_exit_2_without_traceback(tmp_path, capsys):
         == 2
     )
     assert "unknown policy 'lifo'" in capsys.readouterr().err
-    assert main(["schedule", "run", "--workload", str(good), "--memory", "lots", "--simulate"]) == 2
+    assert main(["schedule", "run", "--workload", str(good), "--budget", "lots", "--simulate"]) == 2
     assert "cannot read 'lots' as a size" in capsys.readouterr().err
-    assert main(["schedule", "run", "--workload", str(good), "--memory", "1GB"]) == 2
+    assert main(["schedule", "run", "--workload", str(good), "--budget", "1GB"]) == 2
     assert "pass --simulate" in capsys.readouterr().err
-    base = ["schedule", "run", "--workload", str(good), "--memory", "1GB"]
+    base = ["schedule", "run", "--workload", str(good), "--budget", "1GB"]
     assert main([*base, "--simulate", "--units", "merge:1MB"]) == 2
     assert "--units applies to a real run" in capsys.readouterr().err
     assert main([*base, "--units", "chunks"]) == 2
     assert "unknown unit granularity 'chunks'" in capsys.readouterr().err
     # a budget below every job's largest task serves nothing: the report, then exit 2
     assert (
-        main(["schedule", "run", "--workload", str(good), "--memory", "100MB", "--simulate"]) == 2
+        main(["schedule", "run", "--workload", str(good), "--budget", "100MB", "--simulate"]) == 2
     )
     captured = capsys.readouterr()
     assert "rejected" in captured.out and "Traceback" not in captured.err
@@ -111,7 +111,7 @@ def test_user_errors_exit_2_without_traceback(tmp_path, capsys):
     [
         (["schedule", "contention"], "Missing argument"),
         (["run", "--bogus"], "No such option: --bogus"),
-        (["schedule", "run", "--workload", "w.yaml", "--memory", "1MB", "--workers", "0"], "--workers"),
+        (["schedule", "run", "--workload", "w.yaml", "--budget", "1MB", "--workers", "0"], "--workers"),
     ],
 )
 def test_usage_errors_are_a_message_not_a_traceback(argv, message, capsys):
@@ -141,7 +141,7 @@ ONE_AGENET = "arrivals:\n  - networks: [agenet]\n"
 def test_zoo_cache_never_replaces_a_folder_it_did_not_prepare(tmp_path, capsys):
     workload = tmp_path / "g.yaml"
     workload.write_text("arrivals:\n  - networks: [googlenet]\n")
-    run = ["schedule", "run", "--workload", str(workload), "--memory", "512MB", "--resolution", "32"]
+    run = ["schedule", "run", "--workload", str(workload), "--budget", "512MB", "--resolution", "32"]
     mine = tmp_path / "cache" / "googlenet"
     mine.mkdir(parents=True)
     (mine / "notes.txt").write_text("precious")
@@ -184,7 +184,7 @@ def test_run_plot_needs_force_to_replace_an_image_and_plot_file_implies_plot(
 ):
     monkeypatch.chdir(tmp_path)
     Path("w.yaml").write_text(ONE_AGENET)
-    run = ["schedule", "run", "--workload", "w.yaml", "--memory", "1GB", "--simulate"]
+    run = ["schedule", "run", "--workload", "w.yaml", "--budget", "1GB", "--simulate"]
     code, out, _ = _run([*run, "--plot-file", "p.png"], capsys)
     assert code == 0 and "plot written to p.png" in out
     before = Path("p.png").read_bytes()
@@ -219,7 +219,7 @@ def test_bad_output_paths_are_refused_before_any_work(argv, message, tmp_path, c
     Path("w.yaml").write_text(ONE_AGENET)
     Path("adir").mkdir()
     if argv[0] == "run":
-        argv = [*argv, "--workload", "w.yaml", "--memory", "1GB"]
+        argv = [*argv, "--workload", "w.yaml", "--budget", "1GB"]
     code, out, err = _run(["schedule", *argv], capsys)
     assert code == 2 and message in err and out == ""
     assert sorted(os.listdir()) == ["adir", "w.yaml"]  # nothing written, nothing prepared
@@ -229,7 +229,7 @@ def test_bad_output_paths_are_refused_before_any_work(argv, message, tmp_path, c
     ("argv", "message"),
     [
         (["bound", "--workload", "bin.yaml"], "cannot read workload bin.yaml: not a UTF-8 text file"),
-        (["run", "--workload", "bin.yaml", "--memory", "1GB", "--simulate"], "cannot read workload bin.yaml"),
+        (["run", "--workload", "bin.yaml", "--budget", "1GB", "--simulate"], "cannot read workload bin.yaml"),
         (["profiles", "--profiles", "bin.yaml"], "cannot read profile file bin.yaml: not a UTF-8"),
         (["bound", "--workload", "w.yaml", "--profiles", "bin.yaml"], "cannot read profile file bin.yaml"),
         (["graph", "bin.yaml", "-o", "g.png"], "cannot read profile file bin.yaml"),
@@ -251,7 +251,7 @@ def test_unreadable_input_files_are_named(argv, message, tmp_path, capsys, monke
     [
         (["run", "--simulate", "--estimate-factor", "nan"], "--estimate-factor must be a finite number > 0, got nan"),
         (["run", "--zoo-cache", "cache", "--estimate-factor", "inf"], "--estimate-factor must be a finite"),
-        (["run", "--simulate", "--memory", "0"], "--memory must be a positive size, got '0'"),
+        (["run", "--simulate", "--budget", "0"], "--budget must be a positive size, got '0'"),
         (["run", "--simulate", "--physical-memory", "0"], "--physical-memory must be a positive size"),
         (["generate", "random-arrivals", "--intensity", "nan"], "traffic intensity must be a finite number > 0"),
         (["generate", "random-arrivals", "--intensity", "inf"], "traffic intensity must be a finite number > 0"),
@@ -265,7 +265,7 @@ def test_bad_numbers_are_refused_naming_the_option(argv, message, tmp_path, caps
     monkeypatch.chdir(tmp_path)
     Path("w.yaml").write_text(ONE_AGENET)
     if argv[0] == "run":
-        argv = [*argv, "--workload", "w.yaml"] + ([] if "--memory" in argv else ["--memory", "1GB"])
+        argv = [*argv, "--workload", "w.yaml"] + ([] if "--budget" in argv else ["--budget", "1GB"])
     else:
         argv = [*argv, "-o", "out.yaml"]
     code, _, err = _run(["schedule", *argv], capsys)
@@ -276,7 +276,7 @@ def test_bad_numbers_are_refused_naming_the_option(argv, message, tmp_path, caps
 def test_no_job_served_exits_2_with_the_budget_needed_after_strict_json(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert _run(["schedule", "generate", "small-3", "-o", "s.yaml", "--count", "2"], capsys)[0] == 0
-    run = ["schedule", "run", "--workload", "s.yaml", "--memory", "1MB", "--simulate"]
+    run = ["schedule", "run", "--workload", "s.yaml", "--budget", "1MB", "--simulate"]
     code, out, err = _run([*run, "--json", "--plot-file", "none.png"], capsys)
     data = _strict_json(out)  # printed before the error: nothing is lost
     assert code == 2 and data["jobs_by_status"] == {"rejected": 2}
@@ -288,7 +288,7 @@ def test_no_job_served_exits_2_with_the_budget_needed_after_strict_json(tmp_path
     assert code == 2 and "response time: - (no job completed)" in out and "nan" not in out
     # some served: exit 0, and the report says what budget would serve the rest
     Path("mix.yaml").write_text(ONE_AGENET + "  - at: 1\n    networks: [scenenet]\n")
-    code, out, _ = _run(["schedule", "run", "--workload", "mix.yaml", "--memory", "500MB", "--simulate"], capsys)
+    code, out, _ = _run(["schedule", "run", "--workload", "mix.yaml", "--budget", "500MB", "--simulate"], capsys)
     assert code == 0 and "1 of 2 jobs rejected: a budget of at least 883.0 MB" in out
 
 

@@ -111,7 +111,7 @@ def test_model_over_budget_is_unavailable_not_a_bad_request(
         assert index["chain"]["state"] == "READY"
         cnn = index["cnn"]
         assert cnn["state"] == "UNAVAILABLE" and format_bytes(need["cnn"]) in cnn["reason"]
-        assert "--memory-budget" in cnn["reason"]
+        assert "--budget" in cnn["reason"]
         assert http.get("/v2/models/cnn/ready").status_code == 503
         body = {"inputs": [{"name": "input", "shape": [1, 3, 8, 8], "datatype": "FP32",
                             "data": [0.5] * (3 * 8 * 8)}]}
@@ -119,7 +119,7 @@ def test_model_over_budget_is_unavailable_not_a_bad_request(
         assert response.status_code == 503
         assert f"at least {format_bytes(need['cnn'])}" in response.json()["error"]
         response = http.post("/v2/repository/models/cnn/load")
-        assert response.status_code == 503 and "--memory-budget" in response.json()["error"]
+        assert response.status_code == 503 and "--budget" in response.json()["error"]
         x = torch.randn(1, 8)
         response = http.post("/v2/models/chain/infer", json=json_body(x))
         assert response.status_code == 200
@@ -131,7 +131,7 @@ def test_model_over_budget_is_unavailable_not_a_bad_request(
 def test_budget_no_model_fits_refuses_to_start(repository: Path) -> None:
     need = needs(repository).values()
     message = refusal(repository, memory_budget="1B")
-    assert "--memory-budget" in message
+    assert "--budget" in message
     assert f"at least {format_bytes(min(need))} ({min(need)} bytes)" in message
     assert f"{format_bytes(max(need))} ({max(need)} bytes) to serve all" in message
 
@@ -140,7 +140,7 @@ def test_budget_no_model_fits_refuses_to_start(repository: Path) -> None:
     ("args", "expected"),
     [
         (("--log-level", "bogus"), "--log-level must be one of"),
-        (("--memory-budget", "1B"), "is too small for every model"),
+        (("--budget", "1B"), "is too small for every model"),
         (("--shutdown-grace", "-1"), "--shutdown-grace must be"),
         (("--units", "chunks"), "--units: unknown unit granularity 'chunks'"),
         (("--return-freed-memory", "often"), "--return-freed-memory must be one of after-pass, eagerly"),

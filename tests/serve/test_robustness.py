@@ -110,7 +110,7 @@ def test_sigterm_answers_every_accepted_request(repository: Path) -> None:
     """A `layerfit serve` process: SIGTERM with requests in flight, a short grace period."""
     env = child_env()
     command = [sys.executable, "-m", "layerfit.cli", "serve", "--repository", str(repository),
-               "--memory-budget", "4MB", "--workers", "1", "--port", "0", "--shutdown-grace", "0.3",
+               "--budget", "4MB", "--workers", "1", "--port", "0", "--shutdown-grace", "0.3",
                "--log-level", "warning"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:

@@ -146,5 +146,5 @@ def test_messages_survive_the_cli_console(tmp_path, capsys):
     from layerfit.cli import main
 
     text = "cnns:\n  - name: a\n    model: mobilenet_v1_025\n    input: [1, 3, 32]\n"
-    assert main(["tradeoff", "parts", str(write(tmp_path, text)), "--memory", "1MB"]) == 2
+    assert main(["tradeoff", "parts", str(write(tmp_path, text)), "--budget", "1MB"]) == 2
     assert "(batch, channels, height, width), got [1, 3, 32] (line 4)" in capsys.readouterr().err

@@ -38,14 +38,14 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 def test_parts_command_json(tmp_path, capsys):
     path = tmp_path / "app.yaml"
     path.write_text(APP)
-    code, out, _ = run(capsys, "tradeoff", "parts", str(path), "--memory", "120kB", "--json", *ARGS)
+    code, out, _ = run(capsys, "tradeoff", "parts", str(path), "--budget", "120kB", "--json", *ARGS)
     assert code == 0
     data = json.loads(out)
     assert data["feasible"] and not data["early_exit"]
     assert data["chosen"]["memory_bytes"] <= 120_000 and data["chosen"]["by_parts"]
     assert set(data["baselines"]) == {"no_reduction", "reuse_only", "all_parts", "all_parts_reuse"}
     # taller phases: fewer, larger steps - more buffer memory, less per-phase overhead
-    code, out, _ = run(capsys, "tradeoff", "parts", str(path), "--memory", "10MB", "--json", "--phase-rows", "4", *ARGS)
+    code, out, _ = run(capsys, "tradeoff", "parts", str(path), "--budget", "10MB", "--json", "--phase-rows", "4", *ARGS)
     tall = json.loads(out)["baselines"]["all_parts"]
     assert code == 0 and tall["buffer_bytes"] > data["baselines"]["all_parts"]["buffer_bytes"]
     assert tall["throughput_fps"]["net"] > data["baselines"]["all_parts"]["throughput_fps"]["net"]
@@ -55,42 +55,42 @@ def test_parts_command_table_early_exit_and_plot(tmp_path, capsys, monkeypatch):
     path = tmp_path / "app.yaml"
     path.write_text(APP)
     monkeypatch.chdir(tmp_path)
-    code, out, _ = run(capsys, "tradeoff", "parts", str(path), "--memory", "10MB", "--plot", *ARGS)
+    code, out, _ = run(capsys, "tradeoff", "parts", str(path), "--budget", "10MB", "--plot", *ARGS)
     assert code == 0 and "buffer reuse alone fits" in out
     plot = (tmp_path / "app-pareto.png").read_bytes()
     assert plot
     # a second run keeps the first plot unless asked to replace it
-    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "10MB", "--plot", *ARGS)
+    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--budget", "10MB", "--plot", *ARGS)
     assert code == 2 and out == "" and "app-pareto.png already exists (pass --force" in err
     assert (tmp_path / "app-pareto.png").read_bytes() == plot
-    code, _, _ = run(capsys, "tradeoff", "parts", str(path), "--memory", "10MB", "--plot", "--force", *ARGS)
+    code, _, _ = run(capsys, "tradeoff", "parts", str(path), "--budget", "10MB", "--plot", "--force", *ARGS)
     assert code == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["app-pareto.png", "app.yaml"]
 
 
 def test_unsatisfiable_constraints_print_the_front_and_fail(tmp_path, capsys):
     path = tmp_path / "app.yaml"
     path.write_text(APP)
-    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "1kB", "--json", *ARGS)
+    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--budget", "1kB", "--json", *ARGS)
     assert code == 2
     data = json.loads(out)
     assert not data["feasible"] and data["pareto"]
     assert data["violations"][0]["constraint"] == "memory" and data["violations"][0]["gap"] > 0
     assert "memory <= 1.0 kB cannot be met" in err and "over" in err
-    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "1MB", "--throughput", "1e9", *ARGS)
+    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--budget", "1MB", "--throughput", "1e9", *ARGS)
     assert code == 2 and "throughput of net >= 1000000000.0 fps cannot be met" in err
 
 
 def test_bad_input_is_a_clean_error(tmp_path, capsys):
     path = tmp_path / "app.yaml"
     path.write_text(APP.replace("kernel: 3, padding: 1, params: 448", "kernel: three, padding: 1, params: 448"))
-    code, _, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "1MB", *ARGS)
+    code, _, err = run(capsys, "tradeoff", "parts", str(path), "--budget", "1MB", *ARGS)
     assert code == 2 and "cnns[0].layers[1].kernel" in err
     path.write_text(APP)
-    code, _, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "lots", *ARGS)
-    assert code == 2 and "--memory" in err
+    code, _, err = run(capsys, "tradeoff", "parts", str(path), "--budget", "lots", *ARGS)
+    assert code == 2 and "--budget" in err
     code, _, err = run(capsys, "tradeoff", "parts", str(path), *ARGS)
     assert code == 2 and "no memory constraint" in err
-    code, _, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "1MB", "--throughput", "x=3", *ARGS)
+    code, _, err = run(capsys, "tradeoff", "parts", str(path), "--budget", "1MB", "--throughput", "x=3", *ARGS)
     assert code == 2 and "unknown CNN" in err
 
 
@@ -98,7 +98,7 @@ def test_bad_input_is_a_clean_error(tmp_path, capsys):
 def test_non_finite_throughput_option_is_refused(tmp_path, capsys, value):
     path = tmp_path / "app.yaml"
     path.write_text(APP)
-    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "1MB", "--throughput", value, "--json", *ARGS)
+    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--budget", "1MB", "--throughput", value, "--json", *ARGS)
     assert code == 2 and out == ""
     assert "--throughput" in err and "finite, non-negative" in err
 
@@ -112,6 +112,6 @@ def test_plot_over_a_directory_fails_before_the_search(tmp_path, capsys, monkeyp
     (tmp_path / "app-pareto.png" / "keep.txt").write_text("mine")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(cli_support, "reduce_buffers", lambda *a, **k: pytest.fail("searched before checking --plot"))
-    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--memory", "1MB", "--plot", *ARGS)
+    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--budget", "1MB", "--plot", *ARGS)
     assert code == 2 and "app-pareto.png" in err and "is a directory" in err and "Traceback" not in err
     assert (tmp_path / "app-pareto.png" / "keep.txt").read_text() == "mine"

@@ -51,6 +51,24 @@ def _root(
         trust_factories(trust_factory)
 
 
+_WARNED: set[str] = set()
+
+
+def renamed_option(value: Any, flag: str, old_value: Any, old_flag: str, default: Any = None) -> Any:
+    """The value of ``flag``, else of ``old_flag`` (its old name, a hidden alias that
+    warns once per process), else ``default``: one name for each setting everywhere."""
+    if old_value is None:
+        return default if value is None else value
+    if value is not None:
+        raise LayerfitError(f"{old_flag} is the old name of {flag}: give {flag} only")
+    if old_flag not in _WARNED:
+        _WARNED.add(old_flag)
+        import warnings
+
+        warnings.warn(f"{old_flag} is now {flag}; the old name will be removed", FutureWarning, stacklevel=2)
+    return old_value
+
+
 def print_json(obj: Any) -> None:
     """Print ``obj`` as strict JSON on stdout (machine-readable output of ``--json``):
     a figure that is not finite is null, never a bare NaN that parsers refuse."""

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from layerfit import strict_json
-from layerfit.cli.app import app
+from layerfit.cli.app import app, renamed_option
 from layerfit.engine.openmp import (
     COMPUTE_THREADS_HELP,
     check_compute_threads,
@@ -335,7 +335,8 @@ def run_command(
         "masa-fcfs, bulk, bulk-multi, deepeye, fcfs, linear-fcfs, sjf, snf, round-robin "
         "(bulk and linear-fcfs use one worker, deepeye two, as in EdgeCaffe)",
     ),
-    memory: str = typer.Option(..., "--memory", help="memory budget, e.g. 512MB"),
+    budget: str | None = typer.Option(None, "--budget", help="memory budget, e.g. 512MB (required)"),
+    memory: str | None = typer.Option(None, "--memory", hidden=True),
     workers: int = typer.Option(2, "--workers", min=1),
     simulate: bool = typer.Option(
         False, "--simulate", help="discrete-event simulation from the profiles"
@@ -417,9 +418,12 @@ def run_command(
     from layerfit.sizes import parse_bytes
 
     # every option and the plot path are checked before the (possibly long) run
-    budget = parse_bytes(memory)
+    given = renamed_option(budget, "--budget", memory, "--memory")
+    if given is None:
+        raise ScheduleError("give the memory budget as --budget, e.g. 512MB")
+    budget = parse_bytes(given)
     if budget <= 0:
-        raise ScheduleError(f"--memory must be a positive size, got {memory!r}")
+        raise ScheduleError(f"--budget must be a positive size, got {given!r}")
     physical = parse_bytes(physical_memory) if physical_memory is not None else None
     if physical is not None and physical <= 0:
         raise ScheduleError(f"--physical-memory must be a positive size, got {physical_memory!r}")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.markup import escape
 
-from layerfit.cli.app import app, console
+from layerfit.cli.app import app, console, renamed_option
 from layerfit.engine.openmp import COMPUTE_THREADS_HELP, kernels_on
 
 if TYPE_CHECKING:
@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 @app.command("serve")
 def serve_command(
     repository: str = typer.Option(..., "--repository", help="folder of prepared models, one sub-folder each"),
-    memory_budget: str = typer.Option("512MB", "--memory-budget", help="memory budget of the runtime, e.g. 512MB"),
+    budget: str | None = typer.Option(None, "--budget", help="memory budget of the runtime, e.g. 512MB (default 512MB)"),
+    memory_budget: str | None = typer.Option(None, "--memory-budget", hidden=True),
     workers: int = typer.Option(2, "--workers", min=1, help="worker threads of the runtime"),
     policy: str = typer.Option(
         "masa-fair", "--policy", help="scheduling policy: masa-fair, masa-fcfs, masa, bulk, deepeye, fcfs, ..."
@@ -57,7 +58,7 @@ def serve_command(
     max_body: str = typer.Option("64MB", "--max-body", help="largest request body; larger ones get 413"),
     request_memory: str | None = typer.Option(
         None, "--request-memory",
-        help="memory all requests' bodies and decoding may hold at once, outside --memory-budget "
+        help="memory all requests' bodies and decoding may hold at once, outside --budget "
         "(default: twice --max-body); a request that cannot fit gets 413, one that must wait 429",
     ),
     body_timeout: float = typer.Option(
@@ -92,7 +93,7 @@ def serve_command(
     from layerfit.serve.server import ServeSettings, serve
 
     settings = ServeSettings(
-        repository=repository, memory_budget=memory_budget, workers=workers, policy=policy, units=units,
+        repository=repository, memory_budget=renamed_option(budget, "--budget", memory_budget, "--memory-budget", "512MB"), workers=workers, policy=policy, units=units,
         cache_weights=cache_weights, return_freed_memory=return_freed_memory, warm_up=warm_up, threads=threads,
         host=host,
         port=port, queue_limit=queue_limit, max_body=max_body, request_memory=request_memory,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from layerfit.cli.app import app, console, print_json, print_warnings
+from layerfit.cli.app import app, console, print_json, print_warnings, renamed_option
 from layerfit.engine.openmp import set_compute_threads
 
 if TYPE_CHECKING:
@@ -24,7 +24,8 @@ app.add_typer(tradeoff_app, name="tradeoff")
 @tradeoff_app.command("parts")
 def tradeoff_parts(
     app_file: str = typer.Argument(..., help="Application YAML file (CNNs, partitions, constraints)."),
-    memory: str | None = typer.Option(None, "--memory", help="Memory constraint M^c, e.g. 15MB."),
+    budget: str | None = typer.Option(None, "--budget", help="Memory constraint M^c, e.g. 15MB."),
+    memory: str | None = typer.Option(None, "--memory", hidden=True),
     throughput: list[str] | None = typer.Option(  # noqa: B008 (typer reads defaults)
         None, "--throughput", help="Throughput constraint: fps for every CNN (40) or CNN=fps; repeatable."
     ),
@@ -60,7 +61,7 @@ def tradeoff_parts(
             raise OutputPathError(f"{exc} (--plot writes <APP>-pareto.png in the current folder)") from None
     set_compute_threads(threads, "--threads")
     result, lines, rows = run_parts_command(
-        app_file, memory, throughput or [], model_throughput, generations, population, seed, select, phase_rows
+        app_file, renamed_option(budget, "--budget", memory, "--memory"), throughput or [], model_throughput, generations, population, seed, select, phase_rows
     )
     if plot_path is not None:
         from layerfit.tradeoff.report import plot_pareto

@@ -226,7 +226,7 @@ class ModelRegistry:
             needed = self.over_budget[name] = exc.min_budget
             self.load_errors[name] = (
                 f"the model needs a memory budget of at least {format_bytes(needed)} ({needed} bytes), "
-                f"more than the server's --memory-budget of {format_bytes(self.budget)}"
+                f"more than the server's --budget of {format_bytes(self.budget)}"
             )
             raise ModelNotReadyError(f"cannot load model {name!r}: {self.load_errors[name]}") from None
         except ModelNotReadyError as exc:  # not the model's fault (e.g. a busy server): 503, try again
@@ -264,7 +264,7 @@ class ModelRegistry:
         need = self.over_budget
         least, most = min(need, key=need.__getitem__), max(need, key=need.__getitem__)
         raise LayerfitError(
-            f"--memory-budget {format_bytes(self.budget)} is too small for every model of "
+            f"--budget {format_bytes(self.budget)} is too small for every model of "
             f"{self.runtime.repository}: give at least {format_bytes(need[least])} ({need[least]} bytes) "
             f"to serve {least}, or {format_bytes(need[most])} ({need[most]} bytes) to serve all "
             f"{len(need)} that load"

@@ -47,13 +47,13 @@ def run_parts_command(
         try:
             constraints = replace(constraints, memory=parse_bytes(memory))
         except BudgetError as exc:
-            raise TradeoffError(f"--memory: {exc}") from exc
+            raise TradeoffError(f"--budget: {exc}") from exc
     if throughput:
         merged = dict(constraints.throughput)
         merged.update(parse_throughput_options(throughput, {c.name for c in app.cnns}))
         constraints = replace(constraints, throughput=merged)
     if constraints.memory is None:
-        raise TradeoffError("no memory constraint: pass --memory (e.g. 15MB) or set constraints.memory in the file")
+        raise TradeoffError("no memory constraint: pass --budget (e.g. 15MB) or set constraints.memory in the file")
     if select not in ("throughput", "memory"):
         raise TradeoffError(f"--select: expected 'throughput' or 'memory', got {select!r}")
     result = reduce_buffers(
