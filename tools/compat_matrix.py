@@ -14,8 +14,8 @@ its marked subset of the suite against the installed package:
   extra messages with the packages really absent).
 
 A leg's environment is kept under ``$LAYERFIT_COMPAT_CACHE`` (default
-``~/.cache/layerfit/compat``) and reused while its lock, the interpreter and
-``pyproject.toml`` are unchanged; only the wheel is reinstalled then. Interpreters are
+``~/.cache/layerfit/compat``) and reused while its lock, the interpreter and the wheel's
+requirements are unchanged; only the wheel is reinstalled then. Interpreters are
 found as ``--python VERSION=PATH`` or ``$LAYERFIT_PYTHON3_10`` (and so on), then
 pyenv's, then ``pythonX.Y`` on ``PATH``.
 
@@ -151,12 +151,24 @@ def build_distributions(log: Path) -> Path:
     return wheel
 
 
-def env_key(leg: Leg, python: Path) -> str:
-    """What the leg's environment depends on: its lock, pyproject, the interpreter."""
+def install_requirements(wheel: Path) -> bytes:
+    """The wheel's Requires-Python and Requires-Dist lines but the test and bench extras':
+    what pip resolves for a user, and nothing else of pyproject.toml (tool settings)."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = archive.read(name).decode().splitlines()
+    kept = [line for line in lines if line.startswith(("Requires-Python:", "Requires-Dist:"))
+            and 'extra == "test"' not in line and 'extra == "bench"' not in line]
+    return "\n".join(kept).encode()
+
+
+def env_key(leg: Leg, python: Path, wheel: Path) -> str:
+    """What the leg's environment depends on: its lock, the wheel's requirements, the
+    interpreter, the torch and the extras; a new wheel of the same requirements reuses it."""
     version = run([str(python), "-c", "import sys; print(sys.version)"])
     digest = hashlib.sha256()
-    for part in (leg.lock.read_bytes() if leg.lock.exists() else b"", (ROOT / "pyproject.toml").read_bytes(),
-                 version.encode(), leg.torch.encode(), leg.extras.encode()):
+    for part in (leg.lock.read_bytes() if leg.lock.exists() else b"", install_requirements(wheel),
+                 version.encode(), leg.torch.encode(), leg.extras.encode(), " ".join(TEST_TOOLS + SERVE_TEST_TOOLS).encode()):
         digest.update(part)
     return digest.hexdigest()[:16]
 
@@ -196,7 +208,7 @@ def site_packages_mb(python: Path) -> tuple[float, float]:
 
 def prepare_env(leg: Leg, python: Path, wheel: Path, cache: Path, relock: bool, result: LegResult, log: Path) -> Path:
     """The leg's environment with the vendor's torch and the wheel; its python."""
-    key = env_key(leg, python)
+    key = env_key(leg, python, wheel)
     venv = cache / f"{leg.name}-py{leg.python}-torch{leg.torch}-{key}"
     py = venv / "bin" / "python"
     pip = [str(py), "-m", "pip", "install", "-q"]
@@ -225,7 +237,7 @@ def prepare_env(leg: Leg, python: Path, wheel: Path, cache: Path, relock: bool, 
             header = (f"# `make test-compat` leg {leg.name}: Python {leg.python}, torch {leg.torch}, "
                       f"layerfit{extras}; written by `make lock-compat`.\n")
             leg.lock.write_text(header + "\n".join(lines) + "\n")
-            key = env_key(leg, python)
+            key = env_key(leg, python, wheel)
             renamed = cache / f"{leg.name}-py{leg.python}-torch{leg.torch}-{key}"
             shutil.rmtree(renamed, ignore_errors=True)
             venv.rename(renamed)

@@ -15,8 +15,8 @@ from layerfit.schedule.profile import (
     ProfileSet,
     load_profiles,
     profile_from_graph,
-    resolve_network,
 )
+from layerfit.schedule.profile_sets import resolve_network
 from layerfit.schedule.thesis import MIB, TABLE_6_1, thesis_profiles
 
 

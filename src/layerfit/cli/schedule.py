@@ -51,7 +51,7 @@ def _seconds(value: float | None) -> str:
 
 def _network(name: str, profiles: str | None):
     """A profile from a file, the profile set, or a zoo model captured now (estimated)."""
-    from layerfit.schedule.profile import resolve_network, resolve_profiles
+    from layerfit.schedule.profile_sets import resolve_network, resolve_profiles
 
     path = Path(name)
     if path.suffix in (".json", ".yaml", ".yml") or path.exists():
@@ -128,7 +128,7 @@ def profiles_command(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """List the networks of a profile set: layers, weights, bulk peak, minimum budget, time."""
-    from layerfit.schedule.profile import resolve_profiles
+    from layerfit.schedule.profile_sets import resolve_profiles
     from layerfit.sizes import format_bytes
 
     if save is not None:
@@ -227,7 +227,7 @@ def bound_command(
     gain at most a sixth of its response time, whatever the scheduler."""
     from layerfit.schedule.bounds import response_time_bound
     from layerfit.schedule.contention import NO_CONTENTION, load_contention
-    from layerfit.schedule.profile import resolve_profiles
+    from layerfit.schedule.profile_sets import resolve_profiles
     from layerfit.schedule.workload import load_workload
 
     contention = load_contention(contention_file) if contention_file else NO_CONTENTION
@@ -276,7 +276,7 @@ def generate_command(
 ) -> None:
     """Write a workload file for a thesis scenario (or a custom batch)."""
     from layerfit.schedule.generate import batch_workload, scenario_workload, stochastic_workload
-    from layerfit.schedule.profile import resolve_profiles
+    from layerfit.schedule.profile_sets import resolve_profiles
 
     check_output_file(output, force=force, option="--output")
     known = resolve_profiles(profiles)
@@ -413,7 +413,7 @@ def run_command(
     Exits 2 (after the report) when no job was served, e.g. a budget below every job."""
     from layerfit.schedule.graph import check_estimate_factor
     from layerfit.schedule.policies import make_policy
-    from layerfit.schedule.profile import resolve_profiles
+    from layerfit.schedule.profile_sets import resolve_profiles
     from layerfit.schedule.workload import load_workload
     from layerfit.sizes import parse_bytes
 

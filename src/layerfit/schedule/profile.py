@@ -397,28 +397,6 @@ def load_profiles(path: str | Path) -> ProfileSet:
     return profiles_from_data(data, str(path))
 
 
-def resolve_profiles(spec: str | Path | None) -> ProfileSet:
-    """The profile set named by ``spec``: ``None``/``"thesis"`` → built-in thesis set, else a file."""
-    if spec is None or str(spec) == "thesis":
-        from layerfit.schedule.thesis import thesis_profiles
-
-        return thesis_profiles()
-    return load_profiles(spec)
-
-
-def resolve_network(name_or_path: str, profiles: ProfileSet | None = None) -> NetworkProfile:
-    """One network profile from a file path, or by name from ``profiles`` (default: thesis set)."""
-    path = Path(name_or_path)
-    if path.suffix in (".json", ".yaml", ".yml") or path.exists():
-        found = load_profiles(path)
-        if len(found) != 1:
-            raise ScheduleError(
-                f"{path} holds {len(found)} networks ({', '.join(found.names())}); name one of them instead"
-            )
-        return next(iter(found.values()))
-    return (profiles or resolve_profiles(None))[name_or_path]
-
-
 def profile_from_graph(
     graph: ModelGraph,
     name: str,

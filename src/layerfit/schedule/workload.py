@@ -28,7 +28,8 @@ from typing import Any
 from layerfit.errors import ScheduleError, WorkloadError
 from layerfit.extras import require
 from layerfit.schedule.files import read_text, write_text
-from layerfit.schedule.profile import ProfileSet, resolve_profiles
+from layerfit.schedule.profile import ProfileSet
+from layerfit.schedule.profile_sets import resolve_profiles
 from layerfit.schedule.tasks import Job
 
 yaml = require("yaml")
