@@ -104,7 +104,7 @@ def test_non_finite_throughput_option_is_refused(tmp_path, capsys, value):
 
 
 def test_plot_over_a_directory_fails_before_the_search(tmp_path, capsys, monkeypatch):
-    import layerfit.tradeoff.cli_support as cli_support
+    import layerfit.cli.parts_search as cli_support
 
     path = tmp_path / "app.yaml"
     path.write_text(APP)

@@ -11,6 +11,7 @@ layers (nothing in the library imports this package):
 * :mod:`.memory` — ``plan``
 * :mod:`.schedule` — ``schedule graph|profiles|contention|bound|generate|run``
 * :mod:`.tradeoff` — ``tradeoff parts|delay``, ``profile``, ``partition``
+  (:mod:`.parts_search` runs ``tradeoff parts``' search, imported when it runs)
 * :mod:`.models` — ``prepare``, ``inspect``, ``verify``, ``run``, ``plot-trace``
 
 Importing it imports no PyTorch: the commands import what they use when they run.

@@ -47,7 +47,7 @@ def tradeoff_parts(
     """Choose which layers process by parts so the application fits (Algorithm 2)."""
     from pathlib import Path
 
-    from layerfit.tradeoff.cli_support import run_parts_command
+    from layerfit.cli.parts_search import run_parts_command
 
     plot_path = None
     if plot:  # checked before the search, which may take minutes

@@ -1,4 +1,6 @@
-"""The library side of ``layerfit tradeoff parts``: parse options, run Algorithm 2."""
+"""``layerfit tradeoff parts`` past its options: the constraints the command line adds to the
+application file's, then Algorithm 2. Imported when the command runs (it needs the
+``tradeoff`` extra), not with the command line."""
 
 from __future__ import annotations
 
