@@ -132,7 +132,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.copytree(directory, copy)
     cgroup = Cgroup()
     proc, url = start_server(args, repository, cgroup)
-    out: dict[str, Any] = {"machine": machine(), "args": vars(args), "cgroup": cgroup.available}
+    out: dict[str, Any] = {"machine": machine(), "args": vars(args), "cgroup": cgroup.available,
+                           "code": code_version(args.src)}
     try:
         with httpx.Client(base_url=url, timeout=120) as http:
             if http.get("/v2/models/m/ready").status_code != 200:
@@ -214,6 +215,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def code_version(src: str | None) -> str:
+    """The commit the server runs (this checkout's, or that of ``--src``'s checkout)."""
+    where = Path(src).resolve() if src else Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit
+
+
 def _count(results: list[dict]) -> dict[str, int]:
     tally: dict[str, int] = {}
     for r in results:
@@ -225,8 +237,9 @@ def _count(results: list[dict]) -> dict[str, int]:
 def markdown(r: dict[str, Any]) -> str:
     lines = [f"# Hostile clients ({r['args']['name']})", "",
              f"`bench/serve_hostile.py`, {r['args']['model']} at {r['args']['resolution']} px, "
-             f"--memory-budget {r['args']['memory_budget']}, --max-body 64MB (default), server from "
-             f"`{r['args']['src'] or 'this checkout'}`; {r['machine'].get('cpu', '')}", "",
+             f"--memory-budget {r['args']['memory_budget']}, --max-body 64MB (default), server at commit "
+             f"{r.get('code', 'unknown')} ({'--src ' + r['args']['src'] if r['args']['src'] else 'this checkout'}); "
+             f"{r['machine'].get('cpu', '')}", "",
              f"Idle server RSS: {mb(r.get('idle_rss'))} MB.", "",
              "| flood | body MB | answers | server alive | peak RSS MB | cgroup peak MB | OOM kills |",
              "|---|---:|---|---|---:|---:|---:|"]
