@@ -82,8 +82,6 @@ class LegResult:
     failed: int = 0
     skipped: int = 0
     errors: int = 0
-    site_packages_mb: float = 0.0
-    site_packages_mb_without_torch: float = 0.0
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -185,27 +183,6 @@ def torch_version(python: Path) -> str:
     return run([str(python), "-c", "import torch; print(torch.__version__)"]).strip().splitlines()[-1]
 
 
-def site_packages_mb(python: Path) -> tuple[float, float]:
-    """MB in the environment's site-packages, and without torch and NVIDIA's libraries
-    (which a Jetson or a Pi brings its own of)."""
-    code = (
-        "import sysconfig, os, json\n"
-        "root = sysconfig.get_paths()['purelib']\n"
-        "total = excluded = 0\n"
-        "for top in os.listdir(root):\n"
-        "    size = 0\n"
-        "    for d, _, files in os.walk(os.path.join(root, top)):\n"
-        "        size += sum(os.path.getsize(os.path.join(d, f)) for f in files if not os.path.islink(os.path.join(d, f)))\n"
-        "    if os.path.isfile(os.path.join(root, top)): size = os.path.getsize(os.path.join(root, top))\n"
-        "    total += size\n"
-        "    name = top.lower()\n"
-        "    if name.startswith(('torch', 'nvidia', 'triton', 'cuda_', 'functorch', 'torchgen')): excluded += size\n"
-        "print(json.dumps([total / 1e6, (total - excluded) / 1e6]))\n"
-    )
-    total, without = json.loads(run([str(python), "-c", code]).strip().splitlines()[-1])
-    return round(total, 1), round(without, 1)
-
-
 def prepare_env(leg: Leg, python: Path, wheel: Path, cache: Path, relock: bool, result: LegResult, log: Path) -> Path:
     """The leg's environment with the vendor's torch and the wheel; its python."""
     key = env_key(leg, python, wheel)
@@ -278,15 +255,14 @@ def run_tests(leg: Leg, py: Path, result: LegResult, log: Path) -> None:
 
 def markdown(results: list[LegResult], wheel: str) -> str:
     rows = [
-        "| leg | Python | torch (left alone) | extras | env | install s | tests s | passed | failed | skipped "
-        "| site-packages MB | without torch MB |",
-        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| leg | Python | torch (left alone) | extras | env | install s | tests s | passed | failed | skipped |",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         rows.append(
             f"| {r.leg} | {r.python} | {r.torch} ({'yes' if r.torch_left_alone else 'NO'}) | {r.extras or 'none'} "
             f"| {'reused' if r.reused_env else 'new'} | {r.install_s:.0f} | {r.test_s:.0f} | {r.passed} | "
-            f"{r.failed + r.errors} | {r.skipped} | {r.site_packages_mb:.0f} | {r.site_packages_mb_without_torch:.0f} |"
+            f"{r.failed + r.errors} | {r.skipped} |"
         )
     return f"Compatibility matrix for {wheel}\n\n" + "\n".join(rows) + "\n"
 
@@ -323,7 +299,6 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             py = prepare_env(leg, python, wheel, cache, args.relock, result, log)
             result.install_s = time.perf_counter() - start
-            result.site_packages_mb, result.site_packages_mb_without_torch = site_packages_mb(py)
             start = time.perf_counter()
             run_tests(leg, py, result, log)
             result.test_s = time.perf_counter() - start

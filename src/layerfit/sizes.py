@@ -56,7 +56,7 @@ def parse_bytes(text: str | int) -> int:
         raise BudgetError(f"a number of bytes must be whole: {text!r}")
     value = int((number * _UNITS[unit]).to_integral_value())
     if value > MAX_BYTES:
-        raise BudgetError(f"{str(text).strip()[:40]}{'...' if len(str(text).strip()) > 40 else ''} is more bytes than any machine has")
+        raise BudgetError(f"{match.group(1)[:20]}... {unit or 'B'} is more bytes than any machine has")
     return value
 
 

@@ -12,15 +12,19 @@ from layerfit.engine import flat_outputs, load
 from layerfit.store import example_input, prepare
 
 
-@pytest.mark.parametrize("name", zoo.names())
-def test_zoo_model_streams_bit_identically(name: str, tmp_path: Path):
+def prepared_with_reference(name: str, tmp_path: Path):
+    """Zoo model ``name`` prepared at its small input, with that input and ``model(x)``."""
     entry = zoo.get(name)
     model = zoo.build(name)
     x = example_input(entry.small_input_shape)
     with torch.no_grad():
         expected = flat_outputs(model(x))
-    m = prepare(name, tmp_path / name, input_shape=entry.small_input_shape, module=model)
-    del model
+    return prepare(name, tmp_path / name, input_shape=entry.small_input_shape, module=model), x, expected
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_zoo_model_streams_bit_identically(name: str, tmp_path: Path):
+    m, x, expected = prepared_with_reference(name, tmp_path)
     budget = m.resident_bytes + 2 * m.largest_unit_bytes
     # The three-stage run is at its minimum: a read and a device buffer of the largest unit.
     for pipeline, b, stages in (("preload", None, 2), ("async", budget, 2), ("async", budget, 3)):
@@ -42,13 +46,7 @@ MATRIX_MODELS = ["resnet50", "mobilenet_v2", "tiny_yolov3", "vit_s16"]
 @pytest.mark.core
 @pytest.mark.parametrize("name", MATRIX_MODELS)
 def test_every_pipeline_streams_bit_identically(name: str, tmp_path: Path):
-    entry = zoo.get(name)
-    model = zoo.build(name)
-    x = example_input(entry.small_input_shape)
-    with torch.no_grad():
-        expected = flat_outputs(model(x))
-    m = prepare(name, tmp_path / name, input_shape=entry.small_input_shape, module=model)
-    del model
+    m, x, expected = prepared_with_reference(name, tmp_path)
     streamed = m.total_bytes - m.resident_bytes
     minimum = m.resident_bytes + 2 * m.largest_unit_bytes
     runs = [

@@ -59,6 +59,10 @@ def infer(http: httpx.Client, x: torch.Tensor) -> httpx.Response:
     return http.post("/v2/models/chain/infer", json=json_body(x))
 
 
+def output(response: httpx.Response) -> torch.Tensor:
+    return torch.tensor(response.json()["outputs"][0]["data"]).reshape(1, 4)
+
+
 def state(http: httpx.Client) -> dict:
     return {m["name"]: m for m in http.post("/v2/repository/index").json()}["chain"]
 
@@ -97,8 +101,7 @@ def test_verify_first_misses_the_change_that_reverification_finds(start, repo: P
         assert http.post("/v2/repository/models/chain/load").status_code == 200
         response = infer(http, x)
         assert response.status_code == 200
-        got = torch.tensor(response.json()["outputs"][0]["data"]).reshape(expected.shape)
-        assert torch.equal(got, expected)
+        assert torch.equal(output(response), expected)
 
 
 def test_verify_first_alone_serves_a_changed_unit_from_its_first_check(start, repo: Path) -> None:
@@ -111,8 +114,7 @@ def test_verify_first_alone_serves_a_changed_unit_from_its_first_check(start, re
         flip_a_weight_byte(repo / "chain")
         response = infer(http, x)
         assert response.status_code == 200
-        got = torch.tensor(response.json()["outputs"][0]["data"]).reshape(1, 4)
-        assert not torch.equal(got, reference("chain", x))
+        assert not torch.equal(output(response), reference("chain", x))
 
 
 def test_a_failed_reload_keeps_the_loaded_version_serving(start, repo: Path) -> None:

@@ -86,9 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         _print_error(str(exc))
         return 2
     except ModuleNotFoundError as exc:
-        if extra_for(exc) is None:  # not an optional dependency: a broken install, show it
+        extra = extra_for(exc)
+        if extra is None:  # not an optional dependency: a broken install, show it
             raise
-        _print_error(str(MissingExtraError(exc.name or "", extra_for(exc) or "")))
+        _print_error(str(MissingExtraError(exc.name or "", extra)))
         return 2
     except typer.Exit as exc:
         return exc.exit_code
@@ -102,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: Any = None, line: str | None = None) -> None:
-    Console(stderr=True).print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
+    _print_warning(str(message))
+
+
+def _print_warning(message: str) -> None:
+    Console(stderr=True).print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def _print_error(message: str) -> None:
@@ -120,8 +125,9 @@ def _usage_errors() -> tuple[type[Exception], ...]:
 
 
 def print_warnings(caught: list) -> None:
+    """Print warnings recorded by ``warnings.catch_warnings(record=True)``, one line each."""
     for w in caught:
-        Console(stderr=True).print(f"[yellow]warning:[/] {escape(str(w.message))}", highlight=False, soft_wrap=True)
+        _print_warning(str(w.message))
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:

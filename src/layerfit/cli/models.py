@@ -337,22 +337,14 @@ def _load_input(path: str | None, manifest):
         raise InputError(f"input {path} is an .npz archive: save the one input tensor with numpy.save as .npy")
     if not arr.dtype.isnative:  # the same values in this machine's byte order
         arr = arr.astype(arr.dtype.newbyteorder("="))
-    if tuple(arr.shape) != tuple(manifest.input_shape) or str(arr.dtype) != manifest.input_dtype:
-        hint = ""
-        if str(arr.dtype) == manifest.input_dtype and arr.ndim == len(manifest.input_shape):
-            shape = ",".join(str(n) for n in arr.shape)
-            hint = f" (it was prepared for that shape: prepare it again with --input-shape {shape})"
-        raise InputError(
-            f"input {path} is {arr.dtype} {tuple(arr.shape)}; the model expects "
-            f"{manifest.input_dtype} {tuple(manifest.input_shape)}{hint}"
-        )
-    return torch.from_numpy(arr)
+    return torch.from_numpy(arr)  # its shape and dtype were checked in the header
 
 
 def _check_npy_header(path: str, manifest) -> None:
     """Read a ``.npy`` file's header only, and refuse one that is not an array of the
-    model's input shape and dtype before a byte of its data is read (a crafted header
-    may declare terabytes, or a dtype that needs pickle)."""
+    model's input shape and dtype (either byte order) before a byte of its data is read:
+    a crafted header may declare terabytes, or a dtype that needs pickle. This is the
+    one check of an ``.npy`` input's shape and dtype."""
     import numpy as np
 
     try:

@@ -54,6 +54,7 @@ from layerfit.sizes import is_share, parse_budget, parse_bytes
 from layerfit.store.manifest import Manifest, read_manifest
 from layerfit.store.reader import SegmentReader, aligned_buffer, verify_segment
 from layerfit.store.trust import trust_factories
+from layerfit.store.verify import VERIFY_MODES
 
 
 @dataclass(frozen=True)
@@ -1216,9 +1217,6 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-VERIFY_MODES = ("always", "first", "never")
 
 
 def load(directory: str | Path, *, trust_factory: Iterable[str] = (), **kwargs: Any) -> Engine:

@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from layerfit.engine.engine import VERIFY_MODES, Engine
+from layerfit.engine.engine import Engine
 from layerfit.engine.osmem import (
     AFTER_PASS_TRIM_THRESHOLD,
     HEAP_TRIM_THRESHOLD,
@@ -100,6 +100,7 @@ from layerfit.schedule.weight_cache import WeightCache
 from layerfit.sizes import format_bytes, parse_bytes
 from layerfit.store.manifest import DTYPES, Manifest, read_manifest
 from layerfit.store.trust import trust_factories
+from layerfit.store.verify import VERIFY_MODES
 
 ESTIMATES = ("capture", "profile")
 AUTO_UNITS = "merge:auto"  # merge layers as far as the model's minimum budget allows

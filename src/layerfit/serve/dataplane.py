@@ -54,9 +54,9 @@ class DataPlane:
         *,
         timeout: float,
         max_inflight: int,
+        body: BodyLimits,
+        request_memory: RequestMemory,
         metrics: Any = None,
-        body: BodyLimits | None = None,
-        request_memory: RequestMemory | None = None,
     ) -> None:
         from layerfit import __version__
 
@@ -69,8 +69,8 @@ class DataPlane:
         self.draining = False
         self.inflight = 0
         self._idle: asyncio.Event | None = None
-        self.body = body or BodyLimits(64 * 2**20, 30.0, 16 * 1024.0)
-        self.requests = request_memory or RequestMemory(2 * self.body.max_bytes)
+        self.body = body  # how much, how long and how slowly a request body may come
+        self.requests = request_memory  # what request bodies and their decoding may hold
         self.stopping = asyncio.Event()  # set on SIGTERM: bodies still arriving are not read
         self.abandoned = asyncio.Event()  # set when the grace ends: waiting requests get 503
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 from layerfit.errors import LayerfitError
@@ -27,16 +26,13 @@ class Reverifier:
     def __init__(self, runtime: Any, interval: float) -> None:
         self.runtime = runtime
         self.interval = interval
-        self.passes = 0
         self.failures = 0
-        self.last_seconds = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def check_once(self) -> dict[str, str]:
         """Verify every READY model now; the models taken out of service, with why."""
         failed: dict[str, str] = {}
-        start = time.perf_counter()
         for name, info in list(self.runtime.models.items()):
             if self._stop.is_set():
                 break
@@ -50,9 +46,7 @@ class Reverifier:
                 self.runtime.mark_unavailable(name, reason)
                 failed[name] = reason
                 log.warning("model %s taken out of service: %s", name, reason)
-        self.passes += 1
         self.failures += len(failed)
-        self.last_seconds = time.perf_counter() - start
         return failed
 
     def _loop(self) -> None:
@@ -66,11 +60,6 @@ class Reverifier:
         self._thread = threading.Thread(target=self._loop, name="layerfit-reverify", daemon=True)
         self._thread.start()
 
-    def request_stop(self) -> None:
-        """Stop after the model being hashed now (never waits)."""
-        self._stop.set()
-
     def stop(self) -> None:
+        """Stop after the model being hashed now; never waits (the thread is a daemon)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)

@@ -94,8 +94,10 @@ class ServeSettings:
         if not (self.body_timeout > 0 and math.isfinite(self.body_timeout)):
             raise LayerfitError(f"--body-timeout must be a positive, finite number of seconds, not {self.body_timeout}")
         parse_bytes(self.min_body_rate)
-        if self.verify not in ("always", "first", "never"):
-            raise LayerfitError(f"--verify must be always, first or never, not {self.verify!r}")
+        from layerfit.store.verify import VERIFY_MODES
+
+        if self.verify not in VERIFY_MODES:
+            raise LayerfitError(f"--verify must be one of {', '.join(VERIFY_MODES)}, not {self.verify!r}")
         if not (self.reverify_every >= 0 and math.isfinite(self.reverify_every)):
             raise LayerfitError(
                 f"--reverify-every must be a finite number of seconds, 0 or more (0: never), not {self.reverify_every}"
@@ -191,7 +193,7 @@ class Server(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.reverifier is not None:
-            self.reverifier.request_stop()  # a pass under way stops at its next model
+            self.reverifier.stop()  # a pass under way stops at its next model
         try:
             await self.dataplane.drain(self.grace)
         finally:

@@ -331,11 +331,9 @@ def check_manifest(m: Manifest) -> None:
         raise ManifestError(f"input shape {list(m.input_shape)} has a dimension below 1")
     if m.input_dtype not in DTYPES:
         raise ManifestError(f"input dtype {m.input_dtype!r} is not one of {', '.join(DTYPES)}")
-    inputs = [(list(m.input_shape), m.input_dtype)] + [(list(shape), dtype) for _, shape, dtype in m.input_keywords]
-    for shape, dtype in inputs:
-        itemsize = torch.empty((), dtype=DTYPES.get(dtype, torch.float32)).element_size()
-        if any(d <= 0 for d in shape) or math.prod(shape) * itemsize > MAX_INPUT_BYTES:
-            raise ManifestError(f"input shape {shape} of {dtype} is not one prepare writes (over {MAX_INPUT_BYTES:,} bytes)")
+    for _, shape, dtype in [("", m.input_shape, m.input_dtype), *m.input_keywords]:
+        if dtype not in DTYPES or any(d <= 0 for d in shape) or math.prod(shape) * DTYPES[dtype].itemsize > MAX_INPUT_BYTES:
+            raise ManifestError(f"input shape {list(shape)} of {dtype} is not one prepare writes (over {MAX_INPUT_BYTES:,} bytes)")
     g = m.graph
     if tuple(g.input_shape) != tuple(m.input_shape) or g.input_dtype != m.input_dtype:
         raise ManifestError(

@@ -53,13 +53,8 @@ class ModelSpec:
         factory = self.factory()
         try:
             module = factory(**self.kwargs)
-        except ModuleNotFoundError as exc:
-            if extra_for(exc) is None:
-                raise FactoryImportError(
-                    f"factory {self.name!r} fails when called with arguments {self.kwargs}: {exc} ({hint})"
-                ) from exc
-            raise MissingExtraError(exc.name or "", extra_for(exc) or "") from None
         except Exception as exc:  # the user's factory may raise anything
+            _raise_if_extra_missing(exc)
             raise FactoryImportError(
                 f"factory {self.name!r} fails when called with arguments {self.kwargs}: "
                 f"{type(exc).__name__}: {exc} ({hint})"
@@ -71,18 +66,21 @@ class ModelSpec:
         return module
 
 
+def _raise_if_extra_missing(exc: Exception) -> None:
+    """A factory that needs an optional package that is not installed: name the extra."""
+    extra = extra_for(exc) if isinstance(exc, ModuleNotFoundError) else None
+    if extra is not None:
+        raise MissingExtraError(exc.name or "", extra) from None
+
+
 def _import_factory(path: str) -> Callable[..., nn.Module]:
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise FactoryImportError(f"factory path {path!r} must look like package.module:factory")
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        extra = extra_for(exc)
-        if extra is not None:  # the factory needs an optional dependency: name the extra
-            raise MissingExtraError(exc.name or "", extra) from None
-        raise FactoryImportError(f"cannot import {module_name!r} for factory {path!r}: {exc}") from exc
     except Exception as exc:
+        _raise_if_extra_missing(exc)
         raise FactoryImportError(f"cannot import {module_name!r} for factory {path!r}: {exc}") from exc
     obj: Any = module
     for part in attr.split("."):

@@ -15,6 +15,10 @@ from pathlib import Path
 from layerfit.store.manifest import Manifest, read_manifest
 from layerfit.store.reader import SegmentReader, aligned_buffer, checksum_error
 
+#: When an engine checks a unit's SHA-256: on every read from storage, on its first read
+#: only (the default), or never.
+VERIFY_MODES = ("always", "first", "never")
+
 
 @dataclass(frozen=True)
 class Verified:
