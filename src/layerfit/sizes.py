@@ -8,6 +8,7 @@ a :class:`~layerfit.errors.BudgetError` naming the accepted forms.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from decimal import Decimal
 
 from layerfit.errors import BudgetError
@@ -68,21 +69,58 @@ def is_share(text: object) -> bool:
     return isinstance(text, str) and _SHARE.match(text) is not None
 
 
-def parse_budget(text: str | int, weights_bytes: int) -> int:
-    """A model's weight budget: a byte quantity (:func:`parse_bytes`), or a share of its
-    weights, ``weights_bytes`` (``50%``, ``12.5%``), rounded down to a whole byte, so that
-    one can try a model at a fraction of its size without working out the bytes."""
-    if isinstance(text, str) and (match := _SHARE.match(text)):
-        share = Decimal(match.group(1))
-        if share > 100_000:
-            raise BudgetError(f"{text.strip()} of the model's weights is not a budget: give a share up to 100%")
-        return int(share * weights_bytes / 100)
-    try:
-        return parse_bytes(text)
-    except BudgetError as exc:
-        if isinstance(text, str):
-            raise BudgetError(f"{exc}; or a share of the model's weights, e.g. 50%") from None
-        raise
+@dataclass(frozen=True)
+class Budget:
+    """One model's weight budget, read once at the boundary (command line, HTTP, Python
+    API): a number of bytes, or a share of the model's weights (``percent``), which
+    becomes bytes only once the model is known (:meth:`bytes_for`). Below the boundary
+    code passes this value, never the text."""
+
+    nbytes: int | None = None
+    percent: Decimal | None = None
+
+    def __post_init__(self) -> None:
+        if (self.nbytes is None) == (self.percent is None):
+            raise BudgetError("a budget is either a number of bytes or a share of the weights")
+
+    @classmethod
+    def parse(cls, value: str | int | Budget) -> Budget:
+        """The budget ``value`` denotes: a :class:`Budget`, bytes, a size (``24MB``) or a
+        share (``50%``, ``12.5%``); raise BudgetError naming the accepted forms."""
+        if isinstance(value, Budget):
+            return value
+        if isinstance(value, str) and (match := _SHARE.match(value)):
+            share = Decimal(match.group(1))
+            if share > 100_000:
+                raise BudgetError(f"{value.strip()} of the model's weights is not a budget: give a share up to 100%")
+            return cls(percent=share)
+        try:
+            return cls(nbytes=parse_bytes(value))
+        except BudgetError as exc:
+            if isinstance(value, str):
+                raise BudgetError(f"{exc}; or a share of the model's weights, e.g. 50%") from None
+            raise
+
+    @property
+    def is_share(self) -> bool:
+        return self.percent is not None
+
+    def bytes_for(self, weights_bytes: int) -> int:
+        """The budget in bytes for a model of ``weights_bytes`` bytes of weights (a share
+        is rounded down to a whole byte)."""
+        if self.percent is None:
+            return self.nbytes
+        return int(self.percent * weights_bytes / 100)
+
+    def __str__(self) -> str:
+        return f"{self.percent}%" if self.percent is not None else str(self.nbytes)
+
+
+def parse_budget(text: str | int | Budget, weights_bytes: int) -> int:
+    """A model's weight budget in bytes: a byte quantity (:func:`parse_bytes`), or a share
+    of its weights, ``weights_bytes`` (``50%``, ``12.5%``), rounded down to a whole byte,
+    so that one can try a model at a fraction of its size without working out the bytes."""
+    return Budget.parse(text).bytes_for(weights_bytes)
 
 
 def format_bytes(n: int | float) -> str:

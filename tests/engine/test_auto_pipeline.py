@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 import layerfit.store.reader as reader_mod
 from layerfit.cli import main
 from layerfit.engine import load
-from layerfit.engine.engine import Engine
 from layerfit.engine.policies import (
     REQUEST_BYTES,
     STREAMED_PER_BUFFER_BYTE,
     choose_kept_units,
     least_room_to_keep,
 )
+from layerfit.engine.unit_reader import UnitReader
 from layerfit.errors import BudgetError, LayerfitError, ReadError
 from layerfit.store import ModelSpec, example_input, prepare, read_manifest
 
@@ -296,15 +296,15 @@ def test_a_failed_read_of_the_kept_units_leaves_an_engine_that_says_so(tiny: Pat
     total = read_manifest(tiny).total_bytes
     with load(tiny, pipeline="auto", budget=total // 2) as engine:
         assert torch.equal(engine(x), y)
-        real = Engine.read_unit
+        real = UnitReader.read_unit  # every read of a unit goes through the engine's UnitReader
 
         def failing(self, i, into):
             raise ReadError(f"reading unit {i} failed: [Errno 5] Input/output error")
 
-        monkeypatch.setattr(Engine, "read_unit", failing)
+        monkeypatch.setattr(UnitReader, "read_unit", failing)
         with pytest.raises(ReadError, match="Input/output error"):
             engine.reconfigure(budget=total - 4096)  # keeps units 0, 2 and 4: reads them now
-        monkeypatch.setattr(Engine, "read_unit", real)
+        monkeypatch.setattr(UnitReader, "read_unit", real)
         with pytest.raises(LayerfitError, match="cannot run: reading its weights for the new configuration failed"):
             engine(x)
         assert engine.memory.weight_bytes <= total

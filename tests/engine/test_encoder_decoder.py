@@ -234,7 +234,7 @@ def test_a_part_that_runs_a_unit_outside_it_is_refused_and_the_engine_runs_on(tm
 
 
 def test_the_encoder_and_the_cross_attention_projections_run_once_per_input(bart):
-    from layerfit.engine.parts import DECODER_RUNS, unit_runs
+    from layerfit.engine.part_units import DECODER_RUNS, unit_runs
 
     directory, _, _, _ = bart
     with load(directory, pipeline="async") as engine:
@@ -363,14 +363,14 @@ def test_a_table_read_by_rows_waits_for_a_skipped_unit_still_being_read(skips, m
     budget = manifest.resident_bytes + 2 * streamed_minimum(manifest.units) + 20_000
     with load(directory, pipeline="async", budget=budget, coalesce=0) as engine:
         last_before = [b.name for b in engine.blocks].index("before.4")
-        read_range = engine._read_range
+        read_units = engine.units.read_units  # the reader thread's reads
 
-        def slow_read(i: int, stop: int, off: int) -> None:
+        def slow_read(i: int, stop: int, view: memoryview) -> None:
             if i == last_before:
                 time.sleep(0.3)  # the kernels get to the table meanwhile
-            read_range(i, stop, off)
+            read_units(i, stop, view)
 
-        monkeypatch.setattr(engine, "_read_range", slow_read)
+        monkeypatch.setattr(engine.units, "read_units", slow_read)
         for seed in (1, 2, 3):  # the first pass, and passes expecting the skip
             x = example_input((2, 8), seed=seed)
             x[0, 4] = 0  # before.4 is skipped

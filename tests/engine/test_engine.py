@@ -187,7 +187,7 @@ def test_reader_coalesces_while_the_woken_kernel_thread_is_not_yet_running(tiny:
     reads, spy = read_spy()
     with load(tiny, pipeline="async", coalesce="1MiB", budget="1MiB") as engine:
         engine(x)  # first inference verifies checksums; count the second
-        engine._ready = _SlowWaker(engine._state)
+        engine.stream.ready = _SlowWaker(engine.stream.state)
         monkeypatch.setattr(reader_mod.os, "preadv", spy)
         assert torch.equal(engine(x), y)
         cap = min(engine.coalesce_bytes, engine.memory.buffer_bytes // 2)

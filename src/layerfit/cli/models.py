@@ -201,39 +201,35 @@ def _inputs_label(m: Manifest) -> str:
 
 
 def _auto_plan(m: Manifest, budget: str, stages: int) -> dict[str, Any]:
-    """How ``run --pipeline auto`` spends ``budget`` on the model's weights, by layer (the
-    plan the engine makes; nothing is loaded). Below the minimum: the engine's error."""
-    from layerfit.engine.device import get_device
-    from layerfit.engine.gather import gathered_units, least_room
-    from layerfit.engine.parts import unit_runs
-    from layerfit.engine.policies import AUTO
+    """How ``run --pipeline auto`` spends ``budget`` on the model's weights, by layer: the
+    engine's own plan (:func:`layerfit.engine.plan.plan`), nothing loaded. Below the
+    minimum: the engine's error."""
+    from layerfit.engine.config import EngineConfig
+    from layerfit.engine.plan import plan
     from layerfit.engine.skeleton import build_skeleton
-    from layerfit.engine.units import make_blocks
-    from layerfit.engine.weight_plan import plan_weights
-    from layerfit.sizes import parse_budget
+    from layerfit.sizes import Budget
 
-    get_device("cpu", stages)  # the engine's own check of --stages
-    sizes, budget_bytes = [u.nbytes for u in m.units], parse_budget(budget, m.total_bytes)
-    # As the engine on cpu: embedding tables read by the rows they look up (two stages).
-    rows = {} if stages == 3 else {i: least_room(m.units[i]) for i in gathered_units([u] for u in m.units)}
-    # An encoder-decoder's decoder runs once per generated token: the plan keeps it first.
+    config = EngineConfig(budget=Budget.parse(budget), pipeline="auto", stages=stages)
+    # The skeleton says which tables are read by rows and which units an
+    # encoder-decoder's decoder runs once per token; nothing is read from it.
     try:
-        runs = unit_runs(build_skeleton(m), make_blocks(m.units))
+        model = build_skeleton(m)
     except LayerfitError:  # its factory does not import here: nor would the engine load it
-        runs = None
-    plan = plan_weights(AUTO, sizes, m.resident_bytes, budget_bytes, stages, rows, runs)
-    read = [] if plan.policy.name == "preload" else [
-        i for i in range(len(sizes)) if i not in plan.kept and i not in plan.gathered
+        model = None
+    made = plan(m, config, model)
+    weights, sizes = made.weights, [b.nbytes for b in made.blocks]
+    read = [] if weights.policy.name == "preload" else [
+        i for i in range(len(sizes)) if i not in weights.kept and i not in weights.gathered
     ]
     return {
-        "budget_bytes": budget_bytes,
+        "budget_bytes": made.budget_bytes,
         "stages": stages,
-        "policy": plan.policy.name,
-        "kept_units": sorted(plan.kept),
-        "rows_units": sorted(plan.gathered),
-        "kept_bytes": plan.kept_bytes,
-        "buffer_bytes": plan.buffer_bytes,
-        "device_buffer_bytes": plan.device_buffer_bytes,
+        "policy": weights.policy.name,
+        "kept_units": sorted(weights.kept),
+        "rows_units": sorted(weights.gathered),
+        "kept_bytes": weights.kept_bytes,
+        "buffer_bytes": weights.buffer_bytes,
+        "device_buffer_bytes": weights.device_buffer_bytes,
         "units_read_per_inference": len(read),
         "bytes_read_per_inference": sum(sizes[i] for i in read),
     }

@@ -10,7 +10,10 @@ from layerfit.lazy import lazy_exports
 
 _EXPORTS = {
     "Engine": "engine",
-    "MemoryPlan": "engine",
+    "EngineConfig": "config",
+    "EnginePlan": "plan",
+    "MemoryPlan": "plan",
+    "plan": "plan",
     "load": "engine",
     "flat_outputs": "measurement",
     "measure": "measurement",

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from layerfit.engine.parts import encoder_name, part_units
+from layerfit.engine.part_units import encoder_name, part_units
 from layerfit.errors import LayerfitError
 
 if TYPE_CHECKING:

@@ -1,0 +1,98 @@
+"""How an engine runs a prepared model: every setting, typed and checked once.
+
+:class:`EngineConfig` is what the boundary (command line, HTTP settings, the Python
+API's keyword arguments) turns its text into; below it code passes this value and
+never re-reads a string. Each default is stated here, once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from layerfit.engine.arena import MODES as ACTIVATION_MODES
+from layerfit.engine.binding import get_binder
+from layerfit.engine.policies import AUTO, resolve_pipeline
+from layerfit.engine.units import check_units_spec
+from layerfit.errors import LayerfitError
+from layerfit.sizes import Budget, parse_bytes
+from layerfit.store.verify import VERIFY_MODES
+
+DEFAULT_COALESCE_BYTES = 4 * 1024 * 1024
+"""Bytes one read may gather of adjacent units (``4MiB``; see :class:`EngineConfig`)."""
+
+Units = str | tuple[int, ...]
+"""``layers``, ``blocks:N``, ``merge:SIZE`` or the partition points."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """An engine's settings.
+
+    ``budget`` bounds the weight buffers (resident tensors plus the unit buffers; None:
+    the pipeline's own size). ``pipeline`` is ``auto`` (``preload`` when the budget holds
+    every weight or none is given, else ``async`` keeping units resident with the room
+    beyond its buffer), ``preload``, ``sequential``, ``sync``, ``async`` or ``external``.
+    ``units`` groups layers into streamed units. ``direct_io`` reads with O_DIRECT.
+    ``trace`` records a timeline of each pass. ``binding`` is ``reference`` (zero-copy)
+    or an ablation mode of :mod:`layerfit.engine.binding`. ``activations`` is
+    ``default`` or ``planned`` (:mod:`layerfit.engine.arena`). ``coalesce_bytes`` lets
+    the reader read adjacent units in one request of up to that many bytes (0: one unit
+    per request, as the paper). ``device`` is ``cpu``, ``cuda`` or ``cuda:N``; ``stages``
+    2 or 3 (None: the device's default). ``gather_rows`` reads an embedding table by
+    the rows its ids look up. ``verify`` says when a unit's SHA-256 is checked.
+    """
+
+    budget: Budget | None = None
+    pipeline: str = AUTO
+    units: Units = "layers"
+    direct_io: bool = True
+    trace: bool = False
+    binding: str = "reference"
+    activations: str = "default"
+    coalesce_bytes: int = DEFAULT_COALESCE_BYTES
+    device: str = "cpu"
+    stages: int | None = None
+    gather_rows: bool = True
+    verify: str = "first"
+
+    def __post_init__(self) -> None:
+        if self.verify not in VERIFY_MODES:
+            raise LayerfitError(f"verify must be one of {', '.join(VERIFY_MODES)}, not {self.verify!r}")
+        if self.activations not in ACTIVATION_MODES:
+            raise LayerfitError(
+                f"unknown activations mode {self.activations!r}; choose one of {', '.join(ACTIVATION_MODES)}"
+            )
+        if self.device != "cpu" and self.activations != "default":
+            raise LayerfitError("planned activations are laid out in host memory: use activations='default' on cuda")
+        resolve_pipeline(self.pipeline, 0, None)  # an unknown name is refused here
+        get_binder(self.binding)
+        check_units_spec(self.units)
+
+    @classmethod
+    def parse(
+        cls,
+        *,
+        budget: Budget | int | str | None = None,
+        units: str | Sequence[int] = "layers",
+        coalesce: int | str = DEFAULT_COALESCE_BYTES,
+        **settings: Any,
+    ) -> EngineConfig:
+        """The config the Python API's keyword arguments denote: ``budget`` as
+        :meth:`Budget.parse` reads it, ``units`` a spec or partition points,
+        ``coalesce`` bytes or a size (``0``: none); the rest as the fields."""
+        return cls(
+            budget=None if budget is None else Budget.parse(budget),
+            units=units if isinstance(units, str) else tuple(units),
+            coalesce_bytes=0 if coalesce in (0, "0") else parse_bytes(coalesce),
+            **settings,
+        )
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        """This config with ``changes`` (checked as a new one)."""
+        return dataclasses.replace(self, **changes)
+
+
+__all__ = ["DEFAULT_COALESCE_BYTES", "EngineConfig", "Units"]

@@ -1,0 +1,253 @@
+"""The forward hooks that tie the model's own ``forward`` to the stream.
+
+Before a unit's first layer runs, its :class:`PreHook` waits until the unit's bytes are
+there and binds its weights by reference; after its last layer, its :class:`PostHook`
+unbinds them and gives the buffer back. An embedding table read by rows has a
+:class:`GatherHook` instead, which reads the rows its ids look up. A later layer of a
+unit checks that the unit is bound (:class:`InnerHook`); a module that did not run at
+prepare, and so has no stored weights, refuses to run (:class:`UnstoredHook`). Each hook
+is an object holding its unit's index and the :class:`~layerfit.engine.stream.UnitStream`,
+in the shape of Accelerate's ``ModelHook``: state is explicit, not a closure's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from layerfit.engine.policies import REQUEST_BYTES
+from layerfit.engine.stream import UnitStream
+from layerfit.engine.trace import Event
+from layerfit.errors import LayerfitError, ReadError
+
+
+class _SharedHook:
+    """A hook is shared, not copied, by a copy of its module (the ``instantiate``
+    binding deep-copies modules), as a function hook is."""
+
+    def __deepcopy__(self, memo: dict) -> _SharedHook:
+        return self
+
+
+class UnitHook(_SharedHook):
+    """A hook of unit ``index`` of ``stream``'s configuration."""
+
+    def __init__(self, stream: UnitStream, index: int) -> None:
+        self.stream = stream
+        self.index = index
+
+
+class PreHook(UnitHook):
+    """Before the unit's first layer: wait for its bytes, then bind its weights."""
+
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        stream, i = self.stream, self.index
+        run = stream.run
+        if run is None:
+            return
+        stream.check_order(run, i)
+        if run.source is not None:  # the unit source decides when the unit may run
+            buffer, off = run.source.acquire(i)
+            run.kernel_start[i] = run.now()
+            stream.binder.bind(stream.bindings[i], buffer, off)
+            run.bound[i] = off
+            return
+        if stream.policy.name == "preload":
+            run.bound[i] = -1
+            run.kernel_start[i] = run.now()
+            return
+        if i in stream.kept:  # bound for good: nothing to wait for
+            run.bound[i] = -1
+            with stream.state:
+                run.kernel_start[i] = run.now()
+                run.started = i + 1
+                stream.wake_after_kernel(run)
+            return
+        # Without a copy stage the kernel uses the read buffer; with one, the device's.
+        three = stream.device_ring is not None
+        slots, ring = (run.on_device, stream.device_ring) if three else (run.ready, stream.ring)
+        with stream.state:
+            if slots[i] is None and run.error is None:
+                run.main_waits = i
+                stream.wake_reader(run)  # the reader may be holding out for a batch
+                while slots[i] is None and run.error is None:
+                    stream.ready.wait()
+                run.main_waits = None
+            if slots[i] is None:
+                failed, exc = run.error
+                if isinstance(exc, LayerfitError):
+                    raise type(exc)(str(exc)) from exc
+                raise ReadError(f"reading unit {failed} failed: {exc}") from exc
+            off = slots[i]
+            # The kernel starts now (binding is part of it); the sync policy lets the
+            # next read (and copy) begin from this moment.
+            run.kernel_start[i] = run.now()
+            run.started = i + 1
+            stream.wake_after_kernel(run)
+        stream.binder.bind(stream.bindings[i], ring.bytes, off)
+        run.bound[i] = off
+
+
+class GatherHook(UnitHook):
+    """The pre-hook of an embedding read by rows: read the rows its ids look up, bind
+    them as its weight and hand it each id's position among them instead of the id."""
+
+    def __init__(self, stream: UnitStream, index: int) -> None:
+        super().__init__(stream, index)
+        self.whole = PreHook(stream, index)  # with a unit source, the source supplies it whole
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        stream, i = self.stream, self.index
+        run = stream.run
+        if run is None or run.source is not None:
+            self.whole(module, args)
+            return None
+        stream.check_order(run, i)
+        table = stream.gathered[i]
+        ids = args[0] if args else kwargs.get("input")
+        table.check_ids(ids)
+        ring = stream.ring
+        # Every earlier unit was released and the reader waits for this one to have its
+        # place, so the rows (and their read buffer) may use the whole ring.
+        lookup = table.plan(
+            ids, room=ring.capacity, verify=stream.units.needs_check(i), request_bytes=REQUEST_BYTES
+        )
+        with stream.state:
+            # Empty but for a skipped unit still being read, which the reader gives back
+            # when its read ends: the rows wait for that, since placed after it they
+            # would be given back first, and the ring gives back oldest first.
+            while ring.in_use and run.error is None:
+                stream.ready.wait()
+            if run.error is not None:
+                raise LayerfitError(f"no room in the unit buffer for the rows of {table.name}")
+            off = ring.allocate_locked(lookup.nbytes)  # planned to fit the whole ring
+            run.bound[i] = off
+            run.gathered[i] = module.padding_idx
+            run.placed.add(i)
+            stream.room.notify()  # the reader may go on past the table
+        t0 = time.perf_counter()
+        weight = table.read(stream.units.reader, lookup, ring.bytes[off : off + lookup.nbytes], ring.view[off:])
+        t1 = time.perf_counter()
+        if lookup.verify:
+            stream.units.mark_verified(i, table.segment.index)
+        # padding_idx only shapes the gradient, but F.embedding checks it against the
+        # rows bound: it is cleared while they are, and restored with the table.
+        module.padding_idx = None
+        table.binding.attach(weight)
+        with stream.state:
+            if stream.trace:
+                run.events.append(Event(i, stream.blocks[i].name, "read", t0 - run.t0, t1 - run.t0, lookup.bytes_read))
+            run.kernel_start[i] = t1 - run.t0
+            run.started = i + 1
+            stream.wake_reader(run)
+        positions = lookup.positions
+        return ((positions, *args[1:]), kwargs) if args else (args, {**kwargs, "input": positions})
+
+
+class PostHook(UnitHook):
+    """After the unit's last layer: unbind its weights and give its buffer back."""
+
+    def __call__(self, module: nn.Module, args: tuple, output: Any) -> None:
+        stream, i = self.stream, self.index
+        run = stream.run
+        if run is None:
+            return
+        streaming = run.source is None and stream.policy.name != "preload"
+        if streaming:  # the unit's buffer may be reused only once its kernels finished
+            stream.device.finish_kernels()
+        if stream.trace:
+            end = run.now()
+            blk = stream.blocks[i]
+            with stream.state:
+                run.events.append(Event(i, blk.name, "kernel", run.kernel_start[i], end, blk.nbytes))
+        if i not in run.bound:
+            if not run.ordered:  # preload: every unit stays bound
+                with stream.state:
+                    run.done = i + 1
+                return
+            raise stream.out_of_order(i, "ends, but its first layer did not run")
+        off = run.bound.pop(i)
+        if i in run.gathered:  # and on to release its rows' place in the ring
+            stream.end_gather(run, i)
+        if i in stream.kept and run.source is None:
+            with stream.state:
+                run.done = i + 1
+                stream.wake_after_kernel(run)
+            return
+        if run.source is not None:
+            stream.binder.unbind(stream.bindings[i])
+            run.source.release(i)
+        elif streaming:
+            stream.binder.unbind(stream.bindings[i])
+            with stream.state:
+                if stream.device_ring is None:
+                    stream.ring.release_locked(off)
+                else:
+                    stream.device_ring.release_locked(off)
+                    stream.wake_copier(run)
+                run.done = i + 1
+                stream.wake_reader(run)
+            return
+        with stream.state:
+            run.done = i + 1
+
+
+class InnerHook(UnitHook):
+    """Before a later layer of the unit: the unit must be bound (its first layer ran)."""
+
+    def __init__(self, stream: UnitStream, index: int, name: str) -> None:
+        super().__init__(stream, index)
+        self.name = name
+
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        stream, i = self.stream, self.index
+        run = stream.run
+        if run is None or i in run.bound or not run.ordered:
+            return
+        first = stream.blocks[i].segments[0].name or "<root>"
+        raise stream.out_of_order(i, f"runs {self.name or '<root>'}, but not its first layer {first}")
+
+
+class UnstoredHook(_SharedHook):
+    """Before a module that did not run at prepare: its weights were never stored, so
+    running it now would compute with the skeleton's meta tensors."""
+
+    def __init__(self, stream: UnitStream, name: str) -> None:
+        self.stream = stream
+        self.name = name
+
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        if self.stream.run is not None:
+            name = self.name or "<root>"
+            raise LayerfitError(
+                f"module {name} runs, but it did not run on the example input at prepare, so "
+                f"its weights were not stored (a branch that depends on the input): prepare "
+                f"the model with an input that runs {name}"
+            )
+
+
+def install_hooks(stream: UnitStream, modules: dict[str, nn.Module], unused: Iterable[str]) -> list[RemovableHandle]:
+    """Hook every unit of ``stream``'s configuration into ``modules`` (the model's, by
+    name), and every module owning an ``unused`` tensor (one that did not run at prepare)."""
+    handles = []
+    for i, blk in enumerate(stream.blocks):
+        first, last = modules[blk.segments[0].name], modules[blk.segments[-1].name]
+        if i in stream.gathered:
+            handles.append(first.register_forward_pre_hook(GatherHook(stream, i), with_kwargs=True))
+        else:
+            handles.append(first.register_forward_pre_hook(PreHook(stream, i)))
+        handles.append(last.register_forward_hook(PostHook(stream, i)))
+        for seg in blk.segments[1:]:  # a later layer of the block needs the block bound
+            handles.append(modules[seg.name].register_forward_pre_hook(InnerHook(stream, i, seg.name)))
+    for name in sorted({n.rpartition(".")[0] for n in unused}):
+        module = modules.get(name)
+        if module is not None:
+            handles.append(module.register_forward_pre_hook(UnstoredHook(stream, name)))
+    return handles
+
+
+__all__ = ["GatherHook", "InnerHook", "PostHook", "PreHook", "UnstoredHook", "install_hooks"]

@@ -1,0 +1,121 @@
+"""What an engine will hold and stream for a prepared model under a config: nothing
+read, nothing allocated.
+
+:func:`plan` is the pure half of configuring an engine: the units (layers grouped as the
+config says), which embedding tables are read by rows, how often each unit runs as the
+model generates, and the :class:`~layerfit.engine.weight_plan.WeightPlan` (policy, kept
+units, buffer sizes). The engine builds its buffers and hooks from it; ``layerfit
+inspect --budget`` prints it without loading a byte of weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from layerfit.engine.config import EngineConfig
+from layerfit.engine.device import get_device
+from layerfit.engine.gather import gathered_units, least_room
+from layerfit.engine.part_units import unit_runs
+from layerfit.engine.units import Block, make_blocks
+from layerfit.engine.weight_plan import WeightPlan, plan_weights
+from layerfit.errors import BudgetError
+from layerfit.store.manifest import Manifest
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What the engine holds for weights: resident tensors plus the unit buffers.
+
+    ``buffer_bytes`` is the read (host) buffer; ``device_buffer_bytes`` is the copy
+    stage's device buffer (0 without a copy stage); ``kept_bytes`` holds the units
+    pipeline ``auto`` keeps resident beside the buffer (0 otherwise).
+    """
+
+    resident_bytes: int
+    buffer_bytes: int
+    largest_unit_bytes: int
+    total_weight_bytes: int
+    device_buffer_bytes: int = 0
+    kept_bytes: int = 0
+
+    @property
+    def minimum_budget(self) -> int:
+        return self.resident_bytes + self.largest_unit_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        """Every byte held for weights: what the budget bounds."""
+        return self.resident_bytes + self.kept_bytes + self.buffer_bytes + self.device_buffer_bytes
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """How an engine configured by ``config`` runs the model: its ``blocks`` (the
+    streamed units), the ``weights`` plan, the ``memory`` it holds, the units whose
+    tables may be read by rows (``rows``: unit → least buffer room) and how often each
+    unit runs as the model generates (``runs``; None: once per inference)."""
+
+    config: EngineConfig
+    budget_bytes: int | None
+    blocks: tuple[Block, ...]
+    rows: dict[int, int]
+    runs: tuple[int, ...] | None
+    weights: WeightPlan
+    memory: MemoryPlan
+
+
+def reads_rows(config: EngineConfig, stages: int, planned_activations: bool) -> bool:
+    """Whether embedding tables may be read by rows: on cpu with two stages (the rows
+    land in the read buffer the kernel uses in place) and PyTorch's own activations."""
+    return config.gather_rows and config.device == "cpu" and stages == 2 and not planned_activations
+
+
+def plan(manifest: Manifest, config: EngineConfig, model: nn.Module | None = None) -> EnginePlan:
+    """The plan of ``config`` for ``manifest``'s model. ``model`` (the skeleton, when it
+    can be built) tells which tables are plain ``nn.Embedding`` modules read by rows and
+    which units an encoder-decoder runs once per input; without it every gatherable
+    table counts and every unit runs once. A budget below the minimum is a
+    :class:`~layerfit.errors.BudgetError` naming the minimum (and, for a share, the bytes)."""
+    stages = get_device(config.device, config.stages).stages
+    blocks = make_blocks(manifest.units, config.units)
+    rows: dict[int, int] = {}
+    if reads_rows(config, stages, config.activations == "planned"):
+        for i in gathered_units(blk.segments for blk in blocks):
+            if model is None or _plain_embedding(model, blocks[i]):
+                rows[i] = least_room(blocks[i].segments[0])
+    runs = None if model is None else unit_runs(model, blocks)  # a decoder runs per token
+    budget = config.budget
+    budget_bytes = None if budget is None else budget.bytes_for(manifest.total_bytes)
+    sizes = [b.nbytes for b in blocks]
+    try:
+        weights = plan_weights(config.pipeline, sizes, manifest.resident_bytes, budget_bytes, stages, rows, runs)
+    except BudgetError as exc:
+        if budget is None or not budget.is_share:
+            raise
+        raise BudgetError(f"{exc} ({budget} of its {manifest.total_bytes} bytes of weights)") from None
+    largest = max((rows[i] if i in weights.gathered else n for i, n in enumerate(sizes)), default=0)
+    memory = MemoryPlan(
+        manifest.resident_bytes,
+        weights.buffer_bytes,
+        largest,
+        manifest.total_bytes,
+        weights.device_buffer_bytes,
+        weights.kept_bytes,
+    )
+    return EnginePlan(config, budget_bytes, tuple(blocks), rows, None if runs is None else tuple(runs), weights, memory)
+
+
+def _plain_embedding(model: nn.Module, block: Block) -> bool:
+    """Whether the table of a gatherable unit belongs to a plain ``nn.Embedding`` without
+    ``max_norm`` (whose lookup the engine replays on the rows it reads)."""
+    name = block.segments[0].name
+    try:
+        module = model.get_submodule(name) if name else model
+    except AttributeError:
+        return False
+    return type(module) is nn.Embedding and module.max_norm is None
+
+
+__all__ = ["EnginePlan", "MemoryPlan", "plan", "reads_rows"]

@@ -1,0 +1,493 @@
+"""The streaming state machine: the reader and copy threads, and the order units run in.
+
+During a pass the reader thread reads units in order as the policy and the read buffer
+allow; with a copy stage (three stages) the copy thread moves each read unit into the
+device buffer. The executing thread (the model's forward, through the hooks of
+:mod:`layerfit.engine.hooks`) waits for each unit, runs it and gives its buffer back.
+All three share one :class:`~layerfit.engine.pass_state.PassState` under one lock, with
+a condition per waiter: the reader waits on ``room``, the executing thread on ``ready``,
+the copy thread on ``copyable``; each is woken only when what it waits for has happened.
+Nothing spins.
+
+A pass begins at the first unit it runs and may skip units (a cached decoder step skips
+its cross-attention projections): what was read of them is given back, oldest first,
+and the next such pass does not read them; a unit that runs after all rewinds the reader.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from layerfit.engine.binding import Binder
+from layerfit.engine.buffers import WeightBuffers
+from layerfit.engine.device import Device
+from layerfit.engine.gather import RowTable
+from layerfit.engine.pass_state import PassState
+from layerfit.engine.policies import Policy
+from layerfit.engine.ring import Cancelled, RingBuffer
+from layerfit.engine.skeleton import Binding, unbind
+from layerfit.engine.trace import Event
+from layerfit.engine.unit_reader import UnitReader
+from layerfit.engine.units import Block
+from layerfit.errors import LayerfitError
+
+OTHER_PATH = (
+    "the model's control flow differs from the one captured at prepare (a branch or loop "
+    "that depends on the input, or another input shape), so its weights cannot stream in "
+    "the prepared order: prepare it with an input that takes this path, or load it with "
+    "pipeline='preload'"
+)
+
+
+class _Claim(NamedTuple):
+    """Units ``first..stop-1`` the reader reads next, at ``offset`` of the ring (``nbytes``)."""
+
+    first: int
+    stop: int
+    offset: int
+    nbytes: int
+
+
+class UnitStream:
+    """Streams the units of one configuration through the buffers; owns the pass state."""
+
+    def __init__(self, device: Device, units: UnitReader, buffers: WeightBuffers, binder: Binder,
+                 coalesce_bytes: int, trace: bool) -> None:
+        self.device = device
+        self.units = units
+        self.buffers = buffers
+        self.binder = binder
+        self.coalesce_bytes = coalesce_bytes
+        self.trace = trace
+        self.state = threading.Lock()
+        self.room = threading.Condition(self.state)  # the reader waits for room or its gate
+        self.ready = threading.Condition(self.state)  # the executing thread waits for a unit
+        self.copyable = threading.Condition(self.state)  # the copy thread (three stages)
+        self.run: PassState | None = None  # the pass under way
+        self.policy: Policy | None = None
+        self.blocks: Sequence[Block] = ()
+        self.bindings: Sequence[list[Binding]] = ()
+        self.kept: frozenset[int] = frozenset()  # units bound for good beside the ring (auto)
+        self.gathered: dict[int, RowTable] = {}  # units read by rows when they run
+        # The units the last pass that began at a unit skipped, by where it began and
+        # where the pass before it began: the next such pass does not read them. A cached
+        # decoder step skips what the step before it skipped; the first step after the
+        # encoder's pass skips nothing.
+        self.skips_seen: dict[tuple, frozenset[int]] = {}
+        self.last_start: tuple[int, int, int] | None = None  # (part start, stop, first unit run)
+
+    def configure(self, policy: Policy, blocks: Sequence[Block], bindings: Sequence[list[Binding]],
+                  kept: frozenset[int], gathered: dict[int, RowTable]) -> None:
+        """Stream ``blocks`` under ``policy`` from now on; what passes skipped is forgotten."""
+        self.policy, self.blocks, self.bindings = policy, blocks, bindings
+        self.kept, self.gathered = kept, gathered
+        self.skips_seen, self.last_start = {}, None
+
+    @property
+    def ring(self) -> RingBuffer | None:
+        return self.buffers.ring
+
+    @property
+    def device_ring(self) -> RingBuffer | None:
+        return self.buffers.device_ring
+
+    # --- a pass's threads ---------------------------------------------------------------
+
+    def start_threads(self, run: PassState) -> list[threading.Thread]:
+        """Start the reader (and copy) thread of ``run``."""
+        self.ring.reset()
+        threads = [threading.Thread(target=self._reader_loop, args=(run,), name="layerfit-reader", daemon=True)]
+        if self.device_ring is not None:
+            self.device_ring.reset()
+            threads.append(threading.Thread(target=self._copier_loop, args=(run,), name="layerfit-copier", daemon=True))
+        for thread in threads:
+            thread.start()
+        return threads
+
+    def stop_threads(self, run: PassState, threads: list[threading.Thread]) -> None:
+        """Cancel and join ``run``'s threads; unbind what the pass left bound."""
+        for ring in self.buffers.streaming_rings:
+            ring.cancel()
+        for thread in threads:
+            thread.join()
+        for i in list(run.bound):
+            if i in run.gathered:
+                self.end_gather(run, i)
+            elif i not in self.kept:
+                self.binder.unbind(self.bindings[i])
+        run.bound.clear()
+
+    def end_gather(self, run: PassState, i: int) -> None:
+        """Put the meta table back in place of the rows (and the module's padding_idx)."""
+        unbind(self.bindings[i])
+        self.gathered[i].binding.module.padding_idx = run.gathered.pop(i)
+
+    def record_skips(self, run: PassState) -> None:
+        """After a streamed pass: the units it did not run after its last (read for
+        nothing if read), and what it skipped, which the next such pass will not read."""
+        if run.begin is None or not run.ordered:
+            return
+        if run.done != run.units.stop:  # it ended before its last units
+            with self.state:
+                for k in range(run.done, run.units.stop):
+                    run.skipped_units.add(k)
+                    if run.ready[k] is not None:
+                        run.read_for_nothing += self.blocks[k].nbytes
+        if run.source is None:
+            start = (run.units.start, run.units.stop, run.begin)
+            self.skips_seen[(start, self.last_start)] = frozenset(run.skipped_units)
+            self.last_start = start
+
+    # --- the order units run in ---------------------------------------------------------
+
+    def out_of_order(self, i: int, what: str) -> LayerfitError:
+        """The error for unit ``i`` running out of the prepared order."""
+        name = self.blocks[i].name or "<root>"
+        return LayerfitError(f"unit {i} ({name}) {what}: {OTHER_PATH}")
+
+    def check_order(self, run: PassState, i: int) -> None:
+        """Streamed units run once each, in the prepared order: a unit run again, or
+        inside another, would use released bytes or wait for a read that never comes.
+        The pass begins at the first unit it runs, which the reader waits to know, and
+        may skip units (see :meth:`_skip`)."""
+        if not run.ordered:
+            return
+        if i not in run.units:
+            part = f"units {run.units.start}-{run.units.stop - 1}" if len(run.units) else "no units"
+            raise self.out_of_order(i, f"runs, but this pass streams {part}")
+        if run.begin is None:
+            self._begin(run, i)
+        if run.bound:
+            running = self.blocks[next(iter(run.bound))].name or "<root>"
+            raise self.out_of_order(i, f"runs inside unit {next(iter(run.bound))} ({running})")
+        if i < run.done:
+            raise self.out_of_order(i, "runs a second time")
+        if i > run.done:
+            if run.source is not None:
+                skipped = self.blocks[run.done].name or "<root>"
+                raise self.out_of_order(i, f"runs, but unit {run.done} ({skipped}) before it did not")
+            self._skip(run, i)
+        if i in run.expect_skipped:
+            self._rewind(run, i)
+
+    def _begin(self, run: PassState, i: int) -> None:
+        """The pass begins at unit ``i``: the reader and copier may go."""
+        with self.state:
+            run.begin = run.started = run.done = i
+            # The reader expects skips on two stages (with a copy stage it is not rewound).
+            if run.source is None and self.device_ring is None:
+                seen = self.skips_seen.get(((run.units.start, run.units.stop, i), self.last_start), frozenset())
+                # (not a table read by rows when it runs, nor a kept unit: neither is read ahead)
+                run.expect_skipped = set(seen) - set(self.gathered) - self.kept
+            self.room.notify()
+            self.copyable.notify()
+
+    def _skip(self, run: PassState, i: int) -> None:
+        """Unit ``i`` runs and the units between the last one that ran and it do not: a
+        decoder step whose cross-attention keys and values are cached skips their
+        projections. What was read (or copied) of them is given back and no more of them
+        is read (bytes read ahead for nothing, but the output is the model's: a skipped
+        unit is never bound). Each buffer is given back oldest first: here what is ready
+        for the kernels; a read or copy under way by its thread when it ends; with a copy
+        stage, the read buffer by the copier, in order."""
+        three = self.device_ring is not None
+        slots, ring = (run.on_device, self.device_ring) if three else (run.ready, self.ring)
+        with self.state:
+            for k in range(run.done, i):
+                if slots[k] is not None:  # ready for the kernels: the oldest bytes in its ring
+                    ring.release_locked(slots[k])
+                    slots[k] = None
+                    run.read_for_nothing += self.blocks[k].nbytes
+            run.skipped_units.update(range(run.done, i))
+            run.done = run.started = i
+            self.wake_reader(run)
+            if three:
+                self.wake_copier(run)
+
+    def _rewind(self, run: PassState, i: int) -> None:
+        """Unit ``i`` runs, though the last such pass skipped it and so the reader did not
+        read it: what the reader read ahead of it is discarded (the oldest bytes in the
+        ring, in order; a read under way is discarded by the reader when it ends) and the
+        reader goes back to ``i``. Bytes read twice, never a wrong one."""
+        with self.state:
+            run.expect_skipped.discard(i)
+            for k in range(i + 1, run.units.stop):
+                if run.ready[k] is not None:
+                    self.ring.release_locked(run.ready[k])
+                    run.ready[k] = None
+                    run.read_for_nothing += self.blocks[k].nbytes
+            run.epoch += 1
+            run.rewind_to = i
+            self.room.notify()
+
+    # --- wake-up predicates (lock held) --------------------------------------------------
+
+    def reader_may_go(self, run: PassState, i: int, want: int) -> bool:
+        """The reader's wake-up predicate for unit ``i`` (lock held)."""
+        if i < run.done or run.epoch != run.reader_epoch:  # skipped, or rewound: go on
+            return True
+        if not self.policy.read_may_start(i, run.started, run.done, self.device.stages):
+            return False
+        if not self.ring.fits(self.blocks[i].nbytes):
+            return False
+        # Hysteresis: while the kernels have other units to run, wait for room for a
+        # whole batch (``want`` bytes) instead of waking for every small unit released.
+        # The unit the next kernel needs is read at once, and alone.
+        return self.kernel_needs(run, i) or self.ring.fits(want)
+
+    @staticmethod
+    def kernel_needs(run: PassState, i: int) -> bool:
+        """Whether the executing thread waits (or will next) for the read of unit ``i``.
+        ``main_waits`` is cleared only once that thread runs again, so a unit it waited
+        for that has already arrived must not count: on a loaded machine it may not run
+        for a while, and meanwhile the reader would read every unit alone."""
+        return run.main_waits == i or i == run.started
+
+    def wake_reader(self, run: PassState) -> None:
+        """Wake the reader if what it waits for has happened (lock held)."""
+        if run.reader_waits and (self.ring.cancelled or self.reader_may_go(run, *run.reader_wants)):
+            self.room.notify()
+
+    def copier_may_go(self, run: PassState, j: int) -> bool:
+        """The copy thread's wake-up predicate for unit ``j`` (lock held): Algorithm 1's
+        copy constraints — the unit was read, and it has room in the device buffer."""
+        if j < run.done:  # skipped: once the reader read it or passed it over
+            return run.ready[j] is not None or j in run.not_read
+        return (
+            run.ready[j] is not None
+            and self.policy.copy_may_start(j, run.started, run.done)
+            and self.device_ring.fits(self.blocks[j].nbytes)
+        )
+
+    def wake_copier(self, run: PassState) -> None:
+        """Wake the copy thread if what it waits for has happened (lock held)."""
+        j = run.copier_waits
+        if j is not None and (self.device_ring.cancelled or self.copier_may_go(run, j)):
+            self.copyable.notify()
+
+    def wake_after_kernel(self, run: PassState) -> None:
+        """A kernel started or ended: the reader (and copier) may go (lock held)."""
+        self.wake_reader(run)
+        if self.device_ring is not None:
+            self.wake_copier(run)
+
+    # --- the reader thread ---------------------------------------------------------------
+
+    def _reader_loop(self, run: PassState) -> None:
+        """Read the pass's units in order, as the policy and the buffer allow."""
+        ring, room = self.ring, self.room
+        # Coalescing and batch-sized wake-ups only where reads may run ahead (async):
+        # sequential and sync read each unit as soon as their gate opens, as the paper.
+        chunk = min(self.coalesce_bytes, ring.capacity // 2) if self.policy.name == "async" else 0
+        i = 0
+        try:
+            with room:
+                while run.begin is None:  # the pass has not run its first unit yet
+                    if ring.cancelled:
+                        return
+                    room.wait()
+                i, n = run.begin, run.units.stop
+            while True:
+                if run.epoch != run.reader_epoch:  # the kernels ran a unit it passed over
+                    with room:
+                        run.reader_epoch, i = run.epoch, run.rewind_to
+                    continue
+                if i >= n:  # all read, but for units it passed over: one may run yet
+                    if self._reader_done(run):
+                        return
+                    continue
+                if i in self.kept or i in run.expect_skipped:
+                    i += 1
+                    continue
+                if i in self.gathered:  # read by rows when it runs: wait until they have their place
+                    if not self._await_rows_placed(run, i):
+                        return
+                    i += 1
+                    continue
+                claim = self._claim(run, i, chunk)
+                if claim is None:  # cancelled
+                    return
+                if isinstance(claim, int):  # go on from there
+                    i = claim
+                    continue
+                t0 = time.perf_counter()
+                self.units.read_units(claim.first, claim.stop, ring.view[claim.offset :])
+                self._deliver(run, claim, t0, time.perf_counter())
+                i = claim.stop
+        except Cancelled:
+            return
+        except BaseException as exc:  # handed to the executing thread, which raises it
+            with room:
+                run.error = (i, exc)
+                self.ready.notify()
+
+    def _reader_done(self, run: PassState) -> bool:
+        """Every unit is read, but for units passed over: wait while one may run yet.
+        True when the reader is done; False when it was rewound."""
+        with self.room:
+            while run.expect_skipped and run.epoch == run.reader_epoch and not self.ring.cancelled:
+                self.room.wait()
+            return run.epoch == run.reader_epoch
+
+    def _await_rows_placed(self, run: PassState, i: int) -> bool:
+        """Wait until the rows of table ``i`` have their place in the ring (or the table
+        was skipped, or the reader rewound); False when cancelled."""
+        with self.room:
+            while i not in run.placed and i >= run.done and run.epoch == run.reader_epoch:
+                if self.ring.cancelled:
+                    return False
+                self.room.wait()
+        return True
+
+    def _claim(self, run: PassState, i: int, chunk: int) -> _Claim | int | None:
+        """Wait until unit ``i`` may be read and take its room in the ring, with the
+        units that join its read. None when cancelled; the unit to go on from instead
+        when the kernels skipped ``i`` or the reader was rewound meanwhile."""
+        ring, blocks, room = self.ring, self.blocks, self.room
+        first = blocks[i].nbytes
+        want = max(first, chunk)
+        with room:
+            if ring.cancelled:
+                return None
+            if run.epoch != run.reader_epoch:
+                return i
+            if i < run.done:  # the kernels skipped it
+                run.not_read.update(range(i, run.done))
+                if self.device_ring is not None:
+                    self.wake_copier(run)
+                return run.done
+            while not self.reader_may_go(run, i, want):
+                if ring.cancelled:
+                    return None
+                run.reader_waits, run.reader_wants = True, (i, want)
+                room.wait()
+            run.reader_waits = False
+            if i < run.done or run.epoch != run.reader_epoch:
+                return i
+            if self.kernel_needs(run, i):
+                want = first  # read it alone, the kernel waits for it
+            off = ring.allocate_locked(first)
+            stop, total = self._coalesce(run, i, off, first, want)
+        return _Claim(i, stop, off, total)
+
+    def _coalesce(self, run: PassState, i: int, off: int, total: int, want: int) -> tuple[int, int]:
+        """The units after ``i`` that join its read while they are allowed to start,
+        land right after it in the ring and the read stays within ``want`` bytes (their
+        room taken, lock held): the read's end and bytes."""
+        ring, blocks, n = self.ring, self.blocks, run.units.stop
+        stop = i + 1
+        while (
+            stop < n
+            and stop not in self.kept
+            and stop not in self.gathered
+            and stop not in run.expect_skipped
+            and total + blocks[stop].nbytes <= want
+            and self.policy.read_may_start(stop, run.started, run.done, self.device.stages)
+            and ring.next_offset(blocks[stop].nbytes) == off + total
+        ):
+            ring.allocate_locked(blocks[stop].nbytes)
+            total += blocks[stop].nbytes
+            stop += 1
+        return stop, total
+
+    def _deliver(self, run: PassState, claim: _Claim, t0: float, t1: float) -> None:
+        """The read of ``claim`` ended: hand each unit to the kernels (or the copier);
+        give back what was skipped or rewound meanwhile, the oldest bytes in the ring."""
+        ring, blocks = self.ring, self.blocks
+        i, stop, off, total = claim
+        with self.room:
+            if run.epoch != run.reader_epoch:  # rewound while it read: the oldest bytes
+                for k in range(i, stop):
+                    ring.release_locked(off + blocks[k].offset - blocks[i].offset)
+                    run.read_for_nothing += blocks[k].nbytes
+                self.ready.notify()
+                return
+            at = t0
+            for k in range(i, stop):
+                # Skipped while it was read: the oldest bytes in the ring (with a copy
+                # stage, the copier gives read bytes back, in order).
+                if k < run.done and self.device_ring is None:
+                    ring.release_locked(off + blocks[k].offset - blocks[i].offset)
+                    run.read_for_nothing += blocks[k].nbytes
+                    self.ready.notify()  # rows may wait for the room
+                    continue
+                run.ready[k] = off + blocks[k].offset - blocks[i].offset
+                if self.trace:  # a coalesced read is shown split by bytes
+                    end = t1 if k == stop - 1 else at + (t1 - t0) * blocks[k].nbytes / total
+                    run.events.append(Event(k, blocks[k].name, "read", at - run.t0, end - run.t0, blocks[k].nbytes))
+                    at = end
+            if self.device_ring is not None:
+                self.wake_copier(run)
+            elif run.main_waits is not None and run.main_waits < stop:
+                self.ready.notify()
+
+    # --- the copy thread ----------------------------------------------------------------
+
+    def _copier_loop(self, run: PassState) -> None:
+        """The copy stage: move each read unit into the device buffer, in order, and
+        give its read buffer back once the copy is complete."""
+        dev, cond = self.device_ring, self.copyable
+        j = 0
+        try:
+            with cond:
+                while run.begin is None and not dev.cancelled:
+                    cond.wait()
+                if dev.cancelled:
+                    return
+                first, stop = run.begin, run.units.stop
+            for j in range(first, stop):
+                if j in self.kept:  # already on the device, for good
+                    continue
+                if not self._copy(run, j):
+                    return
+        except Cancelled:
+            return
+        except BaseException as exc:  # handed to the executing thread, which raises it
+            with cond:
+                name = self.blocks[j].name or "<root>"
+                run.error = (j, LayerfitError(f"copying unit {j} ({name}) to {self.device.torch_device} failed: {exc}"))
+                self.ready.notify()
+
+    def _copy(self, run: PassState, j: int) -> bool:
+        """Copy unit ``j`` once it may go (or give back what was read of it if the
+        kernels skipped it); False when cancelled."""
+        host, dev, cond, blk = self.ring, self.device_ring, self.copyable, self.blocks[j]
+        with cond:
+            while not dev.cancelled and not self.copier_may_go(run, j):
+                run.copier_waits = j
+                cond.wait()
+            run.copier_waits = None
+            if dev.cancelled:
+                return False
+            if j < run.done:  # the kernels skipped it: give back what was read, in order
+                if run.ready[j] is not None:
+                    host.release_locked(run.ready[j])
+                    run.ready[j] = None
+                    run.read_for_nothing += blk.nbytes
+                    self.wake_reader(run)
+                return True
+            src = run.ready[j]
+            dst = dev.allocate_locked(blk.nbytes)
+        t0 = time.perf_counter()
+        self.device.copy(dev.bytes[dst : dst + blk.nbytes], host.bytes[src : src + blk.nbytes])
+        t1 = time.perf_counter()
+        with cond:
+            host.release_locked(src)
+            if j < run.done:  # skipped while it was copied: the oldest on the device
+                dev.release_locked(dst)
+                run.read_for_nothing += blk.nbytes
+                self.wake_reader(run)
+                return True
+            run.on_device[j] = dst
+            if self.trace:
+                run.events.append(Event(j, blk.name, "copy", t0 - run.t0, t1 - run.t0, blk.nbytes))
+            if run.main_waits == j:
+                self.ready.notify()
+            self.wake_reader(run)
+        return True
+
+
+__all__ = ["OTHER_PATH", "UnitStream"]
