@@ -332,7 +332,9 @@ class UnitRecorder:
         """Classify every tensor: ``(units in execution order, resident, unused names)``.
 
         ``written`` maps ``id`` of each tensor the forward pass wrote to how
-        (:attr:`StateGuard.written`): those stay resident.
+        (:attr:`StateGuard.written`): those stay resident. One classification pass
+        (about 105 lines): its rules share the maps of places built at its start, and
+        read in the order they apply.
         """
         written = written or {}
         canonical = self.canonical

@@ -37,12 +37,11 @@ def plan_activations(
 ) -> None:
     """Plan activation memory: every strategy's total next to the lower bound and naive total."""
 
-    from rich.table import Table
 
     from layerfit.errors import PlanError
     from layerfit.memory import check_alignment, check_time_limit, get_strategy, load_records
     from layerfit.memory.registry import check_approach
-    from layerfit.memory.report import MIB, plan_report
+    from layerfit.memory.report import plan_report
 
     if (model is None) == (records is None):
         raise PlanError("give either a MODEL (zoo name or prepared directory) or --records FILE.json (not both)")
@@ -88,27 +87,7 @@ def plan_activations(
     if as_json:
         print_json(report)
         return
-    for name, part in report["approaches"].items():
-        table = Table(title=f"{name} — {report['tensors']} buffers (MiB = the paper's MB)")
-        for column in ("strategy", "MiB", "bytes", "vs bound", "status", "ms"):
-            table.add_column(column, justify="left" if column in ("strategy", "status") else "right", no_wrap=True)
-        notes = []
-        for row in part["strategies"]:
-            values = (f"{row['total'] / MIB:.3f}", str(row["total"]), f"{100 * row['vs_lower_bound']:+.1f}%")
-            table.add_row(row["strategy"], *values, row["status"], f"{1000 * row['seconds']:.1f}")
-            if row["note"]:
-                notes.append(f"{row['strategy']}: {row['note']}")
-        for label in ("lower_bound", "naive"):
-            table.add_row(label.replace("_", " "), f"{part[label] / MIB:.3f}", str(part[label]), "", "", "")
-        console.print(table)
-        for note in notes:
-            console.print(f"  {note}", highlight=False)
-    if "order_search" in extra:
-        s = extra["order_search"]
-        console.print(
-            f"operator order search: offsets bound {s['captured_peak'] / MIB:.3f} → {s['peak'] / MIB:.3f} MiB "
-            f"({100 * s['saving']:.1f}% saved, {'exact' if s['exact'] else 'beam'})"
-        )
+    _print_report(report, extra)
 
 
 def _graph_to_plan(model: str, input_shape: tuple[int, ...] | None):
@@ -135,3 +114,32 @@ def _graph_to_plan(model: str, input_shape: tuple[int, ...] | None):
     if "/" in model or model.startswith("."):
         raise PlanError(f"{model} is not a directory (MODEL is a zoo name or a prepared model directory)")
     return capture_zoo_model(model, input_shape)
+
+
+def _print_report(report: dict[str, Any], extra: dict[str, Any]) -> None:
+    """``plan``'s tables: each approach's strategies against the bound, and the order search."""
+    from rich.table import Table
+
+    from layerfit.memory.report import MIB
+
+    for name, part in report["approaches"].items():
+        table = Table(title=f"{name} — {report['tensors']} buffers (MiB = the paper's MB)")
+        for column in ("strategy", "MiB", "bytes", "vs bound", "status", "ms"):
+            table.add_column(column, justify="left" if column in ("strategy", "status") else "right", no_wrap=True)
+        notes = []
+        for row in part["strategies"]:
+            values = (f"{row['total'] / MIB:.3f}", str(row["total"]), f"{100 * row['vs_lower_bound']:+.1f}%")
+            table.add_row(row["strategy"], *values, row["status"], f"{1000 * row['seconds']:.1f}")
+            if row["note"]:
+                notes.append(f"{row['strategy']}: {row['note']}")
+        for label in ("lower_bound", "naive"):
+            table.add_row(label.replace("_", " "), f"{part[label] / MIB:.3f}", str(part[label]), "", "", "")
+        console.print(table)
+        for note in notes:
+            console.print(f"  {note}", highlight=False)
+    if "order_search" in extra:
+        s = extra["order_search"]
+        console.print(
+            f"operator order search: offsets bound {s['captured_peak'] / MIB:.3f} → {s['peak'] / MIB:.3f} MiB "
+            f"({100 * s['saving']:.1f}% saved, {'exact' if s['exact'] else 'beam'})"
+        )

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.console import Console
 
+from layerfit.cli import engine_options as eo
 from layerfit.cli.app import app, console, parse_shape, print_json, print_warnings
 from layerfit.engine.openmp import COMPUTE_THREADS_HELP, kernels_on, set_compute_threads
 from layerfit.errors import InputError, LayerfitError
@@ -160,6 +161,22 @@ def inspect(
             else ""
         )
     )
+    _print_units(m, plan)
+    if info["resident_tensors"]:
+        # resident tensors count against every budget: say which they are and why
+        kept = Table("resident tensor", "bytes", "why it is not streamed", title="kept in memory for the whole inference")
+        for r in sorted(info["resident_tensors"], key=lambda r: -r["nbytes"]):
+            kept.add_row(r["name"], format_bytes(r["nbytes"]), r["reason"])
+        console.print(kept)
+    _check_weights_file(directory, m)
+
+
+def _print_units(m: Manifest, plan: dict[str, Any] | None) -> None:
+    """``inspect``'s table of units, and with ``--budget`` how auto spends it on them."""
+    from rich.table import Table
+
+    from layerfit.sizes import format_bytes
+
     if plan is not None:
         head = f"at {format_bytes(plan['budget_bytes'])} ({plan['stages']} stages) pipeline auto runs {plan['policy']}: "
         if plan["policy"] == "preload":
@@ -184,13 +201,6 @@ def inspect(
             str(u.index), u.name, u.module_type, format_bytes(u.nbytes), str(u.offset), str(u.d), f"{u.f / 1e6:.1f}", *where
         )
     console.print(table)
-    if info["resident_tensors"]:
-        # resident tensors count against every budget: say which they are and why
-        kept = Table("resident tensor", "bytes", "why it is not streamed", title="kept in memory for the whole inference")
-        for r in sorted(info["resident_tensors"], key=lambda r: -r["nbytes"]):
-            kept.add_row(r["name"], format_bytes(r["nbytes"]), r["reason"])
-        console.print(kept)
-    _check_weights_file(directory, m)
 
 
 def _inputs_label(m: Manifest) -> str:
@@ -418,11 +428,8 @@ def _units_label(report: dict) -> str:
 @app.command()
 def run(
     directory: str = typer.Argument(..., help="prepared model directory"),
-    pipeline: str = typer.Option(
-        "auto", "--pipeline",
-        help="auto (preload when --budget holds every weight or is not given, else async), preload, sequential, sync or async",
-    ),
-    budget: str = typer.Option(None, "--budget", help="weight memory, e.g. 24MB, or a share of the model's weights, e.g. 50% (default: the pipeline's own)"),
+    pipeline: eo.Pipeline = eo.PIPELINE,
+    budget: eo.Budget = None,
     units: str = typer.Option("layers", "--units", help="layers, blocks:N, merge:SIZE (consecutive layers up to SIZE per block) or swapnet (SwapNet partition for --budget)"),
     input_path: str = typer.Option(
         None, "--input", help="input .npy, or .safetensors of keyword arguments for a model prepared with "
@@ -432,21 +439,12 @@ def run(
     repeats: int = typer.Option(3, "--repeats", min=1),
     warmup: int = typer.Option(1, "--warmup", min=0),
     trace: str = typer.Option(None, "--trace", help="write a Chrome trace of the median run"),
-    direct_io: bool = typer.Option(True, "--direct-io/--buffered-io"),
-    activations: str = typer.Option(
-        "default", "--activations", help="default (PyTorch allocates) or planned (one arena laid out by the planner)"
-    ),
-    coalesce: str = typer.Option(
-        "4MiB", "--coalesce", help="read adjacent units with one request up to this size (0: one read per unit)"
-    ),
-    gather_rows: bool = typer.Option(
-        True, "--rows/--tables-whole",
-        help="read an untied embedding table by the rows its ids look up (default), or stream it whole",
-    ),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
-    stages: int = typer.Option(
-        None, "--stages", help="2: kernels use the read buffer (cpu default); 3: read, copy, kernel (cuda)"
-    ),
+    direct_io: eo.DirectIO = eo.DIRECT_IO,
+    activations: eo.Activations = eo.ACTIVATIONS,
+    coalesce: eo.Coalesce = eo.COALESCE_DEFAULT,
+    gather_rows: eo.GatherRows = eo.GATHER_ROWS,
+    device: eo.Device = eo.DEVICE,
+    stages: eo.Stages = eo.STAGES,
     threads: int | None = typer.Option(None, "--threads", help=COMPUTE_THREADS_HELP),
     force: bool = typer.Option(False, "--force", help="replace existing --output and --trace files"),
     as_json: bool = typer.Option(False, "--json"),
@@ -462,7 +460,7 @@ def run(
     if trace:
         check_output_file(trace, force=force, option="--trace")
     set_compute_threads(threads, "--threads")
-    options = {"budget": budget, "pipeline": pipeline, "units": units}
+    chosen = {"budget": budget, "pipeline": pipeline, "units": units}
     if units == "swapnet":
         import warnings
 
@@ -471,20 +469,14 @@ def run(
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                options = swapnet_engine_options(directory, budget)
+                chosen = swapnet_engine_options(directory, budget)
             finally:
                 print_warnings(caught)
-    with load(
-        directory,
-        **options,
-        direct_io=direct_io,
-        trace=trace is not None,
-        activations=activations,
-        coalesce=coalesce,
-        device=device,
-        stages=stages,
-        gather_rows=gather_rows,
-    ) as engine:
+    config = eo.engine_config(
+        **chosen, direct_io=direct_io, trace=trace is not None, activations=activations,
+        coalesce=coalesce, device=device, stages=stages, gather_rows=gather_rows,
+    )
+    with load(directory, config) as engine:
         args, keywords = device_call(input_path, engine)
         out, report = measure(engine, args, repeats=repeats, warmup=warmup, keywords=keywords)
         if trace:

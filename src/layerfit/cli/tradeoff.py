@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from layerfit.cli import engine_options as eo
 from layerfit.cli.app import app, console, print_json, print_warnings, renamed_option
 from layerfit.engine.openmp import set_compute_threads
 
@@ -211,9 +212,7 @@ def partition_command(
 @tradeoff_app.command("delay")
 def tradeoff_delay(
     directory: str = typer.Argument(..., help="prepared model directory"),
-    pipeline: str = typer.Option(
-        "async", "--pipeline", help="a pipeline that uses a larger budget: async (the paper's search) or auto"
-    ),
+    pipeline: eo.Pipeline = eo.PIPELINE,  # the search grows the budget of auto or async (the paper's)
     step: str = typer.Option("1MB", "--step", help="budget increment per point, e.g. 1MB or 5% of the weights"),
     repeats: int = typer.Option(3, "--repeats", min=1),
     warmup: int = typer.Option(1, "--warmup", min=0),
@@ -223,8 +222,8 @@ def tradeoff_delay(
     as_json: bool = typer.Option(False, "--json"),
     plot: str = typer.Option(None, "--plot", help="write the delay-memory curve (Fig. 13) here"),
     force: bool = typer.Option(False, "--force", help="replace an existing --plot image"),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
-    stages: int = typer.Option(None, "--stages", help="2 (cpu default) or 3: read, copy, kernel (cuda)"),
+    device: eo.Device = eo.DEVICE,
+    stages: eo.Stages = eo.STAGES,
 ) -> None:
     """Find the minimal-delay buffer size by growing the budget (Demand Layering V-D)."""
     from layerfit.engine import load
@@ -244,7 +243,7 @@ def tradeoff_delay(
     weights = read_manifest(directory).total_bytes  # what a share (--step 5%) is of
     step_bytes = parse_budget(step, weights)
     until_bytes = None if until is None else parse_budget(until, weights)
-    with load(directory, pipeline=pipeline, device=device, stages=stages) as engine:
+    with load(directory, eo.engine_config(pipeline=pipeline, device=device, stages=stages)) as engine:
         from layerfit.cli.models import device_call  # here: models' commands register after these
 
         args, keywords = device_call(None, engine)  # a model prepared from keywords: all of them
@@ -255,7 +254,7 @@ def tradeoff_delay(
                 f"  {format_bytes(p.budget_bytes):>10}  {p.mean_s * 1e3:9.1f} ms  "
                 f"[{p.min_s * 1e3:.1f} - {p.max_s * 1e3:.1f}]", highlight=False),
         )
-    with load(directory, pipeline="preload", device=device, stages=stages) as pre:
+    with load(directory, eo.engine_config(pipeline="preload", device=device, stages=stages)) as pre:
         times = [timed_call(pre, args, keywords) for _ in range(repeats + warmup)][warmup:]
         curve.preload_s = sorted(times)[len(times) // 2]
     if plot:

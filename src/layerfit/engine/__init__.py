@@ -13,7 +13,6 @@ _EXPORTS = {
     "EngineConfig": "config",
     "EnginePlan": "plan",
     "MemoryPlan": "plan",
-    "plan": "plan",
     "load": "engine",
     "flat_outputs": "measurement",
     "measure": "measurement",

@@ -46,6 +46,7 @@ import torch.fx
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from layerfit.engine.config import ACTIVATION_MODES
 from layerfit.errors import LayerfitError
 from layerfit.memory.from_graph import GraphRecords, records_from_graph
 from layerfit.memory.plans import OffsetsPlan
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from layerfit.capture.graph import ModelGraph
     from layerfit.store.manifest import Manifest
 
-MODES = ("default", "planned")
+MODES = ACTIVATION_MODES
 
 
 class ActivationPlanError(LayerfitError):

@@ -2,7 +2,8 @@
 
 :class:`EngineConfig` is what the boundary (command line, HTTP settings, the Python
 API's keyword arguments) turns its text into; below it code passes this value and
-never re-reads a string. Each default is stated here, once.
+never re-reads a string. Each default is stated here, once. Importing this module
+imports no PyTorch, so the command line reads its defaults at start-up for free.
 """
 
 from __future__ import annotations
@@ -12,13 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from layerfit.engine.arena import MODES as ACTIVATION_MODES
-from layerfit.engine.binding import get_binder
 from layerfit.engine.policies import AUTO, resolve_pipeline
-from layerfit.engine.units import check_units_spec
 from layerfit.errors import LayerfitError
 from layerfit.sizes import Budget, parse_bytes
-from layerfit.store.verify import VERIFY_MODES
+
+ACTIVATION_MODES = ("default", "planned")
+"""PyTorch allocates activations, or one arena planned for them (:mod:`layerfit.engine.arena`)."""
 
 DEFAULT_COALESCE_BYTES = 4 * 1024 * 1024
 """Bytes one read may gather of adjacent units (``4MiB``; see :class:`EngineConfig`)."""
@@ -59,6 +59,11 @@ class EngineConfig:
     verify: str = "first"
 
     def __post_init__(self) -> None:
+        # (imported here: the command line reads the defaults without importing torch)
+        from layerfit.engine.binding import get_binder
+        from layerfit.engine.units import check_units_spec
+        from layerfit.store.verify import VERIFY_MODES
+
         if self.verify not in VERIFY_MODES:
             raise LayerfitError(f"verify must be one of {', '.join(VERIFY_MODES)}, not {self.verify!r}")
         if self.activations not in ACTIVATION_MODES:
@@ -95,4 +100,4 @@ class EngineConfig:
         return dataclasses.replace(self, **changes)
 
 
-__all__ = ["DEFAULT_COALESCE_BYTES", "EngineConfig", "Units"]
+__all__ = ["ACTIVATION_MODES", "DEFAULT_COALESCE_BYTES", "EngineConfig", "Units"]

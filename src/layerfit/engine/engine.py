@@ -418,7 +418,17 @@ class Engine:
 
     @property
     def trace(self) -> bool:
+        """Whether each pass records a timeline (``last_timeline``)."""
         return self.config.trace
+
+    @trace.setter
+    def trace(self, on: bool) -> None:
+        """Record a timeline of each pass from the next one on (or stop): a traced run
+        followed by untraced ones for timing needs no second load."""
+        self.config = self.config.replace(trace=on)
+        self.stream.trace = self.buffers.trace = on
+        for ring in self.buffers.streaming_rings:
+            ring.record_history = on
 
     @property
     def coalesce_bytes(self) -> int:

@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 from layerfit.engine.binding import Binder
 from layerfit.engine.buffers import WeightBuffers
+from layerfit.engine.copier import CopyStage
 from layerfit.engine.device import Device
 from layerfit.engine.gather import RowTable
 from layerfit.engine.pass_state import PassState
@@ -78,6 +79,7 @@ class UnitStream:
         # encoder's pass skips nothing.
         self.skips_seen: dict[tuple, frozenset[int]] = {}
         self.last_start: tuple[int, int, int] | None = None  # (part start, stop, first unit run)
+        self.copier = CopyStage(self)
 
     def configure(self, policy: Policy, blocks: Sequence[Block], bindings: Sequence[list[Binding]],
                   kept: frozenset[int], gathered: dict[int, RowTable]) -> None:
@@ -102,7 +104,7 @@ class UnitStream:
         threads = [threading.Thread(target=self._reader_loop, args=(run,), name="layerfit-reader", daemon=True)]
         if self.device_ring is not None:
             self.device_ring.reset()
-            threads.append(threading.Thread(target=self._copier_loop, args=(run,), name="layerfit-copier", daemon=True))
+            threads.append(threading.Thread(target=self.copier.loop, args=(run,), name="layerfit-copier", daemon=True))
         for thread in threads:
             thread.start()
         return threads
@@ -251,22 +253,9 @@ class UnitStream:
         if run.reader_waits and (self.ring.cancelled or self.reader_may_go(run, *run.reader_wants)):
             self.room.notify()
 
-    def copier_may_go(self, run: PassState, j: int) -> bool:
-        """The copy thread's wake-up predicate for unit ``j`` (lock held): Algorithm 1's
-        copy constraints — the unit was read, and it has room in the device buffer."""
-        if j < run.done:  # skipped: once the reader read it or passed it over
-            return run.ready[j] is not None or j in run.not_read
-        return (
-            run.ready[j] is not None
-            and self.policy.copy_may_start(j, run.started, run.done)
-            and self.device_ring.fits(self.blocks[j].nbytes)
-        )
-
     def wake_copier(self, run: PassState) -> None:
         """Wake the copy thread if what it waits for has happened (lock held)."""
-        j = run.copier_waits
-        if j is not None and (self.device_ring.cancelled or self.copier_may_go(run, j)):
-            self.copyable.notify()
+        self.copier.wake(run)
 
     def wake_after_kernel(self, run: PassState) -> None:
         """A kernel started or ended: the reader (and copier) may go (lock held)."""
@@ -423,71 +412,5 @@ class UnitStream:
                 self.wake_copier(run)
             elif run.main_waits is not None and run.main_waits < stop:
                 self.ready.notify()
-
-    # --- the copy thread ----------------------------------------------------------------
-
-    def _copier_loop(self, run: PassState) -> None:
-        """The copy stage: move each read unit into the device buffer, in order, and
-        give its read buffer back once the copy is complete."""
-        dev, cond = self.device_ring, self.copyable
-        j = 0
-        try:
-            with cond:
-                while run.begin is None and not dev.cancelled:
-                    cond.wait()
-                if dev.cancelled:
-                    return
-                first, stop = run.begin, run.units.stop
-            for j in range(first, stop):
-                if j in self.kept:  # already on the device, for good
-                    continue
-                if not self._copy(run, j):
-                    return
-        except Cancelled:
-            return
-        except BaseException as exc:  # handed to the executing thread, which raises it
-            with cond:
-                name = self.blocks[j].name or "<root>"
-                run.error = (j, LayerfitError(f"copying unit {j} ({name}) to {self.device.torch_device} failed: {exc}"))
-                self.ready.notify()
-
-    def _copy(self, run: PassState, j: int) -> bool:
-        """Copy unit ``j`` once it may go (or give back what was read of it if the
-        kernels skipped it); False when cancelled."""
-        host, dev, cond, blk = self.ring, self.device_ring, self.copyable, self.blocks[j]
-        with cond:
-            while not dev.cancelled and not self.copier_may_go(run, j):
-                run.copier_waits = j
-                cond.wait()
-            run.copier_waits = None
-            if dev.cancelled:
-                return False
-            if j < run.done:  # the kernels skipped it: give back what was read, in order
-                if run.ready[j] is not None:
-                    host.release_locked(run.ready[j])
-                    run.ready[j] = None
-                    run.read_for_nothing += blk.nbytes
-                    self.wake_reader(run)
-                return True
-            src = run.ready[j]
-            dst = dev.allocate_locked(blk.nbytes)
-        t0 = time.perf_counter()
-        self.device.copy(dev.bytes[dst : dst + blk.nbytes], host.bytes[src : src + blk.nbytes])
-        t1 = time.perf_counter()
-        with cond:
-            host.release_locked(src)
-            if j < run.done:  # skipped while it was copied: the oldest on the device
-                dev.release_locked(dst)
-                run.read_for_nothing += blk.nbytes
-                self.wake_reader(run)
-                return True
-            run.on_device[j] = dst
-            if self.trace:
-                run.events.append(Event(j, blk.name, "copy", t0 - run.t0, t1 - run.t0, blk.nbytes))
-            if run.main_waits == j:
-                self.ready.notify()
-            self.wake_reader(run)
-        return True
-
 
 __all__ = ["OTHER_PATH", "UnitStream"]

@@ -59,6 +59,11 @@ def cpsat_objects(
     hint: SharedObjectsPlan | None = None,
     max_objects: int | None = None,
 ) -> SharedObjectsPlan:
+    """The shared-objects plan CP-SAT finds for ``records`` within ``time_limit``,
+    started from ``hint`` (the best heuristic's plan by default) and with at most
+    ``max_objects`` objects. One model stated in one place (about 90 lines): its
+    variables, constraints, symmetry breaking and hint read best beside each other, and
+    pieces would pass a dozen parallel arrays between them."""
     check_solver_options(time_limit, workers)
     n = len(records)
     lb = objects_lower_bound(records)

@@ -157,6 +157,8 @@ def search_operator_order(
 
     ``time_limit`` (seconds, None for none) bounds the full-width search; past it the
     beam narrows to ``FALLBACK_STATES`` sets per layer (see the module docstring).
+    One search loop (about 80 lines): the time limit, the beam's fallback and the best
+    order found share its state.
     """
     if not isinstance(max_states, int) or isinstance(max_states, bool) or max_states < 1:
         raise PlanError(f"max_states must be a positive integer, got {max_states!r}")

@@ -268,6 +268,8 @@ def prepare(
     ``input_shape``: a tensor, a tuple of tensors or a dict of keyword arguments, for a
     model that needs more than one input (an encoder-decoder's ``input_features`` and
     ``decoder_input_ids``); the manifest records its first tensor's shape and dtype.
+    (About 90 lines: the checks of the inputs in the order a user meets their errors,
+    then build, capture and pack, each one call.)
     """
     spec = resolve(model) if isinstance(model, str) else model
     out = Path(out_dir)

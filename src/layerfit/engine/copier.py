@@ -1,0 +1,115 @@
+"""The copy stage of the three-stage pipeline (read, copy, kernel; always on CUDA).
+
+The copy thread moves each unit the reader has read into the device buffer, in order,
+as Algorithm 1's copy constraints allow (the unit was read, its policy's gate is open,
+it has room in the device buffer), and gives the read buffer back once the copy is
+complete. It works on the :class:`~layerfit.engine.stream.UnitStream`'s pass state,
+under its lock.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from layerfit.engine.ring import Cancelled
+from layerfit.engine.trace import Event
+from layerfit.errors import LayerfitError
+
+if TYPE_CHECKING:
+    from layerfit.engine.pass_state import PassState
+    from layerfit.engine.stream import UnitStream
+
+
+class CopyStage:
+    """The copy thread of ``stream``."""
+
+    def __init__(self, stream: UnitStream) -> None:
+        self.stream = stream
+
+    def may_go(self, run: PassState, j: int) -> bool:
+        """The copy thread's wake-up predicate for unit ``j`` (lock held): Algorithm 1's
+        copy constraints — the unit was read, and it has room in the device buffer."""
+        stream = self.stream
+        if j < run.done:  # skipped: once the reader read it or passed it over
+            return run.ready[j] is not None or j in run.not_read
+        return (
+            run.ready[j] is not None
+            and stream.policy.copy_may_start(j, run.started, run.done)
+            and stream.device_ring.fits(stream.blocks[j].nbytes)
+        )
+
+    def wake(self, run: PassState) -> None:
+        """Wake the copy thread if what it waits for has happened (lock held)."""
+        stream = self.stream
+        j = run.copier_waits
+        if j is not None and (stream.device_ring.cancelled or self.may_go(run, j)):
+            stream.copyable.notify()
+
+    def loop(self, run: PassState) -> None:
+        """The copy stage: move each read unit into the device buffer, in order, and
+        give its read buffer back once the copy is complete."""
+        stream = self.stream
+        dev, cond = stream.device_ring, stream.copyable
+        j = 0
+        try:
+            with cond:
+                while run.begin is None and not dev.cancelled:
+                    cond.wait()
+                if dev.cancelled:
+                    return
+                first, stop = run.begin, run.units.stop
+            for j in range(first, stop):
+                if j in stream.kept:  # already on the device, for good
+                    continue
+                if not self._copy(run, j):
+                    return
+        except Cancelled:
+            return
+        except BaseException as exc:  # handed to the executing thread, which raises it
+            with cond:
+                name = stream.blocks[j].name or "<root>"
+                run.error = (j, LayerfitError(f"copying unit {j} ({name}) to {stream.device.torch_device} failed: {exc}"))
+                stream.ready.notify()
+
+    def _copy(self, run: PassState, j: int) -> bool:
+        """Copy unit ``j`` once it may go (or give back what was read of it if the
+        kernels skipped it); False when cancelled."""
+        stream = self.stream
+        host, dev, cond, blk = stream.ring, stream.device_ring, stream.copyable, stream.blocks[j]
+        with cond:
+            while not dev.cancelled and not self.may_go(run, j):
+                run.copier_waits = j
+                cond.wait()
+            run.copier_waits = None
+            if dev.cancelled:
+                return False
+            if j < run.done:  # the kernels skipped it: give back what was read, in order
+                if run.ready[j] is not None:
+                    host.release_locked(run.ready[j])
+                    run.ready[j] = None
+                    run.read_for_nothing += blk.nbytes
+                    stream.wake_reader(run)
+                return True
+            src = run.ready[j]
+            dst = dev.allocate_locked(blk.nbytes)
+        t0 = time.perf_counter()
+        stream.device.copy(dev.bytes[dst : dst + blk.nbytes], host.bytes[src : src + blk.nbytes])
+        t1 = time.perf_counter()
+        with cond:
+            host.release_locked(src)
+            if j < run.done:  # skipped while it was copied: the oldest on the device
+                dev.release_locked(dst)
+                run.read_for_nothing += blk.nbytes
+                stream.wake_reader(run)
+                return True
+            run.on_device[j] = dst
+            if stream.trace:
+                run.events.append(Event(j, blk.name, "copy", t0 - run.t0, t1 - run.t0, blk.nbytes))
+            if run.main_waits == j:
+                stream.ready.notify()
+            stream.wake_reader(run)
+        return True
+
+
+__all__ = ["CopyStage"]
