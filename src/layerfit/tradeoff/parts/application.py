@@ -2,7 +2,7 @@
 
 An application is ``({CNN^1..CNN^N}, B, P, J, {schedule_1..schedule_|P|})``:
 
-* ``CNN^n`` — networks as layer lists (:class:`~layerfit.tradeoff.cnn.CNN`);
+* ``CNN^n`` — networks as layer lists (:class:`~layerfit.tradeoff.parts.cnn.CNN`);
 * ``P`` — partitions, each a contiguous range of one CNN's layers;
 * ``J`` — sets of partitions that run in parallel (pipeline stages, or CNNs on
   different processors). The partitions of a CNN split in several must all be pipeline
@@ -33,16 +33,16 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from layerfit.errors import TradeoffError
-from layerfit.tradeoff.cnn import CNN
-from layerfit.tradeoff.flow import FlowGraph, FlowNode, RowPlan, plan_rows
-from layerfit.tradeoff.reuse import (
+from layerfit.tradeoff.parts.cnn import CNN
+from layerfit.tradeoff.parts.flow import FlowGraph, FlowNode, RowPlan, plan_rows
+from layerfit.tradeoff.parts.reuse import (
     ReuseOrder,
     SharedBuffer,
     naive_buffers,
     reuse_buffers,
     total_elems,
 )
-from layerfit.tradeoff.rows import RowMap
+from layerfit.tradeoff.parts.rows import RowMap
 
 Precision = Literal["fp32", "fp16"]
 BYTES_PER_ELEMENT: dict[str, int] = {"fp32": 4, "fp16": 2}

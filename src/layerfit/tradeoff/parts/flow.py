@@ -7,7 +7,7 @@ granularity of rows:
 
 1. A :class:`FlowGraph` lists the layers of one partition in topological order. Each
    layer produces one tensor of ``rows`` rows and reads its inputs through
-   :class:`~layerfit.tradeoff.rows.RowMap`\\ s.
+   :class:`~layerfit.tradeoff.parts.rows.RowMap`\\ s.
 2. A layer that processes by parts runs ``ceil(rows / phase_rows)`` phases, each
    producing the next ``phase_rows`` rows (the paper's ``Phi_i = H``: one row per
    phase). Any other layer runs one phase producing all its rows, so it needs every
@@ -26,7 +26,7 @@ granularity of rows:
 Producing late and releasing early makes every window the smallest any valid
 schedule can achieve for a chain (including skip connections inside it); the tests
 check this against an exhaustive search over all interleavings of phases on small
-graphs. The schedule is also what the executor in :mod:`layerfit.tradeoff.parts`
+graphs. The schedule is also what the executor in :mod:`layerfit.tradeoff.parts.executor`
 runs, so the sizes computed here are the buffers it allocates.
 """
 
@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from layerfit.tradeoff.rows import RowMap
+from layerfit.tradeoff.parts.rows import RowMap
 
 
 @dataclass(frozen=True)

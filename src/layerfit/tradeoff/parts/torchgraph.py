@@ -36,7 +36,7 @@ from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from layerfit.errors import TradeoffError
-from layerfit.tradeoff.rows import RowMap, window_extent
+from layerfit.tradeoff.parts.rows import RowMap, window_extent
 
 # Modules applied element by element (row r of the output depends on row r of the input).
 POINTWISE_MODULES: tuple[type[nn.Module], ...] = (

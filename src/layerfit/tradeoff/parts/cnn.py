@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from layerfit.errors import TradeoffError
-from layerfit.tradeoff.rows import RowMap, window_extent
+from layerfit.tradeoff.parts.rows import RowMap, window_extent
 
 # Operators that can process data by parts (Table 2): windows and row-wise operators.
 WINDOW_OPS = frozenset({"conv", "pool"})
@@ -174,7 +174,7 @@ class Runner:
 
 
 def cnn_from_traced(name: str, traced: Any, example: tuple[Any, ...] | None = None) -> CNN:
-    """Layers of a :class:`~layerfit.tradeoff.torchgraph.TracedGraph` (constants folded).
+    """Layers of a :class:`~layerfit.tradeoff.parts.torchgraph.TracedGraph` (constants folded).
 
     Constants (``get_attr`` nodes) become parameters of the layers that read them rather
     than layers of their own.
@@ -218,7 +218,7 @@ def cnn_from_module(name: str, module: Any, *example: Any) -> CNN:
     The traced graph and example are kept as the CNN's runner so throughput can be
     measured by running it.
     """
-    from layerfit.tradeoff.torchgraph import trace_module
+    from layerfit.tradeoff.parts.torchgraph import trace_module
 
     traced = trace_module(module, *example)
     return cnn_from_traced(name, traced, tuple(example))
@@ -289,7 +289,7 @@ def describe_module(module: Any) -> tuple[str, dict[str, int], bool, str]:
     """Layer kind, height geometry, tileability and reason for a ``torch.nn`` module."""
     from torch import nn
 
-    from layerfit.tradeoff.torchgraph import POINTWISE_MODULES
+    from layerfit.tradeoff.parts.torchgraph import POINTWISE_MODULES
 
     def pair(v: Any) -> int:
         return int(v[0]) if isinstance(v, (tuple, list)) else int(v)

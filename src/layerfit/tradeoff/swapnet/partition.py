@@ -62,7 +62,7 @@ from layerfit.memory import make_records, plan_offsets
 from layerfit.sizes import format_bytes, parse_bytes
 from layerfit.store import read_manifest
 from layerfit.store.manifest import ALIGN, Manifest
-from layerfit.tradeoff.swapnet_profile import DeviceProfile, model_key
+from layerfit.tradeoff.swapnet.profile import DeviceProfile, model_key
 
 # --- per-layer costs ---------------------------------------------------------------------
 

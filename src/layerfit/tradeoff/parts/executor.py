@@ -1,7 +1,7 @@
 """Processing by parts, for real: run a network in horizontal row stripes.
 
 :class:`PartsExecutor` runs a traced module (or a contiguous range of its layers, a
-pipeline stage) following the schedule of :func:`~layerfit.tradeoff.flow.plan_rows`.
+pipeline stage) following the schedule of :func:`~layerfit.tradeoff.parts.flow.plan_rows`.
 A layer chosen to process by parts produces its output ``phase_rows`` rows at a time
 (one row by default, Table 2) from the few input rows it needs, and the tensor between
 two such layers lives in a :class:`RowBuffer` holding only the rows a consumer may
@@ -31,9 +31,9 @@ from typing import Any
 import torch
 
 from layerfit.errors import TradeoffError
-from layerfit.tradeoff.flow import FlowGraph, FlowNode, RowPlan, plan_rows
-from layerfit.tradeoff.rows import RowMap
-from layerfit.tradeoff.torchgraph import TracedGraph, TracedNode, substitute, trace_module
+from layerfit.tradeoff.parts.flow import FlowGraph, FlowNode, RowPlan, plan_rows
+from layerfit.tradeoff.parts.rows import RowMap
+from layerfit.tradeoff.parts.torchgraph import TracedGraph, TracedNode, substitute, trace_module
 
 # Agreement with the untiled module: |out - ref| <= rtol * |ref| + atol * max(1, max|ref|)
 # with (rtol, atol) below. Observed: a few ulps per layer (<= 1.2e-7 on unit-scale random
