@@ -375,6 +375,7 @@ class _Timing:
 
     @property
     def end(self) -> int:
+        """The partition's last step."""
         return len(self.steps) - 1
 
 

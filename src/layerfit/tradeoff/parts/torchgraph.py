@@ -243,6 +243,7 @@ def _trace(module: nn.Module) -> torch.fx.GraphModule:
 
 
 def _value(tensor: TensorRecord) -> tuple[tuple[int, ...], torch.dtype]:
+    """Shape and torch dtype of a captured tensor (capture names dtypes ``float32``)."""
     return tuple(tensor.shape), getattr(torch, tensor.dtype)
 
 
