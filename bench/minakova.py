@@ -50,9 +50,9 @@ from layerfit.tradeoff import (
     split_partitions,
     untiled_peak_bytes,
 )
-from layerfit.tradeoff.application import BYTES_PER_ELEMENT
-from layerfit.tradeoff.reuse import planner_buffers, total_elems
-from layerfit.tradeoff.search import Evaluator, baselines
+from layerfit.tradeoff.parts.application import BYTES_PER_ELEMENT
+from layerfit.tradeoff.parts.reuse import planner_buffers, total_elems
+from layerfit.tradeoff.parts.search import Evaluator, baselines
 
 
 @dataclass(frozen=True)

@@ -147,7 +147,7 @@ def child(args: argparse.Namespace) -> None:
     torch.set_grad_enabled(False)
     directory = Path(args.dir) if args.dir else None
     if args.config == "profile":
-        from layerfit.tradeoff.swapnet_profile import profile_models
+        from layerfit.tradeoff.swapnet.profile import profile_models
 
         t0 = time.perf_counter()
         prof = profile_models(args.dirs.split(","), repeats=args.repeats, warmup=1)
@@ -185,9 +185,9 @@ def child(args: argparse.Namespace) -> None:
         out, times = _timed(engine, x, args.repeats, 1)
         result["accounted_peak_bytes"] = engine.last_weights_peak
     else:
-        from layerfit.tradeoff.partition import SwapNetPlan
-        from layerfit.tradeoff.swapnet import SwapNet
-        from layerfit.tradeoff.swapnet_profile import load_profile
+        from layerfit.tradeoff.swapnet.model import SwapNet
+        from layerfit.tradeoff.swapnet.partition import SwapNetPlan
+        from layerfit.tradeoff.swapnet.profile import load_profile
 
         plan = SwapNetPlan.build(directory, load_profile(args.profile))
         budget = int(args.budget)
@@ -255,9 +255,9 @@ def child_scenario(args: argparse.Namespace) -> dict[str, Any]:
         rows = [{"name": n, "latency_s": statistics.median(lat), "latencies_s": lat,
                  "output_sha256": output_digest(o)} for n, lat, o in zip(names, latencies, outs, strict=True)]
         return {"config": args.config, "models": rows, **fp.report()}
-    from layerfit.multi import ModelTask, MultiRunner
-    from layerfit.tradeoff.partition import SwapNetPlan
-    from layerfit.tradeoff.swapnet_profile import load_profile
+    from layerfit.tradeoff.swapnet.multi import ModelTask, MultiRunner
+    from layerfit.tradeoff.swapnet.partition import SwapNetPlan
+    from layerfit.tradeoff.swapnet.profile import load_profile
 
     prof = load_profile(args.profile)
     plans = [SwapNetPlan.build(d, prof) for d in dirs]
@@ -283,9 +283,9 @@ def child_adapt(args: argparse.Namespace) -> dict[str, Any]:
     from layerfit.engine import output_digest
     from layerfit.errors import PartitionError
     from layerfit.store import example_input
-    from layerfit.tradeoff.partition import SwapNetPlan
-    from layerfit.tradeoff.swapnet import SwapNet
-    from layerfit.tradeoff.swapnet_profile import load_profile
+    from layerfit.tradeoff.swapnet.model import SwapNet
+    from layerfit.tradeoff.swapnet.partition import SwapNetPlan
+    from layerfit.tradeoff.swapnet.profile import load_profile
 
     directory = Path(args.dir)
     plan = SwapNetPlan.build(directory, load_profile(args.profile))

@@ -2,8 +2,11 @@
 
 Two ways to see them:
 
-* ``fx``: symbolic tracing, then an interpreter run that records each node's output
-  shape and whether it aliases an input (views, in-place ops). Every call node is one op.
+* ``fx``: symbolic tracing (:func:`fx_trace`, the one tracer every fx consumer shares,
+  so node names are op names everywhere), then an interpreter run (:func:`run_fx`) that
+  records each node's output shape and whether it aliases an input (views, in-place
+  ops). Every call node is one op. :class:`FxCapture` keeps the traced module beside the
+  records, for code that runs the graph node by node (processing by parts).
 * ``hooks``: for models fx cannot trace (Hugging Face transformers, data-dependent
   Python), every leaf module call is one op and tensors are matched by storage. Work
   done by functional code between modules is invisible here; tensors it creates appear
@@ -16,6 +19,7 @@ the model's outputs stay alive until the last op.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -123,6 +127,7 @@ class _RecordingInterpreter(torch.fx.Interpreter):
         super().__init__(gm)
         self.b = builder
         self.ids: dict[torch.fx.Node, list[int]] = {}
+        self.tensor_of: dict[str, int] = {}  # node name -> its tensor, where its value is one
 
     def run_node(self, n: torch.fx.Node) -> Any:
         result = super().run_node(n)
@@ -130,6 +135,8 @@ class _RecordingInterpreter(torch.fx.Interpreter):
         if n.op == "placeholder":
             # Inputs exist before the first op; their interval starts at the first reader.
             self.ids[n] = [self.b.new_tensor(t, -1) for t in outs]
+            if isinstance(result, torch.Tensor):
+                self.tensor_of[n.name] = self.ids[n][0]
             return result
         if n.op in ("get_attr", "output") or not outs:
             if n.op == "get_attr":
@@ -150,6 +157,8 @@ class _RecordingInterpreter(torch.fx.Interpreter):
             for t in outs
         ]
         self.ids[n] = out_ids
+        if isinstance(result, torch.Tensor):
+            self.tensor_of[n.name] = out_ids[0]
         if n.op == "call_module":
             module = self.fetch_attr(n.target)
             elementwise = isinstance(module, ELEMENTWISE_MODULES)
@@ -172,9 +181,30 @@ class _RecordingInterpreter(torch.fx.Interpreter):
         return result
 
 
-def trace_fx(model: nn.Module, args: tuple, kwargs: dict) -> tuple[list[OpRecord], list[TensorRecord]]:
-    """Ops and tensors by torch.fx; raises if the model cannot be traced."""
-    gm = torch.fx.symbolic_trace(model, concrete_args=None)
+@dataclass(frozen=True)
+class FxCapture:
+    """One fx trace of a module and the records of one run of it.
+
+    ``module`` is the traced ``GraphModule`` (its node names are the ops' names);
+    ``tensor_of`` maps the name of every node whose value is one tensor (graph inputs
+    included) to that tensor's id. A node whose value is a tuple or list of tensors, or
+    no tensor at all (``x.size(0)``), has no entry.
+    """
+
+    module: torch.fx.GraphModule
+    ops: list[OpRecord]
+    tensors: list[TensorRecord]
+    tensor_of: dict[str, int] = field(default_factory=dict)
+
+
+def fx_trace(model: nn.Module) -> torch.fx.GraphModule:
+    """``model`` traced by torch.fx, as every capture traces it (raises if it cannot be)."""
+    return torch.fx.symbolic_trace(model, concrete_args=None)
+
+
+def run_fx(gm: torch.fx.GraphModule, args: tuple, kwargs: dict | None = None) -> FxCapture:
+    """Run the traced ``gm`` on ``args`` and record its ops and tensors."""
+    kwargs = kwargs or {}
     b = _Builder()
     interp = _RecordingInterpreter(gm, b)
     with torch.no_grad():
@@ -184,7 +214,13 @@ def trace_fx(model: nn.Module, args: tuple, kwargs: dict) -> tuple[list[OpRecord
     for a in output_node.all_input_nodes:
         out_ids.extend(interp.ids.get(a, []))
     del out
-    return b.ops, b.finish(out_ids)
+    return FxCapture(gm, b.ops, b.finish(out_ids), interp.tensor_of)
+
+
+def trace_fx(model: nn.Module, args: tuple, kwargs: dict) -> tuple[list[OpRecord], list[TensorRecord]]:
+    """Ops and tensors by torch.fx; raises if the model cannot be traced."""
+    captured = run_fx(fx_trace(model), args, kwargs)
+    return captured.ops, captured.tensors
 
 
 def trace_hooks(model: nn.Module, args: tuple, kwargs: dict) -> tuple[list[OpRecord], list[TensorRecord]]:

@@ -464,7 +464,7 @@ def run(
     if units == "swapnet":
         import warnings
 
-        from layerfit.tradeoff.swapnet import swapnet_engine_options
+        from layerfit.tradeoff.swapnet.model import swapnet_engine_options
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

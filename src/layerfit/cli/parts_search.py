@@ -10,10 +10,10 @@ from typing import Any
 
 from layerfit.errors import BudgetError, TradeoffError
 from layerfit.sizes import parse_bytes
-from layerfit.tradeoff.appfile import load_application, parse_throughput
-from layerfit.tradeoff.report import describe, summary_rows
-from layerfit.tradeoff.search import GAParams, TradeoffResult, reduce_buffers
-from layerfit.tradeoff.throughput import estimator_for
+from layerfit.tradeoff.parts.appfile import load_application, parse_throughput
+from layerfit.tradeoff.parts.report import describe, summary_rows
+from layerfit.tradeoff.parts.search import GAParams, TradeoffResult, reduce_buffers
+from layerfit.tradeoff.parts.throughput import estimator_for
 
 
 def parse_throughput_options(values: Sequence[str], cnn_names: set[str]) -> dict[str, float]:

@@ -65,7 +65,7 @@ def tradeoff_parts(
         app_file, renamed_option(budget, "--budget", memory, "--memory"), throughput or [], model_throughput, generations, population, seed, select, phase_rows
     )
     if plot_path is not None:
-        from layerfit.tradeoff.report import plot_pareto
+        from layerfit.tradeoff.parts.report import plot_pareto
 
         lines.append(f"plot written to {plot_pareto(result, plot_path)}")
     if json_output:
@@ -104,7 +104,7 @@ def profile_command(
     """Measure per-layer read/bind/kernel/unbind times and fit SwapNet's delay model."""
     import warnings
 
-    from layerfit.tradeoff.swapnet_profile import (
+    from layerfit.tradeoff.swapnet.profile import (
         check_profile_target,
         default_profile_path,
         previous_profile,
@@ -156,7 +156,7 @@ def partition_command(
     import warnings
 
     from layerfit.sizes import format_bytes
-    from layerfit.tradeoff.swapnet import partition_report
+    from layerfit.tradeoff.swapnet.model import partition_report
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -13,8 +13,10 @@ Inputs are :class:`TensorUsageRecord` lists (:func:`make_records`, :func:`load_r
 :func:`validate_plan` proves a plan legal; :func:`objects_lower_bound` and
 :func:`offsets_lower_bound` are the paper's theoretical bounds. Captured graphs become
 records with :func:`records_from_graph` (views and in-place reuse folded in), zoo models
-with :func:`zoo_records`; :func:`search_operator_order` finds the execution order with the
-smallest offsets bound; :func:`plan_report` runs strategies side by side.
+with :func:`zoo_records`; :func:`activation_bytes` is what a graph's activations occupy
+(every estimate of a network's activation memory uses it); :func:`search_operator_order`
+finds the execution order with the smallest offsets bound; :func:`plan_report` runs
+strategies side by side.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from layerfit.memory import (  # noqa: F401
 )
 
 # isort: on
+from layerfit.memory.activations import activation_bytes, activation_records
 from layerfit.memory.bounds import (
     lower_bound,
     naive_total,
@@ -99,6 +102,8 @@ __all__ = [
     "SharedObjectsPlan",
     "Strategy",
     "TensorUsageRecord",
+    "activation_bytes",
+    "activation_records",
     "align_up",
     "breadth_first_order",
     "capture_zoo_model",

@@ -94,7 +94,30 @@ class _Storage:
             for t in graph.tensors
             if t.last_op == last_op and last_op not in self.readers[t.id] and len(graph.ops) > 0
         }
+        # A group's size for the activation planner is its largest tensor's, as in TFLite,
+        # where a broadcast (our ``expand`` view) is a tensor of its own; the bytes its
+        # storage really holds are its base's (the group's root: a view's base is an
+        # earlier tensor, so the smallest id), what :mod:`layerfit.memory.activations`
+        # counts.
         self.size = {g: max(tensors[t].nbytes for t in ms) for g, ms in self.members.items()}
+        self.base_bytes = {g: tensors[g].nbytes for g in self.members}
+
+    def intervals(self, position: dict[int, int], end: int) -> tuple[dict[int, int], dict[int, int]]:
+        """First and last position of every group under an order (``position[op]``): from
+        the first op that produces or reads any member to the last, or to ``end`` when a
+        member is a model output. A group no op touches keeps its captured place."""
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for g, users in self.users.items():
+            if users:
+                first[g] = min(position[u] for u in users)
+                last[g] = max(position[u] for u in users)
+            else:  # a tensor no op touches: keep its captured place
+                t = self.tensors[g]
+                first[g] = last[g] = position.get(min(t.first_op, end), 0) if position else 0
+            if g in self.output_groups:
+                last[g] = end
+        return first, last
 
     def dependencies(self) -> list[set[int]]:
         """For every op, the ops that must run before it.
@@ -151,18 +174,7 @@ def records_from_graph(
         graph, range(len(graph.ops)) if order is None else order, storage.dependencies()
     )
     position = {op: p for p, op in enumerate(order)}
-    end = max(len(order) - 1, 0)
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for g, users in storage.users.items():
-        if users:
-            first[g] = min(position[u] for u in users)
-            last[g] = max(position[u] for u in users)
-        else:  # a tensor no op touches: keep its captured place
-            t = storage.tensors[g]
-            first[g] = last[g] = position.get(min(t.first_op, end), 0) if order else 0
-        if g in storage.output_groups:
-            last[g] = end
+    first, last = storage.intervals(position, max(len(order) - 1, 0))
 
     # merged buffers: union-find over groups, with the buffer interval kept at the root
     buffer = {g: g for g in storage.members}

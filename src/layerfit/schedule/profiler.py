@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from layerfit.errors import ScheduleError
+from layerfit.memory.activations import activation_bytes
 from layerfit.schedule.profile import NetworkProfile, profile_from_graph
 
 if TYPE_CHECKING:
@@ -52,21 +53,10 @@ STATM = "/proc/self/statm"
 def activation_peak_bytes(graph: ModelGraph) -> int:
     """Largest sum of simultaneously live activation bytes over one forward pass.
 
-    A tensor is live from the op that produces it to the last op that reads it
-    (tensor usage records); views (``alias_of``) share storage and add nothing.
+    A storage is live from the op that makes it to the last op that reads it or any view
+    of it; views own no bytes (:func:`~layerfit.memory.activations.activation_bytes`).
     """
-    events: list[tuple[int, int]] = []
-    for tensor in graph.tensors:
-        if tensor.alias_of is not None or tensor.nbytes <= 0:
-            continue
-        events.append((tensor.first_op, tensor.nbytes))
-        events.append((max(tensor.last_op, tensor.first_op) + 1, -tensor.nbytes))
-    events.sort()  # at equal op index frees (negative) come first
-    live = peak = 0
-    for _, delta in events:
-        live += delta
-        peak = max(peak, live)
-    return peak
+    return activation_bytes(graph)
 
 
 def activation_estimate_bytes(graph: ModelGraph) -> int:

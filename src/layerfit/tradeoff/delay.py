@@ -190,7 +190,7 @@ def plot_delay_curve(curve: DelayCurve, path: str | Path, title: str | None = No
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    from layerfit.tradeoff.report import save_figure
+    from layerfit.tradeoff.figures import save_figure
 
     mb = [p.budget_bytes / 1e6 for p in curve.points]
     fig = Figure(figsize=(7, 4))

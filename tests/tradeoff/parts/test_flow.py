@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from layerfit.tradeoff.flow import FlowGraph, FlowNode, format_schedule, plan_rows
-from layerfit.tradeoff.rows import RowMap, edge_part_height, window_extent
+from layerfit.tradeoff.parts.flow import FlowGraph, FlowNode, format_schedule, plan_rows
+from layerfit.tradeoff.parts.rows import RowMap, edge_part_height, window_extent
 
 from .bruteforce import brute_force_min_windows
 

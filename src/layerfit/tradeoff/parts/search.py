@@ -33,10 +33,10 @@ import numpy as np
 from layerfit.errors import TradeoffError
 from layerfit.extras import require
 from layerfit.sizes import format_bytes
-from layerfit.tradeoff.appfile import Constraints
-from layerfit.tradeoff.application import Application, DerivedApplication, MemoryCost
-from layerfit.tradeoff.reuse import ReuseOrder
-from layerfit.tradeoff.throughput import ThroughputEstimator, estimator_for
+from layerfit.tradeoff.parts.appfile import Constraints
+from layerfit.tradeoff.parts.application import Application, DerivedApplication, MemoryCost
+from layerfit.tradeoff.parts.reuse import ReuseOrder
+from layerfit.tradeoff.parts.throughput import ThroughputEstimator, estimator_for
 
 Selection = Literal["throughput", "memory"]
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layerfit.tradeoff.partition import (
+from layerfit.tradeoff.swapnet.partition import (
     LayerCosts,
     PartitionTables,
     candidate_points,

@@ -8,7 +8,7 @@ from torch import nn
 
 from layerfit.capture import capture
 from layerfit.errors import TradeoffError
-from layerfit.tradeoff.cnn import cnn_from_graph, cnn_from_module
+from layerfit.tradeoff.parts.cnn import cnn_from_graph, cnn_from_module
 
 from .single_thread import single_thread  # noqa: F401 (fixture)
 
@@ -61,3 +61,21 @@ def test_hook_captures_are_refused():
     graph = capture(model, torch.randn(1, 3, 21, 17), method="hooks")
     with pytest.raises(TradeoffError, match="fx"):
         cnn_from_graph("b", graph, model)
+
+
+def test_a_stored_capture_gives_the_layers_of_the_module_input_names_included():
+    model = Block().eval()
+    x = torch.randn(1, 3, 21, 17)
+    traced = cnn_from_module("b", model, x)
+    captured = cnn_from_graph("b", capture(model, x), model)
+    assert [layer.name for layer in captured.layers] == [layer.name for layer in traced.layers]
+    assert captured.layers == traced.layers
+    assert [captured.tileable(i) for i in range(len(captured.layers))] == [
+        traced.tileable(i) for i in range(len(traced.layers))
+    ]
+
+
+def test_a_graph_of_another_model_is_refused():
+    graph = capture(nn.Sequential(nn.Conv2d(3, 4, 3)).eval(), torch.randn(1, 3, 8, 8))
+    with pytest.raises(TradeoffError, match="not a capture of this Block"):
+        cnn_from_graph("b", graph, Block().eval())

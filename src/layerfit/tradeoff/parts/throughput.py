@@ -30,8 +30,8 @@ from typing import Protocol
 import torch
 
 from layerfit.errors import TradeoffError
-from layerfit.tradeoff.application import Application, DerivedApplication
-from layerfit.tradeoff.cnn import CNN
+from layerfit.tradeoff.parts.application import Application, DerivedApplication
+from layerfit.tradeoff.parts.cnn import CNN
 
 
 class ThroughputEstimator(Protocol):
@@ -143,7 +143,7 @@ class ProfiledThroughput:
         return self.cache[cnn.name]
 
     def _measure(self, cnn: CNN) -> LayerTimes:
-        from layerfit.tradeoff.parts import PartsExecutor
+        from layerfit.tradeoff.parts.executor import PartsExecutor
 
         runner = _runner(cnn)
         executors = {mode: PartsExecutor(runner.traced, mode, self.phase_rows) for mode in ("none", "all")}
@@ -179,7 +179,7 @@ class MeasuredThroughput:
 
     def stage_seconds(self, app: Application, derived: DerivedApplication, cnn: CNN) -> dict[str, float]:
         """Median seconds per frame of each partition of ``cnn`` under ``derived``."""
-        from layerfit.tradeoff.parts import PartsExecutor, stage_of
+        from layerfit.tradeoff.parts.executor import PartsExecutor, stage_of
 
         offset = app.offsets[cnn.name]
         bits = derived.bits[offset : offset + len(cnn.layers)]

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layerfit.errors import BudgetError
-from layerfit.tradeoff.budget_split import equation_1, performance_score, split_budget
+from layerfit.tradeoff.swapnet.budget_split import equation_1, performance_score, split_budget
 
 
 def test_demands_that_fit_are_given_in_full():

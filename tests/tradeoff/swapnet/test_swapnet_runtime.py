@@ -15,11 +15,11 @@ import torch
 
 from layerfit.cli import main
 from layerfit.errors import BudgetError, LayerfitError, PartitionError, ProfileError, ProfileWarning
-from layerfit.multi import ModelTask, MultiRunner
 from layerfit.store import ModelSpec, example_input, prepare
-from layerfit.tradeoff.partition import SwapNetPlan
-from layerfit.tradeoff.swapnet import SwapNet
-from layerfit.tradeoff.swapnet_profile import (
+from layerfit.tradeoff.swapnet.model import SwapNet
+from layerfit.tradeoff.swapnet.multi import ModelTask, MultiRunner
+from layerfit.tradeoff.swapnet.partition import SwapNetPlan
+from layerfit.tradeoff.swapnet.profile import (
     device_fingerprint,
     load_profile,
     model_key,
@@ -141,7 +141,7 @@ def test_the_reserve_counts_what_the_eager_pass_holds(tiny: Path, profile):
     """SwapNet's engine lets PyTorch allocate: eager batch norm writes its own output,
     which the planner's arena (from the usage records) would reuse."""
     from layerfit.store import read_manifest
-    from layerfit.tradeoff.partition import planned_arena_bytes
+    from layerfit.tradeoff.swapnet.partition import planned_arena_bytes
 
     graph = read_manifest(tiny).graph
     plan = SwapNetPlan.build(tiny, profile)
@@ -293,7 +293,7 @@ def test_cli_profile_never_overwrites_a_file_that_is_not_a_profile(chain: Path, 
 
 @pytest.mark.parametrize("target", ["adir", "afile/p.json"])
 def test_cli_profile_to_an_unwritable_path_fails_before_measuring(chain: Path, tmp_path: Path, capsys, monkeypatch, target):
-    import layerfit.tradeoff.swapnet_profile as swapnet_profile
+    import layerfit.tradeoff.swapnet.profile as swapnet_profile
 
     (tmp_path / "adir").mkdir()
     (tmp_path / "afile").write_text("x")
@@ -335,7 +335,7 @@ def test_a_model_prepared_from_keyword_arguments_is_profiled_partitioned_and_run
     # Whisper's forward takes features and decoder ids: profiling, the partition's measured
     # latency and the multi-model runner call it with the keywords it was prepared from.
     from layerfit.engine import flat_outputs
-    from layerfit.tradeoff.swapnet import partition_report
+    from layerfit.tradeoff.swapnet.model import partition_report
 
     example = {"input_features": example_input((1, 8, 32), seed=6), "decoder_input_ids": torch.tensor([[0, 5, 7]])}
     manifest = prepare("tinymodels:tiny_whisper", tmp_path / "whisper", example=example)

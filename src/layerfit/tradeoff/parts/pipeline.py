@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from layerfit.errors import TradeoffError
-from layerfit.tradeoff.parts import PartsExecutor, PartsSpec, stage_of
-from layerfit.tradeoff.torchgraph import TracedGraph, substitute
+from layerfit.tradeoff.parts.executor import PartsExecutor, PartsSpec, stage_of
+from layerfit.tradeoff.parts.torchgraph import TracedGraph, substitute
 
 _DONE = object()
 

@@ -5,7 +5,9 @@ memory-throughput trade-off needs: the operator kind, the hyper-parameters that 
 which input rows an output row reads (kernel, stride, padding, dilation along the
 height), the layers it reads, the shape of the data it produces, its number of
 parameters and its MACs. Layers come from hand-written lists (tests, YAML application
-files) or from a traced module (:func:`cnn_from_module`, :func:`cnn_from_traced`).
+files) or from a module as layerfit's capture sees it (:func:`cnn_from_module`, which
+keeps what it takes to run the module; :func:`cnn_from_graph`, from a stored capture;
+both through :mod:`layerfit.tradeoff.parts.torchgraph`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from layerfit.errors import TradeoffError
-from layerfit.tradeoff.rows import RowMap, window_extent
+from layerfit.tradeoff.parts.rows import RowMap, window_extent
 
 # Operators that can process data by parts (Table 2): windows and row-wise operators.
 WINDOW_OPS = frozenset({"conv", "pool"})
@@ -174,7 +176,7 @@ class Runner:
 
 
 def cnn_from_traced(name: str, traced: Any, example: tuple[Any, ...] | None = None) -> CNN:
-    """Layers of a :class:`~layerfit.tradeoff.torchgraph.TracedGraph` (constants folded).
+    """Layers of a :class:`~layerfit.tradeoff.parts.torchgraph.TracedGraph` (constants folded).
 
     Constants (``get_attr`` nodes) become parameters of the layers that read them rather
     than layers of their own.
@@ -218,7 +220,7 @@ def cnn_from_module(name: str, module: Any, *example: Any) -> CNN:
     The traced graph and example are kept as the CNN's runner so throughput can be
     measured by running it.
     """
-    from layerfit.tradeoff.torchgraph import trace_module
+    from layerfit.tradeoff.parts.torchgraph import trace_module
 
     traced = trace_module(module, *example)
     return cnn_from_traced(name, traced, tuple(example))
@@ -285,117 +287,14 @@ def layers_from_dicts(items: Sequence[Any], where: str) -> tuple[Layer, ...]:
     return tuple(layers)
 
 
-def describe_module(module: Any) -> tuple[str, dict[str, int], bool, str]:
-    """Layer kind, height geometry, tileability and reason for a ``torch.nn`` module."""
-    from torch import nn
-
-    from layerfit.tradeoff.torchgraph import POINTWISE_MODULES
-
-    def pair(v: Any) -> int:
-        return int(v[0]) if isinstance(v, (tuple, list)) else int(v)
-
-    if isinstance(module, nn.Conv2d):
-        kh, dh, sh = module.kernel_size[0], module.dilation[0], module.stride[0]
-        if isinstance(module.padding, str):
-            total = dh * (kh - 1) if module.padding == "same" else 0
-            ph = total // 2
-            ok = total % 2 == 0 and dh * (module.kernel_size[1] - 1) % 2 == 0
-        else:
-            ph, ok = module.padding[0], True
-        ok = ok and module.padding_mode == "zeros"
-        return "conv", dict(kernel=kh, stride=sh, padding=ph, dilation=dh), ok, "" if ok else "padding not zeros/symmetric"
-    if isinstance(module, nn.MaxPool2d):
-        geometry = dict(
-            kernel=pair(module.kernel_size),
-            stride=pair(module.stride if module.stride is not None else module.kernel_size),
-            padding=pair(module.padding),
-            dilation=pair(module.dilation),
-        )
-        ok = not module.return_indices
-        return "pool", geometry, ok, "" if ok else "pooling returns indices"
-    if isinstance(module, nn.AvgPool2d):
-        geometry = dict(
-            kernel=pair(module.kernel_size),
-            stride=pair(module.stride if module.stride is not None else module.kernel_size),
-            padding=pair(module.padding),
-        )
-        return "pool", geometry, True, ""
-    if isinstance(module, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
-        return "global_pool", {}, False, "adaptive pooling reads the full height"
-    if isinstance(module, nn.Linear):
-        return "fc", {}, False, "fully connected reads the full input"
-    if isinstance(module, nn.Flatten):
-        return "flatten", {}, False, "flatten mixes rows"
-    if isinstance(module, nn.BatchNorm2d):
-        return "bn", {}, not module.training, "" if not module.training else "batch statistics in training mode"
-    if isinstance(module, POINTWISE_MODULES):
-        return "act", {}, True, ""
-    return "other", {}, False, f"{type(module).__name__} is not known to work by parts"
-
-
-_FUNCTION_OPS = {
-    "add": "add", "iadd": "add", "sub": "add", "isub": "add",
-    "mul": "mul", "imul": "mul", "truediv": "mul", "div": "mul", "itruediv": "mul",
-    "cat": "concat",
-    "relu": "act", "relu_": "act", "relu6": "act", "silu": "act", "hardswish": "act", "hardsigmoid": "act",
-    "sigmoid": "act", "tanh": "act", "gelu": "act", "leaky_relu": "act", "elu": "act", "mish": "act",
-    "dropout": "act", "clamp": "act",
-    "flatten": "flatten", "view": "flatten", "reshape": "flatten",
-    "adaptive_avg_pool2d": "global_pool", "adaptive_max_pool2d": "global_pool", "mean": "global_pool",
-}
-
-
 def cnn_from_graph(name: str, graph: Any, model: Any) -> CNN:
     """Layers from a :class:`~layerfit.capture.graph.ModelGraph` captured with torch.fx.
 
-    Every op becomes a layer (graph inputs become ``input`` layers); the data shape comes
-    from the op's first output tensor, operator kinds and kernel geometry from ``model``'s
-    modules (``call_module`` ops) or the function name, parameters from the modules.
-    Channel concatenations are recognised by their output having the inputs' height.
+    The same layers as :func:`cnn_from_module` gives at the capture's input: the nodes of
+    ``model`` traced by the tracer capture uses, with the shapes the graph recorded
+    (:func:`~layerfit.tradeoff.parts.torchgraph.traced_from_graph`). No runner: nothing
+    here has an example input to run it on.
     """
-    import math as _math
+    from layerfit.tradeoff.parts.torchgraph import traced_from_graph
 
-    if graph.method != "fx":
-        raise TradeoffError(
-            f"the graph of {name!r} was captured with {graph.method}: processing by parts needs "
-            "every operator (residual adds included), which only an fx capture records"
-        )
-    tensors = {t.id: t for t in graph.tensors}
-    producer: dict[int, str] = {}
-    layers: list[Layer] = []
-    used_inputs: set[int] = set()
-    for op in graph.ops:
-        for tid in op.inputs:
-            if tid not in producer and tid not in used_inputs and tensors[tid].first_op <= op.index:
-                used_inputs.add(tid)
-                layer_name = f"input{len(used_inputs) - 1}"
-                layers.append(Layer(layer_name, "input", (), tuple(tensors[tid].shape)))
-                producer[tid] = layer_name
-        shape = tuple(tensors[op.outputs[0]].shape) if op.outputs else ()
-        inputs = tuple(dict.fromkeys(producer[t] for t in op.inputs if t in producer))
-        geometry: dict[str, int] = {}
-        params = macs = 0
-        if op.kind == "call_module":
-            module = model.get_submodule(op.target)
-            kind, geometry, ok, reason = describe_module(module)
-            params = sum(p.numel() for p in module.parameters(recurse=False)) + sum(
-                b.numel() for b in module.buffers(recurse=False)
-            )
-            if kind == "conv" and shape:
-                macs = _math.prod(shape) * module.in_channels // module.groups * _math.prod(module.kernel_size)
-            elif kind == "fc" and shape:
-                macs = _math.prod(shape[:-1]) * module.in_features * module.out_features
-        else:
-            kind = _FUNCTION_OPS.get(op.target, "other")
-            ok, reason = kind not in ("flatten", "global_pool", "other"), ""
-            if kind == "concat" and (len(shape) != 4 or any(len(tensors[t].shape) != 4 for t in op.inputs)):
-                kind, ok = "other", False
-            if not ok:
-                reason = f"{op.target} is not known to work by parts"
-        for tid in op.outputs:
-            producer[tid] = op.name
-        layers.append(
-            Layer(op.name, kind, inputs, shape, params=params, macs=macs, tileable=None if ok else False,
-                  reason=reason, **geometry)
-        )
-    return CNN(name, tuple(layers))
+    return cnn_from_traced(name, traced_from_graph(graph, model))

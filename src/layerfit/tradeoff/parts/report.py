@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from layerfit.errors import OutputPathError, TradeoffError
 from layerfit.extras import require
 from layerfit.sizes import format_bytes
-from layerfit.store import outputs
-from layerfit.tradeoff.search import Evaluation, TradeoffResult
+from layerfit.tradeoff.figures import save_figure
+from layerfit.tradeoff.parts.search import Evaluation, TradeoffResult
 
 
 def summary_rows(result: TradeoffResult) -> list[dict[str, Any]]:
@@ -66,16 +65,6 @@ def plot_pareto(result: TradeoffResult, path: str | Path) -> Path:
     ax.legend(fontsize=7)
     fig.tight_layout()
     return save_figure(fig, path, dpi=110)
-
-
-def save_figure(fig: Any, path: str | Path, dpi: int = 110) -> Path:
-    """Write a matplotlib figure atomically (temporary file in the same directory, then
-    rename), in the format of ``path``'s extension (the CLI checks the path first, with
-    :func:`~layerfit.store.outputs.check_output_file`)."""
-    try:
-        return outputs.save_figure(fig, path, dpi=dpi)
-    except OutputPathError as exc:
-        raise TradeoffError(str(exc)) from exc
 
 
 def describe(result: TradeoffResult) -> list[str]:

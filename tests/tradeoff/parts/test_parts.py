@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 from torch import nn
 
 from layerfit.errors import TradeoffError
-from layerfit.tradeoff.parts import (
+from layerfit.tradeoff.parts.executor import (
     TOLERANCE,
     PartsExecutor,
     RowBuffer,
     describe_tiling,
     untiled_peak_bytes,
 )
-from layerfit.tradeoff.torchgraph import trace_module
+from layerfit.tradeoff.parts.torchgraph import trace_module
 
 from .single_thread import single_thread  # noqa: F401 (fixture)
 

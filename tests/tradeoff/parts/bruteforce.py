@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from layerfit.tradeoff.flow import (
+from layerfit.tradeoff.parts.flow import (
     FlowGraph,
     effective_parts,
     phase_range,

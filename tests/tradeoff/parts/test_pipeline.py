@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from layerfit.errors import TradeoffError
-from layerfit.tradeoff.pipeline import TwoStagePipeline, measure_pipeline
-from layerfit.tradeoff.torchgraph import trace_module
+from layerfit.tradeoff.parts.pipeline import TwoStagePipeline, measure_pipeline
+from layerfit.tradeoff.parts.torchgraph import trace_module
 
 from .single_thread import single_thread  # noqa: F401 (fixture)
 

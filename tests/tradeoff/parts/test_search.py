@@ -7,11 +7,11 @@ import torch
 from torch import nn
 
 from layerfit.errors import TradeoffError
-from layerfit.tradeoff.appfile import Constraints
-from layerfit.tradeoff.application import Application, split_partitions
-from layerfit.tradeoff.cnn import CNN, Layer, cnn_from_module
-from layerfit.tradeoff.search import GAParams, pareto_front, reduce_buffers
-from layerfit.tradeoff.throughput import (
+from layerfit.tradeoff.parts.appfile import Constraints
+from layerfit.tradeoff.parts.application import Application, split_partitions
+from layerfit.tradeoff.parts.cnn import CNN, Layer, cnn_from_module
+from layerfit.tradeoff.parts.search import GAParams, pareto_front, reduce_buffers
+from layerfit.tradeoff.parts.throughput import (
     AnalyticThroughput,
     MeasuredThroughput,
     ProfiledThroughput,

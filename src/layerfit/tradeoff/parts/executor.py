@@ -1,7 +1,7 @@
 """Processing by parts, for real: run a network in horizontal row stripes.
 
 :class:`PartsExecutor` runs a traced module (or a contiguous range of its layers, a
-pipeline stage) following the schedule of :func:`~layerfit.tradeoff.flow.plan_rows`.
+pipeline stage) following the schedule of :func:`~layerfit.tradeoff.parts.flow.plan_rows`.
 A layer chosen to process by parts produces its output ``phase_rows`` rows at a time
 (one row by default, Table 2) from the few input rows it needs, and the tensor between
 two such layers lives in a :class:`RowBuffer` holding only the rows a consumer may
@@ -31,9 +31,9 @@ from typing import Any
 import torch
 
 from layerfit.errors import TradeoffError
-from layerfit.tradeoff.flow import FlowGraph, FlowNode, RowPlan, plan_rows
-from layerfit.tradeoff.rows import RowMap
-from layerfit.tradeoff.torchgraph import TracedGraph, TracedNode, substitute, trace_module
+from layerfit.tradeoff.parts.flow import FlowGraph, FlowNode, RowPlan, plan_rows
+from layerfit.tradeoff.parts.rows import RowMap
+from layerfit.tradeoff.parts.torchgraph import TracedGraph, TracedNode, substitute, trace_module
 
 # Agreement with the untiled module: |out - ref| <= rtol * |ref| + atol * max(1, max|ref|)
 # with (rtol, atol) below. Observed: a few ulps per layer (<= 1.2e-7 on unit-scale random
@@ -321,75 +321,78 @@ class PartsExecutor:
 
         For the whole module the result has the module's output structure; for a stage it
         is the tuple of the stage's output tensors. ``out`` optionally supplies tensors to
-        write the stage outputs into (the pipeline's double buffers).
+        write the stage outputs into (the pipeline's double buffers). ``profile`` records
+        the seconds each node's phases take (``last_stats.node_seconds``).
         """
         n_in = len(self.stage.inputs)
         if len(inputs) != n_in:
             raise TradeoffError(f"expected {n_in} input tensor(s), got {len(inputs)}")
         if out is not None and len(out) != len(self.flow.outputs):
             raise TradeoffError(f"expected {len(self.flow.outputs)} output tensor(s), got {len(out)}")
-        nodes = self.flow.nodes
+        state = _Run(self, inputs, out)
+        timers = state.execute(n_in, profile)
+        stats = state.stats
+        stats.peak_bytes = state.ledger.peak
+        stats.phases = len(self.plan.steps)
+        stats.node_seconds = {self.node(k).name: t for k, t in timers.items()}
+        self.last_stats = stats
+        results = {o: state.values[o] for o in self.flow.outputs}
+        if self.stage.first == 0 and self.stage.stop == len(self.traced.nodes):
+            local = {t: k for k, t in enumerate(self.members)}
+            return substitute(self.traced.output_arg, lambda t: results[local[t]])
+        return tuple(results[o] for o in self.flow.outputs)
+
+
+class _Run:
+    """The state of one :meth:`PartsExecutor.run`: every node's whole value or row buffer,
+    the rows it has produced, and the ledger of the bytes its buffers hold.
+
+    :meth:`oldest` and the reads in :meth:`execute` are ``phase_reads`` and
+    ``release_point`` of :mod:`~layerfit.tradeoff.parts.flow` unrolled over the
+    executor's tables, as every phase of every node runs them.
+    """
+
+    def __init__(self, executor: PartsExecutor, inputs: Sequence[Any], out: Sequence[torch.Tensor] | None) -> None:
+        self.executor = executor
+        nodes = executor.flow.nodes
         count = len(nodes)
-        plan = self.plan
-        by_parts = plan.by_parts
-        last_read = plan.last_read
-        values: list[Any] = [None] * count  # whole values (inputs, whole outputs, result tensors)
-        buffers: list[RowBuffer | None] = [None] * count
-        produced = [0] * count
-        held = [0] * count  # bytes counted in the ledger for this tensor
-        ledger = Ledger()
-        stats = RunStats()
-        out_slot = {o: j for j, o in enumerate(self.flow.outputs)}
+        self.flow_nodes = nodes
+        self.rows = [node.rows for node in nodes]
+        self.releasers = executor._releasers
+        self.traced_nodes = [executor.node(k) for k in range(count)]
+        self.values: list[Any] = [None] * count  # whole values (inputs, whole outputs, results)
+        self.buffers: list[RowBuffer | None] = [None] * count
+        self.produced = [0] * count
+        self.held = [0] * count  # bytes counted in the ledger for this tensor
+        self.ledger = Ledger()
+        self.stats = RunStats()
+        self.out = out
+        self.out_slot = {o: j for j, o in enumerate(executor.flow.outputs)}
         for k, value in enumerate(inputs):
-            values[k] = value
-            produced[k] = nodes[k].rows
+            self.values[k] = value
+            self.produced[k] = nodes[k].rows
+        self.device = next((v.device for v in inputs if isinstance(v, torch.Tensor)), torch.device("cpu"))
+
+    def execute(self, n_in: int, profile: bool) -> dict[int, float]:
+        """Run every step of the plan; returns the seconds per node when ``profile``.
+
+        One loop over locals: it runs once per phase of every node, and its bookkeeping
+        is the overhead processing by parts adds to the operators.
+        """
+        executor = self.executor
+        plan = executor.plan
+        by_parts, last_read = plan.by_parts, plan.last_read
+        is_output, reads_of, unique_inputs = executor._is_output, executor._reads, executor._unique_inputs
+        values, buffers, produced, held = self.values, self.buffers, self.produced, self.held
+        rows_of, oldest, store, whole = self.rows_of, self.oldest, self._store, self._whole
+        stripes = [node.stripe for node in self.traced_nodes]
         timers: dict[int, float] = {}
-        device = next((v.device for v in inputs if isinstance(v, torch.Tensor)), torch.device("cpu"))
-        traced_nodes = [self.node(k) for k in range(count)]
-        reads_of, releasers, unique_inputs, keeps = self._reads, self._releasers, self._unique_inputs, self._keeps
-        is_output = self._is_output
-
-        def rows_of(i: int, lo: int, hi: int) -> Any:
-            if lo > hi:  # a phase reading only padding: an empty stripe of the right shape
-                shape = traced_nodes[i].shape
-                assert shape is not None
-                return torch.empty((shape[0], shape[1], 0, shape[3]), dtype=traced_nodes[i].dtype, device=device)
-            buf = buffers[i]
-            if buf is not None:
-                return buf.view(lo, hi)
-            return values[i].narrow(2, lo, hi - lo + 1)
-
-        def oldest(i: int) -> int:
-            """First row of ``i`` a consumer may still read (beyond the rows produced when
-            the next rows are gaps no consumer reads; very large when all are done)."""
-            low = 1 << 62
-            for c, window, stride, pad, _, skip in releasers[i]:
-                pc = produced[c]
-                if pc >= nodes[c].rows:
-                    continue  # done: reads nothing more
-                if not window:
-                    return 0
-                row = (pc if pc > skip else skip) * stride - pad
-                if row < low:
-                    low = row if row > 0 else 0
-            return low
-
         for step, (k, a, b) in enumerate(plan.steps):
             if k < n_in:
                 continue
-            node = traced_nodes[k]
             start = time.perf_counter() if profile else 0.0
             if not by_parts[k]:
-                args = [values[i] if buffers[i] is None else rows_of(i, 0, nodes[i].rows - 1) for i in nodes[k].inputs]
-                result = node.whole(args)
-                if is_output[k] and out is not None:
-                    out[out_slot[k]].copy_(result)
-                    result = out[out_slot[k]]
-                values[k] = result
-                if keeps[k] and isinstance(result, torch.Tensor):
-                    held[k] = result.numel() * result.element_size()
-                    stats.buffer_bytes[node.name] = held[k]
-                    ledger.add(held[k])
+                whole(k)
             elif is_output[k] or b >= oldest(k):
                 args = []
                 for i, code, extent, stride, pad, in_rows in reads_of[k]:
@@ -399,8 +402,7 @@ class PartsExecutor:
                     lo = a * stride - pad
                     hi = b * stride - pad + extent - 1
                     args.append(rows_of(i, lo if lo > 0 else 0, hi if hi < in_rows else in_rows - 1))
-                rows = node.stripe(args, a, b)  # type: ignore[misc]
-                self._store(k, a, rows, values, buffers, held, stats, ledger, out, out_slot)
+                store(k, a, stripes[k](args, a, b))  # type: ignore[misc]
             elif buffers[k] is not None:
                 buffers[k].skip_to(b + 1)  # type: ignore[union-attr]
             produced[k] = b + 1
@@ -412,52 +414,83 @@ class PartsExecutor:
                 if buf is not None:
                     buf.release(oldest(i))
                 if last_read[i] == step and held[i]:
-                    ledger.remove(held[i])
-                    held[i] = 0
-                    if buf is not None:
-                        stats.high_water_rows[traced_nodes[i].name] = buf.high_water
-                        buffers[i] = None
-                    if not is_output[i]:
-                        values[i] = None
-        stats.peak_bytes = ledger.peak
-        stats.phases = len(plan.steps)
-        stats.node_seconds = {self.node(k).name: t for k, t in timers.items()}
-        self.last_stats = stats
-        results = {o: values[o] for o in self.flow.outputs}
-        if self.stage.first == 0 and self.stage.stop == len(self.traced.nodes):
-            local = {t: k for k, t in enumerate(self.members)}
-            return substitute(self.traced.output_arg, lambda t: results[local[t]])
-        return tuple(results[o] for o in self.flow.outputs)
+                    self._free(i, buf)
+        return timers
 
-    def _store(
-        self,
-        k: int,
-        first: int,
-        rows: torch.Tensor,
-        values: list[Any],
-        buffers: list[RowBuffer | None],
-        held: list[int],
-        stats: RunStats,
-        ledger: Ledger,
-        out: Sequence[torch.Tensor] | None,
-        out_slot: dict[int, int],
-    ) -> None:
+    def rows_of(self, i: int, lo: int, hi: int) -> Any:
+        """Rows ``lo..hi`` of node ``i``'s tensor, from its row buffer or its whole value."""
+        if lo > hi:  # a phase reading only padding: an empty stripe of the right shape
+            node = self.traced_nodes[i]
+            shape = node.shape
+            assert shape is not None
+            return torch.empty((shape[0], shape[1], 0, shape[3]), dtype=node.dtype, device=self.device)
+        buf = self.buffers[i]
+        if buf is not None:
+            return buf.view(lo, hi)
+        return self.values[i].narrow(2, lo, hi - lo + 1)
+
+    def oldest(self, i: int) -> int:
+        """First row of ``i`` a consumer may still read (beyond the rows produced when
+        the next rows are gaps no consumer reads; very large when all are done)."""
+        produced, rows = self.produced, self.rows
+        low = 1 << 62
+        for c, window, stride, pad, _, skip in self.releasers[i]:
+            pc = produced[c]
+            if pc >= rows[c]:
+                continue  # done: reads nothing more
+            if not window:
+                return 0
+            row = (pc if pc > skip else skip) * stride - pad
+            if row < low:
+                low = row if row > 0 else 0
+        return low
+
+    def _whole(self, k: int) -> None:
+        """Run node ``k`` whole on whole inputs; hold its result until its last reader."""
+        executor, node = self.executor, self.traced_nodes[k]
+        buffers = self.buffers
+        args = [
+            self.values[i] if buffers[i] is None else self.rows_of(i, 0, self.flow_nodes[i].rows - 1)
+            for i in self.flow_nodes[k].inputs
+        ]
+        result = node.whole(args)
+        if executor._is_output[k] and self.out is not None:
+            target = self.out[self.out_slot[k]]
+            target.copy_(result)
+            result = target
+        self.values[k] = result
+        if executor._keeps[k] and isinstance(result, torch.Tensor):
+            self.held[k] = result.numel() * result.element_size()
+            self.stats.buffer_bytes[node.name] = self.held[k]
+            self.ledger.add(self.held[k])
+
+    def _store(self, k: int, first: int, rows: torch.Tensor) -> None:
         """Write output rows of node ``k``: into its result tensor or its row buffer."""
-        if self._is_output[k]:
-            if values[k] is None:
-                shape = self.node(k).shape
-                values[k] = out[out_slot[k]] if out is not None else rows.new_empty(shape)
-            values[k][:, :, first : first + rows.shape[2]].copy_(rows)
+        if self.executor._is_output[k]:
+            if self.values[k] is None:
+                shape = self.traced_nodes[k].shape
+                self.values[k] = self.out[self.out_slot[k]] if self.out is not None else rows.new_empty(shape)
+            self.values[k][:, :, first : first + rows.shape[2]].copy_(rows)
             return
-        buf = buffers[k]
+        buf = self.buffers[k]
         if buf is None:
-            buf = RowBuffer(self.plan.buffer_rows[k], rows)
-            buffers[k] = buf
-            held[k] = buf.nbytes
-            stats.buffer_bytes[self.node(k).name] = buf.nbytes
-            ledger.add(buf.nbytes)
+            buf = RowBuffer(self.executor.plan.buffer_rows[k], rows)
+            self.buffers[k] = buf
+            self.held[k] = buf.nbytes
+            self.stats.buffer_bytes[self.traced_nodes[k].name] = buf.nbytes
+            self.ledger.add(buf.nbytes)
         buf.skip_to(first)  # rows nobody reads may have been skipped
         buf.write(first, rows)
+
+    def _free(self, i: int, buf: RowBuffer | None) -> None:
+        """Node ``i``'s tensor was read for the last time: its bytes leave the ledger."""
+        self.ledger.remove(self.held[i])
+        self.held[i] = 0
+        if buf is not None:
+            self.stats.high_water_rows[self.traced_nodes[i].name] = buf.high_water
+            self.buffers[i] = None
+        if not self.executor._is_output[i]:
+            self.values[i] = None
 
 
 def untiled_peak_bytes(traced: TracedGraph, example: Sequence[torch.Tensor]) -> int:

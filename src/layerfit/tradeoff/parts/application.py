@@ -2,7 +2,7 @@
 
 An application is ``({CNN^1..CNN^N}, B, P, J, {schedule_1..schedule_|P|})``:
 
-* ``CNN^n`` — networks as layer lists (:class:`~layerfit.tradeoff.cnn.CNN`);
+* ``CNN^n`` — networks as layer lists (:class:`~layerfit.tradeoff.parts.cnn.CNN`);
 * ``P`` — partitions, each a contiguous range of one CNN's layers;
 * ``J`` — sets of partitions that run in parallel (pipeline stages, or CNNs on
   different processors). The partitions of a CNN split in several must all be pipeline
@@ -33,16 +33,16 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from layerfit.errors import TradeoffError
-from layerfit.tradeoff.cnn import CNN
-from layerfit.tradeoff.flow import FlowGraph, FlowNode, RowPlan, plan_rows
-from layerfit.tradeoff.reuse import (
+from layerfit.tradeoff.parts.cnn import CNN
+from layerfit.tradeoff.parts.flow import FlowGraph, FlowNode, RowPlan, plan_rows
+from layerfit.tradeoff.parts.reuse import (
     ReuseOrder,
     SharedBuffer,
     naive_buffers,
     reuse_buffers,
     total_elems,
 )
-from layerfit.tradeoff.rows import RowMap
+from layerfit.tradeoff.parts.rows import RowMap
 
 Precision = Literal["fp32", "fp16"]
 BYTES_PER_ELEMENT: dict[str, int] = {"fp32": 4, "fp16": 2}
@@ -354,103 +354,158 @@ class Application:
         return self.derive(bits, reuse).memory(precision)
 
     def _plan_partition(self, p: Partition, parts: tuple[bool, ...], phase_rows: int) -> PartitionPlan:
-        cnn = self.cnn(p.cnn)
-        consumers = cnn.consumers()
-        inside = range(p.start, p.stop)
-        ext = sorted({j for i in inside for j in cnn.inputs_of(i) if j < p.start})
-        members = ext + list(inside)
-        local = {g: k for k, g in enumerate(members)}
-        remote = {i: sorted({self.partition_of(p.cnn, c).name for c in consumers[i] if c not in p}) for i in inside}
-        is_output = {i: bool(remote[i]) or not consumers[i] for i in inside}
-        schedule = self.schedules[p.name]
+        return _PartitionPlanner(self, p).plan(parts, phase_rows)
 
-        if any(parts):
-            nodes = [FlowNode(cnn.layers[g].name, (), (), cnn.layers[g].rows, cnn.layers[g].row_elems, False) for g in ext]
-            for i in inside:
-                layer = cnn.layers[i]
-                nodes.append(
-                    FlowNode(
-                        layer.name,
-                        tuple(local[j] for j in cnn.inputs_of(i)),
-                        cnn.maps(i)
-                        if cnn.tileable(i)
-                        else tuple(RowMap("all", cnn.layers[j].rows) for j in cnn.inputs_of(i)),
-                        layer.rows,
-                        layer.row_elems,
-                        cnn.tileable(i),
-                    )
-                )
-            order = tuple(range(len(ext))) + tuple(local[i] for step in schedule for i in step)
-            graph = FlowGraph(tuple(nodes), tuple(local[i] for i in inside if is_output[i]), order)
-            row_plan: RowPlan | None = plan_rows(graph, (False,) * len(ext) + parts, phase_rows)
-            assert row_plan is not None
-            step_names = tuple((cnn.layers[members[n]].name,) for n, _, _ in row_plan.steps)
-            first = {members[n]: row_plan.first_step[n] for n in range(len(members))}
-            last = {members[n]: row_plan.last_step[n] for n in range(len(members))}
-            read_end = {members[n]: row_plan.last_read[n] for n in range(len(members))}
-            counts = row_plan.phases
-            phases = {cnn.layers[i].name: max(1, counts[local[i]]) for i in inside}
-            n_steps = len(row_plan.steps)
-        else:
-            row_plan = None
-            step_of = {i: k for k, step in enumerate(schedule) for i in step}
-            step_names = tuple(tuple(cnn.layers[i].name for i in step) for step in schedule)
-            first = dict(step_of)
-            last = dict(step_of)
-            read_end = {}
-            for i in members:
-                reads = [step_of[c] for c in consumers[i] if c in p]
-                read_end[i] = max(reads) if reads else -1
-            phases = {cnn.layers[i].name: 1 for i in inside}
-            n_steps = len(schedule)
-        end = n_steps - 1
 
-        def size(i: int, consumer: int | None) -> int:
+@dataclass(frozen=True)
+class _Timing:
+    """When each layer of a partition runs and its data is read, in schedule steps.
+
+    ``first``/``last``: first and last step of each layer (by global layer index);
+    ``read_end``: last step a layer's data is read inside the partition (-1: never);
+    ``row_plan``: the row analysis when some layer processes by parts.
+    """
+
+    steps: tuple[tuple[str, ...], ...]
+    phases: dict[str, int]
+    first: dict[int, int]
+    last: dict[int, int]
+    read_end: dict[int, int]
+    row_plan: RowPlan | None
+
+    @property
+    def end(self) -> int:
+        """The partition's last step."""
+        return len(self.steps) - 1
+
+
+class _PartitionPlanner:
+    """Schedule and edges of one partition under one choice of by-parts layers.
+
+    ``ext`` are the layers of earlier partitions read inside this one (their data arrives
+    as consumer-side copies); ``members`` lists them first, then the partition's layers,
+    which is the order of the row analysis' nodes (``local``).
+    """
+
+    def __init__(self, app: Application, p: Partition) -> None:
+        self.app = app
+        self.p = p
+        self.cnn = cnn = app.cnn(p.cnn)
+        self.consumers = cnn.consumers()
+        self.inside = range(p.start, p.stop)
+        self.ext = sorted({j for i in self.inside for j in cnn.inputs_of(i) if j < p.start})
+        self.members = self.ext + list(self.inside)
+        self.local = {g: k for k, g in enumerate(self.members)}
+        self.remote = {
+            i: sorted({app.partition_of(p.cnn, c).name for c in self.consumers[i] if c not in p})
+            for i in self.inside
+        }
+        self.names = [layer.name for layer in cnn.layers]
+
+    def plan(self, parts: tuple[bool, ...], phase_rows: int) -> PartitionPlan:
+        timing = self._by_rows(parts, phase_rows) if any(parts) else self._by_steps()
+        edges = self._incoming(timing) + self._produced(timing)
+        return PartitionPlan(self.p, timing.steps, timing.phases, parts, timing.row_plan, tuple(edges))
+
+    def _by_steps(self) -> _Timing:
+        """The partition's own schedule: every layer whole, at its step."""
+        cnn, p = self.cnn, self.p
+        schedule = self.app.schedules[p.name]
+        step_of = {i: k for k, step in enumerate(schedule) for i in step}
+        read_end = {}
+        for i in self.members:
+            reads = [step_of[c] for c in self.consumers[i] if c in p]
+            read_end[i] = max(reads) if reads else -1
+        return _Timing(
+            steps=tuple(tuple(cnn.layers[i].name for i in step) for step in schedule),
+            phases={cnn.layers[i].name: 1 for i in self.inside},
+            first=dict(step_of),
+            last=dict(step_of),
+            read_end=read_end,
+            row_plan=None,
+        )
+
+    def _by_rows(self, parts: tuple[bool, ...], phase_rows: int) -> _Timing:
+        """The row analysis' schedule: a by-parts layer runs once per phase."""
+        cnn, local, members = self.cnn, self.local, self.members
+        nodes = [FlowNode(cnn.layers[g].name, (), (), cnn.layers[g].rows, cnn.layers[g].row_elems, False) for g in self.ext]
+        for i in self.inside:
             layer = cnn.layers[i]
-            if row_plan is None:
-                return layer.elems
-            n = local[i]
-            if consumer is None:
-                return row_plan.buffer_rows[n] * layer.row_elems
-            return row_plan.edge_rows.get((n, local[consumer]), layer.rows) * layer.row_elems
+            maps = cnn.maps(i) if cnn.tileable(i) else tuple(RowMap("all", cnn.layers[j].rows) for j in cnn.inputs_of(i))
+            nodes.append(
+                FlowNode(layer.name, tuple(local[j] for j in cnn.inputs_of(i)), maps, layer.rows, layer.row_elems, cnn.tileable(i))
+            )
+        schedule = self.app.schedules[self.p.name]
+        order = tuple(range(len(self.ext))) + tuple(local[i] for step in schedule for i in step)
+        outputs = tuple(local[i] for i in self.inside if self.remote[i] or not self.consumers[i])
+        row_plan = plan_rows(FlowGraph(tuple(nodes), outputs, order), (False,) * len(self.ext) + parts, phase_rows)
+        counts = row_plan.phases
+        return _Timing(
+            steps=tuple((cnn.layers[members[n]].name,) for n, _, _ in row_plan.steps),
+            phases={cnn.layers[i].name: max(1, counts[local[i]]) for i in self.inside},
+            first={members[n]: row_plan.first_step[n] for n in range(len(members))},
+            last={members[n]: row_plan.last_step[n] for n in range(len(members))},
+            read_end={members[n]: row_plan.last_read[n] for n in range(len(members))},
+            row_plan=row_plan,
+        )
 
-        edges: list[AppEdge] = []
-        names = [layer.name for layer in cnn.layers]
-        for g in ext:  # consumer-side copies of data produced by an earlier stage
-            readers = [c for c in consumers[g] if c in p]
-            if not cnn.layers[g].elems:
+    def _size(self, timing: _Timing, i: int, consumer: int | None) -> int:
+        """Elements the buffer of layer ``i``'s data needs (for one consumer, or all)."""
+        layer = self.cnn.layers[i]
+        row_plan = timing.row_plan
+        if row_plan is None:
+            return layer.elems
+        n = self.local[i]
+        if consumer is None:
+            return row_plan.buffer_rows[n] * layer.row_elems
+        return row_plan.edge_rows.get((n, self.local[consumer]), layer.rows) * layer.row_elems
+
+    def _incoming(self, timing: _Timing) -> list[AppEdge]:
+        """Consumer-side copies of data produced by an earlier stage."""
+        cnn, p, names = self.cnn, self.p, self.names
+        edges = []
+        for g in self.ext:
+            readers = [c for c in self.consumers[g] if c in p]
+            elems = cnn.layers[g].elems
+            if not elems:
                 continue
-            if self.fanout == "tensor":
-                end_g = read_end[g] if row_plan is None else max(row_plan.last_read[local[g]], 0)
-                edges.append(AppEdge(p.cnn, names[g], tuple(names[c] for c in readers), p.name, 2,
-                                     cnn.layers[g].elems, cnn.layers[g].elems, 0, max(end_g, 0)))
+            if self.app.fanout == "tensor":
+                row_plan = timing.row_plan
+                end_g = timing.read_end[g] if row_plan is None else max(row_plan.last_read[self.local[g]], 0)
+                edges.append(AppEdge(p.cnn, names[g], tuple(names[c] for c in readers), p.name, 2, elems, elems, 0, max(end_g, 0)))
             else:
                 for c in readers:
-                    edges.append(AppEdge(p.cnn, names[g], (names[c],), p.name, 2, cnn.layers[g].elems,
-                                         cnn.layers[g].elems, 0, max(last[c], 0)))
-        for i in inside:
+                    edges.append(AppEdge(p.cnn, names[g], (names[c],), p.name, 2, elems, elems, 0, max(timing.last[c], 0)))
+        return edges
+
+    def _produced(self, timing: _Timing) -> list[AppEdge]:
+        """The data the partition's layers produce: inside it, and producer-side copies of
+        what crosses to another stage (or leaves the CNN)."""
+        cnn, p, names, consumers = self.cnn, self.p, self.names, self.consumers
+        first, last, read_end, end = timing.first, timing.last, timing.read_end, timing.end
+        edges = []
+        for i in self.inside:
             layer = cnn.layers[i]
             if not layer.elems or first.get(i, -1) < 0:
                 continue
             readers = [c for c in consumers[i] if c in p]
-            crossing = bool(remote[i])
-            if self.fanout == "tensor":
+            crossing = bool(self.remote[i])
+            if self.app.fanout == "tensor":
                 if crossing or not consumers[i]:
                     edges.append(AppEdge(p.cnn, layer.name, tuple(names[c] for c in consumers[i]), p.name,
                                          1 if crossing else 0, layer.elems, layer.elems, first[i], end))
                 else:
                     stop = read_end[i] if read_end[i] >= 0 else first[i]
                     edges.append(AppEdge(p.cnn, layer.name, tuple(names[c] for c in readers), p.name, 0,
-                                         size(i, None), layer.elems, first[i], max(stop, first[i])))
-            else:
-                for c in readers:
-                    edges.append(AppEdge(p.cnn, layer.name, (names[c],), p.name, 0, size(i, c), layer.elems,
-                                         first[i], max(last[c], first[i])))
-                for c in consumers[i]:
-                    if c not in p:
-                        edges.append(AppEdge(p.cnn, layer.name, (names[c],), p.name, 1, layer.elems,
-                                             layer.elems, first[i], end))
-        return PartitionPlan(p, step_names, phases, parts, row_plan, tuple(edges))
+                                         self._size(timing, i, None), layer.elems, first[i], max(stop, first[i])))
+                continue
+            for c in readers:
+                edges.append(AppEdge(p.cnn, layer.name, (names[c],), p.name, 0, self._size(timing, i, c), layer.elems,
+                                     first[i], max(last[c], first[i])))
+            for c in consumers[i]:
+                if c not in p:
+                    edges.append(AppEdge(p.cnn, layer.name, (names[c],), p.name, 1, layer.elems, layer.elems, first[i], end))
+        return edges
 
 
 def split_partitions(

@@ -1,6 +1,6 @@
 """A prepared model run by SwapNet block swapping, with run-time budget adaptation.
 
-:class:`SwapNet` builds the model's :class:`~layerfit.tradeoff.partition.SwapNetPlan`
+:class:`SwapNet` builds the model's :class:`~layerfit.tradeoff.swapnet.partition.SwapNetPlan`
 (costs from the device profile, reserve, lookup tables), picks the partition for the
 budget from the tables and runs it on the streaming engine: blocks as units, the
 ``async`` pipeline, a buffer of ``W = B - reserve`` that by construction holds any two
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from layerfit.engine import Engine, load
-from layerfit.tradeoff.partition import Decision, SwapNetPlan
-from layerfit.tradeoff.swapnet_profile import DeviceProfile, profile_for
+from layerfit.tradeoff.swapnet.partition import Decision, SwapNetPlan
+from layerfit.tradeoff.swapnet.profile import DeviceProfile, profile_for
 
 
 @dataclass(frozen=True)

@@ -33,13 +33,13 @@ from typing import Any
 from layerfit.errors import BudgetError, LayerfitError, TradeoffError
 from layerfit.extras import require
 from layerfit.sizes import parse_bytes
-from layerfit.tradeoff.application import (
+from layerfit.tradeoff.parts.application import (
     BYTES_PER_ELEMENT,
     Application,
     Partition,
     split_partitions,
 )
-from layerfit.tradeoff.cnn import CNN, cnn_from_module, layers_from_dicts
+from layerfit.tradeoff.parts.cnn import CNN, cnn_from_module, layers_from_dicts
 
 # PyYAML comes with the tradeoff extra too: application files are YAML
 yaml = require("yaml", extra="tradeoff")

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from layerfit.errors import TradeoffError
-from layerfit.tradeoff.appfile import application_from_dict, load_application
+from layerfit.tradeoff.parts.appfile import application_from_dict, load_application
 
 from .single_thread import single_thread  # noqa: F401 (fixture)
 

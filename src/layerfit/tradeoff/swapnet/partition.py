@@ -58,11 +58,12 @@ import numpy as np
 from layerfit.capture.graph import ModelGraph
 from layerfit.engine.skeleton import build_skeleton
 from layerfit.errors import PartitionError
-from layerfit.memory import make_records, plan_offsets
+from layerfit.memory.activations import activation_bytes as _activation_bytes
+from layerfit.memory.records import DEFAULT_ALIGNMENT
 from layerfit.sizes import format_bytes, parse_bytes
 from layerfit.store import read_manifest
 from layerfit.store.manifest import ALIGN, Manifest
-from layerfit.tradeoff.swapnet_profile import DeviceProfile, model_key
+from layerfit.tradeoff.swapnet.profile import DeviceProfile, model_key
 
 # --- per-layer costs ---------------------------------------------------------------------
 
@@ -436,26 +437,10 @@ def activation_bytes(graph: ModelGraph, strategy: str = "greedy_by_size") -> int
 
 
 def planned_arena_bytes(graph: ModelGraph, strategy: str = "greedy_by_size") -> int:
-    """Size of the arena the memory planner lays the activation usage records out in.
-
-    Views (``alias_of``) share their base's storage: they are folded into the base,
-    whose lifetime is extended to the view's last use.
-    """
-    by_id = {t.id: t for t in graph.tensors}
-    last: dict[int, int] = {}
-    for t in graph.tensors:
-        root = t
-        while root.alias_of is not None and root.alias_of in by_id:
-            root = by_id[root.alias_of]
-        last[root.id] = max(last.get(root.id, root.last_op), t.last_op)
-    items = [
-        (t.id, t.first_op, last[t.id], t.nbytes)
-        for t in graph.tensors
-        if t.id in last and t.nbytes > 0
-    ]
-    if not items:
-        return 0
-    return plan_offsets(make_records(items), strategy).arena_size
+    """Size of the arena the memory planner lays the activations out in: one buffer per
+    storage (a view owns no bytes and keeps its base alive to its last use), aligned as
+    an arena places them (:func:`~layerfit.memory.activations.activation_bytes`)."""
+    return _activation_bytes(graph, strategy, alignment=DEFAULT_ALIGNMENT)
 
 
 def skeleton_bytes(manifest: Manifest) -> int:

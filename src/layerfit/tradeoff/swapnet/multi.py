@@ -1,10 +1,10 @@
 """Several prepared models running concurrently within one total memory budget.
 
 SwapNet's multi-DNN scheme (Section 6.2): the total budget is split between the models
-by Eq. 1 (:func:`layerfit.tradeoff.budget_split.split_budget`: proportional to demand on
+by Eq. 1 (:func:`layerfit.tradeoff.swapnet.budget_split.split_budget`: proportional to demand on
 ``1 - 1/n`` of it, to performance score x urgency on ``1/n``; models whose demand fits get
 all they need), each model gets its own partition for its share
-(:class:`~layerfit.tradeoff.swapnet.SwapNet`) and runs on its own thread, optionally
+(:class:`~layerfit.tradeoff.swapnet.model.SwapNet`) and runs on its own thread, optionally
 pinned to CPUs (``os.sched_setaffinity`` on the thread's native id, which Linux applies
 to that thread alone). Threads start together at a barrier and report their latencies.
 
@@ -28,10 +28,10 @@ from typing import Any
 from layerfit.errors import BudgetError, LayerfitError
 from layerfit.sizes import parse_bytes
 from layerfit.store import example_call
-from layerfit.tradeoff.budget_split import performance_score, split_budget
-from layerfit.tradeoff.partition import SwapNetPlan
-from layerfit.tradeoff.swapnet import Adaptation, SwapNet
-from layerfit.tradeoff.swapnet_profile import DeviceProfile, profile_for
+from layerfit.tradeoff.swapnet.budget_split import performance_score, split_budget
+from layerfit.tradeoff.swapnet.model import Adaptation, SwapNet
+from layerfit.tradeoff.swapnet.partition import SwapNetPlan
+from layerfit.tradeoff.swapnet.profile import DeviceProfile, profile_for
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ granularity of rows:
 
 1. A :class:`FlowGraph` lists the layers of one partition in topological order. Each
    layer produces one tensor of ``rows`` rows and reads its inputs through
-   :class:`~layerfit.tradeoff.rows.RowMap`\\ s.
+   :class:`~layerfit.tradeoff.parts.rows.RowMap`\\ s.
 2. A layer that processes by parts runs ``ceil(rows / phase_rows)`` phases, each
    producing the next ``phase_rows`` rows (the paper's ``Phi_i = H``: one row per
    phase). Any other layer runs one phase producing all its rows, so it needs every
@@ -26,7 +26,7 @@ granularity of rows:
 Producing late and releasing early makes every window the smallest any valid
 schedule can achieve for a chain (including skip connections inside it); the tests
 check this against an exhaustive search over all interleavings of phases on small
-graphs. The schedule is also what the executor in :mod:`layerfit.tradeoff.parts`
+graphs. The schedule is also what the executor in :mod:`layerfit.tradeoff.parts.executor`
 runs, so the sizes computed here are the buffers it allocates.
 """
 
@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from layerfit.tradeoff.rows import RowMap
+from layerfit.tradeoff.parts.rows import RowMap
 
 
 @dataclass(frozen=True)
@@ -211,54 +211,79 @@ def plan_rows(graph: FlowGraph, parts: Sequence[bool], phase_rows: int = 1) -> R
     """Simulate the demand-driven schedule and return its steps and minimum buffers."""
     if phase_rows < 1:
         raise ValueError("phase_rows must be >= 1")
-    nodes = graph.nodes
-    count = len(nodes)
     by_parts = effective_parts(graph, parts)
+    simulation = _Simulation(graph, by_parts, phase_rows)
+    needed = needed_rows(graph, by_parts, phase_rows)
     consumers = graph.consumers()
-    produced = [0] * count
-    next_phase = [0] * count
-    window = [0] * count
-    edge_window: dict[tuple[int, int], int] = {}
-    first_step = [-1] * count
-    last_step = [-1] * count
-    last_read = [-1] * count
-    steps: list[tuple[int, int, int]] = []
+    order = graph.order if graph.order is not None else range(len(graph.nodes))
+    for n in order:
+        if needed[n] is not None and (not by_parts[n] or not consumers[n]):
+            simulation.pull(n, needed[n][1])
+    for n in graph.outputs:
+        simulation.pull(n, graph.nodes[n].rows - 1)
+    return simulation.plan(consumers)
 
-    rows = [node.rows for node in nodes]
-    # Per input slot: (input, code, extent, stride, pad_top, in_rows, first reading row);
-    # code 1 = read a window by parts, 0 = read every row at once, 2 = broadcast row 0.
-    # This is phase_reads/release_point unrolled, for speed in the genetic search.
-    slots: list[list[tuple[int, int, int, int, int, int, int]]] = []
-    for n, node in enumerate(nodes):
-        info = []
-        for i, m in zip(node.inputs, node.maps, strict=True):
-            code = 2 if m.kind == "broadcast" else (1 if by_parts[n] and m.kind == "window" else 0)
-            skip = -(-(m.pad_top - m.extent + 1) // m.stride)
-            info.append((i, code, m.extent, m.stride, m.pad_top, m.in_rows, skip))
-        slots.append(info)
-    readers: list[list[tuple[int, tuple[int, int, int, int, int, int, int]]]] = [[] for _ in nodes]
-    for c in range(count):
-        for info in slots[c]:
-            readers[info[0]].append((c, info))
 
-    def execute(n: int, a: int, b: int) -> None:
-        step = len(steps)
-        steps.append((n, a, b))
-        if first_step[n] < 0:
-            first_step[n] = step
-        last_step[n] = step
-        for i, code, extent, stride, pad, in_rows, _ in slots[n]:
-            if code == 1:
-                if a * stride - pad <= in_rows - 1 and b * stride - pad + extent - 1 >= 0:
-                    last_read[i] = step
-            else:
+# Per input slot of a node: (input, code, extent, stride, pad_top, in_rows, first reading
+# row); code 1 = read a window by parts, 0 = read every row at once, 2 = broadcast row 0.
+_Slot = tuple[int, int, int, int, int, int, int]
+
+
+class _Simulation:
+    """The state of :func:`plan_rows`' simulation: what each node has produced, the
+    widest window of each tensor (and of each edge), and the steps so far.
+
+    :meth:`pull` and :meth:`execute` are :func:`phase_reads` and :func:`release_point`
+    unrolled over precomputed slot tables (the genetic search plans thousands of
+    partitions), with the state bound to locals in the loops.
+    """
+
+    def __init__(self, graph: FlowGraph, by_parts: tuple[bool, ...], phase_rows: int) -> None:
+        nodes = graph.nodes
+        count = len(nodes)
+        self.graph = graph
+        self.by_parts = by_parts
+        self.phase_rows = phase_rows
+        self.rows = [node.rows for node in nodes]
+        self.produced = [0] * count
+        self.next_phase = [0] * count
+        self.window = [0] * count
+        self.edge_window: dict[tuple[int, int], int] = {}
+        self.first_step = [-1] * count
+        self.last_step = [-1] * count
+        self.last_read = [-1] * count
+        self.steps: list[tuple[int, int, int]] = []
+        self.slots: list[list[_Slot]] = []
+        for n, node in enumerate(nodes):
+            info = []
+            for i, m in zip(node.inputs, node.maps, strict=True):
+                code = 2 if m.kind == "broadcast" else (1 if by_parts[n] and m.kind == "window" else 0)
+                skip = -(-(m.pad_top - m.extent + 1) // m.stride)
+                info.append((i, code, m.extent, m.stride, m.pad_top, m.in_rows, skip))
+            self.slots.append(info)
+        self.readers: list[list[tuple[int, _Slot]]] = [[] for _ in nodes]
+        for c in range(count):
+            for info in self.slots[c]:
+                self.readers[info[0]].append((c, info))
+
+    def execute(self, n: int, a: int, b: int) -> None:
+        """Run the phase of node ``n`` producing rows ``a..b`` and grow its windows."""
+        produced, rows, edge_window = self.produced, self.rows, self.edge_window
+        step = len(self.steps)
+        self.steps.append((n, a, b))
+        if self.first_step[n] < 0:
+            self.first_step[n] = step
+        self.last_step[n] = step
+        last_read = self.last_read
+        for i, code, extent, stride, pad, in_rows, _ in self.slots[n]:
+            if code != 1 or (a * stride - pad <= in_rows - 1 and b * stride - pad + extent - 1 >= 0):
                 last_read[i] = step
         done = b + 1
         produced[n] = done
-        next_phase[n] += 1
+        self.next_phase[n] += 1
         # The window of n grows only now; measure it against its consumers' positions.
         oldest_all = done
-        for c, (_, code, _, stride, pad, in_rows, skip) in readers[n]:
+        for c, (_, code, _, stride, pad, in_rows, skip) in self.readers[n]:
             pc = produced[c]
             if pc >= rows[c]:
                 oldest = in_rows
@@ -274,10 +299,13 @@ def plan_rows(graph: FlowGraph, parts: Sequence[bool], phase_rows: int = 1) -> R
             span = done - (oldest if oldest < done else done)
             if span > edge_window.get(key, 0):
                 edge_window[key] = span
-        if done - oldest_all > window[n]:
-            window[n] = done - oldest_all
+        if done - oldest_all > self.window[n]:
+            self.window[n] = done - oldest_all
 
-    def pull(target: int, row: int) -> None:
+    def pull(self, target: int, row: int) -> None:
+        """Run phases, inputs first, until row ``row`` of ``target`` exists."""
+        produced, rows, next_phase, slots = self.produced, self.rows, self.next_phase, self.slots
+        by_parts, phase_rows = self.by_parts, self.phase_rows
         stack = [(target, row)]
         while stack:
             n, r = stack[-1]
@@ -305,29 +333,23 @@ def plan_rows(graph: FlowGraph, parts: Sequence[bool], phase_rows: int = 1) -> R
                     stack.append((i, hi))
                     break
             else:
-                execute(n, a, b)
+                self.execute(n, a, b)
 
-    needed = needed_rows(graph, by_parts, phase_rows)
-    order = graph.order if graph.order is not None else range(count)
-    for n in order:
-        if needed[n] is not None and (not by_parts[n] or not consumers[n]):
-            pull(n, needed[n][1])
-    for n in graph.outputs:
-        pull(n, nodes[n].rows - 1)
-
-    buffer_rows = tuple(window[n] if consumers[n] else 0 for n in range(count))
-    return RowPlan(
-        graph=graph,
-        by_parts=by_parts,
-        phase_rows=phase_rows,
-        steps=tuple(steps),
-        buffer_rows=buffer_rows,
-        edge_rows=edge_window,
-        first_step=tuple(first_step),
-        last_step=tuple(last_step),
-        last_read=tuple(last_read),
-        phase_counts=tuple(next_phase),
-    )
+    def plan(self, consumers: list[list[tuple[int, int]]]) -> RowPlan:
+        """The schedule simulated so far, with the minimum buffers it needs."""
+        count = len(self.rows)
+        return RowPlan(
+            graph=self.graph,
+            by_parts=self.by_parts,
+            phase_rows=self.phase_rows,
+            steps=tuple(self.steps),
+            buffer_rows=tuple(self.window[n] if consumers[n] else 0 for n in range(count)),
+            edge_rows=self.edge_window,
+            first_step=tuple(self.first_step),
+            last_step=tuple(self.last_step),
+            last_read=tuple(self.last_read),
+            phase_counts=tuple(self.next_phase),
+        )
 
 
 def format_schedule(plan: RowPlan, limit: int = 12) -> str:

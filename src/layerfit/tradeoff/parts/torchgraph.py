@@ -1,7 +1,12 @@
 """A PyTorch module as a list of layers that can (or cannot) run by parts.
 
-:func:`trace_module` traces a module with ``torch.fx``, propagates shapes for one
-example input and classifies every node:
+The module is seen as layerfit's capture sees it: traced by the shared fx tracer
+(:func:`~layerfit.capture.activations.fx_trace`, so node names are the captured ops'
+names), with the shape and dtype of every tensor from the capture's recorded run
+(:func:`~layerfit.capture.activations.run_fx`) - :func:`trace_module` - or from a
+:class:`~layerfit.capture.graph.ModelGraph` captured earlier - :func:`traced_from_graph`.
+What processing by parts adds to the capture is the classification of every node and
+its kernels:
 
 * *window* layers (Conv2d incl. grouped/depthwise/dilated, MaxPool2d, AvgPool2d): output
   row ``o`` reads a window of input rows (Table 2: ``H_min^in = ks``);
@@ -27,16 +32,20 @@ import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import nn
-from torch.fx.passes.shape_prop import ShapeProp
 
+from layerfit.capture.activations import fx_trace, run_fx
+from layerfit.capture.macs import module_macs
 from layerfit.errors import TradeoffError
-from layerfit.tradeoff.rows import RowMap, window_extent
+from layerfit.tradeoff.parts.rows import RowMap, window_extent
+
+if TYPE_CHECKING:
+    from layerfit.capture.graph import ModelGraph, TensorRecord
 
 # Modules applied element by element (row r of the output depends on row r of the input).
 POINTWISE_MODULES: tuple[type[nn.Module], ...] = (
@@ -100,6 +109,8 @@ _OUT_OF_PLACE = {
 }
 
 StripeKernel = Callable[[list[Any], int, int], torch.Tensor]
+# The shape and dtype of every node whose value is one tensor, by node name.
+NodeValues = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 
 @dataclass
@@ -175,19 +186,69 @@ class TracedGraph:
 
 
 def trace_module(module: nn.Module, *example_inputs: torch.Tensor) -> TracedGraph:
-    """Trace ``module`` with torch.fx and classify every node for processing by parts.
+    """Trace ``module`` as capture does, run it once on ``example_inputs`` to record the
+    shape of every tensor, and classify every node for processing by parts.
 
     Raises :class:`TradeoffError` if the module is in training mode (batch statistics
     and dropout depend on the whole tensor) or cannot be traced.
     """
+    gm = _trace(module)
+    captured = run_fx(gm, example_inputs)
+    values = {name: _value(captured.tensors[tid]) for name, tid in captured.tensor_of.items()}
+    return _build(gm, values)
+
+
+def traced_from_graph(graph: ModelGraph, module: nn.Module) -> TracedGraph:
+    """The traced nodes of ``module`` with the shapes and dtypes of ``graph``, a capture of
+    it with torch.fx (the same tracer, so every op is the node of its name).
+
+    An op's value is taken to be its one output tensor when it has one (the graph does
+    not say whether it came in a tuple); graph inputs are matched to the module's inputs
+    in order. Raises :class:`TradeoffError` for a hooks capture, which does not record
+    the operators between modules (residual adds among them), for a module in training
+    mode, and for a graph that is not a capture of ``module``.
+    """
+    if graph.method != "fx":
+        raise TradeoffError(
+            f"the graph of {graph.model_type} was captured with {graph.method}: processing by "
+            "parts needs every operator (residual adds included), which only an fx capture records"
+        )
+    gm = _trace(module)
+    names = {node.name for node in gm.graph.nodes}
+    strangers = [op.name for op in graph.ops if op.name not in names]
+    if strangers:
+        raise TradeoffError(
+            f"the graph is not a capture of this {type(module).__name__}: it has no node "
+            f"{strangers[0]!r}" + (f" (and {len(strangers) - 1} more)" if len(strangers) > 1 else "")
+        )
+    tensors = {t.id: t for t in graph.tensors}
+    produced = {tid for op in graph.ops for tid in op.outputs}
+    placeholders = [node.name for node in gm.graph.nodes if node.op == "placeholder"]
+    inputs = [t for t in graph.tensors if t.id not in produced]
+    values = {name: _value(t) for name, t in zip(placeholders, inputs, strict=False)}
+    for op in graph.ops:
+        if len(op.outputs) == 1:
+            values[op.name] = _value(tensors[op.outputs[0]])
+    return _build(gm, values)
+
+
+def _trace(module: nn.Module) -> torch.fx.GraphModule:
+    """The shared fx trace of ``module``, refused in training mode."""
     if module.training:
         raise TradeoffError("put the model in eval mode (model.eval()) before tracing it for processing by parts")
     try:
-        gm = torch.fx.symbolic_trace(module)
+        return fx_trace(module)
     except Exception as exc:  # fx raises many types for untraceable code
         raise TradeoffError(f"cannot trace {type(module).__name__} with torch.fx: {exc}") from exc
-    with torch.no_grad():
-        ShapeProp(gm).propagate(*example_inputs)
+
+
+def _value(tensor: TensorRecord) -> tuple[tuple[int, ...], torch.dtype]:
+    """Shape and torch dtype of a captured tensor (capture names dtypes ``float32``)."""
+    return tuple(tensor.shape), getattr(torch, tensor.dtype)
+
+
+def _build(gm: torch.fx.GraphModule, values: NodeValues) -> TracedGraph:
+    """Classify the nodes of ``gm`` in order; ``values`` gives the tensors' shapes."""
     index: dict[torch.fx.Node, int] = {}
     nodes: list[TracedNode] = []
     placeholders: list[int] = []
@@ -196,7 +257,7 @@ def trace_module(module: nn.Module, *example_inputs: torch.Tensor) -> TracedGrap
         if fx_node.op == "output":
             output_arg = torch.fx.node.map_arg(fx_node.args[0], lambda n: _Ref(index[n]))
             continue
-        node = _classify(gm, fx_node, index, nodes)
+        node = _classify(gm, fx_node, index, nodes, values)
         index[fx_node] = len(nodes)
         if fx_node.op == "placeholder":
             placeholders.append(len(nodes))
@@ -257,13 +318,6 @@ def substitute(arg: Any, values: Callable[[int], Any]) -> Any:
     return arg
 
 
-def _meta(fx_node: torch.fx.Node) -> tuple[tuple[int, ...] | None, torch.dtype | None]:
-    meta = fx_node.meta.get("tensor_meta")
-    if meta is None or not hasattr(meta, "shape"):
-        return None, None
-    return tuple(int(s) for s in meta.shape), meta.dtype
-
-
 def _pair(value: Any) -> tuple[int, int]:
     if isinstance(value, (tuple, list)):
         return (int(value[0]), int(value[-1]))
@@ -275,83 +329,100 @@ def _classify(
     fx_node: torch.fx.Node,
     index: dict[torch.fx.Node, int],
     nodes: list[TracedNode],
+    values: NodeValues,
 ) -> TracedNode:
-    shape, dtype = _meta(fx_node)
-    args = torch.fx.node.map_arg(fx_node.args, lambda n: _Ref(index[n]))
-    kwargs = torch.fx.node.map_arg(fx_node.kwargs, lambda n: _Ref(index[n]))
-    inputs = tuple(dict.fromkeys(r.index for r in _refs((args, kwargs))))
+    """The traced node of ``fx_node``: its kind, row maps, whole runner and stripe kernel."""
     name = fx_node.name
-    spatial_out = shape is not None and len(shape) == 4
-
-    def all_maps() -> tuple[RowMap, ...]:
-        return tuple(RowMap("all", nodes[i].rows) for i in inputs)
-
-    def whole_node(op: str, run: Callable[[list[Any]], Any], reason: str, **extra: Any) -> TracedNode:
-        return TracedNode(name, op, inputs, all_maps(), shape, dtype, False, run, reason=reason, **extra)
-
+    shape, dtype = values.get(name, (None, None))
     if fx_node.op == "placeholder":
         return TracedNode(name, "input", (), (), shape, dtype, False, _fail_run(name), reason="graph input")
     if fx_node.op == "get_attr":
         value = _fetch_attr(gm, str(fx_node.target))
+        if isinstance(value, torch.Tensor):
+            shape, dtype = tuple(value.shape), value.dtype
         return TracedNode(name, "const", (), (), shape, dtype, False, lambda _v, value=value: value, reason="constant")
-
-    run = _whole_runner(gm, fx_node, args, kwargs)
-    site = _Site(name, inputs, nodes, shape, dtype, run)
+    args = torch.fx.node.map_arg(fx_node.args, lambda n: _Ref(index[n]))
+    kwargs = torch.fx.node.map_arg(fx_node.kwargs, lambda n: _Ref(index[n]))
+    inputs = tuple(dict.fromkeys(r.index for r in _refs((args, kwargs))))
+    site = _Site(name, inputs, nodes, shape, dtype, _whole_runner(gm, fx_node, args, kwargs))
     if fx_node.op == "call_module":
-        mod = gm.get_submodule(str(fx_node.target))
-        params = tuple(tuple(p.shape) for p in mod.parameters(recurse=False)) + tuple(
-            tuple(b.shape) for b in mod.buffers(recurse=False)
-        )
-        if isinstance(mod, nn.Conv2d):
-            return _conv_node(site, mod, params)
-        if isinstance(mod, nn.MaxPool2d):
-            return _maxpool_node(site, mod)
-        if isinstance(mod, nn.AvgPool2d):
-            return _avgpool_node(site, mod)
-        if isinstance(mod, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
-            return whole_node("global_pool", run, "adaptive pooling reads the full height")
-        if isinstance(mod, nn.Linear):
-            macs = math.prod(shape[:-1]) * mod.in_features * mod.out_features if shape else 0
-            return whole_node("fc", run, "fully connected reads the full input", params=params, macs=macs)
-        if isinstance(mod, nn.Flatten):
-            return whole_node("flatten", run, "flatten mixes rows")
-        if isinstance(mod, nn.BatchNorm2d):
-            return _pointwise_module(site, "bn", mod, params)
-        if isinstance(mod, POINTWISE_MODULES):
-            return _pointwise_module(site, "act", mod, params)
-        return whole_node("other", run, f"{type(mod).__name__} is not known to work by parts", params=params)
+        return _module_node(site, gm.get_submodule(str(fx_node.target)))
     if fx_node.op == "call_function":
-        target = fx_node.target
-        if target in POINTWISE_FUNCTIONS:
-            op = "add" if target in (operator.add, operator.iadd, torch.add, operator.sub, operator.isub, torch.sub) else (
-                "mul" if target in (operator.mul, operator.imul, torch.mul, operator.truediv, operator.itruediv, torch.div) else "act"
-            )
-            func = _OUT_OF_PLACE.get(target, target)
-            kw = {k: v for k, v in kwargs.items() if k != "inplace"}
-            return _pointwise_call(site, op, lambda a, k, func=func: func(*a, **k), args, kw)
-        if target is torch.cat:
-            dim = kwargs.get("dim", args[1] if len(args) > 1 else 0)
-            if spatial_out and dim in (1, -3):
-                return _pointwise_call(site, "concat", lambda a, k: torch.cat(*a, **k), args, kwargs)
-            return whole_node("other", run, f"concatenation along dim {dim} mixes rows")
-        if target in (torch.flatten,):
-            return whole_node("flatten", run, "flatten mixes rows")
-        if target in (F.adaptive_avg_pool2d, F.adaptive_max_pool2d):
-            return whole_node("global_pool", run, "adaptive pooling reads the full height")
-        return whole_node("other", run, f"function {getattr(target, '__name__', target)} is not known to work by parts")
+        return _function_node(site, fx_node.target, args, kwargs)
     if fx_node.op == "call_method":
-        method = str(fx_node.target)
-        if method in POINTWISE_METHODS:
-            base = method.rstrip("_")
-            kw = dict(kwargs)
-            op = "add" if base in ("add", "sub") else ("mul" if base in ("mul", "div") else "act")
-            return _pointwise_call(site, op, lambda a, k, base=base: getattr(a[0], base)(*a[1:], **k), args, kw)
-        if method in ("flatten", "view", "reshape"):
-            return whole_node("flatten", run, f"{method} mixes rows")
-        if method == "mean":
-            return whole_node("global_pool", run, "mean over spatial dimensions reads the full height")
-        return whole_node("other", run, f"method {method} is not known to work by parts")
+        return _method_node(site, str(fx_node.target), args, kwargs)
     raise TradeoffError(f"unsupported fx node {fx_node.op} {fx_node.target}")
+
+
+def _module_node(site: _Site, mod: nn.Module) -> TracedNode:
+    """A ``call_module`` node: a window, pointwise or whole layer by the module's type."""
+    shape = site.shape
+    params = tuple(tuple(p.shape) for p in mod.parameters(recurse=False)) + tuple(
+        tuple(b.shape) for b in mod.buffers(recurse=False)
+    )
+    if isinstance(mod, nn.Conv2d):
+        return _conv_node(site, mod, params)
+    if isinstance(mod, nn.MaxPool2d):
+        return _maxpool_node(site, mod)
+    if isinstance(mod, nn.AvgPool2d):
+        return _avgpool_node(site, mod)
+    if isinstance(mod, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
+        return _untileable(site, "global_pool", "adaptive pooling reads the full height")
+    if isinstance(mod, nn.Linear):
+        macs = _macs(mod, shape)
+        return _untileable(site, "fc", "fully connected reads the full input", params=params, macs=macs)
+    if isinstance(mod, nn.Flatten):
+        return _untileable(site, "flatten", "flatten mixes rows")
+    if isinstance(mod, nn.BatchNorm2d):
+        return _pointwise_module(site, "bn", mod, params)
+    if isinstance(mod, POINTWISE_MODULES):
+        return _pointwise_module(site, "act", mod, params)
+    return _untileable(site, "other", f"{type(mod).__name__} is not known to work by parts", params=params)
+
+
+_ADDS = (operator.add, operator.iadd, torch.add, operator.sub, operator.isub, torch.sub)
+_MULS = (operator.mul, operator.imul, torch.mul, operator.truediv, operator.itruediv, torch.div)
+
+
+def _function_node(site: _Site, target: Any, args: Any, kwargs: Any) -> TracedNode:
+    """A ``call_function`` node: elementwise functions and channel concatenation are
+    pointwise; everything else runs whole."""
+    if target in POINTWISE_FUNCTIONS:
+        op = "add" if target in _ADDS else ("mul" if target in _MULS else "act")
+        func = _OUT_OF_PLACE.get(target, target)
+        kw = {k: v for k, v in kwargs.items() if k != "inplace"}
+        return _pointwise_call(site, op, lambda a, k, func=func: func(*a, **k), args, kw)
+    if target is torch.cat:
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else 0)
+        if site.shape is not None and len(site.shape) == 4 and dim in (1, -3):
+            return _pointwise_call(site, "concat", lambda a, k: torch.cat(*a, **k), args, kwargs)
+        return _untileable(site, "other", f"concatenation along dim {dim} mixes rows")
+    if target in (torch.flatten,):
+        return _untileable(site, "flatten", "flatten mixes rows")
+    if target in (F.adaptive_avg_pool2d, F.adaptive_max_pool2d):
+        return _untileable(site, "global_pool", "adaptive pooling reads the full height")
+    return _untileable(site, "other", f"function {getattr(target, '__name__', target)} is not known to work by parts")
+
+
+def _method_node(site: _Site, method: str, args: Any, kwargs: Any) -> TracedNode:
+    """A ``call_method`` node: elementwise tensor methods are pointwise; reshapes and
+    means run whole."""
+    if method in POINTWISE_METHODS:
+        base = method.rstrip("_")
+        op = "add" if base in ("add", "sub") else ("mul" if base in ("mul", "div") else "act")
+        return _pointwise_call(site, op, lambda a, k, base=base: getattr(a[0], base)(*a[1:], **k), args, dict(kwargs))
+    if method in ("flatten", "view", "reshape"):
+        return _untileable(site, "flatten", f"{method} mixes rows")
+    if method == "mean":
+        return _untileable(site, "global_pool", "mean over spatial dimensions reads the full height")
+    return _untileable(site, "other", f"method {method} is not known to work by parts")
+
+
+def _macs(mod: nn.Module, shape: tuple[int, ...] | None) -> int:
+    """MACs of ``mod`` producing a tensor of ``shape``, as capture counts a unit's
+    (:func:`~layerfit.capture.macs.module_macs`; for convolutions and fully connected
+    layers the output decides them)."""
+    return module_macs(mod, (), torch.empty(shape, device="meta")) if shape else 0
 
 
 def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:
@@ -442,7 +513,7 @@ def _conv_node(site: _Site, mod: nn.Conv2d, params: tuple[tuple[int, ...], ...])
     kh, kw = mod.kernel_size
     sh, sw = mod.stride
     dh, dw = mod.dilation
-    macs = math.prod(shape) * (mod.in_channels // mod.groups) * kh * kw if shape else 0
+    macs = _macs(mod, shape)
     common = dict(params=params, macs=macs, geometry=dict(kernel=kh, stride=sh, dilation=dh))
     if isinstance(mod.padding, str):
         if mod.padding == "valid":

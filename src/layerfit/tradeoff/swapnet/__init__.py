@@ -1,0 +1,55 @@
+"""SwapNet (Wang et al.): block swapping under a memory budget, for one model or several.
+
+* :mod:`.profile` - the delay model (Section 6.1): per-layer read, bind, kernel and
+  unbind times of a prepared model and the device coefficients fitted to them
+  (:class:`DeviceProfile`, :func:`profile_for`).
+* :mod:`.partition` - the block partition under a budget (Section 6.2.2, Eq. 2-4): the
+  reserve, the exact dynamic program and the lookup tables (:class:`SwapNetPlan`).
+* :mod:`.model` - a prepared model run by block swapping, re-partitioned without
+  reloading when its budget changes (:class:`SwapNet`).
+* :mod:`.budget_split` - one memory budget split between several models (Eq. 1).
+* :mod:`.multi` - several models running concurrently within one total budget
+  (:class:`MultiRunner`).
+"""
+
+from layerfit.tradeoff.swapnet.budget_split import equation_1, performance_score, split_budget
+from layerfit.tradeoff.swapnet.model import (
+    Adaptation,
+    SwapNet,
+    engine_options,
+    partition_report,
+    swapnet_engine_options,
+)
+from layerfit.tradeoff.swapnet.multi import ModelRun, ModelTask, MultiRunner
+from layerfit.tradeoff.swapnet.partition import Decision, SwapNetPlan, optimal_partition
+from layerfit.tradeoff.swapnet.profile import (
+    DeviceProfile,
+    fit_profile,
+    load_profile,
+    measure_model,
+    profile_for,
+    profile_models,
+)
+
+__all__ = [
+    "Adaptation",
+    "Decision",
+    "DeviceProfile",
+    "ModelRun",
+    "ModelTask",
+    "MultiRunner",
+    "SwapNet",
+    "SwapNetPlan",
+    "engine_options",
+    "equation_1",
+    "fit_profile",
+    "load_profile",
+    "measure_model",
+    "optimal_partition",
+    "partition_report",
+    "performance_score",
+    "profile_for",
+    "profile_models",
+    "split_budget",
+    "swapnet_engine_options",
+]
