@@ -136,3 +136,14 @@ def test_tracing_can_be_switched_between_passes(tiny: Path, reference) -> None:
         engine.last_timeline = None
         assert torch.equal(engine(x), y) and engine.last_timeline is None
         assert engine.config.trace is False
+
+
+def test_reconfigure_to_a_config_changes_budget_units_and_pipeline_only(tiny: Path, reference) -> None:
+    x, y = reference
+    with load(tiny, pipeline="async") as engine:
+        target = engine.config.replace(budget=Budget.parse("80%"), pipeline="auto", units="blocks:2")
+        engine.reconfigure(target)
+        assert engine.config == target and len(engine.blocks) == 2 and torch.equal(engine(x), y)
+        with pytest.raises(LayerfitError, match="binding, verify need a new load"):
+            engine.reconfigure(target.replace(verify="always", binding="copy"))
+        assert engine.config == target and torch.equal(engine(x), y)

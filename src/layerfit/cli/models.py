@@ -460,22 +460,23 @@ def run(
     if trace:
         check_output_file(trace, force=force, option="--trace")
     set_compute_threads(threads, "--threads")
-    chosen = {"budget": budget, "pipeline": pipeline, "units": units}
-    if units == "swapnet":
+    swapnet = units == "swapnet"  # the budget is the model's memory in all: SwapNet splits it
+    config = eo.engine_config(
+        budget=None if swapnet else budget, pipeline=pipeline, units="layers" if swapnet else units,
+        direct_io=direct_io, trace=trace is not None, activations=activations,
+        coalesce=coalesce, device=device, stages=stages, gather_rows=gather_rows,
+    )
+    if swapnet:
         import warnings
 
-        from layerfit.tradeoff.swapnet.model import swapnet_engine_options
+        from layerfit.tradeoff.swapnet import swapnet_engine_config
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                chosen = swapnet_engine_options(directory, budget)
+                config = swapnet_engine_config(directory, budget, config)
             finally:
                 print_warnings(caught)
-    config = eo.engine_config(
-        **chosen, direct_io=direct_io, trace=trace is not None, activations=activations,
-        coalesce=coalesce, device=device, stages=stages, gather_rows=gather_rows,
-    )
     with load(directory, config) as engine:
         args, keywords = device_call(input_path, engine)
         out, report = measure(engine, args, repeats=repeats, warmup=warmup, keywords=keywords)

@@ -193,6 +193,7 @@ class Engine:
 
     def reconfigure(
         self,
+        config: EngineConfig | None = None,
         *,
         budget: Budget | int | str | None = None,
         units: str | list[int] | None = None,
@@ -200,19 +201,34 @@ class Engine:
     ) -> float:
         """Apply a new budget, unit partition and/or pipeline between inferences; seconds.
 
+        Either a whole ``config`` that differs from the current one only in those three,
+        or the three as keywords (a budget not given is none: the pipeline's own size).
         The model is not reloaded: only the buffer and the unit grouping change. A
         budget below the minimum is refused and the old configuration keeps running.
         """
         t0 = time.perf_counter()
         with self._lock:
             self._check_open()
-            changes: dict[str, Any] = {"budget": None if budget is None else Budget.parse(budget)}
-            if units is not None:
-                changes["units"] = units if isinstance(units, str) else tuple(units)
-            if pipeline is not None:
-                changes["pipeline"] = pipeline
-            self._configure(self.config.replace(**changes))  # checked before anything changes
+            if config is None:
+                changes: dict[str, Any] = {"budget": None if budget is None else Budget.parse(budget)}
+                if units is not None:
+                    changes["units"] = units if isinstance(units, str) else tuple(units)
+                if pipeline is not None:
+                    changes["pipeline"] = pipeline
+                config = self.config.replace(**changes)  # checked before anything changes
+            else:
+                self._check_reconfigurable(config)
+            self._configure(config)
         return time.perf_counter() - t0
+
+    def _check_reconfigurable(self, config: EngineConfig) -> None:
+        """Refuse a config that changes more than the budget, units and pipeline."""
+        kept = self.config.replace(budget=config.budget, units=config.units, pipeline=config.pipeline)
+        changed = [f.name for f in dataclasses.fields(config) if getattr(config, f.name) != getattr(kept, f.name)]
+        if changed:
+            raise LayerfitError(
+                f"reconfigure changes the budget, units and pipeline only; {', '.join(changed)} need a new load"
+            )
 
     def _release_configuration(self, keep_ring: bool = False) -> None:
         for h in self._hooks:

@@ -16,9 +16,8 @@ from layerfit.tradeoff.swapnet.budget_split import equation_1, performance_score
 from layerfit.tradeoff.swapnet.model import (
     Adaptation,
     SwapNet,
-    engine_options,
     partition_report,
-    swapnet_engine_options,
+    swapnet_engine_config,
 )
 from layerfit.tradeoff.swapnet.multi import ModelRun, ModelTask, MultiRunner
 from layerfit.tradeoff.swapnet.partition import Decision, SwapNetPlan, optimal_partition
@@ -40,7 +39,6 @@ __all__ = [
     "MultiRunner",
     "SwapNet",
     "SwapNetPlan",
-    "engine_options",
     "equation_1",
     "fit_profile",
     "load_profile",
@@ -51,5 +49,5 @@ __all__ = [
     "profile_for",
     "profile_models",
     "split_budget",
-    "swapnet_engine_options",
+    "swapnet_engine_config",
 ]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from layerfit.engine import Engine, load
+from layerfit.engine.config import EngineConfig
 from layerfit.tradeoff.swapnet.partition import Decision, SwapNetPlan
 from layerfit.tradeoff.swapnet.profile import DeviceProfile, profile_for
 
@@ -51,11 +52,6 @@ class Adaptation:
         }
 
 
-def engine_options(decision: Decision) -> dict[str, Any]:
-    """``load``/``reconfigure`` keyword arguments that run ``decision``."""
-    return {"budget": decision.engine_budget, "pipeline": decision.pipeline, "units": list(decision.points)}
-
-
 class SwapNet:
     """A prepared model you call like the model, within ``budget`` bytes in all.
 
@@ -82,9 +78,8 @@ class SwapNet:
             plan = SwapNetPlan.build(self.directory, profile or profile_for(self.directory, profile_path))
         self.plan = plan
         self.decision: Decision = plan.choose(budget)
-        self.engine: Engine = load(
-            self.directory, binding=binding, trace=trace, direct_io=direct_io, **engine_options(self.decision)
-        )
+        settings = EngineConfig(binding=binding, trace=trace, direct_io=direct_io)
+        self.engine: Engine = load(self.directory, self.decision.engine_config(settings))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.engine(*args, **kwargs)
@@ -104,7 +99,7 @@ class SwapNet:
         t0 = time.perf_counter()
         decision = self.plan.choose(budget)  # refuses (PartitionError) before touching the engine
         t1 = time.perf_counter()
-        self.engine.reconfigure(**engine_options(decision))
+        self.engine.reconfigure(decision.engine_config(self.engine.config))
         t2 = time.perf_counter()
         previous, self.decision = self.decision, decision
         return Adaptation(previous, decision, t1 - t0, t2 - t1)
@@ -119,10 +114,15 @@ class SwapNet:
         self.close()
 
 
-def swapnet_engine_options(
-    directory: str | Path, budget: int | str | None, *, profile_path: str | Path | None = None
-) -> dict[str, Any]:
-    """Engine options (pipeline, budget, block points) SwapNet chooses for ``budget``."""
+def swapnet_engine_config(
+    directory: str | Path,
+    budget: int | str | None,
+    base: EngineConfig | None = None,
+    *,
+    profile_path: str | Path | None = None,
+) -> EngineConfig:
+    """``base`` with the weight budget, pipeline and block points SwapNet chooses for
+    ``budget`` (the model's memory in all)."""
     from layerfit.errors import BudgetError
     from layerfit.sizes import is_share
 
@@ -134,7 +134,7 @@ def swapnet_engine_options(
             f"not a share of its weights: give a size, e.g. 100MB, instead of {budget}"
         )
     plan = SwapNetPlan.build(directory, profile_for(directory, profile_path))
-    return engine_options(plan.choose(budget))
+    return plan.choose(budget).engine_config(base)
 
 
 def _measure_points(
@@ -142,7 +142,7 @@ def _measure_points(
 ) -> dict[str, Any]:
     from layerfit.engine import measure
 
-    with load(plan.directory, **engine_options(decision)) as engine:
+    with load(plan.directory, decision.engine_config()) as engine:
         _, report = measure(engine, call[0], repeats=repeats, warmup=warmup, keywords=call[1])
     r = plan.reserve
     return {

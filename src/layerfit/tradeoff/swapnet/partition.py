@@ -56,11 +56,12 @@ from typing import Any
 import numpy as np
 
 from layerfit.capture.graph import ModelGraph
+from layerfit.engine.config import EngineConfig
 from layerfit.engine.skeleton import build_skeleton
 from layerfit.errors import PartitionError
 from layerfit.memory.activations import activation_bytes as _activation_bytes
 from layerfit.memory.records import DEFAULT_ALIGNMENT
-from layerfit.sizes import format_bytes, parse_bytes
+from layerfit.sizes import Budget, format_bytes, parse_bytes
 from layerfit.store import read_manifest
 from layerfit.store.manifest import ALIGN, Manifest
 from layerfit.tradeoff.swapnet.profile import DeviceProfile, model_key
@@ -513,6 +514,12 @@ class Decision:
     @property
     def delta(self) -> float:
         return self.reserve.total / self.budget if self.budget else 0.0
+
+    def engine_config(self, base: EngineConfig | None = None) -> EngineConfig:
+        """The engine config that runs this decision: ``base`` (default settings if None)
+        with its weight budget, pipeline and block points."""
+        budget = None if self.engine_budget is None else Budget(nbytes=self.engine_budget)
+        return (base or EngineConfig()).replace(budget=budget, pipeline=self.pipeline, units=tuple(self.points))
 
     def to_dict(self) -> dict[str, Any]:
         return {
