@@ -802,21 +802,7 @@ class Runtime:
                         self._dispatcher.fail(task, error, end)
                     self._busy[index] += end - start
                     if self.trace:
-                        self._records.append(
-                            TaskRecord(
-                                task.id,
-                                task.job,
-                                task.network,
-                                task.kind.name,
-                                task.layer,
-                                index,
-                                start,
-                                end,
-                                1.0,
-                                admission.value,
-                                task.memory,
-                            )
-                        )
+                        self._records.append(TaskRecord.of(task, index, start, end, admission))
                     run = self._jobs.get(task.job)
                     state = self._dispatcher.jobs.get(task.job)
                     if run is not None and state is not None and state.resolved:

@@ -191,21 +191,7 @@ def simulate(
             yield from machine.run(task.kind, task.duration * slowdown)
             busy[index] += env.now - start
             if trace:
-                records.append(
-                    TaskRecord(
-                        task.id,
-                        task.job,
-                        task.network,
-                        task.kind.name,
-                        task.layer,
-                        index,
-                        start,
-                        env.now,
-                        slowdown,
-                        admission.value,
-                        task.memory,
-                    )
-                )
+                records.append(TaskRecord.of(task, index, start, env.now, admission, slowdown))
             resolved(dispatcher.complete(task))
             wakeup.fire()
 
