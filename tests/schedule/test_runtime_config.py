@@ -1,16 +1,20 @@
 """RuntimeConfig: the runtime's settings, each default stated once.
 
-A server's differ only by SERVER_OVERRIDES; checking a config names
+The runtime takes a config or builds one from its keywords, so the config's defaults
+are the runtime's; a server's differ only by SERVER_OVERRIDES; checking a config names
 the keyword to change, as the runtime's constructor always did.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
+from runtime_helpers import runtime_threads
 
 from layerfit.errors import LayerfitError, ScheduleError
+from layerfit.schedule.runtime import Runtime
 from layerfit.schedule.runtime_config import (
     AUTO_UNITS,
     SERVER_OVERRIDES,
@@ -86,3 +90,20 @@ def test_validate_refuses_a_budget_that_is_no_size() -> None:
     with pytest.raises(LayerfitError, match="cannot read"):
         RuntimeConfig("models", "lots").validate()
 
+
+def test_the_runtime_takes_a_config_or_builds_one_from_keywords(tmp_path: Path) -> None:
+    config = RuntimeConfig(tmp_path, "1MB", workers=1, load=False, cache_weights=True)
+    with Runtime(config) as rt:
+        assert rt.config is config and rt.workers == 1 and rt.stats()["weight_cache"] is not None
+    with Runtime(tmp_path, "1MB", 1, load=False, cache_weights=True) as rt:
+        assert rt.config == config
+    with Runtime(repository=tmp_path, memory_budget="1MB", workers=1, load=False, cache_weights=True) as rt:
+        assert rt.config == config
+    with Runtime(tmp_path, "1MB", load=False) as rt:  # no default of its own
+        assert rt.config == RuntimeConfig(tmp_path, "1MB", load=False)
+        assert rt.units == LIBRARY_DEFAULTS["units"] and rt.queue_limit is None
+    with pytest.raises(TypeError, match="not both"):
+        Runtime(config, workers=2)
+    with pytest.raises(ScheduleError, match="at least one worker"):
+        Runtime(dataclasses.replace(config, workers=0))
+    assert runtime_threads() == []
