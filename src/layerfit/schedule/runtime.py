@@ -51,7 +51,7 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -65,7 +65,7 @@ from layerfit.errors import LayerfitError, ScheduleError
 from layerfit.schedule.frontend import InferenceJob, Job, JobFrontEnd
 from layerfit.schedule.profile import NetworkProfile, ProfileSet
 from layerfit.schedule.report import RunReport
-from layerfit.schedule.repository import EnginePool, ModelInfo, ModelRepository
+from layerfit.schedule.repository import ModelInfo, ModelRepository
 from layerfit.schedule.runtime_config import (  # noqa: F401 - also importable from here, as before
     AUTO_UNITS,
     ESTIMATES,
@@ -75,9 +75,13 @@ from layerfit.schedule.runtime_config import (  # noqa: F401 - also importable f
     freed_memory_mode,
 )
 from layerfit.schedule.runtime_core import RuntimeCore, deliver
-from layerfit.schedule.tasks import Task
 from layerfit.schedule.workers import WorkerPool
 from layerfit.store.trust import trust_factories
+
+if TYPE_CHECKING:  # annotations only: the rooms own these (patch them where they live)
+    from layerfit.schedule.network_run import NetworkRun
+    from layerfit.schedule.repository import EnginePool
+    from layerfit.schedule.tasks import Task
 
 
 class Runtime:
@@ -88,6 +92,10 @@ class Runtime:
     queue_limit=..., units=..., ...)`` builds one, so its defaults are the config's
     (see it for every setting). ``profiles`` are precomputed profiles by model name, used
     instead of measuring or estimating them: data for this runtime, not a setting.
+    ``config`` is the config it runs with; ``repository``, ``workers``, ``policy`` (its
+    name), ``queue_limit``, ``estimates``, ``trace``, ``units``, ``freed_memory`` (the mode
+    in effect) and ``models`` (:class:`~layerfit.schedule.repository.ModelInfo` by name)
+    are read as before.
 
     Call :meth:`shutdown` (or use it as a context manager): its threads wait for work
     until then.
@@ -160,7 +168,8 @@ class Runtime:
         run = self._core.jobs.get(task.job)
         return None if run is None else self._repo.current_pool(run, task.network)
 
-    def _retire_network_locked(self, net: Any) -> None:
+    def _retire_network_locked(self, net: NetworkRun) -> None:
+        """The front end resolved ``net``'s job: the worker pool forgets it once it has left."""
         self._worker_pool.retire_network_locked(net)
 
     # --- the repository ---------------------------------------------------------------
