@@ -25,7 +25,7 @@ import layerfit
 from layerfit.engine.engine import Engine
 from layerfit.engine.osmem import is_glibc
 from layerfit.errors import LayerfitError, ScheduleError
-from layerfit.schedule import runtime as runtime_module
+from layerfit.schedule import workers as workers_module
 from layerfit.schedule.graph import build_graph
 from layerfit.schedule.policies import POLICIES, policy_names
 from layerfit.schedule.profiler import (
@@ -218,7 +218,7 @@ def test_the_runtime_fixes_the_mmap_threshold_unless_told_not_to(repo):
 @pytest.mark.parametrize("mode", ["after-pass", "eagerly"])
 def test_after_pass_the_heap_is_trimmed_once_per_forward_pass(repo, monkeypatch, mode):
     trims = []
-    monkeypatch.setattr(runtime_module, "trim_heap", lambda: trims.append(threading.current_thread().name))
+    monkeypatch.setattr(workers_module, "trim_heap", lambda: trims.append(threading.current_thread().name))
     names = NAMES
     inputs = {n: model_input(n) for n in names}
     with Runtime(repo, "64MB", workers=2, return_freed_memory=mode) as rt:

@@ -27,7 +27,7 @@ from layerfit.errors import (
     ScheduleError,
     UnknownModelError,
 )
-from layerfit.schedule import runtime as runtime_module
+from layerfit.schedule import repository as repository_module
 from layerfit.schedule.network_run import NetworkRun
 from layerfit.schedule.profiler import estimate_profile
 from layerfit.schedule.runtime import Job, Runtime
@@ -90,8 +90,8 @@ def test_job_too_large_for_the_budget_is_rejected_with_the_minimum(repo, x, refs
 def test_a_model_too_large_loaded_within_budget_is_never_ready(repo, x, refs, monkeypatch):
     rt = Runtime(repo, "32KB", workers=1, load=False)
     opened = _counting_engines(rt, monkeypatch, delay=0)
-    pools, pool_class = [], runtime_module.EnginePool  # a model gets a pool when it becomes READY
-    monkeypatch.setattr(runtime_module, "EnginePool", lambda *a: pools.append(pool_class(*a)) or pools[-1])
+    pools, pool_class = [], repository_module.EnginePool  # a model gets a pool when it becomes READY
+    monkeypatch.setattr(repository_module, "EnginePool", lambda *a: pools.append(pool_class(*a)) or pools[-1])
     with pytest.raises(ModelOverBudgetError, match=r"needs a memory budget of at least .* more than the runtime") as info:
         rt.load_model("big", within_budget=True)
     assert info.value.min_budget > 32_000
@@ -339,7 +339,7 @@ def test_a_crash_of_the_scheduling_core_fails_jobs_and_says_why(repo, x, monkeyp
     def broken(*args, **kwargs):
         raise RuntimeError("scheduler bug")
 
-    monkeypatch.setattr(rt._dispatcher, "assign", broken)
+    monkeypatch.setattr(rt._core.dispatcher, "assign", broken)
     future = rt.infer("tiny", x["tiny"])
     with pytest.raises(ScheduleError, match="internal error: RuntimeError: scheduler bug"):
         future.result(timeout=60)
@@ -371,7 +371,7 @@ def test_unloading_a_unit_leaves_bytes_a_view_still_points_to_mapped():
 def _counting_engines(rt: Runtime, monkeypatch, delay: float) -> list:
     """Record every engine the runtime opens; each takes ``delay`` s to open (a large model)."""
     opened = []
-    new_engine = rt._new_engine
+    new_engine = rt._repo._new_engine  # the model repository opens the engines
 
     def slow_new_engine(directory, units):
         time.sleep(delay)
@@ -379,7 +379,7 @@ def _counting_engines(rt: Runtime, monkeypatch, delay: float) -> list:
         opened.append(engine)
         return engine
 
-    monkeypatch.setattr(rt, "_new_engine", slow_new_engine)
+    monkeypatch.setattr(rt._repo, "_new_engine", slow_new_engine)
     return opened
 
 

@@ -259,3 +259,15 @@ def test_bad_simulation_arguments():
         simulate([job], "masa", memory=10, mode="batchy")
     with pytest.raises(ScheduleError, match="oversize"):
         simulate([job], "masa", memory=10, oversize="maybe")
+
+
+def test_one_builder_records_a_task_for_the_simulator_and_the_real_executor():
+    from layerfit.schedule.ledger import Admission
+    from layerfit.schedule.report import TaskRecord
+    from layerfit.schedule.tasks import Task, TaskKind
+
+    task = Task("j0/0.a/L1", "j0", "j0/0.a", "a", 0, TaskKind.LOAD, 1, "conv", 0.5, memory=100, retained=100)
+    assert TaskRecord.of(task, 1, 2.0, 3.0, Admission.PROGRESS) == TaskRecord(
+        "j0/0.a/L1", "j0", "j0/0.a", "LOAD", 1, 1, 2.0, 3.0, 1.0, "progress", 100
+    )
+    assert TaskRecord.of(task, 0, 0.0, 1.5, Admission.FIT, slowdown=3.0).slowdown == 3.0

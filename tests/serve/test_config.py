@@ -18,7 +18,7 @@ import torch
 from serve_helpers import child_env, json_body, reference, settings
 
 from layerfit.errors import JobRejectedError, LayerfitError
-from layerfit.schedule import runtime as runtime_module
+from layerfit.schedule import repository as repository_module
 from layerfit.schedule.profiler import estimate_profile
 from layerfit.serve.errors import status_of
 from layerfit.serve.server import ServerThread
@@ -96,13 +96,13 @@ def test_model_over_budget_is_unavailable_not_a_bad_request(
     need = needs(repository)
     budget = need["cnn"] - 1
     assert max(need["chain"], need["slow"], need["sleepy"]) <= budget
-    pooled, pool_class = [], runtime_module.EnginePool  # a model gets its pool as it becomes READY
+    pooled, pool_class = [], repository_module.EnginePool  # a model gets its pool as it becomes READY
 
     def pool(new_engine: Callable[[], object], engine: object) -> object:
         pooled.append(Path(new_engine.args[0]).name)
         return pool_class(new_engine, engine)
 
-    monkeypatch.setattr(runtime_module, "EnginePool", pool)
+    monkeypatch.setattr(repository_module, "EnginePool", pool)
     running = make_server(memory_budget=budget)
     assert "cnn" in running.built.load_errors
     assert "cnn" not in pooled and "chain" in pooled  # never READY, not even for a moment

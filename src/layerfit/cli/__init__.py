@@ -7,6 +7,8 @@ layers (nothing in the library imports this package):
 
 * :mod:`.app` — the typer app, ``main``, ``--version``, ``--trust-factory``
 * :mod:`.serve` — ``serve``
+* :mod:`.runtime_options` — the runtime's options, declared once for ``serve`` and
+  ``schedule run`` (each sets one field of :class:`~layerfit.schedule.RuntimeConfig`)
 * :mod:`.zoo` — ``zoo``
 * :mod:`.memory` — ``plan``
 * :mod:`.schedule` — ``schedule graph|profiles|contention|bound|generate|run``

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from layerfit import strict_json
 from layerfit.cli.app import app, renamed_option
+from layerfit.cli.runtime_options import RUNTIME_OPTIONS, RuntimeOptions, runtime_options
 from layerfit.engine.openmp import (
     COMPUTE_THREADS_HELP,
     check_compute_threads,
@@ -30,6 +31,7 @@ from layerfit.store.outputs import check_output_file
 if TYPE_CHECKING:
     from layerfit.schedule.contention import ContentionModel
     from layerfit.schedule.report import RunReport
+    from layerfit.schedule.workload import Workload
 
 schedule_app = typer.Typer(
     help="Schedule many requests over one memory budget (MASA and baselines): graphs, workloads, runs.",
@@ -325,19 +327,21 @@ def generate_command(
     )
 
 
+# A real run's runtime options; the simulator takes --policy, --workers, --estimate-factor
+# and --gated/--ungated from them too. The defaults are RuntimeConfig's, the thesis's
+# (--units layers, no weight cache), which the reproductions of its experiments rely on.
+_RUN_RUNTIME_OPTIONS = (
+    "policy", "workers", "estimate_factor", "gated", "estimates", "units", "cache_weights", "return_freed_memory"
+)
+
+
 @schedule_app.command("run")
+@runtime_options(*_RUN_RUNTIME_OPTIONS)
 def run_command(
     workload: str = typer.Option(..., "--workload", help="workload YAML"),
-    policy: str = typer.Option(
-        "masa-fair",
-        "--policy",
-        help="masa-fair (never over a budget each network fits alone), masa (the thesis's Algorithm 1), "
-        "masa-fcfs, bulk, bulk-multi, deepeye, fcfs, linear-fcfs, sjf, snf, round-robin "
-        "(bulk and linear-fcfs use one worker, deepeye two, as in EdgeCaffe)",
-    ),
     budget: str | None = typer.Option(None, "--budget", help="memory budget, e.g. 512MB (required)"),
     memory: str | None = typer.Option(None, "--memory", hidden=True),
-    workers: int = typer.Option(2, "--workers", min=1),
+    runtime: RuntimeOptions = RUNTIME_OPTIONS,  # --policy, --workers, ... (runtime_options)
     simulate: bool = typer.Option(
         False, "--simulate", help="discrete-event simulation from the profiles"
     ),
@@ -354,14 +358,8 @@ def run_command(
     physical_memory: str = typer.Option(
         None, "--physical-memory", help="RAM for the paging model (default: budget)"
     ),
-    estimate_factor: float = typer.Option(
-        1.0, "--estimate-factor", help="scale memory estimates (0.5 … 1.5)"
-    ),
     oversize: str = typer.Option(
         "reject", "--oversize", help="a task larger than the budget: reject or alone"
-    ),
-    ungated: bool = typer.Option(
-        False, "--ungated", help="memory-oblivious policies ignore the budget"
     ),
     no_paging: bool = typer.Option(False, "--no-paging", help="no page-fault slowdown"),
     contention_file: str = typer.Option(
@@ -381,26 +379,8 @@ def run_command(
     resolution: int = typer.Option(
         64, "--resolution", min=32, help="input size for --zoo-cache where the network allows"
     ),
-    estimates: str = typer.Option(
-        "capture", "--estimates", help="real run: memory/time estimates, capture or profile (statm)"
-    ),
     compare_simulator: bool = typer.Option(
         False, "--compare-simulator", help="real run: also simulate it and report the difference"
-    ),
-    units: str = typer.Option(
-        "layers", "--units",
-        help="real run: what one load/execute task covers: layers (as the thesis), merge:auto (consecutive "
-        "layers joined while each model's minimum budget stays the same) or merge:SIZE (up to SIZE per task)",
-    ),
-    cache_weights: bool = typer.Option(
-        False, "--cache-weights",
-        help="real run: keep units loaded by earlier jobs in the budget's spare memory and reuse them "
-        "(the thesis reads every job's weights; the simulator does not model this)",
-    ),
-    return_freed_memory: str | None = typer.Option(
-        None, "--return-freed-memory",
-        help="real run: when the scratch a forward pass frees leaves the process: after-pass (default), "
-        "eagerly (a few MB less RSS, up to twice the compute time) or never",
     ),
     threads: int | None = typer.Option(
         None, "--threads",
@@ -409,105 +389,143 @@ def run_command(
 ) -> None:
     """Run a workload under a policy and report response times, deadlines, memory, utilisation.
 
-    Without --simulate the real executor runs prepared models (--repository or --zoo-cache).
+    Without --simulate the real executor runs prepared models (--repository or --zoo-cache);
+    --estimates, --units, --cache-weights, --return-freed-memory and --threads apply to it.
     Exits 2 (after the report) when no job was served, e.g. a budget below every job."""
-    from layerfit.schedule.graph import check_estimate_factor
-    from layerfit.schedule.policies import make_policy
-    from layerfit.schedule.profile_sets import resolve_profiles
-    from layerfit.schedule.workload import load_workload
-    from layerfit.sizes import parse_bytes
+    from layerfit.schedule.contention import NO_CONTENTION, load_contention
 
     # every option and the plot path are checked before the (possibly long) run
+    memory_budget = _run_budget(budget, memory)
+    physical = _positive_size(physical_memory, "--physical-memory")
+    policy_name = _check_run_options(runtime, simulate, threads, oversize)
+    plot_path = None
+    if plot or plot_file is not None:
+        plot_path = check_output_file(
+            plot_file or f"{Path(workload).stem}-{policy_name}.png", force=force, option="--plot-file", image=True
+        )
+    contention = load_contention(contention_file) if contention_file else NO_CONTENTION
+    if simulate:
+        report, loaded, extra = _simulated_run(
+            workload, runtime, memory_budget, physical, oversize, no_paging, profiles, contention
+        )
+    else:
+        from layerfit.schedule.realrun import real_repository, run_real
+
+        set_compute_threads(threads, "--threads")  # before the runtime's threads run a kernel
+        folder = real_repository(workload, repository, zoo_cache, resolution)
+        report, loaded, extra = run_real(
+            workload, runtime.config(folder, memory_budget), compare=compare_simulator, contention=contention
+        )
+    _report_run(report, loaded.name, memory_budget, runtime["workers"], simulate, contention, extra,
+                plot_path, as_json=as_json, trace=trace)
+
+
+def _run_budget(budget: str | None, memory: str | None) -> int:
+    """``schedule run``'s budget in bytes: ``--budget`` (or its old name ``--memory``), required."""
     given = renamed_option(budget, "--budget", memory, "--memory")
     if given is None:
         raise ScheduleError("give the memory budget as --budget, e.g. 512MB")
-    budget = parse_bytes(given)
-    if budget <= 0:
-        raise ScheduleError(f"--budget must be a positive size, got {given!r}")
-    physical = parse_bytes(physical_memory) if physical_memory is not None else None
-    if physical is not None and physical <= 0:
-        raise ScheduleError(f"--physical-memory must be a positive size, got {physical_memory!r}")
-    check_estimate_factor(estimate_factor, "--estimate-factor")
-    policy_name = make_policy(policy).name  # fail early on an unknown name
+    size = _positive_size(given, "--budget")
+    assert size is not None
+    return size
+
+
+def _positive_size(given: str | None, option: str) -> int | None:
+    """``given`` in bytes (``None`` when not given); refused unless it is positive."""
+    from layerfit.sizes import parse_bytes
+
+    if given is None:
+        return None
+    size = parse_bytes(given)
+    if size <= 0:
+        raise ScheduleError(f"{option} must be a positive size, got {given!r}")
+    return size
+
+
+def _check_run_options(runtime: RuntimeOptions, simulate: bool, threads: int | None, oversize: str) -> str:
+    """Refuse ``schedule run``'s options that cannot work, and a real run's options given
+    to the simulator; the policy's name."""
+    from layerfit.schedule.graph import check_estimate_factor
+    from layerfit.schedule.policies import make_policy
+
+    check_estimate_factor(runtime["estimate_factor"], "--estimate-factor")
+    policy_name = make_policy(runtime["policy"]).name  # fail early on an unknown name
     if simulate:  # a real run's options; the simulator needs neither PyTorch nor the runtime
-        if units != "layers":
+        if runtime["units"] != "layers":
             raise ScheduleError("--units applies to a real run; the simulator schedules the profiles' layers")
-        if cache_weights:
+        if runtime["cache_weights"]:
             raise ScheduleError("--cache-weights applies to a real run; the simulator reads every job's weights")
-        if return_freed_memory is not None:
+        if "return_freed_memory" in runtime.given:
             raise ScheduleError("--return-freed-memory applies to a real run; the simulator allocates nothing")
         if threads is not None:
             raise ScheduleError("--threads applies to a real run; the simulator runs no kernels")
     else:
-        from layerfit.schedule.runtime import check_runtime_units, freed_memory_mode
+        from layerfit.schedule.runtime_config import check_runtime_units, freed_memory_mode
 
-        check_runtime_units(units)
-        if return_freed_memory is not None:
-            freed_memory_mode(return_freed_memory, "--return-freed-memory")
+        check_runtime_units(runtime["units"])
+        freed_memory_mode(runtime["return_freed_memory"], "--return-freed-memory")
         check_compute_threads(threads, "--threads")
     if oversize not in ("reject", "alone"):
         raise ScheduleError(f"--oversize must be 'reject' or 'alone', got {oversize!r}")
-    plot_path = None
-    if plot or plot_file is not None:
-        plot_path = check_output_file(
-            plot_file or f"{Path(workload).stem}-{policy_name}.png",
-            force=force,
-            option="--plot-file",
-            image=True,
-        )
-    from layerfit.schedule.contention import NO_CONTENTION, load_contention
+    return policy_name
 
-    contention = load_contention(contention_file) if contention_file else NO_CONTENTION
+
+def _simulated_run(
+    workload: str,
+    runtime: RuntimeOptions,
+    budget: int,
+    physical: int | None,
+    oversize: str,
+    no_paging: bool,
+    profiles: str | None,
+    contention: ContentionModel,
+) -> tuple[RunReport, Workload, dict[str, Any]]:
+    """``schedule run --simulate``: the report, the workload and the lower bound of the jobs served."""
+    from layerfit.schedule.bounds import response_time_bound, served_jobs
+    from layerfit.schedule.penalty import PagingModel
+    from layerfit.schedule.profile_sets import resolve_profiles
+    from layerfit.schedule.simulator import simulate as run_simulation
+    from layerfit.schedule.workload import load_workload
+
+    known = resolve_profiles(profiles) if profiles else None
+    loaded = load_workload(workload, known)
+    workers = runtime["workers"]
+    report = run_simulation(
+        loaded,
+        runtime["policy"],
+        memory=budget,
+        workers=workers,
+        physical_memory=physical,
+        paging=None if no_paging else PagingModel(),
+        estimate_factor=runtime["estimate_factor"],
+        oversize=oversize,  # type: ignore[arg-type]
+        gated=runtime["gated"],
+        profiles=known,
+        trace=True,
+        contention=contention,
+    )
     extra: dict[str, Any] = {}
-    if not simulate:
-        from layerfit.schedule.realrun import run_real
+    served = served_jobs(report, loaded.jobs(known))
+    if served:
+        bound = response_time_bound(served, workers=workers, contention=contention, mode=loaded.mode)
+        extra["lower_bound"] = bound.to_dict()
+    return report, loaded, extra
 
-        set_compute_threads(threads, "--threads")  # before the runtime's threads run a kernel
-        report, loaded, extra = run_real(
-            workload,
-            policy=policy,
-            memory=budget,
-            workers=workers,
-            repository=repository,
-            zoo_cache=zoo_cache,
-            resolution=resolution,
-            estimates=estimates,
-            estimate_factor=estimate_factor,
-            compare=compare_simulator,
-            gated=not ungated,
-            contention=contention,
-            units=units,
-            cache_weights=cache_weights,
-            return_freed_memory=return_freed_memory or "after-pass",
-        )
-    else:
-        known = resolve_profiles(profiles) if profiles else None
-        loaded = load_workload(workload, known)
-        from layerfit.schedule.penalty import PagingModel
-        from layerfit.schedule.simulator import simulate as run_simulation
 
-        report = run_simulation(
-            loaded,
-            policy,
-            memory=budget,
-            workers=workers,
-            physical_memory=physical,
-            paging=None if no_paging else PagingModel(),
-            estimate_factor=estimate_factor,
-            oversize=oversize,
-            gated=not ungated,
-            profiles=known,
-            trace=True,  # type: ignore[arg-type]
-            contention=contention,
-        )
-        from layerfit.schedule.bounds import response_time_bound, served_jobs
-
-        served = served_jobs(report, loaded.jobs(known))
-        if served:
-            bound = response_time_bound(
-                served, workers=workers, contention=contention, mode=loaded.mode
-            )
-            extra["lower_bound"] = bound.to_dict()
+def _report_run(
+    report: RunReport,
+    name: str,
+    budget: int,
+    workers: int,
+    simulate: bool,
+    contention: ContentionModel,
+    extra: dict[str, Any],
+    plot_path: Path | None,
+    *,
+    as_json: bool,
+    trace: bool,
+) -> None:
+    """Plot, then print the report (JSON or text); raise if the plot failed or no job was served."""
     image, plot_error = None, None
     if plot_path is not None:
         from layerfit.schedule.plot import plot_run
@@ -523,7 +541,7 @@ def run_command(
         data.update(extra)
         _print_json(data)
     else:
-        _print_run(report, loaded.name, budget, workers, simulate, contention, extra, image)
+        _print_run(report, name, budget, workers, simulate, contention, extra, image)
     if plot_error is not None:  # the report is out; now say what failed
         raise plot_error
     unserved = report.unserved()

@@ -2,46 +2,34 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 from rich.markup import escape
 
 from layerfit.cli.app import app, console, renamed_option
+from layerfit.cli.runtime_options import RUNTIME_OPTIONS, RuntimeOptions, runtime_options
 from layerfit.engine.openmp import COMPUTE_THREADS_HELP, kernels_on
+from layerfit.schedule.runtime_config import SERVER_OVERRIDES
 
-if TYPE_CHECKING:
-    pass
+_DEFAULT_BUDGET = SERVER_OVERRIDES["memory_budget"]
 
 
 # --- serve (Open Inference Protocol / KServe v2 server over the runtime) ----------------
 
 
 @app.command("serve")
+@runtime_options(
+    "workers", "policy", "units", "cache_weights", "return_freed_memory", "queue_limit", "verify",
+    overrides=SERVER_OVERRIDES,  # a server's defaults: merge:auto, the weight cache, 64 queued, 512MB
+)
 def serve_command(
     repository: str = typer.Option(..., "--repository", help="folder of prepared models, one sub-folder each"),
-    budget: str | None = typer.Option(None, "--budget", help="memory budget of the runtime, e.g. 512MB (default 512MB)"),
+    budget: str | None = typer.Option(
+        None, "--budget", help=f"memory budget of the runtime, e.g. 512MB (default {_DEFAULT_BUDGET})"
+    ),
     memory_budget: str | None = typer.Option(None, "--memory-budget", hidden=True),
-    workers: int = typer.Option(2, "--workers", min=1, help="worker threads of the runtime"),
-    policy: str = typer.Option(
-        "masa-fair", "--policy", help="scheduling policy: masa-fair, masa-fcfs, masa, bulk, deepeye, fcfs, ..."
-    ),
-    units: str = typer.Option(
-        "merge:auto", "--units",
-        help="what one load/execute task covers: merge:auto (consecutive layers joined while the model's minimum "
-        "budget stays the same: fewer reads, lower latency), layers (one each, as the thesis) or merge:SIZE",
-    ),
-    cache_weights: bool = typer.Option(
-        True, "--cache-weights/--no-cache-weights",
-        help="keep units loaded by earlier requests in the budget's spare memory and reuse them instead of "
-        "reading them again (evicted whenever a task needs the memory)",
-    ),
-    return_freed_memory: str = typer.Option(
-        "after-pass", "--return-freed-memory",
-        help="when the scratch a forward pass frees leaves the process: after-pass (when each pass ends), "
-        "eagerly (as soon as it is freed: a few MB less RSS, but models that free and allocate megabytes per "
-        "layer compute up to twice as slowly) or never (glibc keeps freed blocks of up to 32 MiB)",
-    ),
+    runtime: RuntimeOptions = RUNTIME_OPTIONS,  # --workers, --policy, --units, ... (runtime_options)
     warm_up: bool = typer.Option(
         False, "--warm-up",
         help="run one request per model on its example input before serving it: a model that fails it "
@@ -54,7 +42,6 @@ def serve_command(
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="port to listen on (0: a free one)"),
-    queue_limit: int = typer.Option(64, "--queue-limit", min=1, help="most inference requests held at once; more get 429"),
     max_body: str = typer.Option("64MB", "--max-body", help="largest request body; larger ones get 413"),
     request_memory: str | None = typer.Option(
         None, "--request-memory",
@@ -70,11 +57,6 @@ def serve_command(
     repository_api: bool = typer.Option(
         True, "--repository-api/--no-repository-api",
         help="serve the model repository extension (index, load, unload); off: those endpoints answer 404",
-    ),
-    verify: str = typer.Option(
-        "first", "--verify",
-        help="when a unit's SHA-256 is checked: first (its first read), always (every read from storage) or "
-        "never; a unit that fails takes its model out of service (503) until it is loaded again",
     ),
     reverify_every: float = typer.Option(
         0.0, "--reverify-every", metavar="SECONDS",
@@ -92,14 +74,13 @@ def serve_command(
     """Serve the repository's models over the Open Inference Protocol (KServe v2 REST)."""
     from layerfit.serve.server import ServeSettings, serve
 
+    given_budget = renamed_option(budget, "--budget", memory_budget, "--memory-budget", _DEFAULT_BUDGET)
     settings = ServeSettings(
-        repository=repository, memory_budget=renamed_option(budget, "--budget", memory_budget, "--memory-budget", "512MB"), workers=workers, policy=policy, units=units,
-        cache_weights=cache_weights, return_freed_memory=return_freed_memory, warm_up=warm_up, threads=threads,
-        host=host,
-        port=port, queue_limit=queue_limit, max_body=max_body, request_memory=request_memory,
-        body_timeout=body_timeout, min_body_rate=min_body_rate, repository_api=repository_api, timeout=timeout,
-        verify=verify, reverify_every=reverify_every,
-        shutdown_grace=shutdown_grace, log_level=log_level, access_log=log_level.lower() in ("debug", "trace"),
+        runtime=runtime.config(repository, given_budget), warm_up=warm_up, threads=threads, host=host,
+        port=port, max_body=max_body, request_memory=request_memory, body_timeout=body_timeout,
+        min_body_rate=min_body_rate, repository_api=repository_api, timeout=timeout,
+        reverify_every=reverify_every, shutdown_grace=shutdown_grace, log_level=log_level,
+        access_log=log_level.lower() in ("debug", "trace"),
     )
 
     def ready(url: str, built: Any) -> None:

@@ -37,6 +37,7 @@ _EXPORTS = {
     "ProfileSet": "profile",
     "RunReport": "report",
     "Runtime": "runtime",
+    "RuntimeConfig": "runtime_config",
     "Scheme": "tasks",
     "Task": "tasks",
     "TaskKind": "tasks",

@@ -32,8 +32,10 @@ from layerfit.schedule.contention import NO_CONTENTION, SHARED_KINDS, Contention
 from layerfit.schedule.profile import NetworkProfile, ProfileSet
 from layerfit.schedule.report import RunReport
 from layerfit.schedule.runtime import InferenceJob, Runtime
+from layerfit.schedule.runtime_config import RuntimeConfig
 from layerfit.schedule.tasks import TaskKind
 from layerfit.schedule.workload import Workload
+from layerfit.sizes import parse_bytes
 
 _SHARED = {kind.name for kind in SHARED_KINDS}
 
@@ -229,35 +231,16 @@ def _lower_bounds(
     return out
 
 
-def run_real(
+def real_repository(
     workload_path: str | Path,
-    *,
-    policy: str,
-    memory: int,
-    workers: int,
     repository: str | Path | None = None,
     zoo_cache: str | Path | None = None,
     resolution: int = 64,
-    estimates: str = "capture",
-    estimate_factor: float = 1.0,
-    compare: bool = False,
-    gated: bool = True,
-    contention: ContentionModel = NO_CONTENTION,
-    units: str = "layers",
-    cache_weights: bool = False,
-    return_freed_memory: str = "after-pass",
-) -> tuple[RunReport, Workload, dict[str, Any]]:
-    """``layerfit schedule run`` without ``--simulate``: the workload on real prepared models.
-
-    Networks are the model folders of ``repository``, or thesis networks prepared from
-    the zoo into ``zoo_cache`` at ``resolution`` (:mod:`layerfit.schedule.thesis_zoo`).
-    ``gated=False`` lets a memory-oblivious policy ignore the budget (the thesis's
-    baselines); ``contention`` is the model the simulator comparison also runs with;
-    ``units``, ``cache_weights`` and ``return_freed_memory`` are the :class:`Runtime`'s.
-    Returns the report, the workload and extra facts (runtime stats, model states and,
-    with ``compare``, the simulator's view of the same run).
-    """
-    from layerfit.errors import ScheduleError, WorkloadError
+) -> str | Path:
+    """The folder of prepared models a real run of the workload uses: ``repository``, or
+    the thesis networks the workload names prepared from the zoo into ``zoo_cache`` at
+    ``resolution`` (:mod:`layerfit.schedule.thesis_zoo`); exactly one of the two."""
+    from layerfit.errors import ScheduleError
     from layerfit.schedule.thesis_zoo import THESIS_ZOO, prepare_thesis_models
     from layerfit.schedule.workload import load_workload
 
@@ -277,19 +260,28 @@ def run_real(
             )
         repository = prepare_thesis_models(zoo_cache, sorted(names), resolution=resolution)
     assert repository is not None
-    with Runtime(
-        repository,
-        memory,
-        workers,
-        policy,
-        estimates=estimates,
-        estimate_factor=estimate_factor,
-        trace=True,
-        gated=gated,
-        units=units,
-        cache_weights=cache_weights,
-        return_freed_memory=return_freed_memory,
-    ) as runtime:
+    return repository
+
+
+def run_real(
+    workload_path: str | Path,
+    config: RuntimeConfig,
+    *,
+    compare: bool = False,
+    contention: ContentionModel = NO_CONTENTION,
+) -> tuple[RunReport, Workload, dict[str, Any]]:
+    """``layerfit schedule run`` without ``--simulate``: the workload on real prepared models.
+
+    The runtime is ``config``'s (traced: the report needs every task); its repository's
+    folders are the workload's network names (:func:`real_repository`). ``contention`` is
+    the model the simulator comparison also runs with. Returns the report, the workload
+    and extra facts (runtime stats, model states and, with ``compare``, the simulator's
+    view of the same run).
+    """
+    from layerfit.errors import WorkloadError
+    from layerfit.schedule.workload import load_workload
+
+    with Runtime(replace(config, trace=True)) as runtime:
         index = runtime.index()
         try:
             workload = load_workload(workload_path, runtime.profile_set())
@@ -303,8 +295,8 @@ def run_real(
         profiles = runtime.profile_set()
     if compare:
         extra["simulator_comparison"] = compare_with_simulator(
-            report, workload, profiles, memory=memory, workers=workers,
-            estimate_factor=estimate_factor, contention=contention,
+            report, workload, profiles, memory=parse_bytes(config.memory_budget), workers=config.workers,
+            estimate_factor=config.estimate_factor, contention=contention,
         )
     return report, workload, extra
 
@@ -335,4 +327,11 @@ def _relative(simulated: float, real: float) -> float | None:
     return (simulated - real) / real
 
 
-__all__ = ["compare_with_simulator", "measured_profiles", "run_real", "run_workload", "warm_up"]
+__all__ = [
+    "compare_with_simulator",
+    "measured_profiles",
+    "real_repository",
+    "run_real",
+    "run_workload",
+    "warm_up",
+]

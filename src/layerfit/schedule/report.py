@@ -11,12 +11,16 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layerfit.errors import JobRejectedError
 from layerfit.schedule.dispatch import JobState, JobStatus
 from layerfit.schedule.ledger import MemorySample
 from layerfit.sizes import format_bytes
+
+if TYPE_CHECKING:
+    from layerfit.schedule.ledger import Admission
+    from layerfit.schedule.tasks import Task
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,34 @@ class TaskRecord:
     slowdown: float
     admission: str
     memory: int
+
+    @classmethod
+    def of(
+        cls,
+        task: Task,
+        worker: int,
+        start: float,
+        end: float,
+        admission: Admission,
+        slowdown: float = 1.0,
+    ) -> TaskRecord:
+        """The record of ``task`` run by ``worker`` from ``start`` to ``end``, admitted
+        as ``admission``; ``slowdown`` is the simulator's paging factor (a real run is
+        not slowed by a model, 1). The one way the simulator and the real executor
+        record a task, so that their reports compare field by field."""
+        return cls(
+            task.id,
+            task.job,
+            task.network,
+            task.kind.name,
+            task.layer,
+            worker,
+            start,
+            end,
+            slowdown,
+            admission.value,
+            task.memory,
+        )
 
 
 @dataclass(frozen=True)

@@ -132,17 +132,12 @@ def simulate(
     the budget. ``mode`` overrides the workload's (``open`` or ``closed``).
     ``contention`` makes concurrent loads and executions slow each other down (default:
     none, every task runs at its profiled speed, as in the thesis).
+
+    The workers, the arrivals and the submission are SimPy processes nested in this
+    function: they share the environment, the dispatcher, the ledgers and the records,
+    which a closure keeps in one place (SimPy's own examples are written so).
     """
-    if isinstance(workload, Workload):
-        jobs = workload.jobs(profiles)
-        mode = mode or workload.mode
-        name = workload.name
-    else:
-        jobs = list(workload)
-        mode = mode or "open"
-        name = "jobs"
-    if mode not in ("open", "closed"):
-        raise ScheduleError(f"mode must be 'open' or 'closed', got {mode!r}")
+    jobs, mode, name = _jobs_of(workload, profiles, mode)
     if memory <= 0:
         raise ScheduleError(f"a memory budget must be positive, got {memory} bytes")
     physical = int(memory if physical_memory is None else physical_memory)
@@ -191,21 +186,7 @@ def simulate(
             yield from machine.run(task.kind, task.duration * slowdown)
             busy[index] += env.now - start
             if trace:
-                records.append(
-                    TaskRecord(
-                        task.id,
-                        task.job,
-                        task.network,
-                        task.kind.name,
-                        task.layer,
-                        index,
-                        start,
-                        env.now,
-                        slowdown,
-                        admission.value,
-                        task.memory,
-                    )
-                )
+                records.append(TaskRecord.of(task, index, start, env.now, admission, slowdown))
             resolved(dispatcher.complete(task))
             wakeup.fire()
 
@@ -239,12 +220,45 @@ def simulate(
             f"(first: {stalled[0].job.id}); policy {policy_obj.name} holds {len(policy_obj)} ready task(s), "
             f"{ledger.free} bytes free"
         )
+    return _report(
+        policy_obj, workers, ledger, resident, dispatcher, records, busy, estimate_factor, paging, contention, name
+    )
+
+
+def _jobs_of(
+    workload: Workload | Sequence[Job], profiles: ProfileSet | None, mode: str | None
+) -> tuple[list[Job], str, str]:
+    """The jobs of ``workload``, the mode they arrive in (``mode``, else the workload's, else
+    ``open``) and the workload's name."""
+    if isinstance(workload, Workload):
+        jobs, mode, name = workload.jobs(profiles), mode or workload.mode, workload.name
+    else:
+        jobs, mode, name = list(workload), mode or "open", "jobs"
+    if mode not in ("open", "closed"):
+        raise ScheduleError(f"mode must be 'open' or 'closed', got {mode!r}")
+    return jobs, mode, name
+
+
+def _report(
+    policy: Policy,
+    workers: int,
+    ledger: MemoryLedger,
+    resident: MemoryLedger,
+    dispatcher: Dispatcher,
+    records: list[TaskRecord],
+    busy: list[float],
+    estimate_factor: float,
+    paging: PagingModel | None,
+    contention: ContentionModel,
+    name: str,
+) -> RunReport:
+    """The report of a finished simulation."""
     states = sorted(dispatcher.jobs.values(), key=lambda s: (s.job.arrival, s.job.seq))
     return RunReport(
-        policy=policy_obj.name,
+        policy=policy.name,
         workers=workers,
         budget=ledger.budget,
-        physical_memory=physical,
+        physical_memory=resident.budget,
         executor="simulator",
         jobs=[JobResult.from_state(s) for s in states],
         tasks=records,

@@ -18,7 +18,7 @@ import errno
 import math
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,12 @@ from uvicorn.config import LOG_LEVELS
 
 from layerfit.engine.openmp import check_compute_threads, set_compute_threads
 from layerfit.errors import LayerfitError
+from layerfit.schedule.runtime_config import (
+    RuntimeConfig,
+    check_runtime_units,
+    freed_memory_mode,
+    server_config,
+)
 from layerfit.serve.body import BodyLimits, RequestMemory
 from layerfit.serve.dataplane import DataPlane
 from layerfit.serve.integrity import Reverifier
@@ -35,22 +41,23 @@ from layerfit.serve.registry import ModelRegistry
 from layerfit.sizes import parse_bytes
 
 
-@dataclass
+@dataclass(init=False)
 class ServeSettings:
-    """Everything ``layerfit serve`` takes; see the command's help for each option."""
+    """Everything ``layerfit serve`` takes; see the command's help for each option.
 
-    repository: str | Path
-    memory_budget: str | int = "512MB"
-    workers: int = 2
-    policy: str = "masa-fair"
-    units: str = "merge:auto"
-    cache_weights: bool = True
-    return_freed_memory: str = "after-pass"
+    ``runtime`` is the runtime's :class:`~layerfit.schedule.runtime_config.RuntimeConfig`
+    (repository, budget, workers, policy, units, weight cache, queue limit, verify, …),
+    the rest the server's own. Give it as ``runtime=``, or give its fields as keywords
+    beside the server's (``ServeSettings(repository=..., memory_budget="4MB", port=0)``):
+    those build it with a server's defaults,
+    :data:`~layerfit.schedule.runtime_config.SERVER_OVERRIDES` over the config's.
+    """
+
+    runtime: RuntimeConfig
     warm_up: bool = False
     threads: int | None = None
     host: str = "127.0.0.1"
     port: int = 8000
-    queue_limit: int = 64
     max_body: str | int = "64MB"
     request_memory: str | int | None = None  # None: twice max_body
     body_timeout: float = 30.0
@@ -61,16 +68,34 @@ class ServeSettings:
     load_models: bool = True
     log_level: str = "warning"
     access_log: bool = False
-    trust_factory: tuple[str, ...] = ()  # modules whose factories the repository's folders may run
-    verify: str = "first"  # when a unit's SHA-256 is checked: each read from storage, its first, never
     reverify_every: float = 0.0  # seconds between re-hashing every READY model's weights (0: never)
+
+    def __init__(
+        self, repository: str | Path | None = None, *, runtime: RuntimeConfig | None = None, **options: Any
+    ) -> None:
+        own = {f.name for f in fields(ServeSettings)} - {"runtime"}
+        shared = {f.name for f in fields(RuntimeConfig)}
+        unknown = sorted(set(options) - own - shared)
+        if unknown:
+            raise TypeError(f"ServeSettings got unexpected keyword arguments: {', '.join(unknown)}")
+        given = {name: value for name, value in options.items() if name in shared}
+        if runtime is None:
+            if repository is None and "repository" not in given:
+                raise TypeError("ServeSettings needs a repository, or runtime=RuntimeConfig(...)")
+            runtime = server_config(given.pop("repository", repository), **given)
+        elif repository is not None or given:
+            raise TypeError("give the runtime's settings as runtime=RuntimeConfig(...) or as keywords, not both")
+        self.runtime = runtime
+        for name in own & set(options):  # the others keep the class's defaults
+            setattr(self, name, options[name])
 
     def validate(self) -> None:
         """Refuse settings that cannot work, with the option to change, before anything loads."""
-        if self.workers < 1:
-            raise LayerfitError(f"--workers must be at least 1, not {self.workers}")
-        if self.queue_limit < 1:
-            raise LayerfitError(f"--queue-limit must be at least 1, not {self.queue_limit}")
+        runtime = self.runtime
+        if runtime.workers < 1:
+            raise LayerfitError(f"--workers must be at least 1, not {runtime.workers}")
+        if runtime.queue_limit is None or runtime.queue_limit < 1:  # the data plane's limit too
+            raise LayerfitError(f"--queue-limit must be at least 1, not {runtime.queue_limit}")
         if not (self.timeout > 0 and math.isfinite(self.timeout)):
             raise LayerfitError(f"--timeout must be a positive, finite number of seconds, not {self.timeout}")
         if not (self.shutdown_grace >= 0 and math.isfinite(self.shutdown_grace)):
@@ -96,23 +121,21 @@ class ServeSettings:
         parse_bytes(self.min_body_rate)
         from layerfit.store.verify import VERIFY_MODES
 
-        if self.verify not in VERIFY_MODES:
-            raise LayerfitError(f"--verify must be one of {', '.join(VERIFY_MODES)}, not {self.verify!r}")
+        if runtime.verify not in VERIFY_MODES:
+            raise LayerfitError(f"--verify must be one of {', '.join(VERIFY_MODES)}, not {runtime.verify!r}")
         if not (self.reverify_every >= 0 and math.isfinite(self.reverify_every)):
             raise LayerfitError(
                 f"--reverify-every must be a finite number of seconds, 0 or more (0: never), not {self.reverify_every}"
             )
-        from layerfit.schedule.runtime import check_runtime_units, freed_memory_mode
-
         try:
-            check_runtime_units(self.units)
+            check_runtime_units(runtime.units)
         except LayerfitError as exc:
             raise LayerfitError(f"--units: {exc}") from exc
-        freed_memory_mode(self.return_freed_memory, "--return-freed-memory")
+        freed_memory_mode(runtime.return_freed_memory, "--return-freed-memory")
         check_compute_threads(self.threads, "--threads")
-        if not Path(self.repository).is_dir():
+        if not Path(runtime.repository).is_dir():
             raise LayerfitError(
-                f"model repository {self.repository} is not a directory: give a folder of "
+                f"model repository {runtime.repository} is not a directory: give a folder of "
                 "prepared models (one sub-folder each, made by `layerfit prepare`)"
             )
 
@@ -143,14 +166,11 @@ def build(settings: ServeSettings) -> Built:
     settings.validate()
     from layerfit.store.trust import trust_factories
 
-    trust_factories(settings.trust_factory)  # before any folder is read; never from a request
+    config = settings.runtime
+    trust = config.trust_factory
+    trust_factories([trust] if isinstance(trust, str) else trust)  # before any folder is read; never from a request
     set_compute_threads(settings.threads, "--threads")  # before the runtime's threads run a kernel
-    runtime = Runtime(
-        str(settings.repository), parse_bytes(settings.memory_budget), workers=settings.workers,
-        policy=settings.policy, queue_limit=settings.queue_limit, load=False, units=settings.units,
-        cache_weights=settings.cache_weights, return_freed_memory=settings.return_freed_memory,
-        verify=settings.verify,
-    )
+    runtime = Runtime(replace(config, load=False))  # the registry loads the models, within the budget
     try:
         registry = ModelRegistry(runtime, warm_up=settings.warm_up, warm_up_timeout=settings.timeout)
         load_errors = registry.load_all() if settings.load_models else {}
@@ -159,7 +179,7 @@ def build(settings: ServeSettings) -> Built:
         max_body = parse_bytes(settings.max_body)
         dataplane = DataPlane(
             runtime, registry, timeout=settings.timeout,
-            max_inflight=settings.queue_limit, metrics=metrics,
+            max_inflight=config.queue_limit, metrics=metrics,
             body=BodyLimits(max_body, settings.body_timeout, float(parse_bytes(settings.min_body_rate))),
             request_memory=RequestMemory(
                 parse_bytes(settings.request_memory) if settings.request_memory is not None else 2 * max_body

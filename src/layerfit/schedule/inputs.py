@@ -1,0 +1,79 @@
+"""A job's input checked against a prepared model, before the job is queued.
+
+The runtime's memory estimates hold for the shape a model was prepared with (but its
+batch size), so a request of another shape or dtype is refused at once with
+:class:`~layerfit.errors.InputError` rather than run out of its budget. A model prepared
+from keyword arguments (Whisper's features and decoder ids) takes a mapping of every
+one of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from layerfit.errors import InputError
+from layerfit.store.manifest import DTYPES, Manifest
+
+ForwardCall = tuple[tuple[Any, ...], dict[str, Any]]  # (args, kwargs) of a forward pass
+
+
+def forward_call(value: Any, name: str, manifest: Manifest) -> ForwardCall:
+    """The arguments of model ``name``'s forward pass, ``(args, kwargs)``, from a job's
+    input ``value``, checked against the model's manifest: a tensor (or a tuple of
+    positional arguments), or for a model prepared from keyword arguments a mapping of
+    each of them; either of them may also be ``value``'s entry for ``name``, when
+    ``value`` maps model names to inputs."""
+    keywords = manifest.input_keywords
+    if isinstance(value, Mapping):
+        if name in value:
+            value = value[name]
+        elif not (keywords and set(value) & {k for k, _, _ in keywords}):  # no mapping of this model's keywords
+            takes = f"; it takes keyword arguments {_describe(keywords)}" if keywords else ""
+            raise InputError(
+                f"the job gives no input for model {name!r} (inputs for: {', '.join(map(str, value))}){takes}"
+            )
+    if keywords:
+        return (), _keyword_call(value, name, keywords)
+    args = tuple(value) if isinstance(value, Sequence) and not isinstance(value, str) else (value,)
+    if not args or not isinstance(args[0], torch.Tensor):
+        raise InputError(f"model {name!r} takes a tensor input, got {type(args[0] if args else None).__name__}")
+    _check_tensor(args[0], name, "input", tuple(manifest.input_shape), manifest.input_dtype)
+    return args, {}
+
+
+def _keyword_call(value: Any, name: str, keywords: Sequence[tuple[str, tuple[int, ...], str]]) -> dict[str, Any]:
+    """The keyword arguments of a model prepared from them: every one, each a tensor as prepared."""
+    if not isinstance(value, Mapping):
+        raise InputError(
+            f"model {name!r} takes keyword arguments {_describe(keywords)}: give a mapping of them, not a "
+            f"{type(value).__name__}"
+        )
+    names = [k for k, _, _ in keywords]
+    if set(value) != set(names):
+        sent = ", ".join(map(str, value)) or "none"
+        raise InputError(f"model {name!r} takes keyword arguments {_describe(keywords)}; the job gives {sent}")
+    for k, shape, dtype in keywords:
+        if not isinstance(value[k], torch.Tensor):
+            raise InputError(f"model {name!r}'s {k} must be a tensor, got {type(value[k]).__name__}")
+        _check_tensor(value[k], name, k, tuple(shape), dtype)
+    return {k: value[k] for k in names}
+
+
+def _describe(keywords: Sequence[tuple[str, tuple[int, ...], str]]) -> str:
+    return ", ".join(f"{k} (N, {', '.join(map(str, shape[1:]))}) {dtype}" for k, shape, dtype in keywords)
+
+
+def _check_tensor(x: torch.Tensor, name: str, what: str, expected: tuple[int, ...], dtype: str) -> None:
+    """Refuse a tensor of another dtype, or another shape than the prepared one's but for
+    its batch size (the memory estimates hold for that shape)."""
+    if x.dim() != len(expected) or tuple(x.shape[1:]) != expected[1:] or x.dtype != DTYPES.get(dtype):
+        raise InputError(
+            f"model {name!r} expects {what} of shape (N, {', '.join(map(str, expected[1:]))}) and dtype "
+            f"{dtype}, got shape {tuple(x.shape)} and dtype {str(x.dtype).removeprefix('torch.')}"
+        )
+
+
+__all__ = ["ForwardCall", "forward_call"]
