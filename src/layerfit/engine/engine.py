@@ -126,29 +126,13 @@ class Engine:
         self.arena: PlannedActivations | None = None  # activations="planned": one arena
         try:
             self.arena = make_activations(cfg.activations, self.manifest)
-            self._read_resident()
+            self._resident_buf = read_resident(self.manifest, self.reader, self.model, self.device, cfg.verify)
             self._configure(cfg)
         except BaseException:
             self.close()
             raise
 
     # --- configuration ------------------------------------------------------------------
-
-    def _read_resident(self) -> None:
-        """Read the resident tensors once and bind them for good."""
-        m = self.manifest
-        if m.resident is None:
-            return
-        self._resident_buf = aligned_buffer(m.resident.nbytes)
-        view = memoryview(self._resident_buf)
-        self.reader.read(m.resident, view)
-        if self.config.verify != "never":
-            verify_segment(m.resident, view)
-        view.release()
-        resident = torch.frombuffer(self._resident_buf, dtype=torch.uint8)
-        if self.device.name != "cpu":
-            resident = resident.to(self.device.torch_device)  # kept alive by the bound views
-        bind(segment_bindings(self.model, m.resident), resident, 0)
 
     def _bindings_of(self, blocks: tuple[Block, ...]) -> list[list[Binding]]:
         """Where each unit's tensors are bound in the skeleton (its own meta tensors as
@@ -320,7 +304,7 @@ class Engine:
                         f"stopping short of the last: {OTHER_PATH}"
                     )
                 self.stream.record_skips(run)
-                self._check_output(out)
+                check_output(out, self.buffers.streamed_addresses())
             finally:
                 end = time.perf_counter()
                 self._end_pass(run, threads, streaming)
@@ -368,28 +352,6 @@ class Engine:
         rings = [r.peak for r in self.buffers.streaming_rings]
         self.last_weights_peak = memory.resident_bytes + memory.kept_bytes + sum(rings) + self.binder.peak_bytes
         self.last_skipped = (len(run.skipped_units), run.read_for_nothing)
-
-    def _check_output(self, out: Any) -> None:
-        """Refuse an output that is not the model's: a tensor left unbound (meta), or a
-        view of the read (or device) buffer, whose bytes the next units overwrite.
-
-        Capture keeps every weight read outside its module resident, so a model prepared
-        by this version never trips either; one prepared by an older version may. A unit
-        source's buffers (the scheduler's) are each one unit's own and stay mapped while
-        a view lives, so a view of them keeps the model's bytes and needs no check.
-        """
-        streamed = self.buffers.streamed_addresses()
-        for leaf in tree_leaves(out):
-            if not isinstance(leaf, torch.Tensor):
-                continue
-            if leaf.device.type == "meta":
-                raise LayerfitError(f"{_UNBOUND_READ} (the output holds a tensor on device meta)")
-            if storage_address(leaf) in streamed:
-                raise LayerfitError(
-                    "the model's output is a view of a streamed weight, whose bytes the engine "
-                    "reuses; prepare the model again with this version of layerfit (it keeps "
-                    "such weights resident)"
-                )
 
     # --- reading units for a unit source --------------------------------------------------
 
@@ -499,6 +461,49 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_output(out: Any, streamed: set[int]) -> None:
+    """Refuse an output that is not the model's: a tensor left unbound (meta), or a
+    view of the read (or device) buffer (``streamed``: their storage addresses), whose
+    bytes the next units overwrite.
+
+    Capture keeps every weight read outside its module resident, so a model prepared
+    by this version never trips either; one prepared by an older version may. A unit
+    source's buffers (the scheduler's) are each one unit's own and stay mapped while
+    a view lives, so a view of them keeps the model's bytes and needs no check.
+    """
+    for leaf in tree_leaves(out):
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        if leaf.device.type == "meta":
+            raise LayerfitError(f"{_UNBOUND_READ} (the output holds a tensor on device meta)")
+        if storage_address(leaf) in streamed:
+            raise LayerfitError(
+                "the model's output is a view of a streamed weight, whose bytes the engine "
+                "reuses; prepare the model again with this version of layerfit (it keeps "
+                "such weights resident)"
+            )
+
+
+def read_resident(
+    manifest: Manifest, reader: SegmentReader, model: nn.Module, device: Device, verify: str
+) -> mmap.mmap | None:
+    """Read ``manifest``'s resident tensors once, verify them unless ``verify`` is
+    ``never``, and bind them into ``model`` for good; their buffer (None: none)."""
+    if manifest.resident is None:
+        return None
+    buffer = aligned_buffer(manifest.resident.nbytes)
+    view = memoryview(buffer)
+    reader.read(manifest.resident, view)
+    if verify != "never":
+        verify_segment(manifest.resident, view)
+    view.release()
+    resident = torch.frombuffer(buffer, dtype=torch.uint8)
+    if device.name != "cpu":
+        resident = resident.to(device.torch_device)  # kept alive by the bound views
+    bind(segment_bindings(model, manifest.resident), resident, 0)
+    return buffer
 
 
 def load(

@@ -45,7 +45,9 @@ def network_tasks(
 
     ``estimate_factor`` scales the memory the *scheduler* is told (``memory``,
     ``retained``) while ``actual_*`` keep the profile's figures — the sensitivity
-    analysis of thesis §7.6.
+    analysis of thesis §7.6. About 95 lines on purpose: the thesis's task graph of one
+    network (its edges and the memory each task takes and leaves) reads as one
+    statement, in the order the tasks run.
     """
     fc_start = profile.fc_start
     cost = profile.total_time

@@ -73,7 +73,11 @@ def solve_optimal(
     search_workers: int = 2,
     time_unit: float | None = None,
 ) -> OptimalSchedule:
-    """Minimum makespan of the tasks of ``graph`` on ``workers`` workers within ``budget``."""
+    """Minimum makespan of the tasks of ``graph`` on ``workers`` workers within ``budget``.
+
+    One CP-SAT model stated in one place (about 85 lines): intervals, precedences, the
+    workers' and the memory's cumulative constraints and the objective share the
+    per-task variables, which pieces would pass back and forth."""
     cp_model = require("ortools.sat.python.cp_model")
 
     if workers < 1:
