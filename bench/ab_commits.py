@@ -12,7 +12,8 @@ within the noise is no change that this machine can show.
     python bench/ab_commits.py --before e85f03a --after HEAD --rounds 2 \\
         --bench "demand_layering.py --quick" --output-flag --output --name refactor_dl
 
-writes ``bench/results/<name>.{json,md}``.
+writes ``bench/results/<name>.{json,md}``. A bench whose result option is ``--name``
+(``serve_load.py``) is given as ``--output-flag=--name``.
 """
 
 from __future__ import annotations
