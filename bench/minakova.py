@@ -36,7 +36,7 @@ import torch
 from common import machine, mb, write_results
 
 from layerfit import zoo
-from layerfit.tradeoff import (
+from layerfit.tradeoff.parts import (
     Application,
     Constraints,
     GAParams,

@@ -28,20 +28,6 @@ from layerfit.store.manifest import Segment
 PIPELINES = ["preload", "sequential", "sync", "async"]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("m") / "tiny"
-    prepare("tinymodels:tiny_cnn", out, input_shape=(1, 3, 16, 16))
-    return out
-
-
-@pytest.fixture(scope="module")
-def reference(tiny: Path):
-    x = example_input((1, 3, 16, 16))
-    with torch.no_grad():
-        return x, tinymodels.tiny_cnn().eval()(x)
-
-
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("pipeline", PIPELINES)
 def test_every_pipeline_is_bit_identical(tiny: Path, reference, pipeline: str, stages: int):

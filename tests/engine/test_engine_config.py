@@ -9,7 +9,6 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-import tinymodels
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,27 +19,13 @@ from layerfit.engine.plan import plan
 from layerfit.engine.skeleton import build_skeleton
 from layerfit.errors import BudgetError, LayerfitError
 from layerfit.sizes import Budget
-from layerfit.store import example_input, prepare, read_manifest
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("m") / "tiny"
-    prepare("tinymodels:tiny_cnn", out, input_shape=(1, 3, 16, 16))
-    return out
-
-
-@pytest.fixture(scope="module")
-def reference(tiny: Path):
-    x = example_input((1, 3, 16, 16))
-    with torch.no_grad():
-        return x, tinymodels.tiny_cnn().eval()(x)
+from layerfit.store import read_manifest
 
 
 def test_one_default_pipeline_for_the_api_the_engine_and_the_command_line(tiny: Path) -> None:
-    from layerfit.cli import engine_options
+    from layerfit.cli.engine_options import engine_default
 
-    assert EngineConfig().pipeline == "auto" == engine_options.PIPELINE
+    assert EngineConfig().pipeline == "auto" == engine_default("pipeline")
     with load(tiny) as engine:  # no budget: auto holds every weight
         assert engine.pipeline == "auto" and engine.policy.name == "preload"
     with load(tiny, budget="50%") as engine:
@@ -49,8 +34,8 @@ def test_one_default_pipeline_for_the_api_the_engine_and_the_command_line(tiny: 
 
 def test_the_command_line_reads_engine_defaults_without_torch() -> None:
     code = (
-        "import sys; import layerfit.cli.engine_options as eo; "
-        "assert 'torch' not in sys.modules, 'torch imported'; print(eo.PIPELINE, eo.DEVICE, eo.STAGES)"
+        "import sys; from layerfit.cli.engine_options import engine_default as d; "
+        "assert 'torch' not in sys.modules, 'torch imported'; print(d('pipeline'), d('device'), d('stages'))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["auto", "cpu", "None"]
@@ -147,3 +132,20 @@ def test_reconfigure_to_a_config_changes_budget_units_and_pipeline_only(tiny: Pa
         with pytest.raises(LayerfitError, match="binding, verify need a new load"):
             engine.reconfigure(target.replace(verify="always", binding="copy"))
         assert engine.config == target and torch.equal(engine(x), y)
+
+
+def test_the_commands_that_load_a_model_declare_the_configs_defaults() -> None:
+    """``run`` and ``tradeoff delay`` show EngineConfig's defaults (``--coalesce`` as the
+    text that parses to EngineConfig.coalesce_bytes), and build the config they show."""
+    import inspect
+
+    from layerfit.cli.engine_options import OPTIONS, EngineOptions
+    from layerfit.cli.models import run
+    from layerfit.cli.tradeoff import tradeoff_delay
+
+    for command in (run, tradeoff_delay):
+        declared = {
+            name: param.default.default
+            for name, param in inspect.signature(command).parameters.items() if name in OPTIONS
+        }
+        assert declared and EngineOptions(declared, frozenset(), {}).config() == EngineConfig()

@@ -7,8 +7,10 @@ layers (nothing in the library imports this package):
 
 * :mod:`.app` — the typer app, ``main``, ``--version``, ``--trust-factory``
 * :mod:`.serve` — ``serve``
-* :mod:`.runtime_options` — the runtime's options, declared once for ``serve`` and
-  ``schedule run`` (each sets one field of :class:`~layerfit.schedule.RuntimeConfig`)
+* :mod:`.config_options` — option groups that map one to one onto a config class;
+  :mod:`.runtime_options` (``serve``, ``schedule run``:
+  :class:`~layerfit.schedule.RuntimeConfig`) and :mod:`.engine_options` (``run``,
+  ``tradeoff delay``: :class:`~layerfit.engine.config.EngineConfig`) are its two tables
 * :mod:`.zoo` — ``zoo``
 * :mod:`.memory` — ``plan``
 * :mod:`.schedule` — ``schedule graph|profiles|contention|bound|generate|run``

@@ -1,91 +1,80 @@
 """The engine's options, declared once for every command that loads a prepared model.
 
-Each option maps onto one field of :class:`~layerfit.engine.config.EngineConfig` and
-takes its default from that field, so a default is stated in one place; ``run`` and
-``tradeoff delay`` declare their engine options with these and build the config with
-:func:`engine_config`. Importing this module imports no PyTorch.
+Each option sets one setting of :class:`~layerfit.engine.config.EngineConfig` and takes
+that field's default, through the mechanism the runtime's options use
+(:mod:`.config_options`): ``run`` and ``tradeoff delay`` name the options they take
+with :func:`engine_options` and build the config with :meth:`EngineOptions.config`.
+Importing this module imports no PyTorch.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Annotated, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
-import typer
-
+from layerfit.cli.config_options import (
+    OPTIONS_PARAMETER,
+    ConfigOptions,
+    Option,
+    config_options,
+    option_default,
+)
 from layerfit.engine.config import DEFAULT_COALESCE_BYTES, EngineConfig
 
-_FIELDS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
-
-
-# Each option's default: the field's (read once, so the signatures name a constant).
-PIPELINE: str = _FIELDS["pipeline"]
-DIRECT_IO: bool = _FIELDS["direct_io"]
-ACTIVATIONS: str = _FIELDS["activations"]
-GATHER_ROWS: bool = _FIELDS["gather_rows"]
-DEVICE: str = _FIELDS["device"]
-STAGES: int | None = _FIELDS["stages"]
-
-
-Pipeline = Annotated[
-    str,
-    typer.Option(
-        "--pipeline",
-        help="auto (preload when --budget holds every weight or is not given, else async keeping what fits), "
+OPTIONS: Mapping[str, Option] = {
+    "pipeline": Option(
+        str, ("--pipeline",),
+        "auto (preload when --budget holds every weight or is not given, else async keeping what fits), "
         "preload, sequential, sync or async",
     ),
-]
-Budget = Annotated[
-    str | None,
-    typer.Option(
-        "--budget",
-        help="weight memory, e.g. 24MB, or a share of the model's weights, e.g. 50% (default: the pipeline's own)",
+    "budget": Option(
+        str | None, ("--budget",),
+        "weight memory, e.g. 24MB, or a share of the model's weights, e.g. 50% (default: the pipeline's own)",
     ),
-]
-DirectIO = Annotated[bool, typer.Option("--direct-io/--buffered-io", help="read weights with O_DIRECT")]
-Activations = Annotated[
-    str, typer.Option("--activations", help="default (PyTorch allocates) or planned (one arena laid out by the planner)")
-]
-Coalesce = Annotated[
-    str, typer.Option("--coalesce", help="read adjacent units with one request up to this size (0: one read per unit)")
-]
-GatherRows = Annotated[
-    bool,
-    typer.Option(
-        "--rows/--tables-whole",
-        help="read an untied embedding table by the rows its ids look up (default), or stream it whole",
+    "units": Option(
+        str, ("--units",),
+        "layers, blocks:N, merge:SIZE (consecutive layers up to SIZE per block) or swapnet (SwapNet "
+        "partition for --budget)",
     ),
-]
-Device = Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N")]
-Stages = Annotated[
-    int | None,
-    typer.Option("--stages", help="2: kernels use the read buffer (cpu default); 3: read, copy, kernel (cuda)"),
-]
+    "direct_io": Option(bool, ("--direct-io/--buffered-io",), "read weights with O_DIRECT"),
+    "activations": Option(
+        str, ("--activations",), "default (PyTorch allocates) or planned (one arena laid out by the planner)"
+    ),
+    "coalesce": Option(
+        str, ("--coalesce",), "read adjacent units with one request up to this size (0: one read per unit)",
+        default=f"{DEFAULT_COALESCE_BYTES // 2**20}MiB",  # EngineConfig.coalesce_bytes, as text
+    ),
+    "gather_rows": Option(
+        bool, ("--rows/--tables-whole",),
+        "read an untied embedding table by the rows its ids look up (default), or stream it whole",
+    ),
+    "device": Option(str, ("--device",), "cpu, cuda or cuda:N"),
+    "stages": Option(
+        int | None, ("--stages",), "2: kernels use the read buffer (cpu default); 3: read, copy, kernel (cuda)"
+    ),
+}
 
-COALESCE_DEFAULT = f"{DEFAULT_COALESCE_BYTES // 2**20}MiB"
-"""``--coalesce``'s default as the help shows it (``EngineConfig.coalesce_bytes``)."""
+ENGINE_OPTIONS: Any = OPTIONS_PARAMETER  # the default of a command's ``options`` parameter
 
 
-def engine_config(**options: Any) -> EngineConfig:
-    """The config the command line's engine options denote (text read once, here)."""
-    return EngineConfig.parse(**options)
+class EngineOptions(ConfigOptions):
+    """The engine's options as one command line gave them (see :class:`ConfigOptions`)."""
+
+    def config(self, **settings: Any) -> EngineConfig:
+        """The :class:`EngineConfig` of these options, with ``settings`` (what the command
+        sets itself) over them: text is read here, once (:meth:`EngineConfig.parse`)."""
+        return EngineConfig.parse(**{**self.overrides, **self.values, **settings})
 
 
-__all__ = [
-    "COALESCE_DEFAULT",
-    "Activations",
-    "Budget",
-    "Coalesce",
-    "Device",
-    "DirectIO",
-    "GatherRows",
-    "Pipeline",
-    "Stages",
-    "ACTIVATIONS",
-    "DEVICE",
-    "DIRECT_IO",
-    "GATHER_ROWS",
-    "PIPELINE",
-    "STAGES",
-    "engine_config",
-]
+def engine_default(name: str) -> Any:
+    """Setting ``name``'s default, as :class:`EngineConfig` states it."""
+    return option_default(EngineConfig, OPTIONS, name)
+
+
+def engine_options(*names: str) -> Callable[[Any], Any]:
+    """Give a typer command the engine's options ``names`` in place of its ``options``
+    parameter, which receives them as one :class:`EngineOptions`."""
+    return config_options(EngineConfig, OPTIONS, names, parameter="options", group=EngineOptions)
+
+
+__all__ = ["ENGINE_OPTIONS", "OPTIONS", "EngineOptions", "engine_default", "engine_options"]

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.console import Console
 
-from layerfit.cli import engine_options as eo
 from layerfit.cli.app import app, console, parse_shape, print_json, print_warnings
+from layerfit.cli.engine_options import ENGINE_OPTIONS, EngineOptions, engine_options
 from layerfit.engine.openmp import COMPUTE_THREADS_HELP, kernels_on, set_compute_threads
 from layerfit.errors import InputError, LayerfitError
 
@@ -426,11 +426,12 @@ def _units_label(report: dict) -> str:
 
 
 @app.command()
+@engine_options(
+    "pipeline", "budget", "units", "direct_io", "activations", "coalesce", "gather_rows", "device", "stages"
+)
 def run(
     directory: str = typer.Argument(..., help="prepared model directory"),
-    pipeline: eo.Pipeline = eo.PIPELINE,
-    budget: eo.Budget = None,
-    units: str = typer.Option("layers", "--units", help="layers, blocks:N, merge:SIZE (consecutive layers up to SIZE per block) or swapnet (SwapNet partition for --budget)"),
+    options: EngineOptions = ENGINE_OPTIONS,  # --pipeline, --budget, --units, ... (engine_options)
     input_path: str = typer.Option(
         None, "--input", help="input .npy, or .safetensors of keyword arguments for a model prepared with "
         "--example (default: seeded random)",
@@ -439,12 +440,6 @@ def run(
     repeats: int = typer.Option(3, "--repeats", min=1),
     warmup: int = typer.Option(1, "--warmup", min=0),
     trace: str = typer.Option(None, "--trace", help="write a Chrome trace of the median run"),
-    direct_io: eo.DirectIO = eo.DIRECT_IO,
-    activations: eo.Activations = eo.ACTIVATIONS,
-    coalesce: eo.Coalesce = eo.COALESCE_DEFAULT,
-    gather_rows: eo.GatherRows = eo.GATHER_ROWS,
-    device: eo.Device = eo.DEVICE,
-    stages: eo.Stages = eo.STAGES,
     threads: int | None = typer.Option(None, "--threads", help=COMPUTE_THREADS_HELP),
     force: bool = typer.Option(False, "--force", help="replace existing --output and --trace files"),
     as_json: bool = typer.Option(False, "--json"),
@@ -460,12 +455,9 @@ def run(
     if trace:
         check_output_file(trace, force=force, option="--trace")
     set_compute_threads(threads, "--threads")
-    swapnet = units == "swapnet"  # the budget is the model's memory in all: SwapNet splits it
-    config = eo.engine_config(
-        budget=None if swapnet else budget, pipeline=pipeline, units="layers" if swapnet else units,
-        direct_io=direct_io, trace=trace is not None, activations=activations,
-        coalesce=coalesce, device=device, stages=stages, gather_rows=gather_rows,
-    )
+    budget = options["budget"]
+    swapnet = options["units"] == "swapnet"  # the budget is the model's memory in all: SwapNet splits it
+    config = options.config(trace=trace is not None, **({"budget": None, "units": "layers"} if swapnet else {}))
     if swapnet:
         import warnings
 

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from layerfit.cli import engine_options as eo
 from layerfit.cli.app import app, console, print_json, print_warnings, renamed_option
+from layerfit.cli.engine_options import ENGINE_OPTIONS, EngineOptions, engine_options
 from layerfit.engine.openmp import set_compute_threads
 
 if TYPE_CHECKING:
@@ -210,9 +210,10 @@ def partition_command(
 
 
 @tradeoff_app.command("delay")
+@engine_options("pipeline", "device", "stages")  # the search grows the budget of auto or async (the paper's)
 def tradeoff_delay(
     directory: str = typer.Argument(..., help="prepared model directory"),
-    pipeline: eo.Pipeline = eo.PIPELINE,  # the search grows the budget of auto or async (the paper's)
+    options: EngineOptions = ENGINE_OPTIONS,  # --pipeline, --device, --stages (engine_options)
     step: str = typer.Option("1MB", "--step", help="budget increment per point, e.g. 1MB or 5% of the weights"),
     repeats: int = typer.Option(3, "--repeats", min=1),
     warmup: int = typer.Option(1, "--warmup", min=0),
@@ -222,8 +223,6 @@ def tradeoff_delay(
     as_json: bool = typer.Option(False, "--json"),
     plot: str = typer.Option(None, "--plot", help="write the delay-memory curve (Fig. 13) here"),
     force: bool = typer.Option(False, "--force", help="replace an existing --plot image"),
-    device: eo.Device = eo.DEVICE,
-    stages: eo.Stages = eo.STAGES,
 ) -> None:
     """Find the minimal-delay buffer size by growing the budget (Demand Layering V-D)."""
     from layerfit.engine import load
@@ -243,22 +242,22 @@ def tradeoff_delay(
     weights = read_manifest(directory).total_bytes  # what a share (--step 5%) is of
     step_bytes = parse_budget(step, weights)
     until_bytes = None if until is None else parse_budget(until, weights)
-    with load(directory, eo.engine_config(pipeline=pipeline, device=device, stages=stages)) as engine:
+    with load(directory, options.config()) as searched:
         from layerfit.cli.models import device_call  # here: models' commands register after these
 
-        args, keywords = device_call(None, engine)  # a model prepared from keywords: all of them
+        args, keywords = device_call(None, searched)  # a model prepared from keywords: all of them
         curve = minimal_delay_search(
-            engine, args, keywords=keywords, step=step_bytes, repeats=repeats, warmup=warmup,
+            searched, args, keywords=keywords, step=step_bytes, repeats=repeats, warmup=warmup,
             until=until_bytes, patience=patience, tolerance=tolerance,
             progress=None if as_json else lambda p: console.print(
                 f"  {format_bytes(p.budget_bytes):>10}  {p.mean_s * 1e3:9.1f} ms  "
                 f"[{p.min_s * 1e3:.1f} - {p.max_s * 1e3:.1f}]", highlight=False),
         )
-    with load(directory, eo.engine_config(pipeline="preload", device=device, stages=stages)) as pre:
+    with load(directory, options.config(pipeline="preload")) as pre:
         times = [timed_call(pre, args, keywords) for _ in range(repeats + warmup)][warmup:]
         curve.preload_s = sorted(times)[len(times) // 2]
     if plot:
-        plot_delay_curve(curve, plot, title=f"{engine.manifest.model['name']}: minimal-delay search")
+        plot_delay_curve(curve, plot, title=f"{searched.manifest.model['name']}: minimal-delay search")
     if as_json:
         print_json(curve.to_dict())
         return

@@ -413,18 +413,9 @@ class Engine:
         return self.config.coalesce_bytes
 
     @property
-    def gather_rows(self) -> bool:
-        return self.config.gather_rows
-
-    @property
     def ring(self) -> RingBuffer | None:
         """The read buffer."""
         return self.buffers.ring
-
-    @property
-    def device_ring(self) -> RingBuffer | None:
-        """The copy stage's buffer."""
-        return self.buffers.device_ring
 
     @property
     def kept_units(self) -> tuple[int, ...]:

@@ -2,101 +2,17 @@
 
 * :mod:`layerfit.tradeoff.parts` - Minakova & Stefanov (2022): the memory-throughput
   trade-off of CNN-based applications (buffer reuse, processing by parts, the genetic
-  search). Its public names are re-exported here, as before the split.
+  search).
 * :mod:`layerfit.tradeoff.swapnet` - SwapNet: the delay model, the block partition under
   a budget, run-time re-partitioning and several models sharing one budget.
 * :mod:`layerfit.tradeoff.delay` - Demand Layering's minimal-delay buffer size (Section
   V-D), a search over the streaming engine's budget.
 
-Importing this package imports the Minakova half (its ``tradeoff`` extra: PyYAML).
+The package needs its ``tradeoff`` extra (pymoo, PyYAML): importing it without the
+extra is one line naming the install. It imports neither subpackage, so SwapNet's
+modules do not import the Minakova half (nor PyYAML) they never use.
 """
 
-from layerfit.tradeoff.parts import (
-    CNN,
-    TOLERANCE,
-    AnalyticThroughput,
-    AppEdge,
-    Application,
-    Constraints,
-    DerivedApplication,
-    Evaluation,
-    FlowGraph,
-    FlowNode,
-    GAParams,
-    Layer,
-    MeasuredThroughput,
-    MemoryCost,
-    Partition,
-    PartsExecutor,
-    PipelineReport,
-    ProfiledThroughput,
-    RowBuffer,
-    RowMap,
-    RowPlan,
-    SharedBuffer,
-    TracedGraph,
-    TradeoffResult,
-    TwoStagePipeline,
-    Violation,
-    application_from_dict,
-    cnn_from_graph,
-    cnn_from_module,
-    cnn_from_traced,
-    estimator_for,
-    format_schedule,
-    load_application,
-    measure_pipeline,
-    naive_buffers,
-    plan_rows,
-    reduce_buffers,
-    reuse_buffers,
-    split_partitions,
-    stage_of,
-    trace_module,
-    untiled_peak_bytes,
-)
+from layerfit.extras import ensure
 
-__all__ = [
-    "CNN",
-    "TOLERANCE",
-    "AnalyticThroughput",
-    "AppEdge",
-    "Application",
-    "Constraints",
-    "DerivedApplication",
-    "Evaluation",
-    "FlowGraph",
-    "FlowNode",
-    "GAParams",
-    "Layer",
-    "MeasuredThroughput",
-    "MemoryCost",
-    "Partition",
-    "PartsExecutor",
-    "PipelineReport",
-    "ProfiledThroughput",
-    "RowBuffer",
-    "RowMap",
-    "RowPlan",
-    "SharedBuffer",
-    "TracedGraph",
-    "TradeoffResult",
-    "TwoStagePipeline",
-    "Violation",
-    "application_from_dict",
-    "cnn_from_graph",
-    "cnn_from_module",
-    "cnn_from_traced",
-    "estimator_for",
-    "format_schedule",
-    "load_application",
-    "measure_pipeline",
-    "naive_buffers",
-    "plan_rows",
-    "reduce_buffers",
-    "reuse_buffers",
-    "split_partitions",
-    "stage_of",
-    "trace_module",
-    "untiled_peak_bytes",
-]
+ensure("tradeoff")
