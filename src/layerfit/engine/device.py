@@ -94,24 +94,34 @@ class CudaDevice(Device):
         done.synchronize()
 
 
-def get_device(device: str, stages: int | None) -> Device:
-    """The device called ``device`` (``cpu``, ``cuda``, ``cuda:N``) with ``stages`` pipeline
-    stages. The default is 2 on CPU (zero-copy) and 3 on CUDA."""
+def device_stages(device: str, stages: int | None) -> int:
+    """The pipeline stages ``stages`` means on ``device`` (2 on CPU, 3 on CUDA by default),
+    checking both names without touching the device: what a plan needs to know of it."""
     kind, _, index = device.partition(":")
     if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
         raise LayerfitError(f"unknown device {device!r}: choose cpu, cuda or cuda:N")
     if stages not in (None, 2, 3):
         raise LayerfitError(f"stages must be 2 (zero-copy) or 3 (read, copy, kernel), not {stages!r}")
     if kind == "cpu":
-        return Device(stages or 2)
-    if not torch.cuda.is_available():
-        raise LayerfitError(
-            f"device {device!r} was requested but this PyTorch sees no CUDA device "
-            f"(torch {torch.__version__}): run on cpu"
-        )
+        return stages or 2
     if stages == 2:
         raise LayerfitError(
             "the two-stage zero-copy pipeline needs memory that CUDA kernels can use in "
             "place of host memory, which this engine does not set up: use stages=3 on cuda"
         )
-    return CudaDevice(3, int(index) if index else None)
+    return 3
+
+
+def get_device(device: str, stages: int | None) -> Device:
+    """The device called ``device`` (``cpu``, ``cuda``, ``cuda:N``) with ``stages`` pipeline
+    stages. The default is 2 on CPU (zero-copy) and 3 on CUDA."""
+    n = device_stages(device, stages)
+    kind, _, index = device.partition(":")
+    if kind == "cpu":
+        return Device(n)
+    if not torch.cuda.is_available():
+        raise LayerfitError(
+            f"device {device!r} was requested but this PyTorch sees no CUDA device "
+            f"(torch {torch.__version__}): run on cpu"
+        )
+    return CudaDevice(n, int(index) if index else None)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from layerfit.engine.config import EngineConfig
-from layerfit.engine.device import get_device
+from layerfit.engine.device import device_stages
 from layerfit.engine.gather import gathered_units, least_room
 from layerfit.engine.part_units import unit_runs
 from layerfit.engine.units import Block, make_blocks
@@ -66,22 +66,18 @@ class EnginePlan:
     memory: MemoryPlan
 
 
-def reads_rows(config: EngineConfig, stages: int, planned_activations: bool) -> bool:
-    """Whether embedding tables may be read by rows: on cpu with two stages (the rows
-    land in the read buffer the kernel uses in place) and PyTorch's own activations."""
-    return config.gather_rows and config.device == "cpu" and stages == 2 and not planned_activations
-
-
 def plan(manifest: Manifest, config: EngineConfig, model: nn.Module | None = None) -> EnginePlan:
     """The plan of ``config`` for ``manifest``'s model. ``model`` (the skeleton, when it
     can be built) tells which tables are plain ``nn.Embedding`` modules read by rows and
     which units an encoder-decoder runs once per input; without it every gatherable
     table counts and every unit runs once. A budget below the minimum is a
     :class:`~layerfit.errors.BudgetError` naming the minimum (and, for a share, the bytes)."""
-    stages = get_device(config.device, config.stages).stages
+    stages = device_stages(config.device, config.stages)
     blocks = make_blocks(manifest.units, config.units)
     rows: dict[int, int] = {}
-    if reads_rows(config, stages, config.activations == "planned"):
+    # Rows land in the read buffer the kernel uses in place: cpu, two stages, and
+    # PyTorch's own activations (the planned arena replays the captured ops whole).
+    if config.gather_rows and config.device == "cpu" and stages == 2 and config.activations == "default":
         for i in gathered_units(blk.segments for blk in blocks):
             if model is None or _plain_embedding(model, blocks[i]):
                 rows[i] = least_room(blocks[i].segments[0])
@@ -118,4 +114,4 @@ def _plain_embedding(model: nn.Module, block: Block) -> bool:
     return type(module) is nn.Embedding and module.max_norm is None
 
 
-__all__ = ["EnginePlan", "MemoryPlan", "plan", "reads_rows"]
+__all__ = ["EnginePlan", "MemoryPlan", "plan"]
