@@ -136,3 +136,15 @@ def test_registry_lists_both_approaches() -> None:
         "best",
     } <= set(STRATEGIES["offsets"])
     assert "objects:greedy_by_size_improved" in STRATEGIES["offsets"]
+
+
+@SETTINGS
+@given(record_sets())
+def test_the_offsets_bound_is_the_most_bytes_live_at_any_operator(records) -> None:
+    """max_breadth sweeps starts and ends; it equals the breadth of the busiest operator
+    counted tensor by tensor."""
+    from layerfit.memory.profiles import max_breadth
+
+    ops = range(max((r.last_op for r in records), default=-1) + 1)
+    busiest = max((sum(r.size for r in records if r.first_op <= op <= r.last_op) for op in ops), default=0)
+    assert max_breadth(records) == busiest

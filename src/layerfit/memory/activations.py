@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from layerfit.memory.from_graph import _Storage
+from layerfit.memory.profiles import max_breadth
 from layerfit.memory.records import TensorUsageRecord, make_records
 
 if TYPE_CHECKING:
@@ -67,16 +68,7 @@ def activation_bytes(graph: ModelGraph, strategy: str | None = None, *, alignmen
         from layerfit.memory.registry import plan_offsets
 
         return plan_offsets(records, strategy).arena_size
-    events: list[tuple[int, int]] = []
-    for r in records:
-        events.append((r.first_op, r.size))
-        events.append((r.last_op + 1, -r.size))
-    events.sort()  # at equal op index, frees (negative) come first
-    live = peak = 0
-    for _, delta in events:
-        live += delta
-        peak = max(peak, live)
-    return peak
+    return max_breadth(records)
 
 
 __all__ = ["activation_bytes", "activation_records"]

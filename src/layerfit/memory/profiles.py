@@ -67,8 +67,20 @@ def positional_maximums(records: Sequence[TensorUsageRecord]) -> list[int]:
 
 
 def max_breadth(records: Sequence[TensorUsageRecord]) -> int:
-    """The largest operator breadth (0 for no records)."""
-    return max((p.breadth for p in operator_profiles(records)), default=0)
+    """The largest operator breadth (0 for no records): the most bytes live at once.
+
+    A sweep over the records' starts and ends, O(n log n), rather than the operator
+    profiles, which list and sort every live tensor at every start."""
+    events: list[tuple[int, int]] = []
+    for r in records:
+        events.append((r.first_op, r.size))
+        events.append((r.last_op + 1, -r.size))
+    events.sort()  # at equal op index, ends (negative) come first
+    live = peak = 0
+    for _, delta in events:
+        live += delta
+        peak = max(peak, live)
+    return peak
 
 
 def maximal_cliques(records: Sequence[TensorUsageRecord]) -> list[OperatorProfile]:
