@@ -237,16 +237,16 @@ def install_hooks(stream: UnitStream, modules: dict[str, nn.Module], unused: Ite
     for i, blk in enumerate(stream.blocks):
         first, last = modules[blk.segments[0].name], modules[blk.segments[-1].name]
         if i in stream.gathered:
-            handles.append(first.register_forward_pre_hook(GatherHook(stream, i), with_kwargs=True))
+            handles.append(first.register_forward_pre_hook(GatherHook(stream, i).__call__, with_kwargs=True))
         else:
-            handles.append(first.register_forward_pre_hook(PreHook(stream, i)))
-        handles.append(last.register_forward_hook(PostHook(stream, i)))
+            handles.append(first.register_forward_pre_hook(PreHook(stream, i).__call__))
+        handles.append(last.register_forward_hook(PostHook(stream, i).__call__))
         for seg in blk.segments[1:]:  # a later layer of the block needs the block bound
-            handles.append(modules[seg.name].register_forward_pre_hook(InnerHook(stream, i, seg.name)))
+            handles.append(modules[seg.name].register_forward_pre_hook(InnerHook(stream, i, seg.name).__call__))
     for name in sorted({n.rpartition(".")[0] for n in unused}):
         module = modules.get(name)
         if module is not None:
-            handles.append(module.register_forward_pre_hook(UnstoredHook(stream, name)))
+            handles.append(module.register_forward_pre_hook(UnstoredHook(stream, name).__call__))
     return handles
 
 
