@@ -37,8 +37,18 @@ def _example_kwargs(path: str | None, input_shape: str | None) -> dict[str, Any]
 
 @app.command()
 def prepare(
-    model: str = typer.Argument(..., help="zoo name (see `layerfit zoo`) or package.module:factory"),
+    model: str = typer.Argument(
+        ..., help="hf:FOLDER (a local Hugging Face model folder as published), a zoo name (see `layerfit zoo`) "
+        "or package.module:factory",
+    ),
     output: str = typer.Option(..., "-o", "--output", help="directory to create"),
+    class_name: str = typer.Option(
+        None, "--class", help="hf: the transformers class to build, e.g. BertForMaskedLM (default: the config's)"
+    ),
+    seq_len: int = typer.Option(None, "--seq-len", help="hf: tokens of the derived example input (default 32)"),
+    dtype: str = typer.Option(
+        None, "--dtype", help="hf: store the weights as float32, float16 or bfloat16 (default: as the checkpoint stores them)"
+    ),
     input_shape: str = typer.Option(None, "--input-shape", help="e.g. 1,3,224,224 (default: the model's)"),
     input_dtype: str = typer.Option("float32", "--input-dtype"),
     checkpoint: str = typer.Option(None, "--checkpoint", help="weights from a .safetensors file"),
@@ -55,7 +65,13 @@ def prepare(
 
     from layerfit.sizes import format_bytes
     from layerfit.store import prepare as do_prepare
+    from layerfit.store.hf_folder import DEFAULT_SEQ_LEN, HFOptions, is_hf
 
+    hf = None
+    if is_hf(model):
+        hf = HFOptions(class_name=class_name, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len, dtype=dtype)
+    elif class_name is not None or seq_len is not None or dtype is not None:
+        raise InputError("--class, --seq-len and --dtype are for a Hugging Face folder (hf:FOLDER)")
     with Progress(
         TextColumn("[bold]preparing[/] " + model), BarColumn(), DownloadColumn(),
         console=Console(stderr=True), transient=True, disable=as_json,
@@ -64,7 +80,7 @@ def prepare(
         manifest = do_prepare(
             model, output, input_shape=parse_shape(input_shape), input_dtype=input_dtype,
             checkpoint=checkpoint, force=force, seed=seed, example=_example_kwargs(example, input_shape),
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
+            progress=lambda done, total: bar.update(task, completed=done, total=total), hf=hf,
         )
     summary = {
         "directory": output,
@@ -321,10 +337,10 @@ def _load_call(path: str | None, manifest) -> tuple[tuple, dict]:
 
 def _load_input(path: str | None, manifest):
     from layerfit.errors import InputError
-    from layerfit.store import example_input
+    from layerfit.store import example_call
 
     if path is None:
-        return example_input(manifest.input_shape, manifest.input_dtype, manifest.seed)
+        return example_call(manifest)[0][0]
     import numpy as np
     import torch
 

@@ -195,6 +195,16 @@ class Manifest:
     # A model prepared from an example of keyword arguments: each tensor's (name, shape,
     # dtype), so the default input (``layerfit run``) is a call of them all.
     input_keywords: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+    # The integer inputs' value ranges [low, high) by name ("" for the one positional
+    # input) where the model needs them (token types, a vocabulary); else [0, 32).
+    input_ranges: tuple[tuple[str, int, int], ...] = ()
+    # Files prepare copied beside the weights (a Hugging Face folder's config, tokenizer,
+    # generation config): plain names in the folder.
+    files: tuple[str, ...] = ()
+
+    def input_range(self, name: str = "") -> tuple[int, int]:
+        """[low, high) of integer input ``name`` in the default call."""
+        return next(((low, high) for n, low, high in self.input_ranges if n == name), (0, 32))
 
     @property
     def segments(self) -> tuple[Segment, ...]:
@@ -227,7 +237,9 @@ class Manifest:
                 **({"keywords": [
                     {"name": n, "shape": list(shape), "dtype": dtype} for n, shape, dtype in self.input_keywords
                 ]} if self.input_keywords else {}),
+                **({"ranges": {n: [low, high] for n, low, high in self.input_ranges}} if self.input_ranges else {}),
             },
+            **({"files": list(self.files)} if self.files else {}),
             "weights": {"file": self.weights_file, "size": self.weights_size, "alignment": ALIGN},
             "resident": self.resident.to_dict() if self.resident else None,
             "units": [u.to_dict() for u in self.units],
@@ -260,7 +272,13 @@ class Manifest:
                     (str(k["name"]), tuple(_whole(x) for x in k["shape"]), str(k["dtype"]))
                     for k in d["input"].get("keywords", ())
                 ),
+                input_ranges=tuple(
+                    (_text(n), _whole(r[0]), _whole(r[1])) for n, r in dict(d["input"].get("ranges", {})).items()
+                ),
+                files=tuple(_file_name(f) for f in d.get("files", ())),
             )
+            if any(low >= high for _, low, high in manifest.input_ranges):
+                raise ValueError("an input range is empty")
             if any(dtype not in DTYPES for _, _, dtype in manifest.input_keywords):
                 raise ValueError("an input keyword's dtype is not one layerfit makes inputs of")
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -423,6 +441,13 @@ def _model(value: Any) -> dict[str, Any]:
     _text(value["source"])
     _text(value["name"])
     return dict(value)
+
+
+def _file_name(value: Any) -> str:
+    """``value`` if it is a plain file name (never a path out of the folder)."""
+    if not isinstance(value, str) or Path(value).name != value or value in (".", "..", MANIFEST):
+        raise ValueError(f"{value!r} is not a plain file name")
+    return value
 
 
 def _text(value: Any) -> str:

@@ -7,6 +7,7 @@ skeleton later from the same factory and arguments.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,8 +23,8 @@ from layerfit.extras import MissingExtraError, extra_for
 class ModelSpec:
     """How to construct a model: from the zoo or from an importable factory."""
 
-    source: str  # "zoo" or "factory"
-    name: str  # zoo name or "package.module:factory"
+    source: str  # "zoo", "factory" or "hf" (a transformers class, built from its config)
+    name: str  # zoo name, "package.module:factory" or a transformers class name
     kwargs: dict[str, Any] = field(default_factory=dict)
     input_shape: tuple[int, ...] | None = None  # default input shape, when known
 
@@ -36,6 +37,10 @@ class ModelSpec:
             from layerfit import zoo
 
             return zoo.get(self.name).factory
+        if self.source == "hf":
+            from layerfit.store.hf_folder import build_model
+
+            return functools.partial(build_model, self.name)
         return _import_factory(self.name)
 
     def build(self, seed: int = 0) -> nn.Module:

@@ -1,7 +1,9 @@
 """Which model factories a prepared folder may name: the trust model.
 
 A prepared folder's manifest names the code that rebuilds the model's skeleton. The
-zoo is layerfit's own code and always runs. Any other factory is an import of, and a
+zoo is layerfit's own code and always runs, and so does a Hugging Face model prepared
+with ``hf:`` (its manifest names a class that is looked up among transformers' model
+classes only, and holds its config as data). Any other factory is an import of, and a
 call into, an arbitrary module (``os:system`` would do), so it runs only when the
 person running layerfit said so, as transformers' ``trust_remote_code`` works:
 
@@ -67,7 +69,7 @@ def check_trusted(source: str, name: str, where: str) -> None:
 
     ``where`` names the prepared folder in the message, which says what to pass.
     """
-    if source == "zoo":
+    if source in ("zoo", "hf"):  # layerfit's own code, or a transformers model class by name
         return
     if source != "factory" or not isinstance(name, str):
         raise UntrustedFactoryError(f"{where}: the manifest names a model of unknown source {source!r}; prepare it again")

@@ -26,6 +26,15 @@ from layerfit.capture import capture
 from layerfit.capture.graph import ModelGraph
 from layerfit.errors import CheckpointError, InputError, OutputExistsError, OutputPathError
 from layerfit.sizes import format_bytes
+from layerfit.store.hf_folder import (
+    PREFIX,
+    Example,
+    HFOptions,
+    copy_files,
+    derive_example,
+    is_hf,
+    load_model,
+)
 from layerfit.store.manifest import (
     ALIGN,
     DTYPES,
@@ -45,15 +54,20 @@ from layerfit.store.outputs import current_umask
 Progress = Callable[[int, int], None]
 
 
-def example_input(shape: tuple[int, ...], dtype: str = "float32", seed: int = 0) -> torch.Tensor:
-    """The seeded default input of a prepared model (also used by ``layerfit run``)."""
+def example_input(
+    shape: tuple[int, ...], dtype: str = "float32", seed: int = 0, *, low: int = 0, high: int = 32
+) -> torch.Tensor:
+    """The seeded default input of a prepared model (also used by ``layerfit run``).
+
+    Integer inputs are ids in [``low``, ``high``): by default below any plausible
+    vocabulary; a Hugging Face model's derived inputs name their own range (its
+    vocabulary, two token types, an attention mask of ones)."""
     gen = torch.Generator().manual_seed(seed)
     if dtype not in DTYPES:
         raise InputError(f"unsupported input dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     if DTYPES[dtype].is_floating_point:
         return torch.randn(shape, generator=gen, dtype=DTYPES[dtype])
-    # Integer inputs are token or class ids: keep them below any plausible vocabulary.
-    return torch.randint(0, 32, shape, generator=gen, dtype=DTYPES[dtype])
+    return torch.randint(low, high, shape, generator=gen, dtype=DTYPES[dtype])
 
 
 def _state_by_id(model: nn.Module) -> dict[int, torch.Tensor]:
@@ -258,6 +272,7 @@ def prepare(
     progress: Progress | None = None,
     module: nn.Module | None = None,
     example: Any = None,
+    hf: HFOptions | None = None,
 ) -> Manifest:
     """Build, capture and pack ``model`` into ``out_dir``; returns the manifest.
 
@@ -268,14 +283,18 @@ def prepare(
     ``input_shape``: a tensor, a tuple of tensors or a dict of keyword arguments, for a
     model that needs more than one input (an encoder-decoder's ``input_features`` and
     ``decoder_input_ids``); the manifest records its first tensor's shape and dtype.
-    (About 90 lines: the checks of the inputs in the order a user meets their errors,
-    then build, capture and pack, each one call.)
+    ``model`` ``"hf:FOLDER"`` is a local Hugging Face folder as published
+    (:mod:`layerfit.store.hf_folder`; ``hf`` says which class, input length and dtype).
     """
-    spec = resolve(model) if isinstance(model, str) else model
     out = Path(out_dir)
+    if is_hf(model):
+        if checkpoint is not None or input_shape is not None or module is not None:
+            raise InputError("a Hugging Face folder brings its weights and derives its input: leave out "
+                             "--checkpoint and --input-shape (--seq-len sets the input's length)")
+        return _prepare_hf(Path(str(model)[len(PREFIX):]), out, hf or HFOptions(), example, force, seed, progress)
+    spec = resolve(model) if isinstance(model, str) else model
     _check_output_dir(out, force)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**64:
-        raise InputError(f"seed {seed!r} is not a 64-bit integer: use a whole number such as 0 or 1234")
+    _check_seed(seed)
     if example is not None:
         shape, input_dtype = _first_tensor(example)
     else:
@@ -284,18 +303,69 @@ def prepare(
         raise InputError(f"{spec.name} has no default input shape: pass --input-shape, e.g. 1,3,224,224")
     was_training = module.training if module is not None else False
     module = (module if module is not None else spec.build(seed=seed)).eval()
-    x = example if example is not None else example_input(shape, input_dtype, seed)
-    graph = capture(module, x)
-    _check_dtypes(graph)
-    if checkpoint is not None:
-        places: dict[str, list[str]] = {}
-        for r in graph.resident:
-            places[r.name] = list(r.places)
-        for u in graph.units:
-            for p in u.params:
-                places.setdefault(p.name, []).append(f"{u.name}.{p.attr}" if u.name else p.attr)
-        load_checkpoint(module, checkpoint, places, graph.unused)
+    try:
+        x = example if example is not None else example_input(shape, input_dtype, seed)
+        graph = capture(module, x)
+        _check_dtypes(graph)
+        if checkpoint is not None:
+            places: dict[str, list[str]] = {}
+            for r in graph.resident:
+                places[r.name] = list(r.places)
+            for u in graph.units:
+                for p in u.params:
+                    places.setdefault(p.name, []).append(f"{u.name}.{p.attr}" if u.name else p.attr)
+            load_checkpoint(module, checkpoint, places, graph.unused)
+        fields = {"model": spec.to_dict(), "seed": seed, "input_shape": shape, "input_dtype": input_dtype,
+                  "input_keywords": _keywords(example)}
+        return _pack(out, module, graph, fields, progress)
+    finally:
+        module.train(was_training)
 
+
+def _prepare_hf(
+    folder: Path, out: Path, options: HFOptions, example: Any, force: bool, seed: int, progress: Progress | None
+) -> Manifest:
+    """``prepare("hf:FOLDER", out)``: transformers builds the model with every weight a view
+    of the folder's files, the capture pass pages each in as it runs, and the writer
+    copies each from the page cache to the prepared file; the folder's config, tokenizer
+    and generation settings are copied beside it."""
+    _check_output_dir(out, force)
+    _check_seed(seed)
+    loaded = load_model(folder, options)
+    derived = Example(example, {}) if example is not None else derive_example(loaded.module, options.seq_len, seed)
+    shape, input_dtype = _first_tensor(derived.value)
+    graph = capture(loaded.module, derived.value)
+    _check_dtypes(graph)
+    if loaded.unused:
+        names = loaded.unused
+        warnings.warn(
+            f"{folder}: {loaded.class_name} does not use {len(names)} checkpoint tensor{'s' * (len(names) > 1)}, "
+            f"left out: {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}",
+            stacklevel=3,
+        )
+    fields = {
+        "model": loaded.spec, "seed": seed, "input_shape": shape, "input_dtype": input_dtype,
+        "input_keywords": _keywords(derived.value),
+        "input_ranges": tuple((name, low, high) for name, (low, high) in derived.ranges.items()),
+    }
+    return _pack(out, loaded.module, graph, fields, progress, lambda tmp: copy_files(folder, tmp))
+
+
+def _check_seed(seed: object) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**64:
+        raise InputError(f"seed {seed!r} is not a 64-bit integer: use a whole number such as 0 or 1234")
+
+
+def _pack(
+    out: Path,
+    module: nn.Module,
+    graph: ModelGraph,
+    fields: dict[str, Any],
+    progress: Progress | None,
+    copy: Callable[[Path], tuple[str, ...]] | None = None,
+) -> Manifest:
+    """Write ``module``'s weights as ``graph`` places them, and the manifest of ``fields``,
+    into a temporary folder renamed to ``out`` when complete; nothing is kept on failure."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temporaries(out)
@@ -308,17 +378,15 @@ def prepare(
         segments = _write_weights(tmp / WEIGHTS, _groups(module, graph), progress)
         resident = segments[0] if graph.resident else None
         units = tuple(segments[1:] if graph.resident else segments)
+        files = copy(tmp) if copy is not None else ()
         manifest = Manifest(
-            model=spec.to_dict(),
-            seed=seed,
-            input_shape=shape,
-            input_dtype=input_dtype,
-            input_keywords=_keywords(example),
+            **fields,
             weights_file=WEIGHTS,
             weights_size=(tmp / WEIGHTS).stat().st_size,
             resident=resident,
             units=units,
             graph=graph,
+            files=files,
         )
         (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=1))
         (tmp / OWNER).unlink()
@@ -333,8 +401,6 @@ def prepare(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    finally:
-        module.train(was_training)
     return manifest
 
 
@@ -358,8 +424,12 @@ def example_call(manifest: Manifest, seed: int | None = None) -> tuple[tuple, di
     ``seed`` defaults to the manifest's."""
     seed = manifest.seed if seed is None else seed
     if not manifest.input_keywords:
-        return (example_input(manifest.input_shape, manifest.input_dtype, seed),), {}
-    return (), {name: example_input(shape, dtype, seed + k) for k, (name, shape, dtype) in enumerate(manifest.input_keywords)}
+        low, high = manifest.input_range()
+        return (example_input(manifest.input_shape, manifest.input_dtype, seed, low=low, high=high),), {}
+    return (), {
+        name: example_input(shape, dtype, seed + k, low=manifest.input_range(name)[0], high=manifest.input_range(name)[1])
+        for k, (name, shape, dtype) in enumerate(manifest.input_keywords)
+    }
 
 
 def _first_tensor(example: Any) -> tuple[tuple[int, ...], str]:
@@ -412,9 +482,19 @@ def _check_output_dir(out: Path, force: bool) -> None:
         entries = set(os.listdir(out))
     except OSError as exc:
         raise OutputExistsError(f"{out} cannot be listed ({exc.strerror or exc}): choose another directory") from exc
-    if entries and (MANIFEST not in entries or entries - {MANIFEST, WEIGHTS}):
-        foreign = sorted(entries - {MANIFEST, WEIGHTS}) or [f"no {MANIFEST}"]
+    ours = {MANIFEST, WEIGHTS, *_copied_files(out / MANIFEST)}
+    if entries and (MANIFEST not in entries or entries - ours):
+        foreign = sorted(entries - ours) or [f"no {MANIFEST}"]
         raise OutputExistsError(f"{refuse} (it holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''})")
+
+
+def _copied_files(manifest: Path) -> set[str]:
+    """The files a prepared folder's manifest says prepare copied (none if unreadable)."""
+    try:
+        files = json.loads(manifest.read_text()).get("files", [])
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError, AttributeError):
+        return set()
+    return {f for f in files if isinstance(f, str) and Path(f).name == f} if isinstance(files, list) else set()
 
 
 OWNER = ".prepare-pid"  # in a temporary folder while prepare writes it: the writer's process id

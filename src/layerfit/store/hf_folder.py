@@ -1,0 +1,354 @@
+"""A Hugging Face model folder as published: its config, its class, its weights in place.
+
+``layerfit prepare hf:PATH`` reads a local folder holding ``config.json`` and
+``model.safetensors`` (or sharded ``*.safetensors`` with their index). The model is
+built by transformers itself — ``from_pretrained`` with the folder's tensors given as
+views of the memory-mapped files (:mod:`.mapped_safetensors`) — so whatever
+transformers accepts (renamed keys, fused experts, tied weights, non-persistent buffers
+made by the module, unused tensors) gives the weights transformers gives, and no
+weight is copied into memory: the kernel pages each in when the capture pass touches it.
+
+The class is transformers' own, named by the config (``--class`` picks another head);
+a manifest of such a model names that class, never a user's module, and holds its
+config as data, from which the engine rebuilds its skeleton on the meta device. No code a
+file names is run: the config is read without ``trust_remote_code`` and the class is
+looked up among transformers' model classes only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import inspect
+import shutil
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from layerfit.errors import CheckpointError, InputError, UnknownModelError
+from layerfit.store.manifest import DTYPES
+from layerfit.store.mapped_safetensors import Checkpoint
+
+PREFIX = "hf:"
+CONFIG = "config.json"
+GENERATION_CONFIG = "generation_config.json"
+# Small files beside the weights that the prepared folder keeps: the tokenizer (every
+# format transformers reads), the generation config and a processor's settings.
+COPIED = (
+    CONFIG,
+    GENERATION_CONFIG,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "source.spm",
+    "target.spm",
+    "chat_template.jinja",
+    "chat_template.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "normalizer.json",
+)
+DEFAULT_SEQ_LEN = 32
+
+
+@dataclass(frozen=True)
+class HFOptions:
+    """How to build a Hugging Face folder's model for ``prepare``."""
+
+    class_name: str | None = None  # transformers class; None: the config's architecture
+    seq_len: int = DEFAULT_SEQ_LEN  # tokens of the derived example input
+    dtype: str | None = None  # None: as stored
+
+
+@dataclass(frozen=True)
+class Example:
+    """A derived example call: its arguments and each integer input's value range."""
+
+    value: Any  # a tensor (one positional input) or a dict of keyword arguments
+    ranges: dict[str, tuple[int, int]]  # input name ("" for the positional one) → [low, high)
+
+
+def is_hf(name: object) -> bool:
+    return isinstance(name, str) and name.startswith(PREFIX)
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' own loading chatter (missing/unexpected key reports, progress bars)
+    silenced for the call: layerfit reports what matters in its own words."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def read_config(folder: Path) -> Any:
+    """The folder's ``config.json`` as transformers reads it (never running its code)."""
+    if not folder.is_dir():
+        raise InputError(f"{folder} is not a folder: hf: takes a local Hugging Face model folder")
+    if not (folder / CONFIG).is_file():
+        raise InputError(f"{folder} holds no {CONFIG}: it is not a Hugging Face model folder")
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    try:
+        with quiet_transformers():
+            return AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except (ValueError, KeyError, OSError, TypeError) as exc:
+        model_type = _model_type(folder / CONFIG)
+        if model_type is not None and model_type not in CONFIG_MAPPING_NAMES:
+            close = difflib.get_close_matches(model_type, list(CONFIG_MAPPING_NAMES), n=3, cutoff=0.6)
+            raise UnknownModelError(
+                f"{folder}: transformers does not know the architecture {model_type!r}"
+                + (f" (close: {', '.join(close)})" if close else "")
+                + "; layerfit runs no code from the folder (no trust_remote_code)"
+            ) from None
+        raise InputError(f"{folder / CONFIG} cannot be read: {str(exc).splitlines()[0][:200]}") from None
+
+
+def _model_type(path: Path) -> str | None:
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    value = data.get("model_type") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def model_class(name: str) -> type[nn.Module]:
+    """transformers' model class ``name`` (a ``PreTrainedModel`` subclass), or one line
+    naming close matches: a name from a file never reaches anything else."""
+    import transformers
+    from transformers import PreTrainedModel
+
+    candidate = None
+    if name.isidentifier() and not name.startswith("_"):
+        try:
+            candidate = getattr(transformers, name)
+        except (AttributeError, ImportError, RuntimeError):
+            candidate = None
+    if isinstance(candidate, type) and issubclass(candidate, PreTrainedModel) and candidate is not PreTrainedModel:
+        return candidate
+    known = [n for n in dir(transformers) if n[:1].isupper() and ("For" in n or n.endswith("Model"))]
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    raise UnknownModelError(
+        f"transformers has no model class {name!r}" + (f" (close: {', '.join(close)})" if close else "")
+    )
+
+
+def class_name_of(config: Any, chosen: str | None) -> str:
+    """The class to build: ``chosen``, else the config's first architecture, else the
+    base model of its type."""
+    if chosen:
+        return chosen
+    architectures = getattr(config, "architectures", None) or []
+    if architectures and isinstance(architectures[0], str):
+        return architectures[0]
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    base = MODEL_MAPPING_NAMES.get(config.model_type)
+    if isinstance(base, str):
+        return base
+    raise InputError(f"the config names no architecture: pass --class, e.g. {config.model_type.title()}ForCausalLM")
+
+
+def dtype_keyword() -> str:
+    """The name transformers' loaders take the dtype by (``torch_dtype`` before 4.56)."""
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
+@dataclass
+class LoadedModel:
+    """A folder's model built by transformers with its weights in place."""
+
+    module: nn.Module
+    class_name: str
+    dtype: str
+    checkpoint: Checkpoint
+    unused: list[str]
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The manifest's ``model``: transformers' class and what rebuilds it the same way
+        (its config and generation settings as data, never code)."""
+        config = self.module.config
+        kwargs: dict[str, Any] = {"config": config.to_dict(), "dtype": self.dtype}
+        attn = getattr(config, "_attn_implementation", None)
+        if isinstance(attn, str):
+            kwargs["attn_implementation"] = attn
+        generation = getattr(self.module, "generation_config", None)
+        if generation is not None and _generates(self.module):
+            kwargs["generation_config"] = generation.to_dict()
+        return {"source": "hf", "name": self.class_name, "kwargs": kwargs}
+
+
+def load_model(folder: Path, options: HFOptions) -> LoadedModel:
+    """The folder's model as transformers' ``from_pretrained`` builds it, each weight a view
+    of its checkpoint file; missing weights are an error naming them, unused checkpoint
+    tensors a warning naming them."""
+    config = read_config(folder)
+    name = class_name_of(config, options.class_name)
+    cls = model_class(name)
+    checkpoint = Checkpoint(folder)
+    if options.dtype is not None:
+        if options.dtype not in DTYPES or not DTYPES[options.dtype].is_floating_point:
+            floats = [n for n, d in DTYPES.items() if d.is_floating_point]
+            raise InputError(f"--dtype {options.dtype!r} is not a floating dtype: use one of {', '.join(floats)}")
+        dtype = DTYPES[options.dtype]
+    else:
+        dtype = checkpoint.stored_dtype() or torch.float32
+    state = dict(checkpoint.tensors())
+    try:
+        with quiet_transformers():
+            # No name: the weights are the state dict (transformers refuses both).
+            module, info = cls.from_pretrained(
+                None, config=config, state_dict=state, local_files_only=True,
+                output_loading_info=True, **{dtype_keyword(): dtype},
+            )
+            if (folder / GENERATION_CONFIG).is_file() and _generates(module):
+                from transformers import GenerationConfig
+
+                module.generation_config = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
+    except (RuntimeError, ValueError, KeyError, OSError, TypeError, AttributeError) as exc:
+        raise CheckpointError(
+            f"transformers cannot build {name} from {folder}: {str(exc).strip().splitlines()[0][:300]}"
+        ) from None
+    del state
+    missing = sorted(info.get("missing_keys") or ())
+    mismatched = [f"{k} {tuple(a)} (model: {tuple(b)})" for k, a, b in (info.get("mismatched_keys") or ())]
+    if missing or mismatched:
+        problems = []
+        if missing:
+            problems.append(f"missing weights: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+        if mismatched:
+            problems.append(f"wrong shapes: {', '.join(mismatched[:5])}")
+        hint = " (is --class the head this checkpoint was trained with?)" if options.class_name else ""
+        raise CheckpointError(f"{folder} does not hold every weight of {name}: {'; '.join(problems)}{hint}")
+    unused = sorted(info.get("unexpected_keys") or ())
+    module.eval()
+    return LoadedModel(module, name, str(dtype).removeprefix("torch."), checkpoint, unused)
+
+
+def derive_example(module: nn.Module, seq_len: int, seed: int) -> Example:
+    """An input the model accepts, derived from its config: a decoder's token ids of
+    ``seq_len``; an encoder's ids, attention mask and token types; an encoder-decoder's
+    encoder input (ids, or audio features of its length) and decoder ids."""
+    from layerfit.store.writer import example_input
+
+    config = module.config
+    limit = _positions(config)
+    if seq_len < 1 or (limit is not None and seq_len > limit):
+        raise InputError(f"--seq-len {seq_len} is outside 1..{limit or 'any'} (the model's positions)")
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    if vocab < 1:
+        raise InputError(f"{type(module).__name__}'s config has no vocab_size: give an example input (--example)")
+    accepted = set(inspect.signature(module.forward).parameters)
+    ranges: dict[str, tuple[int, int]] = {}
+
+    def ids(name: str, k: int, low: int, high: int) -> torch.Tensor:
+        ranges[name] = (low, high)
+        return example_input((1, seq_len), "int64", seed + k, low=low, high=high)
+
+    if getattr(config, "is_encoder_decoder", False):
+        call: dict[str, torch.Tensor] = {}
+        if getattr(module, "main_input_name", "input_ids") == "input_features":
+            frames = 2 * int(config.max_source_positions)
+            dtype = str(next(module.parameters()).dtype).removeprefix("torch.")
+            call["input_features"] = example_input((1, int(config.num_mel_bins), frames), dtype, seed)
+        else:
+            call["input_ids"] = ids("input_ids", 0, 0, vocab)
+        call["decoder_input_ids"] = ids("decoder_input_ids", 1, 0, vocab)
+        return Example(call, ranges)
+    if _generates(module):  # a decoder: its ids, positionally
+        return Example(ids("", 0, 0, vocab), ranges)
+    call = {"input_ids": ids("input_ids", 0, 0, vocab)}
+    if "attention_mask" in accepted:
+        call["attention_mask"] = ids("attention_mask", 1, 1, 2)  # attend to every token
+    types = int(getattr(config, "type_vocab_size", 0) or 0)
+    if "token_type_ids" in accepted and types > 0:
+        call["token_type_ids"] = ids("token_type_ids", 2, 0, types)
+    return Example(call, ranges)
+
+
+def _generates(module: nn.Module) -> bool:
+    can = getattr(module, "can_generate", None)
+    try:
+        return bool(can()) if callable(can) else False
+    except Exception:  # a model's own check may raise on an unusual config
+        return False
+
+
+def _positions(config: Any) -> int | None:
+    """How many positions the model's (decoder's) embeddings hold, when it says."""
+    for attr in ("max_position_embeddings", "n_positions", "max_target_positions", "n_ctx"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def copy_files(folder: Path, into: Path) -> tuple[str, ...]:
+    """Copy the folder's config, tokenizer and generation settings into ``into``; the
+    names copied."""
+    copied = []
+    for name in COPIED:
+        source = folder / name
+        if source.is_file() and not source.is_symlink() or (source.is_symlink() and source.resolve().is_file()):
+            shutil.copyfile(source, into / name)
+            copied.append(name)
+    return tuple(copied)
+
+
+def build_model(
+    name: str,
+    config: dict[str, Any],
+    dtype: str = "float32",
+    attn_implementation: str | None = None,
+    generation_config: dict[str, Any] | None = None,
+) -> nn.Module:
+    """A prepared model's transformers class rebuilt from the config its manifest holds
+    (on the caller's device: the engine builds it on meta, and the store binds the
+    weights), with the generation settings it was prepared with."""
+    from transformers import AutoConfig, GenerationConfig
+
+    cls = model_class(name)
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise InputError("the manifest's config has no model_type: prepare the model again")
+    if dtype not in DTYPES:
+        raise InputError(f"the manifest's dtype {dtype!r} is not one layerfit stores: prepare the model again")
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    options: dict[str, Any] = {dtype_keyword(): DTYPES[dtype]}
+    if isinstance(attn_implementation, str):
+        options["attn_implementation"] = attn_implementation
+    with quiet_transformers():
+        model = cls._from_config(AutoConfig.for_model(config["model_type"], **fields), **options)
+        if isinstance(generation_config, dict) and _generates(model):
+            model.generation_config = GenerationConfig.from_dict(generation_config)
+    return model
