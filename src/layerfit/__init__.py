@@ -5,6 +5,8 @@ Public entry points (imported lazily, so ``import layerfit`` stays cheap):
 * ``layerfit.capture(model, example_input) -> ModelGraph``
 * ``layerfit.prepare(MODEL, DIR)`` — pack a model for streaming
 * ``layerfit.load(DIR, budget=..., pipeline=...)`` — an engine you call like the model
+* ``layerfit.from_pretrained(FOLDER, budget="40%")`` — a Hugging Face folder (prepared
+  once into a cache) or a prepared one, with ``generate``, ``config`` and ``tokenizer``
 * ``layerfit.Runtime(REPO, budget, workers, policy)`` — many requests over many prepared
   models within one memory budget (``submit(layerfit.Job(...)) -> Future``)
 * ``layerfit.release_thread_team()`` — after tensor work on a thread that lives on (your
@@ -19,7 +21,8 @@ from typing import Any
 from layerfit.errors import LayerfitError
 
 __all__ = [
-    "InferenceJob", "Job", "LayerfitError", "Runtime", "capture", "load", "prepare", "release_thread_team",
+    "InferenceJob", "Job", "LayerfitError", "Runtime", "capture", "from_pretrained", "load", "prepare",
+    "release_thread_team",
 ]
 __version__ = "0.1.0"
 
@@ -29,6 +32,10 @@ def __getattr__(name: str) -> Any:
         from layerfit.engine import load
 
         return load
+    if name == "from_pretrained":
+        from layerfit.engine.pretrained import from_pretrained
+
+        return from_pretrained
     if name == "prepare":
         from layerfit.store import prepare
 

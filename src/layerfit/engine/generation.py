@@ -22,8 +22,10 @@ prepare and the shapes change each step, so an engine loaded with them is refuse
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
@@ -44,19 +46,7 @@ def generate(engine: Engine, *args: Any, **kwargs: Any) -> Any:
             f"{type(model).__name__} has no generate method: call the engine once per step "
             "instead (engine(token, past_key_values=..., use_cache=True))"
         )
-    if engine.arena is not None:
-        raise LayerfitError(
-            "generate runs the model at a new input shape every step, and planned activations "
-            "fix every shape at prepare: load the model with activations='default'"
-        )
-    encoder = _encoder(engine)
-    with engine.generating:
-        patched = [(model, _streamed_forward(engine, model.forward, None))]
-        if encoder is not None:
-            module, units = encoder
-            patched.append((module, _streamed_forward(engine, module.forward, units)))
-        for module, forward in patched:
-            module.forward = forward
+    with streamed(engine):
         try:
             return method(*args, **kwargs)
         except RuntimeError as exc:
@@ -67,6 +57,31 @@ def generate(engine: Engine, *args: Any, **kwargs: Any) -> Any:
                 "pass (and outside its encoder), where its weights are not loaded: decode with "
                 "a loop of engine calls instead (engine.part(name) runs a submodule as a pass)"
             ) from exc
+
+
+@contextlib.contextmanager
+def streamed(engine: Engine) -> Iterator[nn.Module]:
+    """The engine's model with its ``forward`` (and an encoder-decoder's encoder's) run
+    through the engine for the ``with`` block: code that takes a model and calls it or
+    its ``generate`` (a transformers ``pipeline``) streams every pass. One block at a
+    time per engine (it holds ``engine.generating``); the model's own ``forward`` is back
+    after it."""
+    if engine.arena is not None:
+        raise LayerfitError(
+            "generate runs the model at a new input shape every step, and planned activations "
+            "fix every shape at prepare: load the model with activations='default'"
+        )
+    model = engine.model
+    encoder = _encoder(engine)
+    with engine.generating:
+        patched = [(model, _streamed_forward(engine, model.forward, None))]
+        if encoder is not None:
+            module, units = encoder
+            patched.append((module, _streamed_forward(engine, module.forward, units)))
+        for module, forward in patched:
+            module.forward = forward
+        try:
+            yield model
         finally:
             for module, _ in patched:
                 del module.forward
