@@ -62,7 +62,7 @@ def test_a_budget_is_budget_everywhere_and_the_old_names_warn_once(tmp_path, cap
 
 def test_help_lists_the_commands_in_order() -> None:
     """Registration order is ``layerfit --help``'s: the commands on one model from its
-    folder to its outputs, then the groups."""
+    folder to its outputs, ``generate`` right after ``run``, then the groups."""
     import click
     import typer
 
@@ -70,6 +70,6 @@ def test_help_lists_the_commands_in_order() -> None:
 
     group = typer.main.get_command(app)
     assert group.list_commands(click.Context(group)) == [
-        "serve", "zoo", "plan", "profile", "partition", "prepare", "inspect", "verify", "run",
+        "serve", "zoo", "plan", "profile", "partition", "prepare", "inspect", "verify", "run", "generate",
         "plot-trace", "schedule", "tradeoff",
     ]
