@@ -242,6 +242,31 @@ def tiny_llama() -> nn.Module:
     return LlamaForCausalLM(config).eval()
 
 
+SAVED_LLAMA = "LAYERFIT_TEST_SAVED_LLAMA"
+"""The environment variable naming a folder ``tiny_llama`` was saved to (save_pretrained)."""
+
+
+def pretrained_llama() -> nn.Module:
+    """``tiny_llama`` loaded back from its saved folder: a factory that loads its own
+    weights (from_pretrained), which cannot rebuild a skeleton on the meta device."""
+    import os
+
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(os.environ[SAVED_LLAMA]).eval()
+
+
+def llama_from_saved_config() -> nn.Module:
+    """A Llama built from the config in ``tiny_llama``'s saved folder (AutoConfig's
+    from_pretrained reads the config only): a factory that rebuilds on the meta device."""
+    import os
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(5)
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(os.environ[SAVED_LLAMA])).eval()
+
+
 class _EncodesOutsideForward(nn.Module):
     """Like an encoder-decoder's ``generate``: runs its encoder directly, then calls itself."""
 

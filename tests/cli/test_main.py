@@ -58,3 +58,18 @@ def test_a_budget_is_budget_everywhere_and_the_old_names_warn_once(tmp_path, cap
     assert main(["serve", "--repository", str(tmp_path / "none"), "--memory-budget", "1GB"]) == 2
     err = capsys.readouterr().err
     assert "warning: --memory-budget is now --budget" in err and "is not a directory" in err
+
+
+def test_help_lists_the_commands_in_order() -> None:
+    """Registration order is ``layerfit --help``'s: the commands on one model from its
+    folder to its outputs, ``generate`` right after ``run``, then the groups."""
+    import click
+    import typer
+
+    from layerfit.cli import app
+
+    group = typer.main.get_command(app)
+    assert group.list_commands(click.Context(group)) == [
+        "serve", "zoo", "plan", "profile", "partition", "prepare", "inspect", "verify", "run", "generate",
+        "plot-trace", "schedule", "tradeoff",
+    ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import tinymodels
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+import layerfit
 from layerfit.cli import main
 from layerfit.errors import FactoryImportError, LayerfitError, OutputExistsError
 from layerfit.store import prepare, read_manifest
@@ -107,3 +110,50 @@ def test_seed_beyond_64_bits_is_one_line_error(tmp_path: Path, capsys):
     err = capsys.readouterr().err
     assert "64-bit integer" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+_FACTORY = "import torch\n\n\ndef build():\n    return torch.nn.Linear(4, 4)\n"
+
+
+def _layerfit_script(args: list[str], cwd: Path, pythonpath: str) -> subprocess.CompletedProcess:
+    """``layerfit ARGS`` as the console script runs it: the working directory is not on
+    its import path (``python -c`` would put it there; without the script, the
+    interpreter runs with that entry removed)."""
+    script = Path(sys.executable).parent / "layerfit"
+    command = (
+        [str(script), *args] if script.is_file()
+        else [sys.executable, "-c", "import sys; sys.path.remove(''); from layerfit.cli import main; sys.exit(main())", *args]
+    )
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.parametrize(("files", "factory", "where"), [
+    ({"myfactory.py": _FACTORY}, "myfactory:build", "myfactory.py"),
+    ({"mypkg/__init__.py": "", "mypkg/models.py": _FACTORY}, "mypkg.models:build", os.path.join("mypkg", "__init__.py")),
+])
+def test_a_factory_in_the_working_directory_says_why_it_does_not_import(tmp_path: Path, files, factory: str, where: str):
+    """The ``layerfit`` script does not import from the working directory; the error says
+    the factory is there and what to do, and the advice works. The import path is left as it is."""
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    src = str(Path(layerfit.__file__).parents[1])
+    args = ["prepare", factory, "-o", "out", "--input-shape", "1,4"]
+    refused = _layerfit_script(args, tmp_path, src)
+    assert refused.returncode == 2, refused.stderr
+    err = refused.stderr.strip()
+    assert "Traceback" not in err and "\n" not in err, err
+    assert f"{where} is in the working directory, which is not on Python's import path: run with PYTHONPATH=. or install it" in err
+    assert not (tmp_path / "out").exists()
+    done = _layerfit_script(args, tmp_path, os.pathsep.join([".", src]))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "manifest.json").is_file()
+
+
+def test_a_missing_factory_module_gets_no_working_directory_hint(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere.py").write_text(_FACTORY)  # another module's file is no reason
+    with pytest.raises(FactoryImportError, match="No module named 'myfactory'") as refused:
+        prepare("myfactory:build", tmp_path / "x", input_shape=(1, 4))
+    assert "working directory" not in str(refused.value)

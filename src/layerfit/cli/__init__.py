@@ -16,7 +16,10 @@ layers (nothing in the library imports this package):
 * :mod:`.schedule` — ``schedule graph|profiles|contention|bound|generate|run``
 * :mod:`.tradeoff` — ``tradeoff parts|delay``, ``profile``, ``partition``
   (:mod:`.parts_search` runs ``tradeoff parts``' search, imported when it runs)
-* :mod:`.models` — ``prepare``, ``inspect``, ``verify``, ``run``, ``plot-trace``
+* :mod:`.models` — ``prepare``, ``inspect``, ``verify``, ``run``
+* :mod:`.generate` — ``generate`` (:mod:`.token_stream` prints and times its tokens,
+  imported when it runs)
+* :mod:`.trace` — ``plot-trace``
 
 Importing it imports no PyTorch: the commands import what they use when they run.
 """
@@ -26,6 +29,6 @@ from __future__ import annotations
 from layerfit.cli.app import app, console, main, print_json
 
 # Each module registers its commands on ``app``; the order is ``layerfit --help``'s.
-from layerfit.cli import serve, zoo, memory, schedule, tradeoff, models  # noqa: E402, F401, I001  isort: skip
+from layerfit.cli import serve, zoo, memory, schedule, tradeoff, models, generate, trace  # noqa: E402, F401, I001  isort: skip
 
 __all__ = ["app", "console", "main", "print_json"]

@@ -1,5 +1,5 @@
-"""``layerfit prepare``, ``inspect``, ``verify``, ``run`` and ``plot-trace``: one prepared
-model, from its folder to its outputs."""
+"""``layerfit prepare``, ``inspect``, ``verify`` and ``run``: one prepared model, from its
+folder to its outputs (``generate`` and ``plot-trace`` have modules of their own)."""
 
 from __future__ import annotations
 
@@ -508,19 +508,3 @@ def run(
         f"output {report['output_shape']} sha256 {report['output_sha256'][:16]}",
         markup=False,  # the [pipeline, ...] part is text, not a rich style tag
     )
-
-
-@app.command("plot-trace")
-def plot_trace(
-    trace_file: str = typer.Argument(..., help="trace written by `layerfit run --trace`"),
-    output: str = typer.Option(..., "-o", "--output", help="image to write (png, svg, pdf)"),
-    force: bool = typer.Option(False, "--force", help="replace an existing image"),
-) -> None:
-    """Draw the read/copy/kernel Gantt chart with the weight buffer's use beneath it."""
-    from layerfit.engine.plot import plot_timeline
-    from layerfit.engine.trace import load_timeline
-    from layerfit.store.outputs import check_output_file
-
-    check_output_file(output, force=force, option="--output", image=True)
-    plot_timeline(load_timeline(trace_file), output)
-    console.print(f"wrote {output}")

@@ -8,12 +8,13 @@ model. No byte of a unit is copied on CPU.
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from layerfit.errors import ManifestError
+from layerfit.errors import FactoryImportError, ManifestError
 from layerfit.store.manifest import Manifest, Segment
 from layerfit.store.model_spec import ModelSpec
 from layerfit.store.trust import check_trusted
@@ -62,9 +63,37 @@ def build_skeleton(manifest: Manifest, where: str = "the prepared model") -> nn.
     check_trusted(manifest.model["source"], manifest.model["name"], where)
     spec = ModelSpec(manifest.model["source"], manifest.model["name"], manifest.model.get("kwargs", {}))
     with torch.device("meta"):
-        model = spec.instantiate("the manifest's factory or arguments changed: prepare the model again")
+        try:
+            model = spec.instantiate("the manifest's factory or arguments changed: prepare the model again")
+        except FactoryImportError as exc:
+            if not _loads_weights(exc.__cause__):
+                raise
+            raise FactoryImportError(
+                f"factory {spec.name!r} loads its weights itself (from_pretrained), which cannot be rebuilt "
+                "without weights: build the model from its config in the factory (e.g. "
+                "AutoModelForCausalLM.from_config(config)), or prepare the Hugging Face folder directly "
+                "with `layerfit prepare hf:FOLDER`"
+            ) from exc.__cause__
     _check_every_tensor_is_stored(model, manifest)
     return model.eval()
+
+
+def _loads_weights(exc: BaseException | None) -> bool:
+    """Whether ``exc`` was raised inside a model class's ``from_pretrained`` (a factory
+    that loads its own weights, which Hugging Face refuses on the meta device): a frame
+    of its traceback is a method of that name called on an ``nn.Module`` subclass. A
+    config's or a tokenizer's ``from_pretrained`` (a factory that builds from a config
+    it reads) is not one."""
+    if exc is None:
+        return False
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_name != "from_pretrained":
+            continue
+        owner = frame.f_locals.get("cls", frame.f_locals.get("self"))
+        owner = owner if isinstance(owner, type) else type(owner)
+        if issubclass(owner, nn.Module):
+            return True
+    return False
 
 
 def report_device(model: nn.Module, device: torch.device) -> None:

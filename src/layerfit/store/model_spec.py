@@ -11,6 +11,7 @@ import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -86,7 +87,9 @@ def _import_factory(path: str) -> Callable[..., nn.Module]:
         module = importlib.import_module(module_name)
     except Exception as exc:
         _raise_if_extra_missing(exc)
-        raise FactoryImportError(f"cannot import {module_name!r} for factory {path!r}: {exc}") from exc
+        raise FactoryImportError(
+            f"cannot import {module_name!r} for factory {path!r}: {exc}{_working_directory_hint(module_name, exc)}"
+        ) from exc
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -95,6 +98,27 @@ def _import_factory(path: str) -> Callable[..., nn.Module]:
     if not callable(obj):
         raise FactoryImportError(f"{path!r} is not callable")
     return obj
+
+
+def _working_directory_hint(module_name: str, exc: Exception) -> str:
+    """Why a factory module that sits in the working directory does not import, when it
+    does not: the ``layerfit`` script (unlike ``python -m`` or ``python -c``) does not put
+    the working directory on Python's import path. Only said where the top-level package
+    itself was not found and its file or folder is there; the path is never changed."""
+    top = module_name.split(".")[0]
+    if not isinstance(exc, ModuleNotFoundError) or exc.name != top:
+        return ""
+    try:
+        cwd = Path.cwd()
+    except OSError:  # the working directory was removed
+        return ""
+    found = next((p for p in (cwd / f"{top}.py", cwd / top / "__init__.py") if p.is_file()), None)
+    if found is None:
+        return ""
+    return (
+        f" ({found.relative_to(cwd)} is in the working directory, which is not on Python's import "
+        "path: run with PYTHONPATH=. or install it)"
+    )
 
 
 def resolve(name: str, kwargs: dict[str, Any] | None = None) -> ModelSpec:

@@ -1,0 +1,318 @@
+"""``layerfit generate DIR --prompt TEXT``: a language model's own ``generate`` (Hugging
+Face's) on a prepared folder, every forward pass streamed within the weight budget.
+
+The prompt is text read by a tokenizer (``--tokenizer FOLDER``, else the prepared folder's
+own tokenizer files) or token ids (``--ids``, no tokenizer needed). The new tokens are
+printed on stdout as they are made (text, or ids without a tokenizer) and a summary on
+stderr: the prompt's and the new tokens' counts, the time to the first new token, the
+decode rate after it and the most weight bytes any pass held, beside the budget.
+``--json`` prints all of it as one object instead. Greedy unless ``--do-sample``; the
+folder's ``generation_config.json`` (when it has one) gives generate's defaults and the
+flags override them. Everything the command line can get wrong is checked before a
+token is made, each as one line (:class:`~layerfit.errors.InputError`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.console import Console
+
+from layerfit.cli.app import app, print_json
+from layerfit.cli.engine_options import ENGINE_OPTIONS, EngineOptions, engine_options
+from layerfit.engine.openmp import COMPUTE_THREADS_HELP, kernels_on, set_compute_threads
+from layerfit.errors import InputError
+
+if TYPE_CHECKING:
+    from layerfit.engine import Engine
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+"""Files that make a folder one ``AutoTokenizer.from_pretrained`` reads."""
+
+GENERATION_CONFIG = "generation_config.json"
+
+POSITION_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
+"""Where a Hugging Face config states how many positions the model has, by family."""
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How to choose each new token, as the command line gave it: greedy unless
+    ``do_sample``; the sampling settings left None take the generation config's."""
+
+    max_new_tokens: int
+    do_sample: bool
+    temperature: float | None
+    top_k: int | None
+    top_p: float | None
+    seed: int | None
+
+    def check(self) -> None:
+        """Refuse values generate would refuse late, or ignore without a word."""
+        if self.max_new_tokens < 1:
+            raise InputError(f"--max-new-tokens must be 1 or more, not {self.max_new_tokens}")
+        given = [flag for flag, value in self._sampling_flags() if value is not None]
+        if given and not self.do_sample:
+            settings = "is a sampling setting" if len(given) == 1 else "are sampling settings"
+            raise InputError(f"{' and '.join(given)} {settings}: add --do-sample (greedy decoding ignores them)")
+        if self.temperature is not None and not self.temperature > 0:
+            raise InputError(f"--temperature must be above 0, not {self.temperature} (greedy decoding is the default)")
+        if self.top_k is not None and self.top_k < 0:
+            raise InputError(f"--top-k must be 0 (off) or more, not {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise InputError(f"--top-p must be in (0, 1], not {self.top_p}")
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``generate`` that override the generation config."""
+        kwargs: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "do_sample": self.do_sample}
+        for name in ("temperature", "top_k", "top_p"):
+            if getattr(self, name) is not None:
+                kwargs[name] = getattr(self, name)
+        return kwargs
+
+    def _sampling_flags(self) -> list[tuple[str, Any]]:
+        return [("--temperature", self.temperature), ("--top-k", self.top_k), ("--top-p", self.top_p)]
+
+
+@app.command()
+@engine_options("pipeline", "budget", "units", "direct_io", "coalesce", "gather_rows", "device", "stages")
+def generate(
+    directory: str = typer.Argument(..., help="prepared model directory (a Hugging Face language model)"),
+    prompt: str | None = typer.Option(None, "--prompt", help="the prompt as text (read by the tokenizer)"),
+    ids: str | None = typer.Option(None, "--ids", help="the prompt as token ids, e.g. 1,2,3 (no tokenizer needed)"),
+    tokenizer_dir: str | None = typer.Option(
+        None, "--tokenizer", help="a folder of tokenizer files (default: DIR's own, when it has them)"
+    ),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="tokens to make at most"),
+    do_sample: bool = typer.Option(False, "--do-sample", help="sample each token (default: greedy)"),
+    temperature: float | None = typer.Option(None, "--temperature", help="with --do-sample: above 0"),
+    top_k: int | None = typer.Option(None, "--top-k", help="with --do-sample: sample from the k likeliest (0: all)"),
+    top_p: float | None = typer.Option(None, "--top-p", help="with --do-sample: nucleus, in (0, 1]"),
+    seed: int | None = typer.Option(None, "--seed", help="seed of the sampling: the same seed makes the same tokens"),
+    options: EngineOptions = ENGINE_OPTIONS,  # --pipeline, --budget, --units, ... (engine_options)
+    threads: int | None = typer.Option(None, "--threads", help=COMPUTE_THREADS_HELP),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of the streamed text"),
+) -> None:
+    """Generate text with a prepared language model, its weights streamed within the budget."""
+    decoding = Decoding(max_new_tokens, do_sample, temperature, top_k, top_p, seed)
+    decoding.check()
+    if options["units"] == "swapnet":
+        raise InputError("--units swapnet partitions one pass for `layerfit run`: here give layers, blocks:N or merge:SIZE")
+    given_ids = _parse_ids(prompt, ids)
+
+    import torch  # after the checks of the command line alone, which need none of it
+
+    from layerfit.cli.token_stream import TokenStream
+    from layerfit.engine import load
+
+    tokenizer = _load_tokenizer(_tokenizer_folder(directory, tokenizer_dir, need=given_ids is None))
+    set_compute_threads(threads, "--threads")
+    with load(directory, options.config()) as engine:
+        _check_generates(engine, directory)
+        prompt_ids = given_ids if given_ids is not None else _encode(tokenizer, prompt or "")
+        _check_prompt(engine, prompt_ids, decoding.max_new_tokens)
+        generation_config = _generation_config(directory)
+        stream = TokenStream(tokenizer, not as_json, lambda: engine.last_weights_peak)
+        inputs = torch.tensor([prompt_ids], dtype=torch.long, device=engine.device.torch_device)
+        if seed is not None:
+            torch.manual_seed(seed)
+        stream.begin()
+        engine.generate(
+            inputs, attention_mask=torch.ones_like(inputs), generation_config=generation_config,
+            streamer=stream, **decoding.generate_kwargs(),
+        )
+        report = _report(engine, directory, prompt, prompt_ids, stream, tokenizer, decoding)
+    if as_json:
+        print_json(report)
+    else:
+        _print_summary(report)
+
+
+def _parse_ids(prompt: str | None, ids: str | None) -> list[int] | None:
+    """``--ids``' token ids (None: the prompt is ``--prompt``'s text); exactly one of the two."""
+    if (prompt is None) == (ids is None):
+        raise InputError("give the prompt as --prompt TEXT or as token ids with --ids 1,2,3 (one of the two)")
+    if ids is None:
+        return None
+    try:
+        parsed = [int(p) for p in ids.replace(" ", ",").split(",") if p.strip()]
+    except ValueError:
+        parsed = []
+    if not parsed or any(i < 0 for i in parsed):
+        raise InputError(f"cannot read --ids {ids!r}: write token ids, 0 or more, like 1,2,3")
+    return parsed
+
+
+def _tokenizer_folder(directory: str, given: str | None, need: bool) -> Path | None:
+    """The folder to read the tokenizer from: ``--tokenizer``'s, else ``directory`` when
+    it holds tokenizer files, else None (an error when the prompt is text)."""
+    if given is not None:
+        folder = Path(given)
+        if not folder.is_dir() or not _has_tokenizer(folder):  # never a Hub name: nothing is downloaded
+            raise InputError(
+                f"--tokenizer {given} is not a folder of tokenizer files ({' or '.join(TOKENIZER_FILES)}): "
+                "give the folder a tokenizer was saved to (save_pretrained)"
+            )
+        return folder
+    if _has_tokenizer(Path(directory)):
+        return Path(directory)
+    if need:
+        raise InputError(
+            f"--prompt needs a tokenizer and {directory} holds none ({' or '.join(TOKENIZER_FILES)}): "
+            "pass --tokenizer FOLDER, or give the prompt as token ids with --ids 1,2,3"
+        )
+    return None
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)
+
+
+def _load_tokenizer(folder: Path | None) -> Any | None:
+    """The tokenizer saved in ``folder`` (None: none), from local files only and running
+    no code the folder names (``trust_remote_code`` stays off)."""
+    if folder is None:
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise InputError(f"cannot read a tokenizer from {folder}: {_one_line(exc)}") from None
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    ids = [int(i) for i in tokenizer(text)["input_ids"]]
+    if not ids:
+        raise InputError("the prompt makes no tokens: give some text (or --ids)")
+    return ids
+
+
+def _check_generates(engine: Engine, directory: str) -> None:
+    """Refuse a model that has no Hugging Face ``generate`` fed token ids."""
+    from transformers import GenerationMixin
+
+    model = engine.model
+    if not isinstance(model, GenerationMixin):
+        raise InputError(
+            f"{directory} holds {type(model).__name__}, which has no Hugging Face generate method: "
+            f"generate runs language models; run this one with `layerfit run {directory}`"
+        )
+    if getattr(model, "main_input_name", "input_ids") != "input_ids":
+        raise InputError(f"{type(model).__name__} generates from {model.main_input_name}, not token ids: generate takes a text prompt")
+
+
+def _check_prompt(engine: Engine, prompt_ids: list[int], max_new_tokens: int) -> None:
+    """Refuse ids outside the vocabulary, and a prompt and new tokens beyond the model's
+    positions (an encoder-decoder's prompt and new tokens each within its own)."""
+    config = engine.model.config
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and max(prompt_ids) >= vocab:
+        raise InputError(f"the prompt holds token id {max(prompt_ids)}; the model's vocabulary has ids 0-{vocab - 1}")
+    n = len(prompt_ids)
+    if getattr(config, "is_encoder_decoder", False):
+        source, target = _positions(config, "max_source_positions"), _positions(config, "max_target_positions")
+        if source is not None and n > source[1]:
+            raise InputError(f"the prompt has {n} tokens; the model's encoder has {source[1]} positions ({source[0]})")
+        if target is not None and max_new_tokens + 1 > target[1]:
+            raise InputError(
+                f"--max-new-tokens {max_new_tokens} and the decoder's start token need {max_new_tokens + 1} "
+                f"positions; the model's decoder has {target[1]} ({target[0]})"
+            )
+        return
+    limit = _positions(config.get_text_config() if hasattr(config, "get_text_config") else config, None)
+    if limit is None:
+        return
+    field, positions = limit
+    if n > positions:
+        raise InputError(f"the prompt has {n} tokens; the model has {positions} positions ({field})")
+    if n + max_new_tokens > positions:
+        raise InputError(
+            f"the prompt's {n} tokens and --max-new-tokens {max_new_tokens} make {n + max_new_tokens} positions; "
+            f"the model has {positions} ({field}): ask for at most {positions - n} new tokens"
+        )
+
+
+def _positions(config: Any, first: str | None) -> tuple[str, int] | None:
+    """``(field, positions)``: the first of ``first`` and :data:`POSITION_FIELDS` that
+    ``config`` states as a whole number, named as its config.json does (GPT-2's
+    ``max_position_embeddings`` is an alias of ``n_positions``); None where it states
+    none (relative positions)."""
+    aliases = getattr(config, "attribute_map", {})
+    for field in ((first,) if first else ()) + POSITION_FIELDS:
+        value = getattr(config, field, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return aliases.get(field, field), value
+    return None
+
+
+def _generation_config(directory: str) -> Any | None:
+    """The folder's ``generation_config.json`` (None: it has none, and generate takes the
+    skeleton's own, made from the model's config)."""
+    if not (Path(directory) / GENERATION_CONFIG).is_file():
+        return None
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, TypeError) as exc:
+        raise InputError(f"cannot read {Path(directory) / GENERATION_CONFIG}: {_one_line(exc)}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """A library's message (transformers' span lines) as one line."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _report(
+    engine: Engine, directory: str, prompt: str | None, prompt_ids: list[int], stream: Any, tokenizer: Any | None,
+    decoding: Decoding,
+) -> dict[str, Any]:
+    """Everything ``--json`` prints, and the summary reads."""
+    import torch
+
+    text = None if tokenizer is None else tokenizer.decode(stream.tokens, skip_special_tokens=True)
+    return {
+        "model": engine.manifest.model["name"],
+        "directory": directory,
+        "prompt": prompt,
+        "prompt_ids": prompt_ids,
+        "prompt_tokens": len(prompt_ids),
+        "new_tokens": len(stream.tokens),
+        "token_ids": stream.tokens,
+        "text": text,
+        "prompt_latency_s": stream.prompt_latency_s,
+        "decode_tokens_per_s": stream.decode_tokens_per_s,
+        "weights_peak_bytes": stream.peak_bytes,
+        "budget_bytes": engine.plan.budget_bytes if engine.plan is not None else None,
+        "weight_buffer_bytes": engine.memory.weight_bytes,
+        "weights_total_bytes": engine.memory.total_weight_bytes,
+        "pipeline": engine.policy.name,
+        "pipeline_requested": engine.pipeline,
+        "device": str(engine.device.torch_device),
+        "compute_threads": torch.get_num_threads(),
+        "generation": asdict(decoding),
+    }
+
+
+def _print_summary(report: dict[str, Any]) -> None:
+    """The summary on stderr, so that stdout holds the generated text alone."""
+    from layerfit.sizes import format_bytes
+
+    latency, rate = report["prompt_latency_s"], report["decode_tokens_per_s"]
+    budget = report["budget_bytes"]
+    Console(stderr=True).print(
+        f"prompt {report['prompt_tokens']} tokens, {report['new_tokens']} new: first new token after "
+        f"{'n/a' if latency is None else f'{latency * 1e3:.1f} ms'}, then "
+        f"{'n/a' if rate is None else f'{rate:.1f} tokens/s'}; weights peak {format_bytes(report['weights_peak_bytes'])} "
+        f"of {'no budget' if budget is None else f'a {format_bytes(budget)} budget'} "
+        f"({format_bytes(report['weights_total_bytes'])} of weights; {report['pipeline']} on {report['device']}, "
+        f"{kernels_on(report['compute_threads'])})",
+        markup=False, highlight=False, soft_wrap=True,
+    )
+
+
+__all__ = ["Decoding", "generate"]
