@@ -15,6 +15,7 @@ comparisons are bit for bit against them as loaded, and no case needed aligned c
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -199,24 +200,17 @@ def test_bf16_stays_two_bytes_a_weight(prepared: Prepared, arch: str):
     for t in _floating(bf16.manifest):
         if t.kind == "param":
             assert t.dtype == "bfloat16", t.name
-            assert t.nbytes == 2 * _numel(t.shape), t.name
+            assert t.nbytes == 2 * math.prod(t.shape), t.name
         else:  # a buffer the model makes (rotary frequencies) keeps the dtype transformers gives it
             assert any(kept.get(place) == t.torch_dtype for place in t.places), t
-    # Bytes of tensors about half (float32 rotary frequencies stay float32); total_bytes
-    # pads every unit to 4 KiB, which at this size hides the halving, but is smaller too.
+    # The tensors' bytes halve (within 1 %: rotary frequencies stay float32); total_bytes
+    # pads every unit to 4 KiB, which at this size hides much of it (0.6-0.83 of float32).
     def payload(m: Manifest) -> int:
         return sum(s.payload_bytes for s in m.segments)
 
-    assert payload(bf16.manifest) <= 0.56 * payload(fp32.manifest)
+    assert payload(bf16.manifest) <= 0.51 * payload(fp32.manifest)
     assert bf16.manifest.total_bytes < fp32.manifest.total_bytes
     assert bf16.manifest.model["kwargs"]["dtype"] == "bfloat16"
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
