@@ -227,10 +227,12 @@ def load_model(folder: Path, options: HFOptions) -> LoadedModel:
     state = dict(checkpoint.tensors())
     try:
         with quiet_transformers():
-            # No name: the weights are the state dict (transformers refuses both).
+            # No name: the weights are the state dict (transformers refuses both). Sizes
+            # that do not match are reported, not raised: transformers' error points at a
+            # table it logged, which is silenced; the report below names each tensor.
             module, info = cls.from_pretrained(
                 None, config=config, state_dict=state, local_files_only=True,
-                output_loading_info=True, **{dtype_keyword(): dtype},
+                output_loading_info=True, ignore_mismatched_sizes=True, **{dtype_keyword(): dtype},
             )
             if (folder / GENERATION_CONFIG).is_file() and _generates(module):
                 from transformers import GenerationConfig
@@ -242,7 +244,7 @@ def load_model(folder: Path, options: HFOptions) -> LoadedModel:
         ) from None
     del state
     missing = sorted(info.get("missing_keys") or ())
-    mismatched = [f"{k} {tuple(a)} (model: {tuple(b)})" for k, a, b in (info.get("mismatched_keys") or ())]
+    mismatched = [f"{k} {tuple(a)} (model: {tuple(b)})" for k, a, b in sorted(info.get("mismatched_keys") or ())]
     if missing or mismatched:
         problems = []
         if missing:
