@@ -14,6 +14,7 @@ token is made, each as one line (:class:`~layerfit.errors.InputError`).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -114,7 +115,10 @@ def generate(
         _check_generates(engine, directory)
         prompt_ids = given_ids if given_ids is not None else _encode(tokenizer, prompt or "")
         _check_prompt(engine, prompt_ids, decoding.max_new_tokens)
-        generation_config = _generation_config(directory)
+        # One generation config, the flags set on a copy of the folder's (or the model's):
+        # transformers deprecates passing a config together with generation arguments.
+        generation_config = copy.deepcopy(_generation_config(directory) or engine.model.generation_config)
+        generation_config.update(**decoding.generate_kwargs())
         stream = TokenStream(tokenizer, not as_json, lambda: engine.last_weights_peak)
         inputs = torch.tensor([prompt_ids], dtype=torch.long, device=engine.device.torch_device)
         if seed is not None:
@@ -122,7 +126,7 @@ def generate(
         stream.begin()
         engine.generate(
             inputs, attention_mask=torch.ones_like(inputs), generation_config=generation_config,
-            streamer=stream, **decoding.generate_kwargs(),
+            streamer=stream,
         )
         report = _report(engine, directory, prompt, prompt_ids, stream, tokenizer, decoding)
     if as_json:

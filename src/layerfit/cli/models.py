@@ -67,6 +67,7 @@ def prepare(
     from layerfit.store import prepare as do_prepare
     from layerfit.store.hf_folder import DEFAULT_SEQ_LEN, HFOptions, is_hf
 
+    progress_console = Console(stderr=True)  # a bar only where someone watches (piped: nothing)
     hf = None
     if is_hf(model):
         hf = HFOptions(class_name=class_name, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len, dtype=dtype)
@@ -74,7 +75,7 @@ def prepare(
         raise InputError("--class, --seq-len and --dtype are for a Hugging Face folder (hf:FOLDER)")
     with Progress(
         TextColumn("[bold]preparing[/] " + model), BarColumn(), DownloadColumn(),
-        console=Console(stderr=True), transient=True, disable=as_json,
+        console=progress_console, transient=True, disable=as_json or not progress_console.is_terminal,
     ) as bar:
         task = bar.add_task("write", total=None)
         manifest = do_prepare(
