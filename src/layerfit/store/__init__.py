@@ -22,8 +22,8 @@ _EXPORTS = {
     "aligned_buffer": "reader",
     "check_weights_file": "reader",
     "verify_segment": "reader",
-    "example_call": "writer",
-    "example_input": "writer",
+    "example_call": "examples",
+    "example_input": "examples",
     "prepare": "writer",
 }
 __all__ = sorted(_EXPORTS)

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from layerfit.errors import CheckpointError, InputError, UnknownModelError
+from layerfit.store.examples import example_input
 from layerfit.store.manifest import DTYPES
 from layerfit.store.mapped_safetensors import Checkpoint
 
@@ -262,8 +263,6 @@ def derive_example(module: nn.Module, seq_len: int, seed: int) -> Example:
     """An input the model accepts, derived from its config: a decoder's token ids of
     ``seq_len``; an encoder's ids, attention mask and token types; an encoder-decoder's
     encoder input (ids, or audio features of its length) and decoder ids."""
-    from layerfit.store.writer import example_input
-
     config = module.config
     limit = _positions(config)
     if seq_len < 1 or (limit is not None and seq_len > limit):
