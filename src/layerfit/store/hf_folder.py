@@ -321,7 +321,7 @@ def copy_files(folder: Path, into: Path) -> tuple[str, ...]:
     copied = []
     for name in COPIED:
         source = folder / name
-        if source.is_file() and not source.is_symlink() or (source.is_symlink() and source.resolve().is_file()):
+        if source.is_file():  # a link too (a Hub cache's snapshot links to its blobs): its content
             shutil.copyfile(source, into / name)
             copied.append(name)
     return tuple(copied)
