@@ -104,6 +104,21 @@ def prepare(
         )
 
 
+def _partial_units(m: Manifest, indices: list[int]) -> str:
+    """Which units a pass reads in part: embedding tables by the rows their ids look up,
+    modules of experts by the experts their router chose."""
+    from layerfit.engine.experts import experts_segment
+
+    experts = [i for i in indices if experts_segment(m.units[i])]
+    tables = [i for i in indices if i not in experts]
+    parts = []
+    if tables:
+        parts.append(f"embedding tables by the rows they look up: units {', '.join(map(str, tables))}")
+    if experts:
+        parts.append(f"experts by the ones their router chooses: units {', '.join(map(str, experts))}")
+    return "; ".join(parts)
+
+
 @app.command()
 def inspect(
     directory: str = typer.Argument(..., help="prepared model directory"),
@@ -165,7 +180,7 @@ def inspect(
         f"{m.graph.total_macs / 1e9:.2f} GMACs, minimum budget "
         f"{format_bytes(info['minimum_budget_bytes'])}"
         + (
-            f" (embedding tables read by the rows they look up: units {', '.join(map(str, info['rows_units']))})"
+            f" (read in part: {_partial_units(m, info['rows_units'])})"
             if info["rows_units"]
             else ""
         )
@@ -205,12 +220,15 @@ def _print_units(m: Manifest, plan: dict[str, Any] | None) -> None:
                 f"{format_bytes(plan['buffer_bytes'] + plan['device_buffer_bytes'])}; each inference reads "
                 f"{plan['units_read_per_inference']} units, {format_bytes(plan['bytes_read_per_inference'])}"
             )
+    from layerfit.engine.experts import experts_segment
+
     kept = set() if plan is None else set(plan["kept_units"])
     table = Table("#", "unit", "type", "bytes", "offset", "d", "MMACs", *(["auto"] if plan else []))
     for u in m.units:
         rows = set(plan["rows_units"]) if plan else set()
         where = (
-            ["kept" if u.index in kept or plan["policy"] == "preload" else "rows" if u.index in rows else "read"]
+            ["kept" if u.index in kept or plan["policy"] == "preload"
+             else ("experts" if experts_segment(u) else "rows") if u.index in rows else "read"]
             if plan
             else []
         )

@@ -34,7 +34,7 @@ from layerfit.engine.binding import Binder, get_binder
 from layerfit.engine.buffers import WeightBuffers
 from layerfit.engine.config import EngineConfig
 from layerfit.engine.device import Device, get_device
-from layerfit.engine.gather import RowTable
+from layerfit.engine.gather import table_of
 from layerfit.engine.generation import generate
 from layerfit.engine.hooks import install_hooks
 from layerfit.engine.parts import Part
@@ -151,7 +151,7 @@ class Engine:
         """Plan ``config``, size the buffers for it, install the hooks, read what stays."""
         new = plan(self.manifest, config, self.model)
         bindings = self._bindings_of(new.blocks)
-        tables = {i: RowTable.of(new.blocks[i].segments[0], bindings[i]) for i in new.weights.gathered}
+        tables = {i: table_of(new.blocks[i].segments[0], bindings[i]) for i in new.weights.gathered}
         # Everything is validated: replace the old configuration, reusing the buffer's
         # mapping when the new capacity fits it.
         self._release_configuration(keep_ring=True)

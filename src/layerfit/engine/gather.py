@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from layerfit.engine.skeleton import Binding
+from layerfit.engine.experts import ExpertTable, experts_segment
+from layerfit.engine.skeleton import Binding, unbind
 from layerfit.errors import BudgetError
 from layerfit.store.manifest import ALIGN, Segment
 from layerfit.store.reader import SegmentReader, checksum_error
@@ -55,13 +56,26 @@ def gatherable_segment(segment: Segment) -> bool:
 
 
 def gathered_units(blocks: Iterable[Sequence[Segment]]) -> frozenset[int]:
-    """Indices of the units (each given by its segments) made of one gatherable table."""
-    return frozenset(i for i, segs in enumerate(blocks) if len(segs) == 1 and gatherable_segment(segs[0]))
+    """Indices of the units (each given by its segments) made of one gatherable table:
+    an embedding read by rows, or a module of experts read by the experts it runs
+    (:mod:`layerfit.engine.experts`)."""
+    return frozenset(
+        i for i, segs in enumerate(blocks)
+        if len(segs) == 1 and (gatherable_segment(segs[0]) or experts_segment(segs[0]))
+    )
+
+
+def table_of(segment: Segment, bindings: list[Binding]) -> RowTable | ExpertTable | None:
+    """The table that reads a gathered unit: its embedding's rows, or its experts."""
+    return ExpertTable.of(segment, bindings) if experts_segment(segment) else RowTable.of(segment, bindings)
 
 
 def least_room(segment: Segment) -> int:
-    """The buffer room one row of a gatherable table takes: its place, rounded to a page
-    so that the read buffer after it stays aligned, and the pages it is read from."""
+    """The buffer room a gathered unit takes at the least: for a table, one row (its
+    place, rounded to a page so that the read buffer after it stays aligned, and the
+    pages it is read from); experts are read into the unit's own place."""
+    if experts_segment(segment):
+        return segment.nbytes
     t = segment.tensors[0]
     row = -(-(t.nbytes // t.shape[0]) // ALIGN) * ALIGN
     return row + row + ALIGN
@@ -70,7 +84,7 @@ def least_room(segment: Segment) -> int:
 def streamed_minimum(units: Sequence[Segment]) -> int:
     """The largest unit's bytes as the engine streams units on cpu (the minimum budget
     beside the resident tensors): a gatherable table counts the room of one row."""
-    return max((least_room(u) if gatherable_segment(u) else u.nbytes for u in units), default=0)
+    return max((least_room(u) if gatherable_segment(u) or experts_segment(u) else u.nbytes for u in units), default=0)
 
 
 @dataclass(frozen=True)
@@ -120,6 +134,11 @@ class RowTable:
     @property
     def least_room(self) -> int:
         return least_room(self.segment)
+
+    def restore(self, padding_idx: object) -> None:
+        """Put the meta table back in place of the rows, and the module's padding_idx."""
+        unbind([self.binding])
+        self.binding.module.padding_idx = padding_idx
 
     @property
     def name(self) -> str:

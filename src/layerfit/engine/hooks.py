@@ -3,7 +3,8 @@
 Before a unit's first layer runs, its :class:`PreHook` waits until the unit's bytes are
 there and binds its weights by reference; after its last layer, its :class:`PostHook`
 unbinds them and gives the buffer back. An embedding table read by rows has a
-:class:`GatherHook` instead, which reads the rows its ids look up. A later layer of a
+:class:`GatherHook` instead, which reads the rows its ids look up, and a module of
+experts an :class:`ExpertsHook`, which reads the experts its router chose. A later layer of a
 unit checks that the unit is bound (:class:`InnerHook`); a module that did not run at
 prepare, and so has no stored weights, refuses to run (:class:`UnstoredHook`). Each hook
 is an object holding its unit's index and the :class:`~layerfit.engine.stream.UnitStream`,
@@ -19,6 +20,7 @@ from typing import Any
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from layerfit.engine.experts import ROUTED, ExpertTable
 from layerfit.engine.policies import REQUEST_BYTES
 from layerfit.engine.stream import UnitStream
 from layerfit.engine.trace import Event
@@ -148,6 +150,53 @@ class GatherHook(UnitHook):
         return ((positions, *args[1:]), kwargs) if args else (args, {**kwargs, "input": positions})
 
 
+class ExpertsHook(UnitHook):
+    """The pre-hook of a module of experts read by the experts its router chose: read
+    their pages into the unit's place in the ring and bind the unit there."""
+
+    def __init__(self, stream: UnitStream, index: int) -> None:
+        super().__init__(stream, index)
+        self.whole = PreHook(stream, index)  # with a unit source, the source supplies it whole
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        stream, i = self.stream, self.index
+        run = stream.run
+        if run is None or run.source is not None:
+            self.whole(module, args)
+            return None
+        stream.check_order(run, i)
+        table = stream.gathered[i]
+        chosen = args[1] if len(args) > 1 else kwargs.get(ROUTED)
+        lookup = table.plan(chosen, verify=stream.units.needs_check(i))
+        ring = stream.ring
+        with stream.state:
+            # As for rows (GatherHook): every earlier unit was released and the reader
+            # waits for this one to have its place; a skipped unit's read under way is
+            # given back when it ends, oldest first.
+            while ring.in_use and run.error is None:
+                stream.ready.wait()
+            if run.error is not None:
+                raise LayerfitError(f"no room in the unit buffer for the experts of {table.name}")
+            off = ring.allocate_locked(table.nbytes)
+            run.bound[i] = off
+            run.gathered[i] = None
+            run.placed.add(i)
+            stream.room.notify()  # the reader may go on past the experts
+        t0 = time.perf_counter()
+        table.read(stream.units.reader, lookup, ring.view[off : off + table.nbytes])
+        t1 = time.perf_counter()
+        if lookup.verify:
+            stream.units.mark_verified(i, table.segment.index)
+        stream.binder.bind(stream.bindings[i], ring.bytes, off)
+        with stream.state:
+            if stream.trace:
+                run.events.append(Event(i, stream.blocks[i].name, "read", t0 - run.t0, t1 - run.t0, lookup.bytes_read))
+            run.kernel_start[i] = t1 - run.t0
+            run.started = i + 1
+            stream.wake_reader(run)
+        return None
+
+
 class PostHook(UnitHook):
     """After the unit's last layer: unbind its weights and give its buffer back."""
 
@@ -236,7 +285,9 @@ def install_hooks(stream: UnitStream, modules: dict[str, nn.Module], unused: Ite
     handles = []
     for i, blk in enumerate(stream.blocks):
         first, last = modules[blk.segments[0].name], modules[blk.segments[-1].name]
-        if i in stream.gathered:
+        if isinstance(stream.gathered.get(i), ExpertTable):
+            handles.append(first.register_forward_pre_hook(ExpertsHook(stream, i).__call__, with_kwargs=True))
+        elif i in stream.gathered:
             handles.append(first.register_forward_pre_hook(GatherHook(stream, i).__call__, with_kwargs=True))
         else:
             handles.append(first.register_forward_pre_hook(PreHook(stream, i).__call__))
@@ -250,4 +301,4 @@ def install_hooks(stream: UnitStream, modules: dict[str, nn.Module], unused: Ite
     return handles
 
 
-__all__ = ["GatherHook", "InnerHook", "PostHook", "PreHook", "UnstoredHook", "install_hooks"]
+__all__ = ["ExpertsHook", "GatherHook", "InnerHook", "PostHook", "PreHook", "UnstoredHook", "install_hooks"]

@@ -16,6 +16,7 @@ from torch import nn
 
 from layerfit.engine.config import EngineConfig
 from layerfit.engine.device import device_stages
+from layerfit.engine.experts import experts_segment, routed_module
 from layerfit.engine.gather import gathered_units, least_room
 from layerfit.engine.part_units import unit_runs
 from layerfit.engine.units import Block, make_blocks
@@ -79,7 +80,7 @@ def plan(manifest: Manifest, config: EngineConfig, model: nn.Module | None = Non
     # PyTorch's own activations (the planned arena replays the captured ops whole).
     if config.gather_rows and config.device == "cpu" and stages == 2 and config.activations == "default":
         for i in gathered_units(blk.segments for blk in blocks):
-            if model is None or _plain_embedding(model, blocks[i]):
+            if model is None or _plain_embedding(model, blocks[i]) or _routed_experts(model, blocks[i]):
                 rows[i] = least_room(blocks[i].segments[0])
     runs = None if model is None else unit_runs(model, blocks)  # a decoder runs per token
     budget = config.budget
@@ -112,6 +113,19 @@ def _plain_embedding(model: nn.Module, block: Block) -> bool:
     except AttributeError:
         return False
     return type(module) is nn.Embedding and module.max_norm is None
+
+
+def _routed_experts(model: nn.Module, block: Block) -> bool:
+    """Whether a gatherable unit of experts belongs to a module that takes the router's
+    choice (and so computes with the chosen experts only)."""
+    segment = block.segments[0]
+    if not experts_segment(segment):
+        return False
+    try:
+        module = model.get_submodule(segment.name) if segment.name else model
+    except AttributeError:
+        return False
+    return routed_module(module)
 
 
 __all__ = ["EnginePlan", "MemoryPlan", "plan"]

@@ -25,11 +25,12 @@ from layerfit.engine.binding import Binder
 from layerfit.engine.buffers import WeightBuffers
 from layerfit.engine.copier import CopyStage
 from layerfit.engine.device import Device
+from layerfit.engine.experts import ExpertTable
 from layerfit.engine.gather import RowTable
 from layerfit.engine.pass_state import PassState
 from layerfit.engine.policies import Policy
 from layerfit.engine.ring import Cancelled, RingBuffer
-from layerfit.engine.skeleton import Binding, unbind
+from layerfit.engine.skeleton import Binding
 from layerfit.engine.trace import Event
 from layerfit.engine.unit_reader import UnitReader
 from layerfit.engine.units import Block
@@ -72,7 +73,7 @@ class UnitStream:
         self.blocks: Sequence[Block] = ()
         self.bindings: Sequence[list[Binding]] = ()
         self.kept: frozenset[int] = frozenset()  # units bound for good beside the ring (auto)
-        self.gathered: dict[int, RowTable] = {}  # units read by rows when they run
+        self.gathered: dict[int, RowTable | ExpertTable] = {}  # units read by rows or experts when they run
         # The units the last pass that began at a unit skipped, by where it began and
         # where the pass before it began: the next such pass does not read them. A cached
         # decoder step skips what the step before it skipped; the first step after the
@@ -82,7 +83,7 @@ class UnitStream:
         self.copier = CopyStage(self)
 
     def configure(self, policy: Policy, blocks: Sequence[Block], bindings: Sequence[list[Binding]],
-                  kept: frozenset[int], gathered: dict[int, RowTable]) -> None:
+                  kept: frozenset[int], gathered: dict[int, RowTable | ExpertTable]) -> None:
         """Stream ``blocks`` under ``policy`` from now on; what passes skipped is forgotten."""
         self.policy, self.blocks, self.bindings = policy, blocks, bindings
         self.kept, self.gathered = kept, gathered
@@ -123,9 +124,9 @@ class UnitStream:
         run.bound.clear()
 
     def end_gather(self, run: PassState, i: int) -> None:
-        """Put the meta table back in place of the rows (and the module's padding_idx)."""
-        unbind(self.bindings[i])
-        self.gathered[i].binding.module.padding_idx = run.gathered.pop(i)
+        """Put the meta tensors back in place of the rows or experts read (and what the
+        table changed of its module for the pass)."""
+        self.gathered[i].restore(run.gathered.pop(i))
 
     def record_skips(self, run: PassState) -> None:
         """After a streamed pass: the units it did not run after its last (read for

@@ -1,0 +1,132 @@
+"""Routed experts on demand: a mixture-of-experts layer reads only the experts it uses.
+
+A mixture-of-experts decoder (Mixtral, Qwen-MoE, OLMoE in transformers' layout) holds
+each layer's experts in one module whose tensors stack the experts along their first
+dimension (``gate_up_proj`` [E, 2I, H], ``down_proj`` [E, H, I]); its ``forward`` takes
+the router's choice (``top_k_index``) and computes with only the experts chosen, by
+indexing those tensors. Streamed whole, every pass reads all E experts, though one
+token uses k of them (2 of 8 in Mixtral). The engine instead reads, when the layer
+runs, only the pages of the experts its router chose, into the unit's own place in the
+buffer; the tensors are bound as for any unit, so the module's own code runs unchanged
+on the same bytes, and the output is the model's to the bit. What it does not read is
+never touched by the module.
+
+As with an embedding read by rows (:mod:`layerfit.engine.gather`), the read depends on
+the input, so it runs on the executing thread when the layer starts; the unit's first
+read verifies its SHA-256 and so reads it whole.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from layerfit.engine.skeleton import Binding, unbind
+from layerfit.store.manifest import ALIGN, Segment
+from layerfit.store.reader import SegmentReader, verify_segment
+
+ROUTED = "top_k_index"  # the argument transformers' experts modules take the router's choice by
+
+
+def experts_segment(segment: Segment) -> bool:
+    """Whether a stored unit looks like a module of stacked experts, from the manifest
+    alone: two or more row-major parameters of the module itself, each at least 3-D
+    with the same first dimension (the experts), of a module whose type names experts."""
+    tensors = segment.tensors
+    if not segment.module_type.endswith("Experts") or len(tensors) < 2:
+        return False
+    count = tensors[0].shape[0] if tensors[0].shape else 0
+    prefix = f"{segment.name}." if segment.name else ""
+    return count > 1 and all(
+        t.kind == "param" and t.stride is None and len(t.shape) >= 3 and t.shape[0] == count
+        and t.places == (prefix + t.name.rpartition(".")[2],)
+        for t in tensors
+    )
+
+
+def routed_module(module: nn.Module) -> bool:
+    """Whether ``module``'s ``forward`` takes the router's choice as ``top_k_index``."""
+    try:
+        return ROUTED in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+@dataclass(frozen=True)
+class ExpertLookup:
+    """The file ranges (aligned) one pass reads of an experts unit, and whether it reads
+    the unit whole to verify it."""
+
+    experts: tuple[int, ...]
+    extents: tuple[tuple[int, int], ...]
+    verify: bool
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(b - a for a, b in self.extents)
+
+
+class ExpertTable:
+    """One unit of stacked experts read by the experts its router chooses."""
+
+    def __init__(self, segment: Segment, bindings: list[Binding]) -> None:
+        self.segment = segment
+        self.bindings = bindings
+        self.count = segment.tensors[0].shape[0]
+        self.nbytes = segment.nbytes
+
+    @classmethod
+    def of(cls, segment: Segment, bindings: list[Binding]) -> ExpertTable | None:
+        """The table of an experts unit bound by ``bindings``; None unless its module
+        takes the router's choice (``top_k_index``)."""
+        if not experts_segment(segment) or not bindings:
+            return None
+        module = bindings[0].module
+        if any(b.module is not module for b in bindings) or not routed_module(module):
+            return None
+        return cls(segment, bindings)
+
+    @property
+    def name(self) -> str:
+        return self.segment.name or "<root>"
+
+    def plan(self, top_k_index: object, *, verify: bool) -> ExpertLookup:
+        """What to read for ``top_k_index`` (the router's choice; ids past the experts,
+        which transformers uses for no expert, read nothing): each chosen expert's slice
+        of every tensor, widened to pages, merged. ``verify``: the whole unit."""
+        start, end = self.segment.offset, self.segment.offset + self.segment.nbytes
+        if verify or not isinstance(top_k_index, torch.Tensor) or top_k_index.is_floating_point():
+            return ExpertLookup(tuple(range(self.count)), ((start, end),), verify)
+        ids = torch.unique(top_k_index.detach().reshape(-1).cpu())
+        experts = tuple(int(e) for e in ids.tolist() if 0 <= e < self.count)
+        ranges = []
+        for t in self.segment.tensors:
+            size = t.nbytes // self.count
+            for e in experts:
+                first = start + t.offset + e * size
+                ranges.append((first // ALIGN * ALIGN, min(-(-(first + size) // ALIGN) * ALIGN, end)))
+        extents: list[tuple[int, int]] = []
+        for a, b in sorted(ranges):
+            if extents and a <= extents[-1][1]:
+                extents[-1] = (extents[-1][0], max(extents[-1][1], b))
+            else:
+                extents.append((a, b))
+        return ExpertLookup(experts, tuple(extents), False)
+
+    def read(self, reader: SegmentReader, lookup: ExpertLookup, view: memoryview) -> None:
+        """Read ``lookup``'s ranges into ``view`` (the unit's place, aligned, its bytes
+        long) where they lie in the unit; a whole read is verified, a mismatch raises
+        :class:`~layerfit.errors.CorruptStoreError`."""
+        what = f"unit {self.segment.index} ({self.name})"
+        for a, b in lookup.extents:
+            at = a - self.segment.offset
+            reader.read_range(a, b - a, view[at : at + b - a], what)
+        if lookup.verify:
+            verify_segment(self.segment, view)
+
+    def restore(self, saved: object) -> None:
+        """Put the skeleton's meta tensors back (nothing else was changed)."""
+        unbind(self.bindings)
