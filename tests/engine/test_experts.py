@@ -18,7 +18,7 @@ from layerfit.store.manifest import ALIGN, Segment, TensorLayout
 transformers = pytest.importorskip("transformers")
 T = transformers
 
-SMALL = {"vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+SMALL = {"vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
          "num_key_value_heads": 2, "max_position_embeddings": 64}
 ARCHS = {
     "mixtral": lambda: (T.MixtralConfig(**SMALL, intermediate_size=96, num_local_experts=8, num_experts_per_tok=2),
@@ -61,7 +61,7 @@ def _experts_reads(engine) -> list[tuple[str, int]]:
 def test_a_decoded_token_reads_only_the_experts_its_router_chose(moe):
     directory, manifest, reference = moe
     experts = {u.name: u for u in manifest.units if experts_segment(u)}
-    assert len(experts) == 2  # one per layer
+    assert len(experts) == 3  # one per layer
     ids = torch.tensor([[3, 8, 13, 21, 34, 55]])
     budget = manifest.resident_bytes + 2 * manifest.largest_unit_bytes
     with load(directory, budget=budget, trace=True) as engine:
@@ -75,7 +75,7 @@ def test_a_decoded_token_reads_only_the_experts_its_router_chose(moe):
             expected = reference(ids[:, 1:2], past_key_values=expected.past_key_values, use_cache=True)
         assert torch.equal(step.logits, expected.logits)
         reads = _experts_reads(engine)
-        assert len(reads) == 2
+        assert len(reads) == 3
         for name, n in reads:  # one token: its 2 experts of 8, widened to pages
             unit = experts[name]
             per_expert = sum(t.nbytes for t in unit.tensors) // 8
@@ -153,3 +153,18 @@ def test_a_module_of_experts_is_told_from_its_manifest(tmp_path: Path):
     ragged = Segment(3, "m.experts", "MoeExperts", 0, ALIGN, 60, "0" * 64, (
         segment.tensors[0], TensorLayout("m.experts.w1", "param", "float32", (3, 5, 3), 0, 180, ("m.experts.w1",))))
     assert not experts_segment(ragged)  # the experts' count differs between its tensors
+
+
+def test_auto_keeps_whole_experts_units_with_what_the_budget_leaves(moe):
+    directory, manifest, reference = moe
+    experts = [u.index for u in manifest.units if experts_segment(u)]
+    dense = manifest.total_bytes - sum(manifest.units[i].nbytes for i in experts)
+    # Room for every dense unit kept, one experts unit kept and the others' reads.
+    budget = dense + 2 * manifest.units[experts[0]].nbytes + 8 * ALIGN
+    ids = torch.tensor([[4, 2, 9]])
+    with load(directory, budget=budget) as engine, torch.no_grad():
+        kept = set(engine.kept_units) & set(experts)
+        routed = set(engine.rows_units) & set(experts)
+        assert len(kept) == 1 and len(routed) == 2 and engine.memory.weight_bytes <= budget
+        assert torch.equal(engine(ids).logits, reference(ids).logits)
+        assert engine.last_weights_peak <= budget

@@ -92,6 +92,8 @@ def plan(manifest: Manifest, config: EngineConfig, model: nn.Module | None = Non
         if budget is None or not budget.is_share:
             raise
         raise BudgetError(f"{exc} ({budget} of its {manifest.total_bytes} bytes of weights)") from None
+    if config.pipeline == "auto" and budget_bytes is not None and weights.gathered:
+        weights, rows = _keep_experts_whole(blocks, sizes, manifest.resident_bytes, budget_bytes, stages, rows, runs, weights)
     largest = max((rows[i] if i in weights.gathered else n for i, n in enumerate(sizes)), default=0)
     memory = MemoryPlan(
         manifest.resident_bytes,
@@ -113,6 +115,37 @@ def _plain_embedding(model: nn.Module, block: Block) -> bool:
     except AttributeError:
         return False
     return type(module) is nn.Embedding and module.max_norm is None
+
+
+def _keep_experts_whole(
+    blocks: list[Block], sizes: list[int], resident: int, budget: int, stages: int,
+    rows: dict[int, int], runs: list[int] | None, weights: WeightPlan,
+) -> tuple[WeightPlan, dict[int, int]]:
+    """Spend what ``auto`` leaves of the budget after every other unit it keeps on keeping
+    whole units of experts, which then read nothing per token (routed, a token reads k of
+    E experts of each): the most such units the budget keeps beside everything it already
+    kept, found by bisection (the plan with n kept is feasible for every smaller n)."""
+    experts = [i for i in sorted(rows) if experts_segment(blocks[i].segments[0])]
+
+    def trial(n: int) -> WeightPlan | None:
+        whole = set(experts[:n])
+        try:
+            plan_n = plan_weights("auto", sizes, resident, budget, stages, {i: r for i, r in rows.items() if i not in whole}, runs)
+        except BudgetError:
+            return None
+        return plan_n if whole | weights.kept <= plan_n.kept else None
+
+    low, high, best = 0, len(experts), None
+    while low < high:
+        mid = (low + high + 1) // 2
+        found = trial(mid)
+        if found is None:
+            high = mid - 1
+        else:
+            low, best = mid, found
+    if best is None:
+        return weights, rows
+    return best, {i: r for i, r in rows.items() if i not in set(experts[:low])}
 
 
 def _routed_experts(model: nn.Module, block: Block) -> bool:
