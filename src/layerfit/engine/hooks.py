@@ -94,13 +94,48 @@ class PreHook(UnitHook):
         run.bound[i] = off
 
 
-class GatherHook(UnitHook):
-    """The pre-hook of an embedding read by rows: read the rows its ids look up, bind
-    them as its weight and hand it each id's position among them instead of the id."""
+class PartialReadHook(UnitHook):
+    """The pre-hook of a unit read in part when it runs (what its input chooses): it takes
+    its place in the ring alone, reads there on the executing thread, then starts."""
 
     def __init__(self, stream: UnitStream, index: int) -> None:
         super().__init__(stream, index)
         self.whole = PreHook(stream, index)  # with a unit source, the source supplies it whole
+
+    def place(self, run: Any, nbytes: int, saved: object, what: str) -> int:
+        """Take ``nbytes`` of the ring for this unit; ``saved`` is what its table
+        restores after the pass. Every earlier unit was released and the reader waits
+        for this one to have its place, so it may use the whole ring."""
+        stream, i, ring = self.stream, self.index, self.stream.ring
+        with stream.state:
+            # Empty but for a skipped unit still being read, which the reader gives back
+            # when its read ends: this unit waits for that, since placed after it it
+            # would be given back first, and the ring gives back oldest first.
+            while ring.in_use and run.error is None:
+                stream.ready.wait()
+            if run.error is not None:
+                raise LayerfitError(f"no room in the unit buffer for {what}")
+            off = ring.allocate_locked(nbytes)  # planned to fit the whole ring
+            run.bound[i] = off
+            run.gathered[i] = saved
+            run.placed.add(i)
+            stream.room.notify()  # the reader may go on past this unit
+        return off
+
+    def started(self, run: Any, t0: float, t1: float, nbytes: int) -> None:
+        """The unit's read (``t0``..``t1``, ``nbytes``) is done and its kernels start."""
+        stream, i = self.stream, self.index
+        with stream.state:
+            if stream.trace:
+                run.events.append(Event(i, stream.blocks[i].name, "read", t0 - run.t0, t1 - run.t0, nbytes))
+            run.kernel_start[i] = t1 - run.t0
+            run.started = i + 1
+            stream.wake_reader(run)
+
+
+class GatherHook(PartialReadHook):
+    """The pre-hook of an embedding read by rows: read the rows its ids look up, bind
+    them as its weight and hand it each id's position among them instead of the id."""
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         stream, i = self.stream, self.index
@@ -113,24 +148,10 @@ class GatherHook(UnitHook):
         ids = args[0] if args else kwargs.get("input")
         table.check_ids(ids)
         ring = stream.ring
-        # Every earlier unit was released and the reader waits for this one to have its
-        # place, so the rows (and their read buffer) may use the whole ring.
         lookup = table.plan(
             ids, room=ring.capacity, verify=stream.units.needs_check(i), request_bytes=REQUEST_BYTES
         )
-        with stream.state:
-            # Empty but for a skipped unit still being read, which the reader gives back
-            # when its read ends: the rows wait for that, since placed after it they
-            # would be given back first, and the ring gives back oldest first.
-            while ring.in_use and run.error is None:
-                stream.ready.wait()
-            if run.error is not None:
-                raise LayerfitError(f"no room in the unit buffer for the rows of {table.name}")
-            off = ring.allocate_locked(lookup.nbytes)  # planned to fit the whole ring
-            run.bound[i] = off
-            run.gathered[i] = module.padding_idx
-            run.placed.add(i)
-            stream.room.notify()  # the reader may go on past the table
+        off = self.place(run, lookup.nbytes, module.padding_idx, f"the rows of {table.name}")
         t0 = time.perf_counter()
         weight = table.read(stream.units.reader, lookup, ring.bytes[off : off + lookup.nbytes], ring.view[off:])
         t1 = time.perf_counter()
@@ -140,23 +161,14 @@ class GatherHook(UnitHook):
         # rows bound: it is cleared while they are, and restored with the table.
         module.padding_idx = None
         table.binding.attach(weight)
-        with stream.state:
-            if stream.trace:
-                run.events.append(Event(i, stream.blocks[i].name, "read", t0 - run.t0, t1 - run.t0, lookup.bytes_read))
-            run.kernel_start[i] = t1 - run.t0
-            run.started = i + 1
-            stream.wake_reader(run)
+        self.started(run, t0, t1, lookup.bytes_read)
         positions = lookup.positions
         return ((positions, *args[1:]), kwargs) if args else (args, {**kwargs, "input": positions})
 
 
-class ExpertsHook(UnitHook):
+class ExpertsHook(PartialReadHook):
     """The pre-hook of a module of experts read by the experts its router chose: read
     their pages into the unit's place in the ring and bind the unit there."""
-
-    def __init__(self, stream: UnitStream, index: int) -> None:
-        super().__init__(stream, index)
-        self.whole = PreHook(stream, index)  # with a unit source, the source supplies it whole
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         stream, i = self.stream, self.index
@@ -169,31 +181,14 @@ class ExpertsHook(UnitHook):
         chosen = args[1] if len(args) > 1 else kwargs.get(ROUTED)
         lookup = table.plan(chosen, verify=stream.units.needs_check(i))
         ring = stream.ring
-        with stream.state:
-            # As for rows (GatherHook): every earlier unit was released and the reader
-            # waits for this one to have its place; a skipped unit's read under way is
-            # given back when it ends, oldest first.
-            while ring.in_use and run.error is None:
-                stream.ready.wait()
-            if run.error is not None:
-                raise LayerfitError(f"no room in the unit buffer for the experts of {table.name}")
-            off = ring.allocate_locked(table.nbytes)
-            run.bound[i] = off
-            run.gathered[i] = None
-            run.placed.add(i)
-            stream.room.notify()  # the reader may go on past the experts
+        off = self.place(run, table.nbytes, None, f"the experts of {table.name}")
         t0 = time.perf_counter()
         table.read(stream.units.reader, lookup, ring.view[off : off + table.nbytes])
         t1 = time.perf_counter()
         if lookup.verify:
             stream.units.mark_verified(i, table.segment.index)
         stream.binder.bind(stream.bindings[i], ring.bytes, off)
-        with stream.state:
-            if stream.trace:
-                run.events.append(Event(i, stream.blocks[i].name, "read", t0 - run.t0, t1 - run.t0, lookup.bytes_read))
-            run.kernel_start[i] = t1 - run.t0
-            run.started = i + 1
-            stream.wake_reader(run)
+        self.started(run, t0, t1, lookup.bytes_read)
         return None
 
 
