@@ -90,6 +90,12 @@ class QueueFullError(ScheduleError):
     retry later or raise the queue limit."""
 
 
+class GenerationTooLargeError(ScheduleError):
+    """A generation request that can never run: its prompt and new tokens pass the
+    model's positions, or its KV cache beside the model's weight buffers passes the
+    memory budget (the message says which, and by how much)."""
+
+
 class ModelNotReadyError(ScheduleError):
     """A request for a model that exists in the repository but is not loaded (never
     loaded, unloaded, or failed to load: the message gives the reason)."""

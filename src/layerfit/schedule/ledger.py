@@ -202,6 +202,27 @@ class MemoryLedger:
             keys = [k for k, r in self._reservations.items() if r.owner == owner and k not in keep]
             return sum(self.release(k) for k in keys)
 
+    def hold(self, key: Hashable, nbytes: int, *, owner: Hashable = None) -> bool:
+        """Make ``key`` hold ``nbytes`` that no running task owns (a decode loop's KV
+        caches and weight buffers), growing or shrinking what it holds; False, changing
+        nothing, when the growth does not fit now. Never by the progress rule: memory
+        held between tasks must fit, or it could keep the budget exceeded for good."""
+        if nbytes < 0:
+            raise ScheduleError(f"cannot hold a negative number of bytes ({nbytes})")
+        with self.condition:
+            reservation = self._reservations.get(key)
+            before = 0 if reservation is None else reservation.nbytes
+            if nbytes > before and not self.fits(nbytes - before):
+                return False
+            if reservation is None:
+                reservation = self._reservations[key] = _Reservation(owner, 0, Admission.FIT)
+            self._held[reservation.admission] += nbytes - before
+            self.used += nbytes - before
+            reservation.nbytes = nbytes
+            self.peak = max(self.peak, self.used)
+            self._changed()
+            return True
+
     def wait(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
         """Block until ``predicate()`` holds (evaluated under the lock after every change)."""
         with self.condition:

@@ -63,6 +63,7 @@ from layerfit.engine.osmem import (
 )
 from layerfit.errors import LayerfitError, ScheduleError
 from layerfit.schedule.frontend import InferenceJob, Job, JobFrontEnd
+from layerfit.schedule.ledger import MemoryLedger
 from layerfit.schedule.profile import NetworkProfile, ProfileSet
 from layerfit.schedule.report import RunReport
 from layerfit.schedule.repository import ModelInfo, ModelRepository
@@ -239,6 +240,15 @@ class Runtime:
     def infer(self, model: str, x: Any, *, timeout: float | None = None) -> Future:
         """One network on one input; the future resolves to that model's output."""
         return self._front.submit(InferenceJob((model,), x, timeout=timeout), unwrap=model)
+
+    # --- memory held outside tasks ----------------------------------------------------
+
+    @property
+    def ledger(self) -> MemoryLedger:
+        """The memory ledger every task reserves in under the runtime's lock; rooms beside
+        the task graph (the decode loops of :mod:`layerfit.schedule.generation`) hold their
+        weight buffers and KV caches in it too, and wait on its condition."""
+        return self._core.ledger
 
     # --- observing --------------------------------------------------------------------
 

@@ -17,6 +17,10 @@ Endpoints::
     POST /v2/repository/models/{name}/load  POST /v2/repository/models/{name}/unload
     GET  /metrics                           (Prometheus text format)
     GET  /v2/openapi.json                   (this API as an OpenAPI 3.1 document)
+    POST /v2/models/{name}[/versions/{v}]/generate[_stream]   (Triton's generate extension)
+    GET  /v1/models    POST /v1/completions    POST /v1/chat/completions   (OpenAI's)
+
+Under ``/v1/`` errors take OpenAI's shape, ``{"error": {"message": ..., ...}}``.
 """
 
 from __future__ import annotations
@@ -36,8 +40,11 @@ from layerfit.serve.body import ClientGoneError
 from layerfit.serve.codec import HEADER_LENGTH, describe_validation_error, parse_json
 from layerfit.serve.dataplane import DataPlane
 from layerfit.serve.errors import BadRequestError, status_of
+from layerfit.serve.generate_routes import add_generate_routes
+from layerfit.serve.generation_service import GenerationService
 from layerfit.serve.metrics import ServerMetrics
 from layerfit.serve.middleware import BodyLimitMiddleware, MetricsMiddleware
+from layerfit.serve.openai_routes import add_openai_routes
 from layerfit.serve.openapi import openapi_document
 from layerfit.serve.types import RepositoryIndexRequest, RepositoryLoadRequest
 
@@ -48,6 +55,18 @@ CLIENT_CLOSED = 499  # nginx's "client closed request": counted in metrics, neve
 
 def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+def answer_error(request: Request, status: int, message: str) -> JSONResponse:
+    """The error in the shape of the API asked: OpenAI's under ``/v1/`` (what its
+    clients read), the Open Inference Protocol's elsewhere."""
+    if request.url.path.startswith("/v1/"):
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        param = message.split("invalid request: ", 1)[1].split(":", 1)[0] if "invalid request: " in message else None
+        return JSONResponse(
+            {"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status
+        )
+    return error_response(status, message)
 
 
 async def _body_model(request: Request, model: type[BaseModel]) -> Any:
@@ -62,8 +81,12 @@ async def _body_model(request: Request, model: type[BaseModel]) -> Any:
         raise BadRequestError(f"invalid request: {describe_validation_error(exc)}") from None
 
 
-def create_app(dataplane: DataPlane, metrics: ServerMetrics, *, max_body: int, repository_api: bool = True) -> Any:
-    """The ASGI application: routes, error handlers, body limit and metrics middleware.
+def create_app(
+    dataplane: DataPlane, metrics: ServerMetrics, *, max_body: int, repository_api: bool = True,
+    generation: GenerationService | None = None,
+) -> Any:
+    """The ASGI application: routes, error handlers, body limit and metrics middleware;
+    with ``generation``, Triton's generate extension and the OpenAI routes too.
 
     Each route is a closure over the data plane and the settings, so the factory is as
     long as the API it declares (about 95 lines), one short handler per endpoint."""
@@ -74,24 +97,24 @@ def create_app(dataplane: DataPlane, metrics: ServerMetrics, *, max_body: int, r
         return Response(status_code=CLIENT_CLOSED)  # the client left mid-body: not a server error
 
     @app.exception_handler(LayerfitError)
-    async def _layerfit_error(_: Request, exc: LayerfitError) -> JSONResponse:
-        return error_response(status_of(exc), str(exc))
+    async def _layerfit_error(request: Request, exc: LayerfitError) -> JSONResponse:
+        return answer_error(request, status_of(exc), str(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404:
             message = f"no such endpoint: {message.lower()} (see GET /v2 and the Open Inference Protocol)"
-        return error_response(exc.status_code, message)
+        return answer_error(request, exc.status_code, message)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(400, f"invalid request: {exc.errors()}")
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return answer_error(request, 400, f"invalid request: {exc.errors()}")
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")
-        return error_response(500, f"internal server error: {type(exc).__name__}: {exc}")
+        return answer_error(request, 500, f"internal server error: {type(exc).__name__}: {exc}")
 
     # --- health and metadata ------------------------------------------------------
 
@@ -150,6 +173,12 @@ def create_app(dataplane: DataPlane, metrics: ServerMetrics, *, max_body: int, r
 
     if repository_api:
         _repository_routes(app, dataplane)
+
+    # --- generation: Triton's generate extension, the OpenAI routes -------------------
+
+    if generation is not None:
+        add_generate_routes(app, dataplane, generation)
+        add_openai_routes(app, dataplane, generation)
 
     # --- metrics ------------------------------------------------------------------------
 

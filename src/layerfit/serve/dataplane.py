@@ -73,6 +73,7 @@ class DataPlane:
         self.requests = request_memory  # what request bodies and their decoding may hold
         self.stopping = asyncio.Event()  # set on SIGTERM: bodies still arriving are not read
         self.abandoned = asyncio.Event()  # set when the grace ends: waiting requests get 503
+        self.generation: Any = None  # the GenerationService, whose decode loops stop with the server
 
     # --- health and metadata ------------------------------------------------------
 
@@ -143,7 +144,11 @@ class DataPlane:
             # is answered 503 now; a forward pass under way ends in the background
             await run_in_threadpool(self.runtime.shutdown, wait=False, cancel_pending=True)
             self.abandoned.set()
+            if self.generation is not None:  # streams still decoding end with a 503 event
+                await run_in_threadpool(self.generation.close)
             await self.wait_idle(5.0)
+        if self.generation is not None:
+            await run_in_threadpool(self.generation.close)
         await run_in_threadpool(self.runtime.shutdown, wait=True)
 
     # --- inference -------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from layerfit.errors import (
     CorruptStoreError,
+    GenerationTooLargeError,
     JobRejectedError,
     JobTimeoutError,
     LayerfitError,
@@ -64,6 +65,8 @@ def status_of(exc: BaseException) -> int:
         return exc.status_code
     if isinstance(exc, UnknownModelError):
         return 404
+    if isinstance(exc, GenerationTooLargeError):
+        return 413
     if isinstance(exc, QueueFullError):
         return 429
     if isinstance(exc, ModelNotReadyError | JobTimeoutError | JobRejectedError | CorruptStoreError):

@@ -35,6 +35,7 @@ from layerfit.schedule.runtime_config import (
 )
 from layerfit.serve.body import BodyLimits, RequestMemory
 from layerfit.serve.dataplane import DataPlane
+from layerfit.serve.generation_service import GenerationService
 from layerfit.serve.integrity import Reverifier
 from layerfit.serve.metrics import ServerMetrics
 from layerfit.serve.registry import ModelRegistry
@@ -186,7 +187,10 @@ def build(settings: ServeSettings) -> Built:
             ),
         )
         metrics.attach(runtime, lambda: dataplane.inflight, dataplane.requests)
-        app = create_app(dataplane, metrics, max_body=max_body, repository_api=settings.repository_api)
+        generation = GenerationService(runtime, registry, timeout=settings.timeout, max_waiting=config.queue_limit)
+        dataplane.generation = generation
+        app = create_app(dataplane, metrics, max_body=max_body, repository_api=settings.repository_api,
+                         generation=generation)
     except BaseException:
         runtime.shutdown(wait=True, cancel_pending=True)
         raise

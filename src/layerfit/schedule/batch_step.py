@@ -1,0 +1,138 @@
+"""One decode step for every sequence in flight: one engine pass, each unit read once.
+
+Sequences of a batch differ in length and in what they feed this step: a sequence that
+joined feeds its whole prompt (its prefill), the others their last token. The step
+left-pads both to a common width: each row's cached keys and values to the longest
+cache ``P``, its new tokens to the widest feed ``W``, with an attention mask of ``P + W``
+that is 1 on the row's real positions only and position ids counted over them. The
+model (through the engine: the units streamed once for the whole batch) returns the
+logits of each row's last position and the batch's cache, from which each row keeps
+its real positions — so a sequence's cache is always its own, unpadded, and sequences
+join and leave between any two steps.
+
+Equality: the padded positions are masked out of attention, so each row's logits are
+the model's for that sequence alone up to the order in which longer, padded reductions
+add; on the test models that is within a few ulp (about 1e-7 of float32 logits) and the
+greedy tokens are the same as alone (``tests/serve/test_generate_batching.py``).
+
+Memory: :func:`kv_bytes_per_token` is what one position of one sequence costs (every
+layer's keys and values); a step holds the sequences' own caches, the padded batch
+cache it feeds and the one the model returns (:func:`step_kv_bytes`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from layerfit.errors import LayerfitError
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype | str = "float32") -> int:
+    """Bytes of KV cache one position of one sequence takes: layers × 2 (keys, values) ×
+    KV heads × head dimension × bytes per value, from a Hugging Face config."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = getattr(text, "num_hidden_layers", None)
+    heads = getattr(text, "num_attention_heads", None)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
+    if not (layers and kv_heads and head_dim):
+        raise LayerfitError(f"{type(config).__name__} states no layers, heads and head size: its KV cache cannot be counted")
+    name = str(dtype).removeprefix("torch.")
+    return int(layers) * 2 * int(kv_heads) * int(head_dim) * DTYPE_BYTES.get(name, 4)
+
+
+def step_kv_bytes(lengths: list[int], per_token: int) -> int:
+    """What a step of sequences that may grow to ``lengths`` positions holds at most:
+    their own caches, and the padded batch cache in and out (rows × the longest, twice)."""
+    if not lengths:
+        return 0
+    return per_token * (sum(lengths) + 2 * len(lengths) * max(lengths))
+
+
+Layers = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class Row:
+    """One sequence's part of a step: its cache so far (None before its prefill) and the
+    tokens it feeds now."""
+
+    cache: Layers | None
+    length: int  # positions in ``cache``
+    feed: list[int]
+
+
+class BatchStep:
+    """Runs steps of a causal language model through ``engine`` (called like the model)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        model = engine.model
+        self.config = model.config
+        parameters = inspect.signature(model.forward).parameters
+        # transformers 5 names the cache ``cache``; 4 named it ``past_key_values``
+        self.cache_keyword = "cache" if "cache" in parameters else "past_key_values"
+        self.keep_last = "logits_to_keep" in parameters
+        self.steps = 0
+
+    def run(self, rows: list[Row]) -> tuple[torch.Tensor, list[Layers]]:
+        """The last position's logits of each row (``[rows, vocab]``) and each row's cache
+        after the step (its real positions only)."""
+        from transformers import DynamicCache
+
+        width = max(len(r.feed) for r in rows)
+        past = max(r.length for r in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), past + width, dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row.feed):] = torch.tensor(row.feed)
+            mask[i, past - row.length:past] = 1
+            mask[i, past + width - len(row.feed):] = 1
+        cache = DynamicCache(ddp_cache_data=_padded(rows, past) if past else None, config=self.config)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
+        kwargs: dict[str, Any] = {
+            "input_ids": ids, "attention_mask": mask, "position_ids": positions,
+            self.cache_keyword: cache, "use_cache": True,
+        }
+        if self.keep_last:
+            kwargs["logits_to_keep"] = 1
+        out = self.engine(**kwargs)
+        self.steps += 1
+        returned = out.get(self.cache_keyword) if hasattr(out, "get") else None
+        returned = returned if returned is not None else out.past_key_values
+        layers = getattr(returned, "layers", None)
+        if layers is None or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+            raise LayerfitError(
+                f"{type(self.engine.model).__name__} keeps a cache other than one growing tensor per layer "
+                "(sliding windows, recurrent state): the batched decoder cannot split it by sequence"
+            )
+        keep = mask.bool()
+        caches = [
+            [(layer.keys[i:i + 1, :, keep[i]], layer.values[i:i + 1, :, keep[i]]) for layer in layers]
+            for i in range(len(rows))
+        ]
+        return out.logits[:, -1, :], caches
+
+
+def _padded(rows: list[Row], past: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's keys and values of every row, left-padded with zeros to ``past``."""
+    template = next(r.cache for r in rows if r.cache is not None)
+    layers = []
+    for index, (k0, v0) in enumerate(template):
+        keys = k0.new_zeros(len(rows), k0.shape[1], past, k0.shape[3])
+        values = v0.new_zeros(len(rows), v0.shape[1], past, v0.shape[3])
+        for i, row in enumerate(rows):
+            if row.cache is not None and row.length:
+                keys[i, :, past - row.length:] = row.cache[index][0][0]
+                values[i, :, past - row.length:] = row.cache[index][1][0]
+        layers.append((keys, values))
+    return layers
+
+
+__all__ = ["BatchStep", "Row", "kv_bytes_per_token", "step_kv_bytes"]

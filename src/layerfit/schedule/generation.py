@@ -1,0 +1,263 @@
+"""Continuous batching: the sequences of one language model decode together, each step
+one engine pass (one streamed read of each unit) for all of them.
+
+A :class:`DecodeLoop` owns one engine of the model and one thread. Requests are
+:meth:`~DecodeLoop.submit`-ted as :class:`Sequence`\\ s and wait, in arrival order, until
+their memory fits; at each step boundary the loop admits the waiting ones that fit
+(they feed their prompt in this step's pass: their prefill), runs one
+:class:`~layerfit.schedule.batch_step.BatchStep` for every sequence in flight, gives
+each its next token (its own :mod:`~layerfit.schedule.sampling` settings and random
+generator), and lets the finished, the cancelled and the disconnected leave: their
+cache is dropped and its bytes returned at once.
+
+Memory is the runtime's :class:`~layerfit.schedule.ledger.MemoryLedger`'s: while any
+sequence is in flight the loop *holds* its engine's weight buffers and the KV cache of
+its sequences, each counted at the most it may grow to (prompt plus ``max_tokens``
+positions; :func:`~layerfit.schedule.batch_step.step_kv_bytes`), so admitting a
+sequence never takes the ledger past the budget. A sequence that could not fit even
+alone is refused at once (:class:`~layerfit.errors.GenerationTooLargeError`, saying
+the bytes); one that fits alone waits for the memory others hold, and the queue of
+waiting sequences is bounded (:class:`~layerfit.errors.QueueFullError`). The loop
+waits on the ledger's condition, so memory returned by any task wakes it; nothing polls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from layerfit.backports import StrEnum
+from layerfit.errors import GenerationTooLargeError, QueueFullError, ScheduleError
+from layerfit.schedule.batch_step import BatchStep, Layers, Row, kv_bytes_per_token, step_kv_bytes
+from layerfit.schedule.ledger import MemoryLedger
+from layerfit.schedule.sampling import Sampling, choose
+from layerfit.sizes import format_bytes
+
+log = logging.getLogger("layerfit.generation")
+
+
+class Finish(StrEnum):
+    """Why a sequence ended, as the OpenAI API names it (``cancelled``: its client left)."""
+
+    STOP = "stop"  # an end token (or, above, a stop string)
+    LENGTH = "length"  # max_tokens
+    CANCELLED = "cancelled"
+
+
+OnToken = Callable[[int | None, "Finish | None", "BaseException | None"], None]
+"""Called on the loop's thread with each new token, then once with ``None`` and why the
+sequence ended (or the error that ended it)."""
+
+
+@dataclass
+class Sequence:
+    """One request in the loop: its prompt, how many tokens it may make, how it chooses
+    them, which tokens end it, and where its tokens go."""
+
+    prompt: list[int]
+    max_tokens: int
+    sampling: Sampling
+    end_tokens: frozenset[int]
+    on_token: OnToken
+    id: int = 0
+    tokens: list[int] = field(default_factory=list)
+    cache: Layers | None = field(default=None, repr=False)
+    cancelled: bool = False
+    generator: torch.Generator | None = field(default=None, repr=False)
+
+    @property
+    def positions(self) -> int:
+        """The most positions its cache may hold: the prompt and every new token."""
+        return len(self.prompt) + self.max_tokens
+
+    def cancel(self) -> None:
+        """Leave at the next step boundary (thread-safe: a flag the loop reads)."""
+        self.cancelled = True
+
+
+class DecodeLoop:
+    """The decode loop of one model: ``engine`` (a streaming :class:`~layerfit.Engine`
+    of a causal language model), its memory held in ``ledger``, at most ``max_waiting``
+    sequences waiting for memory."""
+
+    def __init__(self, name: str, engine: Any, ledger: MemoryLedger, *, max_waiting: int) -> None:
+        self.name = name
+        self.engine = engine
+        self.step = BatchStep(engine)
+        self.ledger = ledger
+        self.max_waiting = max_waiting
+        self.per_token = kv_bytes_per_token(engine.model.config, _dtype(engine.model))
+        self.weight_bytes = int(engine.memory.weight_bytes)
+        self._key = ("generation", name, id(self))
+        self._condition = ledger.condition  # the runtime's lock: memory freed anywhere wakes the loop
+        self._waiting: deque[Sequence] = deque()
+        self._active: list[Sequence] = []
+        self._ids = itertools.count(1)
+        self._closing = False
+        self.steps = 0  # engine passes
+        self.sequence_steps = 0  # tokens made, summed over the sequences of each pass
+        self.most_in_flight = 0
+        self.cancelled = 0  # sequences that left before they ended (client gone, stop string)
+        self._thread = threading.Thread(target=self._run, name=f"layerfit-decode-{name}", daemon=True)
+        self._thread.start()
+
+    # --- admission ---------------------------------------------------------------------
+
+    def need(self, sequences: list[Sequence]) -> int:
+        """The bytes the loop holds while ``sequences`` are in flight."""
+        if not sequences:
+            return 0
+        return self.weight_bytes + step_kv_bytes([s.positions for s in sequences], self.per_token)
+
+    def submit(self, sequence: Sequence) -> Sequence:
+        """Queue ``sequence`` for the next step; refuse one that can never fit the budget
+        (413) or that finds the waiting queue full (429)."""
+        alone = self.need([sequence])
+        if alone > self.ledger.budget:
+            raise GenerationTooLargeError(
+                f"the prompt's {len(sequence.prompt)} tokens and max_tokens {sequence.max_tokens} need "
+                f"{format_bytes(alone - self.weight_bytes)} of KV cache beside the model's "
+                f"{format_bytes(self.weight_bytes)} of weight buffers, more than the memory budget of "
+                f"{format_bytes(self.ledger.budget)}: shorten the prompt or ask for fewer tokens"
+            )
+        with self._condition:
+            if self._closing:
+                raise ScheduleError(f"the decode loop of {self.name!r} is shut down")
+            if len(self._waiting) >= self.max_waiting:
+                raise QueueFullError(
+                    f"{len(self._waiting)} generation requests of {self.name!r} already wait for memory "
+                    f"(the queue limit): retry later"
+                )
+            sequence.id = next(self._ids)
+            sequence.generator = sequence.sampling.generator()
+            self._waiting.append(sequence)
+            self._condition.notify_all()
+        return sequence
+
+    def cancel(self, sequence: Sequence) -> None:
+        """Take ``sequence`` out: a waiting one at once, one in flight at the step's end."""
+        with self._condition:
+            sequence.cancel()
+            self._condition.notify_all()
+
+    def stats(self) -> dict[str, int]:
+        with self._condition:
+            return {
+                "steps": self.steps, "sequence_steps": self.sequence_steps, "in_flight": len(self._active),
+                "waiting": len(self._waiting), "most_in_flight": self.most_in_flight, "cancelled": self.cancelled,
+                "held_bytes": self.ledger.held(self._key),
+            }
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def _admit_locked(self) -> list[Sequence]:
+        """Drop cancelled sequences, admit waiting ones in order while they fit; the
+        sequences of the next step (lock held)."""
+        ended = [s for s in self._waiting if s.cancelled] + [s for s in self._active if s.cancelled]
+        self._waiting = deque(s for s in self._waiting if not s.cancelled)
+        self._active = [s for s in self._active if not s.cancelled]
+        while self._waiting and self.ledger.hold(self._key, self.need([*self._active, self._waiting[0]])):
+            self._active.append(self._waiting.popleft())
+        if not self._active:
+            self.ledger.release(self._key)
+        else:
+            self.ledger.hold(self._key, self.need(self._active))  # shrinking always succeeds
+        self.cancelled += len(ended)
+        for sequence in ended:
+            sequence.cache = None
+            _tell(sequence, None, Finish.CANCELLED, None)
+        return list(self._active)
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                batch = self._admit_locked()
+                while not batch and not self._closing:
+                    self._condition.wait()
+                    batch = self._admit_locked()
+                if self._closing and not batch:
+                    return
+                self.most_in_flight = max(self.most_in_flight, len(batch))
+            try:
+                self._step(batch)
+            except BaseException as exc:  # a step failed: its sequences end with the error
+                log.debug("decode step of %s failed: %s", self.name, exc)
+                with self._condition:
+                    for sequence in batch:
+                        sequence.cancelled = True
+                        sequence.cache = None
+                    self._active = [s for s in self._active if s not in batch]
+                    self._admit_locked()  # returns the failed sequences' bytes
+                for sequence in batch:
+                    _tell(sequence, None, None, exc)
+
+    def _step(self, batch: list[Sequence]) -> None:
+        """One pass for ``batch``; each sequence gets its token or leaves."""
+        rows = [Row(s.cache, _cached(s), list(s.prompt) if s.cache is None else [s.tokens[-1]]) for s in batch]
+        logits, caches = self.step.run(rows)
+        done = []
+        for sequence, row_logits, cache in zip(batch, logits, caches, strict=True):
+            sequence.cache = cache
+            if sequence.cancelled:
+                continue
+            token = choose(row_logits, sequence.sampling, sequence.generator)
+            sequence.tokens.append(token)
+            finish = Finish.STOP if token in sequence.end_tokens else (
+                Finish.LENGTH if len(sequence.tokens) >= sequence.max_tokens else None
+            )
+            if finish is Finish.STOP:
+                _tell(sequence, None, finish, None)  # the end token is not part of the text
+            else:
+                _tell(sequence, token, None, None)
+                if finish is not None:
+                    _tell(sequence, None, finish, None)
+            if finish is not None:
+                done.append(sequence)
+        with self._condition:
+            self.steps += 1
+            self.sequence_steps += len(batch)
+            for sequence in done:
+                sequence.cache = None
+            self._active = [s for s in self._active if s not in done]
+
+    def close(self) -> None:
+        """Cancel every sequence, end the thread and close the engine."""
+        with self._condition:
+            self._closing = True
+            for sequence in [*self._waiting, *self._active]:
+                sequence.cancel()
+            self._condition.notify_all()
+        self._thread.join()
+        with self._condition:
+            self._admit_locked()
+            self.ledger.release(self._key)
+        self.engine.close()
+
+
+def _cached(sequence: Sequence) -> int:
+    """Positions in the sequence's cache: nothing before its prefill; after it, the
+    prompt and every token but the last (fed this step)."""
+    return 0 if sequence.cache is None else len(sequence.prompt) + len(sequence.tokens) - 1
+
+
+def _tell(sequence: Sequence, token: int | None, finish: Finish | None, error: BaseException | None) -> None:
+    """Hand a token or the end to the sequence's owner; its failure ends nothing else."""
+    with contextlib.suppress(Exception):
+        sequence.on_token(token, finish, error)
+
+
+def _dtype(model: Any) -> torch.dtype:
+    """The dtype the model's cache is kept in: its first floating-point parameter's (the
+    skeleton's tensors carry their dtype without their bytes)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+__all__ = ["DecodeLoop", "Finish", "Sequence"]
