@@ -35,9 +35,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 GENERATION_CONFIG = "generation_config.json"
 
-POSITION_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
-"""Where a Hugging Face config states how many positions the model has, by family."""
-
 
 @dataclass(frozen=True)
 class Decoding:
@@ -212,13 +209,15 @@ def _check_generates(engine: Engine, directory: str) -> None:
 def _check_prompt(engine: Engine, prompt_ids: list[int], max_new_tokens: int) -> None:
     """Refuse ids outside the vocabulary, and a prompt and new tokens beyond the model's
     positions (an encoder-decoder's prompt and new tokens each within its own)."""
+    from layerfit.store.hf_folder import positions_of
+
     config = engine.model.config
     vocab = getattr(config, "vocab_size", None)
     if isinstance(vocab, int) and max(prompt_ids) >= vocab:
         raise InputError(f"the prompt holds token id {max(prompt_ids)}; the model's vocabulary has ids 0-{vocab - 1}")
     n = len(prompt_ids)
     if getattr(config, "is_encoder_decoder", False):
-        source, target = _positions(config, "max_source_positions"), _positions(config, "max_target_positions")
+        source, target = positions_of(config, "max_source_positions"), positions_of(config, "max_target_positions")
         if source is not None and n > source[1]:
             raise InputError(f"the prompt has {n} tokens; the model's encoder has {source[1]} positions ({source[0]})")
         if target is not None and max_new_tokens + 1 > target[1]:
@@ -227,7 +226,7 @@ def _check_prompt(engine: Engine, prompt_ids: list[int], max_new_tokens: int) ->
                 f"positions; the model's decoder has {target[1]} ({target[0]})"
             )
         return
-    limit = _positions(config.get_text_config() if hasattr(config, "get_text_config") else config, None)
+    limit = positions_of(config)
     if limit is None:
         return
     field, positions = limit
@@ -238,19 +237,6 @@ def _check_prompt(engine: Engine, prompt_ids: list[int], max_new_tokens: int) ->
             f"the prompt's {n} tokens and --max-new-tokens {max_new_tokens} make {n + max_new_tokens} positions; "
             f"the model has {positions} ({field}): ask for at most {positions - n} new tokens"
         )
-
-
-def _positions(config: Any, first: str | None) -> tuple[str, int] | None:
-    """``(field, positions)``: the first of ``first`` and :data:`POSITION_FIELDS` that
-    ``config`` states as a whole number, named as its config.json does (GPT-2's
-    ``max_position_embeddings`` is an alias of ``n_positions``); None where it states
-    none (relative positions)."""
-    aliases = getattr(config, "attribute_map", {})
-    for field in ((first,) if first else ()) + POSITION_FIELDS:
-        value = getattr(config, field, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return aliases.get(field, field), value
-    return None
 
 
 def _generation_config(directory: str) -> Any | None:

@@ -32,8 +32,8 @@ from layerfit.schedule.generation import Sequence as Decoding
 from layerfit.schedule.sampling import Sampling
 from layerfit.serve.errors import BadRequestError, ShuttingDownError
 from layerfit.serve.text_stream import TextStream
+from layerfit.store.hf_folder import positions_of
 
-POSITION_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
 """Where a Hugging Face config states how many positions the model has, by family."""
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -148,7 +148,7 @@ class GenerationService:
             ends = getattr(model_config, "eos_token_id", None)
             ends = ends if isinstance(ends, list) else [ends]
             end_tokens = frozenset(int(e) for e in [*ends, tokenizer.eos_token_id] if e is not None)
-            self._models[name] = LanguageModel(loop, tokenizer, _positions(model_config), end_tokens, manifest)
+            self._models[name] = LanguageModel(loop, tokenizer, positions_of(model_config), end_tokens, manifest)
             if current is not None:
                 current.loop.close()
             return self._models[name]
@@ -282,17 +282,6 @@ class Completion:
         """The whole text (the non-streaming routes)."""
         parts = [delta.text async for delta in self]
         return "".join(parts)
-
-
-def _positions(config: Any) -> tuple[str, int] | None:
-    """``(field, positions)`` the config states (None: relative positions, no limit)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    aliases = getattr(text, "attribute_map", {})
-    for name in POSITION_FIELDS:
-        value = getattr(text, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return aliases.get(name, name), value
-    return None
 
 
 def _config_of(manifest: Any) -> dict[str, Any]:

@@ -264,7 +264,8 @@ def derive_example(module: nn.Module, seq_len: int, seed: int) -> Example:
     ``seq_len``; an encoder's ids, attention mask and token types; an encoder-decoder's
     encoder input (ids, or audio features of its length) and decoder ids."""
     config = module.config
-    limit = _positions(config)
+    stated = positions_of(config, "max_target_positions" if getattr(config, "is_encoder_decoder", False) else None)
+    limit = stated[1] if stated else None
     if seq_len < 1 or (limit is not None and seq_len > limit):
         raise InputError(f"--seq-len {seq_len} is outside 1..{limit or 'any'} (the model's positions)")
     vocab = int(getattr(config, "vocab_size", 0) or 0)
@@ -306,12 +307,21 @@ def _generates(module: nn.Module) -> bool:
         return False
 
 
-def _positions(config: Any) -> int | None:
-    """How many positions the model's (decoder's) embeddings hold, when it says."""
-    for attr in ("max_position_embeddings", "n_positions", "max_target_positions", "n_ctx"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
+POSITION_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
+"""Where a Hugging Face config states how many positions the model has, by family."""
+
+
+def positions_of(config: Any, first: str | None = None) -> tuple[str, int] | None:
+    """``(field, positions)``: the first of ``first`` and :data:`POSITION_FIELDS` that the
+    (text) config states as a whole number, named as its config.json does (GPT-2's
+    ``max_position_embeddings`` is an alias of ``n_positions``); None where it states
+    none (relative positions: no limit)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    aliases = getattr(text, "attribute_map", {})
+    for field in ((first,) if first else ()) + POSITION_FIELDS:
+        value = getattr(text, field, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return aliases.get(field, field), value
     return None
 
 
