@@ -212,6 +212,52 @@ def run_child(script: str, args: list[str], timeout: float = 1800) -> dict[str, 
         cg.remove()
 
 
+def drop_page_cache() -> None:
+    """Write dirty pages back and drop the page cache (root): the next child starts cold."""
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3")
+
+
+def limited_child(
+    script: str | Path, args: list[str], limit: int | None, python: str | Path = sys.executable, timeout: float = 1800,
+) -> dict[str, Any]:
+    """Run ``python script --child ARGS`` in a fresh memory cgroup (v1) limited to ``limit``
+    bytes (None: no limit), after dropping the page cache: the limit then counts every page
+    the child brings in, its libraries' and its mapped files' included. Its last stdout
+    line is JSON; the result adds ``returncode``, ``oom_kills`` and ``cgroup_peak_bytes``
+    (``error``, the last line it printed, when it failed)."""
+    cgroup = CGROUP_V1 / "memory" / f"layerfit-bench-{uuid.uuid4().hex[:8]}"
+    cgroup.mkdir()
+    try:
+        if limit is not None:
+            (cgroup / "memory.limit_in_bytes").write_text(str(limit))
+        drop_page_cache()
+
+        def enter() -> None:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+        proc = subprocess.run(
+            [str(python), str(script), "--child", *args], capture_output=True, text=True, preexec_fn=enter,
+            timeout=timeout,
+        )
+        oom = next((int(line.split()[1]) for line in (cgroup / "memory.oom_control").read_text().splitlines()
+                    if line.startswith("oom_kill ")), 0)
+        result: dict[str, Any] = {"returncode": proc.returncode, "oom_kills": oom}
+        if proc.returncode == 0:
+            result.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+        else:
+            result["error"] = ((proc.stderr or proc.stdout).strip().splitlines() or ["killed"])[-1][:300]
+        result["cgroup_peak_bytes"] = int((cgroup / "memory.max_usage_in_bytes").read_text())
+        return result
+    finally:
+        for _ in range(50):  # the child's pages leave the group as it is torn down
+            try:
+                cgroup.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
 def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path, Path]:
     RESULTS.mkdir(parents=True, exist_ok=True)
     js, md = RESULTS / f"{name}.json", RESULTS / f"{name}.md"
