@@ -1,6 +1,8 @@
 """Shared benchmark plumbing: isolated child runs, cgroup memory, result files.
 
-Each measured configuration runs in a fresh child process, so peak RSS belongs to that
+Imports nothing beyond the standard library at load, so a child running in another
+virtual environment (bench/vs_mmap.py's llama.cpp) uses it too. Each measured
+configuration runs in a fresh child process, so peak RSS belongs to that
 configuration alone. Where a memory cgroup (v1) can be created (as root), the child runs
 inside its own cgroup and ``cgroup_peak_bytes`` reports ``memory.max_usage_in_bytes``,
 which also counts the page cache the child caused. Nothing here asserts a timing.
@@ -21,14 +23,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 RESULTS = Path(__file__).parent / "results"
 CGROUP_V1 = Path("/sys/fs/cgroup")
 
 
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
+    import psutil
     import torch
 
     return {
@@ -172,6 +173,28 @@ class Storage:
     def remove(self) -> None:
         if self.throttle is not None:
             self.throttle.remove()
+
+
+class AnonPeak:
+    """The process's peak anonymous memory (RssAnon), sampled every 20 ms on a thread:
+    what the cgroup cannot reclaim, unlike the page cache of the mapped checkpoint."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def peak_now(self) -> int:
+        """The peak including this moment (the sampler may not have run since the last change)."""
+        time.sleep(0.05)
+        return self.peak
+
+    def _sample(self) -> None:
+        while True:
+            with open("/proc/self/status") as fh:
+                for line in fh:
+                    if line.startswith("RssAnon:"):
+                        self.peak = max(self.peak, int(line.split()[1]) * 1024)
+            time.sleep(0.02)
 
 
 def off_main(fn: Callable[[], Any]) -> Any:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import limited_child, machine, mb, run_child, write_results  # noqa: E402
+from common import AnonPeak, limited_child, machine, mb, run_child, write_results  # noqa: E402
 
 DEFAULT_MODELS = "vgg16@64,resnet152@224,mobilenet_v2@224"
 
@@ -93,30 +93,6 @@ def build_decoder() -> Any:
     import transformers
 
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**DECODER))
-
-
-class AnonPeak:
-    """The process's peak anonymous memory (RssAnon), sampled every 20 ms on a thread:
-    what the cgroup cannot reclaim, unlike the page cache of the mapped checkpoint."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self.peak = 0
-        threading.Thread(target=self._sample, daemon=True).start()
-
-    def peak_now(self) -> int:
-        """The peak including this moment (the sampler may not have run since the last change)."""
-        time.sleep(0.05)
-        return self.peak
-
-    def _sample(self) -> None:
-        while True:
-            with open("/proc/self/status") as fh:
-                for line in fh:
-                    if line.startswith("RssAnon:"):
-                        self.peak = max(self.peak, int(line.split()[1]) * 1024)
-            time.sleep(0.02)
 
 
 def hf_child(route: str, folder: str, out: str) -> dict[str, Any]:
