@@ -23,16 +23,25 @@ which is dropped before each child. Configurations:
   footprint beside its weights, is measured per model by one child without a limit
   running the same passes at layerfit's minimum budget: F = its peak anonymous memory
   (RssAnon, sampled every 20 ms) minus the weight bytes the engine held, plus
-  ``FILE_ROOM`` (32 MB) of page cache for the files the child keeps using (its
-  libraries' code: each layerfit child measures what one more step touches, with
-  ``/proc/self/clear_refs`` and the mappings' ``Referenced`` pages). A layerfit
-  child killed for memory runs again with B lower by ``FILE_ROOM`` (three tries); each
-  row says how many it took, and its disk reads per step beside the engine's own show
-  any library page the limit evicted and a step read again.
+  ``FILE_ROOM`` (128 MB) of page cache for the files the child keeps using (its
+  libraries' code). A step touches about 6 MB of them (each layerfit child measures
+  one more step with ``/proc/self/clear_refs`` and its mappings' ``Referenced``
+  pages), but every fault reads the disk's read-ahead around it (8 MB on the machine
+  of the results): with 32 MB left, the 2.1 GB decoder's child at its minimum budget
+  ran in some runs and in others livelocked re-reading library code (870 GB read in
+  15 minutes); with 64 MB one cached step took 11 s; with 128 MB none stalled. A
+  layerfit child killed for memory, or past ``CHILD_TIMEOUT``, runs again with B lower
+  by ``FILE_ROOM`` (three tries); each row says how many it took, and its disk reads
+  per step beside the engine's own show any library page the limit evicted and a step
+  read again.
 - *llama.cpp* (decoders): the same weights written as an f32 GGUF file with the ``gguf``
   package, run by ``llama-cpp-python`` with its defaults (mmap loading, an f16 KV cache),
   in its own virtual environment (``--llamacpp-python``); where it is not there the
-  output says so.
+  output says so. To make one (it compiles llama.cpp with cmake and a C++ compiler: 9
+  minutes on 2 cores)::
+
+      python3 -m venv /work/cache/llamacpp-venv
+      /work/cache/llamacpp-venv/bin/pip install llama-cpp-python gguf
 
 Decoders run a 32-token prompt (the first, cold pass) and then ``--steps`` cached steps,
 one token per call with ``past_key_values``; the reference's greedy tokens are fed to
@@ -80,8 +89,9 @@ PROMPT = 32  # prompt tokens: the first pass
 GENERATED = 16  # tokens of the reference decode; a run feeds the first --steps of them
 CNN_SHAPE = (1, 3, 224, 224)
 LLAMACPP_PYTHON = Path("/work/cache/llamacpp-venv/bin/python")
-FILE_ROOM = 32_000_000  # page cache left to the files a layerfit child keeps using (its libraries' code)
-LAYERFIT_TRIES = 3  # a layerfit child killed for memory runs again, FILE_ROOM lower each time
+FILE_ROOM = 128_000_000  # page cache left to the files a layerfit child keeps using (its libraries' code)
+LAYERFIT_TRIES = 3  # a layerfit child killed for memory or stalled runs again, FILE_ROOM lower each time
+CHILD_TIMEOUT = 300  # seconds: the slowest child of the full run takes about 30
 
 # Llama-style decoders, float32, seeded weights. The small one is bench/decoding.py's
 # llama (GPT-2 small's width); the large one is TinyLlama's shape with 9 of its 22 layers.
@@ -467,6 +477,14 @@ def llamacpp_status(python: Path) -> dict[str, Any]:
 BANDWIDTH_CHUNKS = (8 << 20, 256 << 20)  # dd's kind of read, and one as large as a large unit
 
 
+def read_ahead_kb(path: Path) -> int:
+    """The read-ahead of the disk holding ``path``, which a page fault on a mapped file reads around."""
+    from common import block_device
+
+    path.mkdir(parents=True, exist_ok=True)
+    return int((Path("/sys/dev/block") / block_device(path) / "queue" / "read_ahead_kb").read_text())
+
+
 def direct_read_bandwidth(path: Path, chunk: int) -> dict[str, Any]:
     """Read ``path`` whole with ``O_DIRECT`` in ``chunk``-byte reads into a pre-faulted
     buffer, as the engine reads a unit (an unfaulted one halved the rate of 256 MiB
@@ -497,9 +515,9 @@ def child_row(config: str, name: str, work: Path, passes: int, limit: int | None
     args = [config, name, str(work), str(passes), *([] if budget is None else [str(budget)])]
     load_average = os.getloadavg()[0]
     try:
-        r = limited_child(__file__, args, limit, python=python, timeout=900)
+        r = limited_child(__file__, args, limit, python=python, timeout=CHILD_TIMEOUT)
     except subprocess.TimeoutExpired:
-        r = {"returncode": None, "error": "timed out after 900 s"}
+        r = {"returncode": None, "error": f"stalled: killed after {CHILD_TIMEOUT} s", "timed_out": True}
     return {"model": name, "config": config, "limit_bytes": limit, "budget_bytes": budget,
             "load_average_1m": load_average, **r}
 
@@ -531,7 +549,8 @@ def run_model(name: str, info: dict[str, Any], args: argparse.Namespace, llamacp
             while True:
                 layerfit_runs.append(child_row("layerfit", name, work, passes, limit, budget))
                 print(" ", summary(layerfit_runs[-1]), flush=True)
-                if not layerfit_runs[-1].get("oom_kills") or tries == LAYERFIT_TRIES:
+                failed = layerfit_runs[-1].get("oom_kills") or layerfit_runs[-1].get("timed_out")
+                if not failed or tries == LAYERFIT_TRIES:
                     break
                 budget, tries = budget - FILE_ROOM, tries + 1
         rows += [fastest(mmap_runs), {**fastest(layerfit_runs), "tries": tries}]
@@ -629,7 +648,10 @@ def markdown(data: dict[str, Any]) -> str:
         "without a limit running the same passes at layerfit's minimum budget: its peak anonymous memory (RssAnon, "
         "sampled every 20 ms) minus the weight bytes the engine held, plus "
         f"{FILE_ROOM / 1e6:.0f} MB of page cache for the files it keeps using (its libraries' code). A layerfit "
-        f"child killed for memory would run again {FILE_ROOM / 1e6:.0f} MB lower (*tries*). Limits run from the "
+        f"child killed for memory or stalled past {CHILD_TIMEOUT} s would run again {FILE_ROOM / 1e6:.0f} MB lower "
+        "(*tries*); with 32 MB for the files, the 2.1 GB decoder's child at its minimum budget sometimes livelocked "
+        "re-reading library code, every fault bringing the disk's read-ahead "
+        f"({data['read_ahead_kb'] // 1024} MB here) in. Limits run from the "
         "minimum budget + F to the weights + F; the model *fits* from the weights + F on. *disk read per step* is "
         "what the child read from the disk (`/proc/self/io`), library pages read again included; *layerfit read "
         "per step* is what the engine read (its timeline, one more traced step).",
@@ -721,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
     llamacpp = llamacpp_status(args.llamacpp_python)
     print("llama.cpp:", llamacpp, flush=True)
     data: dict[str, Any] = {"machine": machine(), "steps": args.steps, "cnn_passes": args.cnn_passes, "rounds": args.rounds,
+                            "read_ahead_kb": read_ahead_kb(CACHE),
                             "prompt_tokens": PROMPT, "llamacpp": llamacpp, "bandwidth": [], "models": {}}
     infos = {name: prepared(name, CACHE / name) for name in names}
     largest = max(names, key=lambda n: infos[n]["weights_bytes"])
