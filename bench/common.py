@@ -1,6 +1,8 @@
 """Shared benchmark plumbing: isolated child runs, cgroup memory, result files.
 
-Each measured configuration runs in a fresh child process, so peak RSS belongs to that
+Imports nothing beyond the standard library at load, so a child running in another
+virtual environment (bench/vs_mmap.py's llama.cpp) uses it too. Each measured
+configuration runs in a fresh child process, so peak RSS belongs to that
 configuration alone. Where a memory cgroup (v1) can be created (as root), the child runs
 inside its own cgroup and ``cgroup_peak_bytes`` reports ``memory.max_usage_in_bytes``,
 which also counts the page cache the child caused. Nothing here asserts a timing.
@@ -21,14 +23,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 RESULTS = Path(__file__).parent / "results"
 CGROUP_V1 = Path("/sys/fs/cgroup")
 
 
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
+    import psutil
     import torch
 
     return {
@@ -174,6 +175,28 @@ class Storage:
             self.throttle.remove()
 
 
+class AnonPeak:
+    """The process's peak anonymous memory (RssAnon), sampled every 20 ms on a thread:
+    what the cgroup cannot reclaim, unlike the page cache of the mapped checkpoint."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def peak_now(self) -> int:
+        """The peak including this moment (the sampler may not have run since the last change)."""
+        time.sleep(0.05)
+        return self.peak
+
+    def _sample(self) -> None:
+        while True:
+            with open("/proc/self/status") as fh:
+                for line in fh:
+                    if line.startswith("RssAnon:"):
+                        self.peak = max(self.peak, int(line.split()[1]) * 1024)
+            time.sleep(0.02)
+
+
 def off_main(fn: Callable[[], Any]) -> Any:
     """``fn()`` on a fresh thread, its exception re-raised here. A bench's own tensor work
     runs there: a thread that ran PyTorch kernels keeps an OpenMP team until it ends, and
@@ -210,6 +233,52 @@ def run_child(script: str, args: list[str], timeout: float = 1800) -> dict[str, 
         return result
     finally:
         cg.remove()
+
+
+def drop_page_cache() -> None:
+    """Write dirty pages back and drop the page cache (root): the next child starts cold."""
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3")
+
+
+def limited_child(
+    script: str | Path, args: list[str], limit: int | None, python: str | Path = sys.executable, timeout: float = 1800,
+) -> dict[str, Any]:
+    """Run ``python script --child ARGS`` in a fresh memory cgroup (v1) limited to ``limit``
+    bytes (None: no limit), after dropping the page cache: the limit then counts every page
+    the child brings in, its libraries' and its mapped files' included. Its last stdout
+    line is JSON; the result adds ``returncode``, ``oom_kills`` and ``cgroup_peak_bytes``
+    (``error``, the last line it printed, when it failed)."""
+    cgroup = CGROUP_V1 / "memory" / f"layerfit-bench-{uuid.uuid4().hex[:8]}"
+    cgroup.mkdir()
+    try:
+        if limit is not None:
+            (cgroup / "memory.limit_in_bytes").write_text(str(limit))
+        drop_page_cache()
+
+        def enter() -> None:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+        proc = subprocess.run(
+            [str(python), str(script), "--child", *args], capture_output=True, text=True, preexec_fn=enter,
+            timeout=timeout,
+        )
+        oom = next((int(line.split()[1]) for line in (cgroup / "memory.oom_control").read_text().splitlines()
+                    if line.startswith("oom_kill ")), 0)
+        result: dict[str, Any] = {"returncode": proc.returncode, "oom_kills": oom}
+        if proc.returncode == 0:
+            result.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+        else:
+            result["error"] = ((proc.stderr or proc.stdout).strip().splitlines() or ["killed"])[-1][:300]
+        result["cgroup_peak_bytes"] = int((cgroup / "memory.max_usage_in_bytes").read_text())
+        return result
+    finally:
+        for _ in range(50):  # the child's pages leave the group as it is torn down
+            try:
+                cgroup.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
 
 
 def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path, Path]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import CGROUP_V1, machine, mb, run_child, write_results  # noqa: E402
+from common import AnonPeak, limited_child, machine, mb, run_child, write_results  # noqa: E402
 
 DEFAULT_MODELS = "vgg16@64,resnet152@224,mobilenet_v2@224"
 
@@ -96,30 +95,6 @@ def build_decoder() -> Any:
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**DECODER))
 
 
-class AnonPeak:
-    """The process's peak anonymous memory (RssAnon), sampled every 20 ms on a thread:
-    what the cgroup cannot reclaim, unlike the page cache of the mapped checkpoint."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self.peak = 0
-        threading.Thread(target=self._sample, daemon=True).start()
-
-    def peak_now(self) -> int:
-        """The peak including this moment (the sampler may not have run since the last change)."""
-        time.sleep(0.05)
-        return self.peak
-
-    def _sample(self) -> None:
-        while True:
-            with open("/proc/self/status") as fh:
-                for line in fh:
-                    if line.startswith("RssAnon:"):
-                        self.peak = max(self.peak, int(line.split()[1]) * 1024)
-            time.sleep(0.02)
-
-
 def hf_child(route: str, folder: str, out: str) -> dict[str, Any]:
     """Prepare ``folder`` by ``route``: ``hf`` (prepare hf:FOLDER), ``from_pretrained``
     (transformers' from_pretrained, then prepare(module=...)) or ``factory`` (a factory
@@ -151,42 +126,6 @@ def hf_child(route: str, folder: str, out: str) -> dict[str, Any]:
     }
 
 
-def limited_child(limit: int, args: list[str]) -> dict[str, Any]:
-    """``run_child`` in a memory cgroup limited to ``limit`` bytes, page cache dropped first."""
-    import subprocess
-    import uuid
-
-    cgroup = CGROUP_V1 / "memory" / f"layerfit-bench-{uuid.uuid4().hex[:8]}"
-    cgroup.mkdir()
-    try:
-        (cgroup / "memory.limit_in_bytes").write_text(str(limit))
-        subprocess.run(["sync"], check=True)
-        Path("/proc/sys/vm/drop_caches").write_text("3")
-
-        def enter() -> None:
-            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
-
-        proc = subprocess.run(
-            [sys.executable, __file__, "--child", *args], capture_output=True, text=True, preexec_fn=enter, timeout=1800,
-        )
-        oom = next((int(line.split()[1]) for line in (cgroup / "memory.oom_control").read_text().splitlines()
-                    if line.startswith("oom_kill ")), 0)
-        result: dict[str, Any] = {"returncode": proc.returncode, "oom_kills": oom}
-        if proc.returncode == 0:
-            result.update(json.loads(proc.stdout.strip().splitlines()[-1]))
-        else:
-            result["error"] = ((proc.stderr or proc.stdout).strip().splitlines() or ["killed"])[-1][:300]
-        result["cgroup_peak_bytes"] = int((cgroup / "memory.max_usage_in_bytes").read_text())
-        return result
-    finally:
-        for _ in range(50):  # the child's pages leave the group as it is torn down
-            try:
-                cgroup.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
-
-
 def check_outputs(folder: Path, out: Path) -> bool:
     """The prepared model's logits (budget 50 %) equal transformers' own, bit for bit."""
     import torch
@@ -213,7 +152,7 @@ def larger_than_memory(limits: list[int], output: str) -> int:
     rows = []
     for limit in limits:
         for route in ("import", "hf", "from_pretrained", "factory"):
-            r = limited_child(limit, ["--what", f"hf-{route}", str(folder), str(out)])
+            r = limited_child(__file__, ["--what", f"hf-{route}", str(folder), str(out)], limit)
             r.update(route=route, limit_bytes=limit)
             if route == "import":
                 r.pop("weights_bytes", None)
