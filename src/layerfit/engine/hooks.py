@@ -102,6 +102,16 @@ class PartialReadHook(UnitHook):
         super().__init__(stream, index)
         self.whole = PreHook(stream, index)  # with a unit source, the source supplies it whole
 
+    def begin(self, module: nn.Module, args: tuple) -> Any:
+        """The pass this unit runs in, its order checked; None when there is nothing to
+        read in part (no pass, or a unit source supplies the unit whole)."""
+        run = self.stream.run
+        if run is None or run.source is not None:
+            self.whole(module, args)
+            return None
+        self.stream.check_order(run, self.index)
+        return run
+
     def place(self, run: Any, nbytes: int, saved: object, what: str) -> int:
         """Take ``nbytes`` of the ring for this unit; ``saved`` is what its table
         restores after the pass. Every earlier unit was released and the reader waits
@@ -139,11 +149,9 @@ class GatherHook(PartialReadHook):
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         stream, i = self.stream, self.index
-        run = stream.run
-        if run is None or run.source is not None:
-            self.whole(module, args)
+        run = self.begin(module, args)
+        if run is None:
             return None
-        stream.check_order(run, i)
         table = stream.gathered[i]
         ids = args[0] if args else kwargs.get("input")
         table.check_ids(ids)
@@ -172,11 +180,9 @@ class ExpertsHook(PartialReadHook):
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         stream, i = self.stream, self.index
-        run = stream.run
-        if run is None or run.source is not None:
-            self.whole(module, args)
+        run = self.begin(module, args)
+        if run is None:
             return None
-        stream.check_order(run, i)
         table = stream.gathered[i]
         chosen = args[1] if len(args) > 1 else kwargs.get(ROUTED)
         lookup = table.plan(chosen, verify=stream.units.needs_check(i))
