@@ -5,8 +5,9 @@ its own random generator, so a seeded request draws the same tokens whoever shar
 steps (its logits are the model's for it alone, within the batch's tolerance: see
 :mod:`layerfit.schedule.batch_step`). Temperature 0 is greedy (the argmax, the first
 of equal ones, as ``torch.argmax`` and transformers' greedy search choose); otherwise
-the logits are divided by the temperature, cut to the ``top_k`` largest and to the
-smallest set whose probability reaches ``top_p``, and one token is drawn.
+transformers' own logits warpers divide by the temperature and cut to the ``top_k``
+largest and to the smallest set whose probability reaches ``top_p``, and one token is
+drawn.
 """
 
 from __future__ import annotations
@@ -55,21 +56,18 @@ class Sampling:
 
 
 def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
-    """The next token from one row of logits (``[vocab]``)."""
+    """The next token from one row of logits (``[vocab]``): the argmax, or a draw after
+    transformers' own warpers (temperature, top-k, top-p, in ``generate``'s order)."""
     if sampling.greedy:
         return int(torch.argmax(logits))
-    scores = logits.float() / sampling.temperature
-    if 0 < sampling.top_k < scores.numel():
-        kth = torch.topk(scores, sampling.top_k).values[-1]
-        scores = scores.masked_fill(scores < kth, -math.inf)
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    scores = TemperatureLogitsWarper(sampling.temperature)(None, logits.float()[None])
+    if 0 < sampling.top_k < scores.shape[-1]:
+        scores = TopKLogitsWarper(sampling.top_k)(None, scores)
     if sampling.top_p < 1:
-        ordered, order = torch.sort(scores, descending=True)
-        cumulative = torch.softmax(ordered, -1).cumsum(-1)
-        # keep each token whose predecessors' probability is below top_p (the first always)
-        cut = (cumulative - torch.softmax(ordered, -1)) >= sampling.top_p
-        scores = scores.scatter(0, order[cut], -math.inf)
-    probs = torch.softmax(scores, -1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+        scores = TopPLogitsWarper(sampling.top_p)(None, scores)
+    return int(torch.multinomial(torch.softmax(scores[0], -1), 1, generator=generator))
 
 
 __all__ = ["Sampling", "choose"]

@@ -45,13 +45,7 @@ def add_generate_routes(app: Any, dataplane: DataPlane, service: GenerationServi
             name, service.encode(model, body.text_input), fields.max_tokens or DEFAULT_MAX_TOKENS,
             fields.sampling(default_temperature=0.0), stops_of(fields.stop),
         )
-        slot = contextlib.ExitStack()
-        slot.enter_context(dataplane.admit())
-        try:
-            return service.start(model, text), slot
-        except BaseException:
-            slot.close()
-            raise
+        return service.start_admitted(model, text, dataplane.admit)
 
     @app.post("/v2/models/{name}/generate")
     @app.post("/v2/models/{name}/versions/{version}/generate")

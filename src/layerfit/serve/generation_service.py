@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,6 +216,20 @@ class GenerationService:
         """Submit ``request`` to the model's loop (413/429 at once); read the result."""
         self.check(model, request)
         return Completion(model, request, self.timeout)
+
+    def start_admitted(
+        self, model: LanguageModel, request: TextRequest, admit: Callable[[], contextlib.AbstractContextManager]
+    ) -> tuple[Completion, contextlib.ExitStack]:
+        """:meth:`start` inside the server's admission slot (``admit``, the data plane's),
+        which the caller closes when the response has been sent; closed at once if
+        starting fails."""
+        slot = contextlib.ExitStack()
+        slot.enter_context(admit())
+        try:
+            return self.start(model, request), slot
+        except BaseException:
+            slot.close()
+            raise
 
 
 class Completion:

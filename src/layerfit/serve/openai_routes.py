@@ -64,13 +64,7 @@ def add_openai_routes(app: Any, dataplane: DataPlane, service: GenerationService
                 raise LayerfitError("prompt: give some text or token ids")
         text = TextRequest(body.model, prompt, limit or DEFAULT_MAX_TOKENS,
                            body.sampling(default_temperature=1.0), stops_of(body.stop))
-        slot = contextlib.ExitStack()
-        slot.enter_context(dataplane.admit())
-        try:
-            return service.start(model, text), slot
-        except BaseException:
-            slot.close()
-            raise
+        return service.start_admitted(model, text, dataplane.admit)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
