@@ -386,3 +386,40 @@ def direct_read_bandwidth(path: Path, limit: int = 1024 * 2**20, chunks: tuple[i
         buffer.close()
         rates.append(sorted(passes)[len(passes) // 2])
     return max(rates)
+
+
+def launch_server(command: list[str], env: dict[str, str] | None = None, preexec_fn: Any = None,
+                  wait: float = 300) -> tuple[subprocess.Popen, str]:
+    """Start ``layerfit serve`` (``command``) and return the process and its base URL,
+    read from the line it prints when it listens; its output is drained so the pipe
+    never fills. A server that does not start in ``wait`` seconds is killed."""
+    import re
+
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            preexec_fn=preexec_fn)
+    found: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            match = re.search(r"at (http://\S+)/v2", line)
+            if match and not found:
+                found.append(match.group(1))
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not ready.wait(wait) or not found:
+        proc.kill()
+        proc.wait()
+        raise SystemExit("the server did not start")
+    return proc, found[0]
+
+
+def vm_hwm(pid: int) -> int:
+    """A process's peak resident memory since it started (``VmHWM``)."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmHWM for process {pid}")

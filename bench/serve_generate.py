@@ -19,7 +19,6 @@ answer (must be 0). Writes ``bench/results/serve_generate.{json,md}``::
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import statistics
 import subprocess
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, mb, write_results  # noqa: E402
+from common import launch_server, machine, mb, vm_hwm, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "serve_generate"
 WORDS = 32000
@@ -85,31 +84,7 @@ def start_server(repo: Path, budget: str) -> tuple[subprocess.Popen, str]:
     command = [sys.executable, "-m", "layerfit.cli", "serve", "--repository", str(repo), "--budget", budget,
                "--host", "127.0.0.1", "--port", "0", "--queue-limit", "64", "--timeout", "600",
                "--shutdown-grace", "60", "--log-level", "warning"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    found: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            match = re.search(r"at (http://\S+)/v2", line)
-            if match and not found:
-                found.append(match.group(1))
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(600) or not found:
-        proc.kill()
-        raise SystemExit("the server did not start")
-    return proc, found[0]
-
-
-def vm_hwm(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return launch_server(command, wait=600)
 
 
 def ledger_peak(url: str) -> float | None:

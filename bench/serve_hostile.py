@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import signal
 import socket
@@ -40,7 +39,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Cgroup, machine, mb, prepared_zoo_model, write_results  # noqa: E402
+from common import Cgroup, launch_server, machine, mb, prepared_zoo_model, vm_hwm, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "serve_hostile"
 
@@ -52,33 +51,7 @@ def start_server(args: argparse.Namespace, repository: Path, cgroup: Cgroup) -> 
     env = dict(os.environ)
     if args.src:
         env["PYTHONPATH"] = str(Path(args.src).resolve())
-    enter = cgroup.enter_fn()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            preexec_fn=enter)
-    found: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            match = re.search(r"at (http://\S+)/v2", line)
-            if match and not found:
-                found.append(match.group(1))
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(300) or not found:
-        proc.kill()
-        raise SystemExit("the server did not start")
-    return proc, found[0]
-
-
-def vm_hwm(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM")
+    return launch_server(command, env=env, preexec_fn=cgroup.enter_fn())
 
 
 def reset_peaks(pid: int, cgroup: Cgroup) -> None:
