@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from layerfit.capture.activations import _flat_tensors, trace_fx, trace_hooks
+from layerfit.capture.activations import _flat_tensors, output_names, trace_fx, trace_hooks
 from layerfit.capture.allocations import PassAllocations
 from layerfit.capture.graph import (
     ModelGraph,
@@ -125,8 +125,15 @@ def capture(model: nn.Module, example_input: Any, *, method: str = "auto") -> Mo
         resident=resident,
         unused=unused,
         output_shapes=[tuple(t.shape) for t in _flat_tensors(output)],
+        output_names=_unique(output_names(output)),
         pass_peak_bytes=allocations.peak,
     )
+
+
+def _unique(names: list[str]) -> list[str]:
+    """``names`` if no two are equal (a dict's keys never are), else none: the server
+    then numbers the outputs itself."""
+    return names if len(set(names)) == len(names) else []
 
 
 def _check_modules(model: nn.Module) -> None:

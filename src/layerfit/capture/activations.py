@@ -64,6 +64,31 @@ def _flat_tensors(x: Any) -> list[torch.Tensor]:
     return []
 
 
+def output_names(output: Any) -> list[str]:
+    """A name for each tensor of a model's output, in :func:`_flat_tensors`' order: the
+    keys of a dict (a Hugging Face ``ModelOutput``'s ``logits``, ``last_hidden_state``),
+    ``output`` for a lone tensor, ``output_0``, ``output_1``, ... for a tuple's items, with
+    nested keys and positions joined by dots (``encoder_outputs.0``)."""
+    if isinstance(output, torch.Tensor):
+        return ["output"]
+    if isinstance(output, (tuple, list)):
+        return [n for i, v in enumerate(output) for n in _paths(v, f"output_{i}")]
+    return _paths(output, "")
+
+
+def _paths(x: Any, prefix: str) -> list[str]:
+    join = (lambda key: f"{prefix}.{key}") if prefix else str
+    if isinstance(x, torch.Tensor):
+        return [prefix or "output"]
+    if isinstance(x, (tuple, list)):
+        return [n for i, v in enumerate(x) for n in _paths(v, join(i))]
+    if isinstance(x, dict):
+        return [n for k, v in x.items() for n in _paths(v, join(k))]
+    if hasattr(x, "to_tuple"):
+        return _paths(x.to_tuple(), prefix)
+    return []
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 

@@ -108,6 +108,9 @@ class ModelGraph:
     resident: list[ResidentTensor] = field(default_factory=list)
     unused: list[str] = field(default_factory=list)  # tensors of modules never called
     output_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    # The model's own name for each output tensor (a ModelOutput's keys; empty: captured
+    # before names were kept), see :func:`layerfit.capture.activations.output_names`.
+    output_names: list[str] = field(default_factory=list)
     # Most bytes of tensors the captured eager pass held at once, its inputs included and
     # the weights not (every operator's output, functional code's too; 0: not measured,
     # as in graphs captured before it was). See :mod:`layerfit.capture.allocations`.
@@ -187,6 +190,7 @@ class ModelGraph:
             ],
             unused=list(data.get("unused", [])),
             output_shapes=[tuple(s) for s in data.get("output_shapes", [])],
+            output_names=[str(n) for n in data.get("output_names", [])],
             pass_peak_bytes=pass_peak_bytes,
         )
 
