@@ -96,6 +96,11 @@ class GenerationTooLargeError(ScheduleError):
     memory budget (the message says which, and by how much)."""
 
 
+class RequestTooLargeError(ScheduleError):
+    """An inference request whose input is longer than the model's positions, or whose
+    activations at its shape cannot fit the memory budget beside the model's weights."""
+
+
 class ModelNotReadyError(ScheduleError):
     """A request for a model that exists in the repository but is not loaded (never
     loaded, unloaded, or failed to load: the message gives the reason)."""

@@ -23,7 +23,7 @@ import inspect
 import shutil
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,10 @@ class Example:
 
     value: Any  # a tensor (one positional input) or a dict of keyword arguments
     ranges: dict[str, tuple[int, int]]  # input name ("" for the positional one) → [low, high)
+    # (input name, axis, symbol) of each axis a request may size otherwise: "batch",
+    # "sequence", "decoder_sequence" (see :mod:`layerfit.store.variable_shapes`)
+    axes: tuple[tuple[str, int, str], ...] = ()
+    limits: dict[str, int] = field(default_factory=dict)  # a length symbol's most positions
 
 
 def is_hf(name: object) -> bool:
@@ -273,10 +277,20 @@ def derive_example(module: nn.Module, seq_len: int, seed: int) -> Example:
         raise InputError(f"{type(module).__name__}'s config has no vocab_size: give an example input (--example)")
     accepted = set(inspect.signature(module.forward).parameters)
     ranges: dict[str, tuple[int, int]] = {}
+    axes: list[tuple[str, int, str]] = []
+    encoder = positions_of(config)
+    limits = {"sequence": encoder[1]} if encoder else {}
+    if limit is not None:
+        limits["decoder_sequence" if getattr(config, "is_encoder_decoder", False) else "sequence"] = limit
 
-    def ids(name: str, k: int, low: int, high: int) -> torch.Tensor:
+    def ids(name: str, k: int, low: int, high: int, length: str = "sequence") -> torch.Tensor:
         ranges[name] = (low, high)
+        axes.extend([(name, 0, "batch"), (name, 1, length)])
         return example_input((1, seq_len), "int64", seed + k, low=low, high=high)
+
+    def example(value: Any) -> Example:
+        used = {symbol for _, _, symbol in axes}
+        return Example(value, ranges, tuple(axes), {s: n for s, n in limits.items() if s in used})
 
     if getattr(config, "is_encoder_decoder", False):
         call: dict[str, torch.Tensor] = {}
@@ -284,19 +298,20 @@ def derive_example(module: nn.Module, seq_len: int, seed: int) -> Example:
             frames = 2 * int(config.max_source_positions)
             dtype = str(next(module.parameters()).dtype).removeprefix("torch.")
             call["input_features"] = example_input((1, int(config.num_mel_bins), frames), dtype, seed)
+            axes.append(("input_features", 0, "batch"))  # its frames are fixed by the model
         else:
             call["input_ids"] = ids("input_ids", 0, 0, vocab)
-        call["decoder_input_ids"] = ids("decoder_input_ids", 1, 0, vocab)
-        return Example(call, ranges)
+        call["decoder_input_ids"] = ids("decoder_input_ids", 1, 0, vocab, "decoder_sequence")
+        return example(call)
     if _generates(module):  # a decoder: its ids, positionally
-        return Example(ids("", 0, 0, vocab), ranges)
+        return example(ids("", 0, 0, vocab))
     call = {"input_ids": ids("input_ids", 0, 0, vocab)}
     if "attention_mask" in accepted:
         call["attention_mask"] = ids("attention_mask", 1, 1, 2)  # attend to every token
     types = int(getattr(config, "type_vocab_size", 0) or 0)
     if "token_type_ids" in accepted and types > 0:
         call["token_type_ids"] = ids("token_type_ids", 2, 0, types)
-    return Example(call, ranges)
+    return example(call)
 
 
 def _generates(module: nn.Module) -> bool:
@@ -318,10 +333,10 @@ def positions_of(config: Any, first: str | None = None) -> tuple[str, int] | Non
     none (relative positions: no limit)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     aliases = getattr(text, "attribute_map", {})
-    for field in ((first,) if first else ()) + POSITION_FIELDS:
-        value = getattr(text, field, None)
+    for name in ((first,) if first else ()) + POSITION_FIELDS:
+        value = getattr(text, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return aliases.get(field, field), value
+            return aliases.get(name, name), value
     return None
 
 

@@ -23,6 +23,7 @@ import torch
 
 from layerfit.capture.graph import ModelGraph
 from layerfit.errors import ManifestError
+from layerfit.store.variable_shapes import VariableShapes
 
 FORMAT = "layerfit-prepared"
 VERSION = 1  # row-major tensors only: what every layerfit reads
@@ -201,6 +202,9 @@ class Manifest:
     # Files prepare copied beside the weights (a Hugging Face folder's config, tokenizer,
     # generation config): plain names in the folder.
     files: tuple[str, ...] = ()
+    # A text model's axes that a request may size otherwise (batch, lengths) and its
+    # passes measured at several shapes (:mod:`layerfit.store.variable_shapes`).
+    variable_shapes: VariableShapes | None = None
 
     def input_range(self, name: str = "") -> tuple[int, int]:
         """[low, high) of integer input ``name`` in the default call."""
@@ -238,6 +242,7 @@ class Manifest:
                     {"name": n, "shape": list(shape), "dtype": dtype} for n, shape, dtype in self.input_keywords
                 ]} if self.input_keywords else {}),
                 **({"ranges": {n: [low, high] for n, low, high in self.input_ranges}} if self.input_ranges else {}),
+                **({"variable": self.variable_shapes.to_dict()} if self.variable_shapes else {}),
             },
             **({"files": list(self.files)} if self.files else {}),
             "weights": {"file": self.weights_file, "size": self.weights_size, "alignment": ALIGN},
@@ -276,6 +281,7 @@ class Manifest:
                     (_text(n), _whole(r[0]), _whole(r[1])) for n, r in dict(d["input"].get("ranges", {})).items()
                 ),
                 files=tuple(_file_name(f) for f in d.get("files", ())),
+                variable_shapes=VariableShapes.from_dict(d["input"]["variable"]) if "variable" in d["input"] else None,
             )
             if any(low >= high for _, low, high in manifest.input_ranges):
                 raise ValueError("an input range is empty")
@@ -339,6 +345,19 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MAX_INPUT_BYTES = 2**40
 
 
+def _check_variable_shapes(m: Manifest) -> None:
+    """Every varying axis is an axis of a named input, of the size its symbol was prepared at."""
+    shapes = dict((n, s) for n, s, _ in m.input_keywords) if m.input_keywords else {"": m.input_shape}
+    v = m.variable_shapes
+    prepared = dict(zip(v.symbols, v.prepared, strict=True))
+    for name, axis, symbol in v.axes:
+        if name not in shapes or axis >= len(shapes[name]) or shapes[name][axis] != prepared[symbol]:
+            raise ManifestError(
+                f"variable axis {axis} of input {name or 'input'!r} ({symbol}) is not an axis of the "
+                "prepared input of that size: prepare the model again"
+            )
+
+
 def check_manifest(m: Manifest) -> None:
     """Raise :class:`ManifestError` naming the first value that cannot be what ``prepare``
     wrote: a shape or dtype out of range, a segment that is unaligned, overlaps another or
@@ -352,6 +371,8 @@ def check_manifest(m: Manifest) -> None:
     for _, shape, dtype in [("", m.input_shape, m.input_dtype), *m.input_keywords]:
         if dtype not in DTYPES or any(d <= 0 for d in shape) or math.prod(shape) * DTYPES[dtype].itemsize > MAX_INPUT_BYTES:
             raise ManifestError(f"input shape {list(shape)} of {dtype} is not one prepare writes (over {MAX_INPUT_BYTES:,} bytes)")
+    if m.variable_shapes is not None:
+        _check_variable_shapes(m)
     g = m.graph
     if tuple(g.input_shape) != tuple(m.input_shape) or g.input_dtype != m.input_dtype:
         raise ManifestError(

@@ -51,6 +51,7 @@ from layerfit.store.manifest import (
 )
 from layerfit.store.model_spec import ModelSpec, resolve
 from layerfit.store.outputs import current_umask
+from layerfit.store.shape_samples import measure_shapes
 
 Progress = Callable[[int, int], None]
 
@@ -328,10 +329,14 @@ def _prepare_hf(
             f"left out: {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}",
             stacklevel=3,
         )
+    variable = None
+    if derived.axes:  # a derived text input: measure its passes at other shapes too
+        variable = measure_shapes(loaded.module, derived.value, derived.axes, derived.ranges, derived.limits, seed)
     fields = {
         "model": loaded.spec, "seed": seed, "input_shape": shape, "input_dtype": input_dtype,
         "input_keywords": _keywords(derived.value),
         "input_ranges": tuple((name, low, high) for name, (low, high) in derived.ranges.items()),
+        "variable_shapes": variable,
     }
     return _pack(out, loaded.module, graph, fields, progress, lambda tmp: copy_files(folder, tmp))
 
