@@ -25,13 +25,15 @@ from layerfit.errors import (
     JobTimeoutError,
     ModelNotReadyError,
     QueueFullError,
+    RequestTooLargeError,
     ScheduleError,
 )
 from layerfit.schedule.dispatch import JobState, JobStatus
-from layerfit.schedule.inputs import ForwardCall, forward_call
+from layerfit.schedule.inputs import ForwardCall, call_sizes, forward_call
 from layerfit.schedule.report import JobResult
 from layerfit.schedule.runtime_core import Delivery, deliver
 from layerfit.schedule.tasks import Job as ScheduledJob
+from layerfit.sizes import format_bytes
 
 if TYPE_CHECKING:
     from layerfit.schedule.network_run import NetworkRun
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from layerfit.schedule.repository import EnginePool, ModelRepository
     from layerfit.schedule.runtime_config import RuntimeConfig
     from layerfit.schedule.runtime_core import RuntimeCore
+    from layerfit.store.manifest import Manifest
 
 OUTCOMES = ("submitted", "done", "failed", "rejected", "cancelled", "timed_out")
 
@@ -127,14 +130,35 @@ class JobFrontEnd:
         profiles, inputs = [], []
         for name in spec.networks:
             profile, manifest = self._repository.ready(name)
-            profiles.append(profile)
-            inputs.append(forward_call(spec.input, name, manifest))
+            call = forward_call(spec.input, name, manifest)
+            sizes = call_sizes(call, name, manifest)
+            profiles.append(profile if sizes is None else self._sized(name, profile, manifest, sizes))
+            inputs.append(call)
         future: Future = Future()
         with self._core.lock:
             job_id, delivery = self._enqueue_locked(spec, unwrap, future, profiles, inputs)
         future.add_done_callback(partial(self._on_future_done, job_id))
         deliver([delivery])
         return future
+
+    def _sized(self, name: str, profile: NetworkProfile, manifest: Manifest, sizes: dict[str, int]) -> NetworkProfile:
+        """``profile`` with its activations at the request's shape (a text model's batch and
+        lengths; measured at prepare time) in place of the prepared shape's; a shape whose
+        job could never fit the budget is refused (:class:`RequestTooLargeError`, 413)."""
+        shapes = manifest.variable_shapes
+        extra = shapes.activation_bytes(sizes) - shapes.prepared_activation_bytes()
+        if extra == 0:
+            return profile
+        sized = replace(profile, init_memory=max(manifest.resident_bytes, profile.init_memory + extra))
+        needed = int(round(sized.min_budget * self._core.dispatcher.estimate_factor))
+        budget = self._core.ledger.budget
+        if needed > budget:
+            raise RequestTooLargeError(
+                f"model {name!r}: a pass over {shapes.describe(sizes)} needs a memory budget of "
+                f"{format_bytes(needed)} (its activations as measured when the model was prepared, beside "
+                f"its weights), more than the runtime's {format_bytes(budget)}: send fewer or shorter sequences"
+            )
+        return sized
 
     def _enqueue_locked(
         self,
