@@ -44,7 +44,8 @@ BINARY_TYPE = "application/octet-stream"
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Name, protocol datatype and exact shape of one model input or output."""
+    """Name, protocol datatype and shape of one model input or output; ``-1`` marks an
+    axis a request may size (a text model's batch and sequence length)."""
 
     name: str
     datatype: str
@@ -52,6 +53,16 @@ class TensorSpec:
 
     def describe(self) -> str:
         return f"{self.datatype} with shape {list(self.shape)}"
+
+    @property
+    def variable(self) -> bool:
+        return -1 in self.shape
+
+    def admits(self, shape: tuple[int, ...]) -> bool:
+        """Whether a request's ``shape`` fits: equal, but any size of at least 1 at a ``-1``."""
+        return len(shape) == len(self.shape) and all(
+            (want == -1 and got >= 1) or got == want for got, want in zip(shape, self.shape, strict=True)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
@@ -121,12 +132,20 @@ def decoding_bytes(body: bytes | bytearray, header_length: str | None, inputs: S
     JSON part with more values than the inputs take is refused unparsed (400), so no
     request makes the server build more Python objects than its model's inputs need.
     """
-    tensors = sum(math.prod(spec.shape) * itemsize(spec.datatype) for spec in inputs)
     try:
         json_length = len(body) if header_length is None else min(max(int(header_length), 0), len(body))
     except ValueError:
-        return tensors  # parse_request refuses the header with its own message
-    values = body.count(b",", 0, json_length) + 1
+        json_length = None  # parse_request refuses the header with its own message
+    values = 0 if json_length is None else body.count(b",", 0, json_length) + 1
+    if any(spec.variable for spec in inputs):
+        # the request sizes its tensors: they hold at most its JSON values (8 bytes each at
+        # most) and its binary part, copied once
+        return 8 * values + (len(body) - (json_length or 0)) + (
+            JSON_BYTES_PER_VALUE * values if values > JSON_SEPARATOR_ALLOWANCE else 0
+        )
+    tensors = sum(math.prod(spec.shape) * itemsize(spec.datatype) for spec in inputs)
+    if json_length is None:
+        return tensors
     expected = sum(math.prod(spec.shape) for spec in inputs)
     # nested data has a comma between rows too: at most one per value, plus the rest
     if values > 2 * expected + JSON_SEPARATOR_ALLOWANCE:
@@ -206,19 +225,22 @@ def parse_request(body: bytes, header_length: str | None) -> tuple[InferenceRequ
 def decode_input(tensor: RequestInput, raw: memoryview | None, spec: TensorSpec, model: str) -> torch.Tensor:
     """The request tensor as a torch tensor of ``spec``'s dtype and shape, or a 400.
 
-    The datatype and shape must equal the model's exactly; the message names the input
-    and the expected datatype and shape.
+    The datatype and shape must equal the model's (any size of at least 1 where the
+    model's shape has ``-1``); the message names the input and the expected datatype and
+    shape.
     """
     dtype = torch_dtype(tensor.datatype, tensor=tensor.name)
-    if tensor.datatype != spec.datatype or tuple(tensor.shape) != spec.shape:
+    if tensor.datatype != spec.datatype or not spec.admits(tuple(tensor.shape)):
         raise BadRequestError(
-            f"input {tensor.name!r} of model {model!r} must be {spec.describe()}; "
+            f"input {tensor.name!r} of model {model!r} must be {spec.describe()}"
+            f"{' (-1: any size from 1)' if spec.variable else ''}; "
             f"the request sent {tensor.datatype} with shape {list(tensor.shape)}"
         )
-    count = math.prod(spec.shape)
+    sent = TensorSpec(spec.name, spec.datatype, tuple(tensor.shape))
+    count = math.prod(sent.shape)
     if raw is not None:
-        return _from_binary(tensor.name, raw, dtype, spec, count)
-    return _from_json(tensor.name, tensor.data, dtype, spec, count)
+        return _from_binary(tensor.name, raw, dtype, sent, count)
+    return _from_json(tensor.name, tensor.data, dtype, sent, count)
 
 
 def _from_binary(name: str, raw: memoryview, dtype: torch.dtype, spec: TensorSpec, count: int) -> torch.Tensor:

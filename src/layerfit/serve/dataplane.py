@@ -37,7 +37,7 @@ from layerfit.errors import JobTimeoutError, LayerfitError
 from layerfit.serve.body import BodyLimits, RequestMemory, Reservation, read_body
 from layerfit.serve.codec import decode_input, decoding_bytes, encode_response, parse_request
 from layerfit.serve.errors import BadRequestError, ServerBusyError, ShuttingDownError
-from layerfit.serve.registry import VERSION, ModelRegistry, Signature
+from layerfit.serve.registry import VERSION, ModelRegistry, Signature, output_names
 from layerfit.serve.types import InferenceRequest
 
 SERVER_NAME = "layerfit"
@@ -186,9 +186,7 @@ class DataPlane:
         if self.metrics is not None:
             self.metrics.observe_inference(name, time.perf_counter() - submitted, future)
         outputs = flat_outputs(out)
-        names = signature.output_names if len(outputs) == len(signature.outputs) else (
-            [f"output_{i}" for i in range(len(outputs))] if len(outputs) > 1 else ["output"]
-        )
+        names = signature.output_names if len(outputs) == len(signature.outputs) else output_names(len(outputs))
         return await run_in_threadpool(without_thread_team(encode_response), request, name, VERSION, outputs, names)
 
     def _decode(

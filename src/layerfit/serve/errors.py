@@ -19,6 +19,7 @@ from layerfit.errors import (
     LayerfitError,
     ModelNotReadyError,
     QueueFullError,
+    RequestTooLargeError,
     UnknownModelError,
 )
 
@@ -65,7 +66,7 @@ def status_of(exc: BaseException) -> int:
         return exc.status_code
     if isinstance(exc, UnknownModelError):
         return 404
-    if isinstance(exc, GenerationTooLargeError):
+    if isinstance(exc, GenerationTooLargeError | RequestTooLargeError):
         return 413
     if isinstance(exc, QueueFullError):
         return 429

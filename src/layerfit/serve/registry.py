@@ -73,20 +73,34 @@ def signature_of(manifest: Any) -> Signature:
 
     The manifest records output shapes but not output dtypes; each output's datatype is
     the dtype of the last captured activation of that shape (the tensor the model
-    returned), falling back to the input dtype, or FP32 for integer inputs.
+    returned), falling back to the input dtype, or FP32 for integer inputs. Outputs carry
+    the model's own names where the capture kept them (a Hugging Face model's ``logits``,
+    ``last_hidden_state``); a text model's varying axes (batch, sequence) are ``-1``.
     """
+    varying = manifest.variable_shapes
     if manifest.input_keywords:  # prepared from keyword arguments: an input for each, by its name
-        inputs = tuple(TensorSpec(n, datatype_of(dtype), tuple(shape)) for n, shape, dtype in manifest.input_keywords)
+        inputs = tuple(
+            TensorSpec(n, datatype_of(dtype), _shape(shape, varying.axes_of(n) if varying else {}))
+            for n, shape, dtype in manifest.input_keywords
+        )
     else:
-        inputs = (TensorSpec(INPUT_NAME, datatype_of(manifest.input_dtype), tuple(manifest.input_shape)),)
+        axes = varying.axes_of("") if varying else {}
+        inputs = (TensorSpec(INPUT_NAME, datatype_of(manifest.input_dtype), _shape(manifest.input_shape, axes)),)
     graph = manifest.graph
     fallback = manifest.input_dtype if inputs[0].datatype.startswith(("FP", "BF")) else "float32"
     shapes = [tuple(s) for s in graph.output_shapes]
+    names = graph.output_names if len(graph.output_names) == len(shapes) else output_names(len(shapes))
     outputs = []
-    for name, shape in zip(output_names(len(shapes)), shapes, strict=True):
+    for index, (name, shape) in enumerate(zip(names, shapes, strict=True)):
         dtype = next((t.dtype for t in reversed(graph.tensors) if tuple(t.shape) == shape), fallback)
-        outputs.append(TensorSpec(name, datatype_of(dtype), shape))
+        axes = {axis: s for i, axis, s in varying.outputs if i == index} if varying else {}
+        outputs.append(TensorSpec(name, datatype_of(dtype), _shape(shape, axes)))
     return Signature(inputs, tuple(outputs), keywords=bool(manifest.input_keywords))
+
+
+def _shape(shape: tuple[int, ...], varying: dict[int, str]) -> tuple[int, ...]:
+    """``shape`` with ``-1`` at each varying axis, as the protocol's metadata writes it."""
+    return tuple(-1 if axis in varying else size for axis, size in enumerate(shape))
 
 
 def check_name(name: str) -> None:
