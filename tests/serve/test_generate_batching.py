@@ -130,6 +130,46 @@ def test_admission_never_passes_the_budget_and_a_cache_too_large_is_refused(engi
         loop.close()
 
 
+def test_kept_weights_read_fewer_bytes_give_the_same_tokens_and_are_dropped_when_idle(
+    engine: layerfit.engine.Engine, hf_folder: Path
+):
+    lean = engine.memory.weight_bytes
+    total = engine.memory.total_weight_bytes
+    ledger = MemoryLedger(10**7)
+    loop = DecodeLoop("lm", engine, ledger, max_waiting=4, kept_budget=(lean + total) // 2)
+    try:
+        assert lean == loop.lean_bytes < loop.kept_bytes <= (lean + total) // 2
+        sinks = [Collected() for _ in PROMPTS[:2]]
+        for prompt, sink in zip(PROMPTS, sinks, strict=False):
+            loop.submit(sequence(prompt, 10, sink))
+        for prompt, sink in zip(PROMPTS, sinks, strict=False):
+            assert sink.done.wait(60) and sink.error is None
+            assert sink.tokens == reference_tokens(hf_folder, prompt, 10)
+        stats = loop.stats()
+        assert stats["kept_steps"] == stats["steps"] > 0
+        assert ledger.peak >= loop.kept_bytes  # the kept weights were held while they ran
+        wait_until(lambda: ledger.used == 0 and engine.memory.weight_bytes == lean)  # idle: lean again
+        assert engine.kept_units == ()
+    finally:
+        loop.close()
+
+
+def test_kept_weights_give_way_to_a_cache_that_fits_only_beside_the_lean_buffers(engine: layerfit.engine.Engine):
+    lean = engine.memory.weight_bytes
+    total = engine.memory.total_weight_bytes
+    one = lean + KV_BYTES_PER_TOKEN * 3 * 25
+    ledger = MemoryLedger(one + 1000)  # the sequence fits only beside the stream's own buffers
+    loop = DecodeLoop("lm", engine, ledger, max_waiting=2, kept_budget=total)
+    try:
+        assert loop.kept_bytes > one + 1000 - lean
+        sink = Collected()
+        loop.submit(sequence(PROMPTS[0], 20, sink))
+        assert sink.done.wait(60) and sink.error is None
+        assert loop.stats()["kept_steps"] == 0 and ledger.peak <= ledger.budget
+    finally:
+        loop.close()
+
+
 def test_concurrent_http_clients_decode_together_and_get_what_they_would_alone(hf_folder: Path):
     from generate_helpers import word_tokenizer
 

@@ -63,6 +63,11 @@ def serve_command(
         help="re-read and hash every ready model's weights this often, in the background (0: never): "
         "catches a file changed after its first check",
     ),
+    generation_weights: float = typer.Option(
+        0.5, "--generation-weights", metavar="SHARE",
+        help="share of --budget a language model may keep weights in while it generates (the rest streams "
+        "each step; 0: stream them all); dropped when it has nothing to generate",
+    ),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds before a request is cancelled (503)"),
     shutdown_grace: float = typer.Option(
         30.0, "--shutdown-grace", help="seconds (0 or more) requests may finish after SIGTERM"
@@ -79,7 +84,7 @@ def serve_command(
         runtime=runtime.config(repository, given_budget), warm_up=warm_up, threads=threads, host=host,
         port=port, max_body=max_body, request_memory=request_memory, body_timeout=body_timeout,
         min_body_rate=min_body_rate, repository_api=repository_api, timeout=timeout,
-        reverify_every=reverify_every, shutdown_grace=shutdown_grace, log_level=log_level,
+        reverify_every=reverify_every, generation_weights=generation_weights, shutdown_grace=shutdown_grace, log_level=log_level,
         access_log=log_level.lower() in ("debug", "trace"),
     )
 

@@ -19,6 +19,16 @@ alone is refused at once (:class:`~layerfit.errors.GenerationTooLargeError`, say
 the bytes); one that fits alone waits for the memory others hold, and the queue of
 waiting sequences is bounded (:class:`~layerfit.errors.QueueFullError`). The loop
 waits on the ledger's condition, so memory returned by any task wakes it; nothing polls.
+
+**Kept weights.** Given ``kept_budget``, the loop's engine runs ``auto`` at that weight
+budget while sequences are in flight — it keeps as many units in memory as the budget
+holds and streams only the rest, so each step reads fewer bytes — and holds those bytes
+in the ledger. If the kept weights and the waiting sequence's cache do not fit beside
+what the ledger already holds, the loop runs lean instead (only the stream's buffers);
+when no sequence is left it drops the kept units (``async`` at the engine's own size),
+so an idle model holds no more than its stream's buffers while other work uses the
+budget. The engine is reconfigured on the loop's thread between steps, never under the
+ledger's lock.
 """
 
 from __future__ import annotations
@@ -88,14 +98,25 @@ class DecodeLoop:
     of a causal language model), its memory held in ``ledger``, at most ``max_waiting``
     sequences waiting for memory."""
 
-    def __init__(self, name: str, engine: Any, ledger: MemoryLedger, *, max_waiting: int) -> None:
+    def __init__(
+        self, name: str, engine: Any, ledger: MemoryLedger, *, max_waiting: int, kept_budget: int | None = None
+    ) -> None:
         self.name = name
         self.engine = engine
         self.step = BatchStep(engine)
         self.ledger = ledger
         self.max_waiting = max_waiting
         self.per_token = kv_bytes_per_token(engine.model.config, _dtype(engine.model))
-        self.weight_bytes = int(engine.memory.weight_bytes)
+        self.lean_bytes = self.kept_bytes = int(engine.memory.weight_bytes)
+        self.kept_budget = kept_budget if kept_budget is not None and kept_budget > self.lean_bytes else None
+        if self.kept_budget is not None:  # measure the kept configuration's buffers, then idle lean
+            engine.reconfigure(budget=self.kept_budget, pipeline="auto")
+            self.kept_bytes = int(engine.memory.weight_bytes)
+            engine.reconfigure(budget=None, pipeline="async")
+            self.lean_bytes = int(engine.memory.weight_bytes)
+        self.weight_bytes = self.lean_bytes  # what the sequences in flight run with
+        self._configured = self.lean_bytes  # what the engine is configured for now
+        self.kept_steps = 0  # steps run with the kept weights
         self._key = ("generation", name, id(self))
         self._condition = ledger.condition  # the runtime's lock: memory freed anywhere wakes the loop
         self._waiting: deque[Sequence] = deque()
@@ -111,21 +132,23 @@ class DecodeLoop:
 
     # --- admission ---------------------------------------------------------------------
 
-    def need(self, sequences: list[Sequence]) -> int:
-        """The bytes the loop holds while ``sequences`` are in flight."""
+    def need(self, sequences: list[Sequence], weight_bytes: int | None = None) -> int:
+        """The bytes the loop holds while ``sequences`` are in flight (with the weight
+        buffers of ``weight_bytes``; default: the configuration running now)."""
         if not sequences:
             return 0
-        return self.weight_bytes + step_kv_bytes([s.positions for s in sequences], self.per_token)
+        weights = self.weight_bytes if weight_bytes is None else weight_bytes
+        return weights + step_kv_bytes([s.positions for s in sequences], self.per_token)
 
     def submit(self, sequence: Sequence) -> Sequence:
         """Queue ``sequence`` for the next step; refuse one that can never fit the budget
         (413) or that finds the waiting queue full (429)."""
-        alone = self.need([sequence])
+        alone = self.need([sequence], self.lean_bytes)
         if alone > self.ledger.budget:
             raise GenerationTooLargeError(
                 f"the prompt's {len(sequence.prompt)} tokens and max_tokens {sequence.max_tokens} need "
-                f"{format_bytes(alone - self.weight_bytes)} of KV cache beside the model's "
-                f"{format_bytes(self.weight_bytes)} of weight buffers, more than the memory budget of "
+                f"{format_bytes(alone - self.lean_bytes)} of KV cache beside the model's "
+                f"{format_bytes(self.lean_bytes)} of weight buffers, more than the memory budget of "
                 f"{format_bytes(self.ledger.budget)}: shorten the prompt or ask for fewer tokens"
             )
         with self._condition:
@@ -153,7 +176,8 @@ class DecodeLoop:
             return {
                 "steps": self.steps, "sequence_steps": self.sequence_steps, "in_flight": len(self._active),
                 "waiting": len(self._waiting), "most_in_flight": self.most_in_flight, "cancelled": self.cancelled,
-                "held_bytes": self.ledger.held(self._key),
+                "held_bytes": self.ledger.held(self._key), "kept_steps": self.kept_steps,
+                "kept_weight_bytes": self.kept_bytes, "lean_weight_bytes": self.lean_bytes,
             }
 
     # --- the loop --------------------------------------------------------------------------
@@ -164,9 +188,14 @@ class DecodeLoop:
         ended = [s for s in self._waiting if s.cancelled] + [s for s in self._active if s.cancelled]
         self._waiting = deque(s for s in self._waiting if not s.cancelled)
         self._active = [s for s in self._active if not s.cancelled]
+        if not self._active and self._waiting:  # idle until now: kept weights if they fit, else lean
+            first = [self._waiting[0]]
+            kept = self.kept_bytes > self.lean_bytes and self.ledger.hold(self._key, self.need(first, self.kept_bytes))
+            self.weight_bytes = self.kept_bytes if kept else self.lean_bytes
         while self._waiting and self.ledger.hold(self._key, self.need([*self._active, self._waiting[0]])):
             self._active.append(self._waiting.popleft())
         if not self._active:
+            self.weight_bytes = self.lean_bytes
             self.ledger.release(self._key)
         else:
             self.ledger.hold(self._key, self.need(self._active))  # shrinking always succeeds
@@ -180,14 +209,22 @@ class DecodeLoop:
         while True:
             with self._condition:
                 batch = self._admit_locked()
+                idle = not batch and not self._closing
+            if idle:
+                self._configure(self.lean_bytes)  # drop the kept units before waiting
+            with self._condition:
+                batch = self._admit_locked()
                 while not batch and not self._closing:
                     self._condition.wait()
                     batch = self._admit_locked()
                 if self._closing and not batch:
                     return
                 self.most_in_flight = max(self.most_in_flight, len(batch))
+                weights = self.weight_bytes
             try:
+                self._configure(weights)
                 self._step(batch)
+                self.kept_steps += weights == self.kept_bytes > self.lean_bytes
             except BaseException as exc:  # a step failed: its sequences end with the error
                 log.debug("decode step of %s failed: %s", self.name, exc)
                 with self._condition:
@@ -198,6 +235,17 @@ class DecodeLoop:
                     self._admit_locked()  # returns the failed sequences' bytes
                 for sequence in batch:
                     _tell(sequence, None, None, exc)
+
+    def _configure(self, weight_bytes: int) -> None:
+        """Run the engine with the kept weights or lean (between steps, on the loop's thread;
+        the ledger already holds ``weight_bytes`` when they grow)."""
+        if weight_bytes == self._configured or self.kept_budget is None:
+            return
+        if weight_bytes == self.kept_bytes:
+            self.engine.reconfigure(budget=self.kept_budget, pipeline="auto")
+        else:
+            self.engine.reconfigure(budget=None, pipeline="async")
+        self._configured = weight_bytes
 
     def _step(self, batch: list[Sequence]) -> None:
         """One pass for ``batch``; each sequence gets its token or leaves."""

@@ -75,11 +75,14 @@ class LanguageModel:
 class GenerationService:
     """The language models of a server's runtime and their completions."""
 
-    def __init__(self, runtime: Any, registry: Any, *, timeout: float, max_waiting: int) -> None:
+    def __init__(
+        self, runtime: Any, registry: Any, *, timeout: float, max_waiting: int, kept_share: float = 0.0
+    ) -> None:
         self.runtime = runtime
         self.registry = registry
         self.timeout = timeout  # the longest wait for one token
         self.max_waiting = max_waiting
+        self.kept_share = kept_share  # of the budget, for a decode engine's kept weights
         self._models: dict[str, LanguageModel] = {}
         self._lock = threading.Lock()
 
@@ -140,7 +143,8 @@ class GenerationService:
             engine = Engine(directory, pipeline="async", direct_io=config.direct_io, verify=config.verify)
             try:
                 tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
-                loop = DecodeLoop(name, engine, self.runtime.ledger, max_waiting=self.max_waiting)
+                kept = int(self.runtime.ledger.budget * self.kept_share) or None
+                loop = DecodeLoop(name, engine, self.runtime.ledger, max_waiting=self.max_waiting, kept_budget=kept)
             except BaseException:
                 engine.close()
                 raise

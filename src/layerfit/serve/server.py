@@ -70,6 +70,9 @@ class ServeSettings:
     log_level: str = "warning"
     access_log: bool = False
     reverify_every: float = 0.0  # seconds between re-hashing every READY model's weights (0: never)
+    # share of the memory budget a language model's decode engine may keep weights in while
+    # it generates (0: stream every unit each step)
+    generation_weights: float = 0.5
 
     def __init__(
         self, repository: str | Path | None = None, *, runtime: RuntimeConfig | None = None, **options: Any
@@ -110,6 +113,11 @@ class ServeSettings:
             )
         if not 0 <= self.port <= 65535:
             raise LayerfitError(f"--port must be from 0 (a free port) to 65535, not {self.port}")
+        if not 0 <= self.generation_weights < 1:
+            raise LayerfitError(
+                f"--generation-weights must be a share of the budget from 0 up to (not including) 1, "
+                f"not {self.generation_weights}"
+            )
         if parse_bytes(self.max_body) < 1:
             raise LayerfitError("--max-body must be at least one byte")
         if self.request_memory is not None and parse_bytes(self.request_memory) < parse_bytes(self.max_body):
@@ -187,7 +195,10 @@ def build(settings: ServeSettings) -> Built:
             ),
         )
         metrics.attach(runtime, lambda: dataplane.inflight, dataplane.requests)
-        generation = GenerationService(runtime, registry, timeout=settings.timeout, max_waiting=config.queue_limit)
+        generation = GenerationService(
+            runtime, registry, timeout=settings.timeout, max_waiting=config.queue_limit,
+            kept_share=settings.generation_weights,
+        )
         dataplane.generation = generation
         app = create_app(dataplane, metrics, max_body=max_body, repository_api=settings.repository_api,
                          generation=generation)
