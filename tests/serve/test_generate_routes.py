@@ -132,8 +132,9 @@ def test_models_lists_the_language_models_only(client: openai.OpenAI):
 
 
 def test_unknown_model_and_a_model_that_cannot_generate_are_400_saying_why(client: openai.OpenAI, server: ServerThread):
-    with pytest.raises(openai.BadRequestError, match="'nope' is not in the repository"):
+    with pytest.raises(openai.BadRequestError, match="'nope' is not in the repository") as caught:
         client.completions.create(model="nope", prompt=PROMPT)
+    assert (caught.value.type, caught.value.code) == ("invalid_request_error", "invalid_request")
     with pytest.raises(openai.BadRequestError, match="chain.*not prepared from a Hugging Face"):
         client.chat.completions.create(model="chain", messages=[{"role": "user", "content": "w1"}])
     r = httpx.post(f"{server.url}/v2/models/chain/generate", json={"text_input": "w1"})
@@ -143,7 +144,7 @@ def test_unknown_model_and_a_model_that_cannot_generate_are_400_saying_why(clien
 def test_a_prompt_past_the_models_positions_is_413(client: openai.OpenAI, server: ServerThread):
     with pytest.raises(openai.APIStatusError, match="has 64 \\(max_position_embeddings\\)") as caught:
         client.completions.create(model="lm", prompt=" ".join(["w4"] * 60), max_tokens=10)
-    assert caught.value.status_code == 413
+    assert caught.value.status_code == 413 and caught.value.code == "context_length_exceeded"
     r = httpx.post(f"{server.url}/v2/models/lm/generate", json={"text_input": " ".join(["w4"] * 70)})
     assert r.status_code == 413 and "max_position_embeddings" in r.json()["error"]
 

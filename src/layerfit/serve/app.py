@@ -57,14 +57,25 @@ def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+# OpenAI's error ``type`` and ``code`` strings by status (what its clients and tools branch on)
+OPENAI_ERRORS = {
+    400: ("invalid_request_error", "invalid_request"),
+    404: ("invalid_request_error", "model_not_found"),
+    408: ("invalid_request_error", "request_timeout"),
+    413: ("invalid_request_error", "context_length_exceeded"),
+    429: ("rate_limit_error", "rate_limit_exceeded"),
+    503: ("server_error", "server_unavailable"),
+}
+
+
 def answer_error(request: Request, status: int, message: str) -> JSONResponse:
     """The error in the shape of the API asked: OpenAI's under ``/v1/`` (what its
-    clients read), the Open Inference Protocol's elsewhere."""
+    clients read: a ``type`` and a ``code`` string), the Open Inference Protocol's elsewhere."""
     if request.url.path.startswith("/v1/"):
-        kind = "invalid_request_error" if status < 500 else "server_error"
+        kind, code = OPENAI_ERRORS.get(status, ("invalid_request_error" if status < 500 else "server_error", None))
         param = message.split("invalid request: ", 1)[1].split(":", 1)[0] if "invalid request: " in message else None
         return JSONResponse(
-            {"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status
+            {"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status
         )
     return error_response(status, message)
 
