@@ -60,8 +60,8 @@ def test_metadata_lists_an_input_per_keyword(server: ServerThread, http: httpx.C
         {"name": "decoder_input_ids", "datatype": "INT64", "shape": [1, 3]},
     ]
     assert meta["outputs"] == [
-        {"name": "output_0", "datatype": "FP32", "shape": [1, 3, 100]},
-        {"name": "output_1", "datatype": "FP32", "shape": [1, 16, 32]},
+        {"name": "logits", "datatype": "FP32", "shape": [1, 3, 100]},
+        {"name": "encoder_last_hidden_state", "datatype": "FP32", "shape": [1, 16, 32]},
     ]
 
 
@@ -74,7 +74,7 @@ def test_tritonclient_binary_inputs_give_the_models_outputs(server: ServerThread
         inp.set_data_from_numpy(kwargs[name].numpy(), binary_data=True)
         inputs.append(inp)
     result = client.infer("whisper", inputs)
-    got = [torch.from_numpy(np.array(result.as_numpy(name))) for name in ("output_0", "output_1")]
+    got = [torch.from_numpy(np.array(result.as_numpy(name))) for name in ("logits", "encoder_last_hidden_state")]
     assert all(torch.equal(a, b) for a, b in zip(got, expected(kwargs), strict=True))
 
 
