@@ -168,3 +168,71 @@ def test_auto_keeps_whole_experts_units_with_what_the_budget_leaves(moe):
         assert len(kept) == 1 and len(routed) == 2 and engine.memory.weight_bytes <= budget
         assert torch.equal(engine(ids).logits, reference(ids).logits)
         assert engine.last_weights_peak <= budget
+
+
+def test_experts_used_before_are_copied_from_the_cache_not_read(moe):
+    directory, manifest, reference = moe
+    ids = torch.tensor([[3, 8, 13, 21]])
+    with load(directory, budget="60%", trace=True) as engine, torch.no_grad():
+        assert engine.memory.expert_cache_bytes > 0 and engine.memory.weight_bytes <= manifest.total_bytes * 0.6
+        per_expert = {name: u.nbytes // 8 for name, u in ((u.name, u) for u in manifest.units if experts_segment(u))}
+        engine(ids)  # the first pass verifies every unit whole: nothing cached
+        token = ids[:, -1:]
+        first = engine(token)
+        read_first = sum(n for _, n in _experts_reads(engine))
+        again = engine(token)  # the same token: the same experts, now held
+        assert torch.equal(again.logits, first.logits)
+        assert sum(n for _, n in _experts_reads(engine)) < read_first
+        stats = engine.expert_cache
+        assert stats["hits"] > 0 and stats["held_bytes"] <= engine.memory.expert_cache_bytes
+        assert stats["bytes_saved"] >= stats["hits"] * min(per_expert.values()) - 1
+        generated = engine.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+        assert engine.last_weights_peak <= manifest.total_bytes * 0.6
+    assert torch.equal(generated, reference.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False))
+    assert 0 < stats["hit_rate"] <= 1
+
+
+def test_the_expert_cache_keeps_the_most_often_chosen_experts_within_its_capacity():
+    from layerfit.engine.expert_cache import ExpertCache
+
+    cache = ExpertCache(capacity=3 * 8)
+    unit = bytearray(range(64))
+    slices = {e: ((e * 4, 4), (32 + e * 4, 4)) for e in range(8)}  # two tensors, 4 bytes each per expert
+    out = bytearray(64)
+
+    def choose(e: int) -> bool:  # what the engine does: look it up, store it on a miss
+        hit = cache.load(7, e, memoryview(out), slices[e])
+        if not hit:
+            cache.store(7, e, memoryview(unit), slices[e])
+        return hit
+
+    assert [choose(e) for e in (0, 1, 2)] == [False] * 3
+    assert cache.cached(7) == {0, 1, 2} and cache.used == 24
+    assert choose(0) and out[0:4] == unit[0:4] and out[32:36] == unit[32:36] and out[4:32] == bytes(28)
+    assert not choose(3)  # chosen once: not more often than any held expert, so not let in
+    assert cache.cached(7) == {0, 1, 2}
+    assert not choose(3)  # twice now: pushes out 1, chosen once and least recent among those
+    assert cache.cached(7) == {0, 2, 3} and cache.evictions == 1
+    for _ in range(4):  # a cycle over more experts than fit does not thrash the cache
+        for e in (0, 2, 3, 4, 5):
+            choose(e)
+    assert cache.cached(7) == {0, 2, 3}
+    stats = cache.stats
+    assert stats["hits"] == 1 + 12 and stats["hit_rate"] == stats["hits"] / (stats["hits"] + stats["misses"])
+    cache.store(7, 6, memoryview(unit), ((0, 64),))  # larger than the whole cache: not kept
+    assert 6 not in cache.cached(7)
+
+
+def test_the_expert_cache_thrashes_no_cycle():
+    """A decode visits layers in a cycle; with room for 4 of the 6 experts a token uses, the
+    cache must still hit on 4 of them per token."""
+    from layerfit.engine.expert_cache import ExpertCache
+
+    cache = ExpertCache(capacity=4)
+    one = memoryview(bytearray(1))
+    for _ in range(10):
+        for unit in range(3):
+            for e in (unit, unit + 3):
+                if not cache.load(unit, e, one, ((0, 1),)):
+                    cache.store(unit, e, one, ((0, 1),))
+    assert cache.hits >= 4 * 9

@@ -34,6 +34,7 @@ from layerfit.engine.binding import Binder, get_binder
 from layerfit.engine.buffers import WeightBuffers
 from layerfit.engine.config import EngineConfig
 from layerfit.engine.device import Device, get_device
+from layerfit.engine.expert_cache import ExpertCache
 from layerfit.engine.gather import table_of
 from layerfit.engine.generation import generate
 from layerfit.engine.hooks import install_hooks
@@ -159,7 +160,8 @@ class Engine:
         self.units.configure(new.blocks)
         weights = new.weights
         self.buffers.resize(weights.buffer_bytes, weights.device_buffer_bytes, self.stream.room, self.stream.copyable)
-        self.stream.configure(weights.policy, new.blocks, bindings, weights.kept, tables)
+        cache = ExpertCache(weights.expert_cache_bytes) if weights.expert_cache_bytes else None
+        self.stream.configure(weights.policy, new.blocks, bindings, weights.kept, tables, cache)
         self._hooks = install_hooks(self.stream, self._modules, self.manifest.graph.unused)
         self._preloaded = weights.policy.name == "preload"
         try:
@@ -416,6 +418,13 @@ class Engine:
     def ring(self) -> RingBuffer | None:
         """The read buffer."""
         return self.buffers.ring
+
+    @property
+    def expert_cache(self) -> dict[str, float] | None:
+        """The expert cache's hits, misses, hit rate and bytes (None: no cache in this
+        configuration; see :mod:`layerfit.engine.expert_cache`)."""
+        cache = self.stream.expert_cache
+        return None if cache is None else cache.stats
 
     @property
     def kept_units(self) -> tuple[int, ...]:

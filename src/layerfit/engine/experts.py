@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from layerfit.engine.expert_cache import ExpertCache
 from layerfit.engine.skeleton import Binding, unbind
 from layerfit.store.manifest import ALIGN, Segment
 from layerfit.store.reader import SegmentReader, verify_segment
@@ -102,11 +103,21 @@ class ExpertTable:
             return ExpertLookup(tuple(range(self.count)), ((start, end),), verify)
         ids = torch.unique(top_k_index.detach().reshape(-1).cpu())
         experts = tuple(int(e) for e in ids.tolist() if 0 <= e < self.count)
+        return ExpertLookup(experts, self._extents(experts), False)
+
+    def slices(self, expert: int) -> tuple[tuple[int, int], ...]:
+        """(offset in the unit, bytes) of ``expert``'s slice of each stacked tensor."""
+        return tuple(
+            (t.offset + expert * (t.nbytes // self.count), t.nbytes // self.count) for t in self.segment.tensors
+        )
+
+    def _extents(self, experts: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+        """The file ranges holding ``experts``, widened to pages and merged."""
+        start, end = self.segment.offset, self.segment.offset + self.segment.nbytes
         ranges = []
-        for t in self.segment.tensors:
-            size = t.nbytes // self.count
-            for e in experts:
-                first = start + t.offset + e * size
+        for e in experts:
+            for offset, size in self.slices(e):
+                first = start + offset
                 ranges.append((first // ALIGN * ALIGN, min(-(-(first + size) // ALIGN) * ALIGN, end)))
         extents: list[tuple[int, int]] = []
         for a, b in sorted(ranges):
@@ -114,18 +125,32 @@ class ExpertTable:
                 extents[-1] = (extents[-1][0], max(extents[-1][1], b))
             else:
                 extents.append((a, b))
-        return ExpertLookup(experts, tuple(extents), False)
+        return tuple(extents)
 
-    def read(self, reader: SegmentReader, lookup: ExpertLookup, view: memoryview) -> None:
+    def read(
+        self, reader: SegmentReader, lookup: ExpertLookup, view: memoryview,
+        cache: ExpertCache | None = None, unit: int = -1,
+    ) -> int:
         """Read ``lookup``'s ranges into ``view`` (the unit's place, aligned, its bytes
-        long) where they lie in the unit; a whole read is verified, a mismatch raises
+        long) where they lie in the unit, and return the bytes read. With ``cache``, the
+        chosen experts it holds are copied from it instead, and those read are kept in
+        it (as unit ``unit``). A whole read is verified; a mismatch raises
         :class:`~layerfit.errors.CorruptStoreError`."""
         what = f"unit {self.segment.index} ({self.name})"
-        for a, b in lookup.extents:
+        missing = lookup.experts
+        extents = lookup.extents
+        if cache is not None and not lookup.verify:
+            missing = tuple(e for e in lookup.experts if not cache.load(unit, e, view, self.slices(e)))
+            extents = self._extents(missing)
+        for a, b in extents:
             at = a - self.segment.offset
             reader.read_range(a, b - a, view[at : at + b - a], what)
         if lookup.verify:
             verify_segment(self.segment, view)
+        elif cache is not None:
+            for e in missing:
+                cache.store(unit, e, view, self.slices(e))
+        return sum(b - a for a, b in extents)
 
     def restore(self, saved: object) -> None:
         """Put the skeleton's meta tensors back (nothing else was changed)."""

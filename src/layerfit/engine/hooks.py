@@ -189,12 +189,12 @@ class ExpertsHook(PartialReadHook):
         ring = stream.ring
         off = self.place(run, table.nbytes, None, f"the experts of {table.name}")
         t0 = time.perf_counter()
-        table.read(stream.units.reader, lookup, ring.view[off : off + table.nbytes])
+        read = table.read(stream.units.reader, lookup, ring.view[off : off + table.nbytes], stream.expert_cache, i)
         t1 = time.perf_counter()
         if lookup.verify:
             stream.units.mark_verified(i, table.segment.index)
         stream.binder.bind(stream.bindings[i], ring.bytes, off)
-        self.started(run, t0, t1, lookup.bytes_read)
+        self.started(run, t0, t1, read)
         return None
 
 

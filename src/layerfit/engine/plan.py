@@ -31,7 +31,8 @@ class MemoryPlan:
 
     ``buffer_bytes`` is the read (host) buffer; ``device_buffer_bytes`` is the copy
     stage's device buffer (0 without a copy stage); ``kept_bytes`` holds the units
-    pipeline ``auto`` keeps resident beside the buffer (0 otherwise).
+    pipeline ``auto`` keeps resident beside the buffer (0 otherwise);
+    ``expert_cache_bytes`` the single experts it keeps as they are used.
     """
 
     resident_bytes: int
@@ -40,6 +41,7 @@ class MemoryPlan:
     total_weight_bytes: int
     device_buffer_bytes: int = 0
     kept_bytes: int = 0
+    expert_cache_bytes: int = 0
 
     @property
     def minimum_budget(self) -> int:
@@ -48,7 +50,8 @@ class MemoryPlan:
     @property
     def weight_bytes(self) -> int:
         """Every byte held for weights: what the budget bounds."""
-        return self.resident_bytes + self.kept_bytes + self.buffer_bytes + self.device_buffer_bytes
+        return (self.resident_bytes + self.kept_bytes + self.buffer_bytes + self.device_buffer_bytes
+                + self.expert_cache_bytes)
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,9 @@ def plan(manifest: Manifest, config: EngineConfig, model: nn.Module | None = Non
     budget = config.budget
     budget_bytes = None if budget is None else budget.bytes_for(manifest.total_bytes)
     sizes = [b.nbytes for b in blocks]
+    experts = frozenset(i for i in rows if experts_segment(blocks[i].segments[0]))
     try:
-        weights = plan_weights(config.pipeline, sizes, manifest.resident_bytes, budget_bytes, stages, rows, runs)
+        weights = plan_weights(config.pipeline, sizes, manifest.resident_bytes, budget_bytes, stages, rows, runs, experts)
     except BudgetError as exc:
         if budget is None or not budget.is_share:
             raise
@@ -102,6 +106,7 @@ def plan(manifest: Manifest, config: EngineConfig, model: nn.Module | None = Non
         manifest.total_bytes,
         weights.device_buffer_bytes,
         weights.kept_bytes,
+        weights.expert_cache_bytes,
     )
     return EnginePlan(config, budget_bytes, tuple(blocks), rows, None if runs is None else tuple(runs), weights, memory)
 
@@ -130,7 +135,8 @@ def _keep_experts_whole(
     def trial(n: int) -> WeightPlan | None:
         whole = set(experts[:n])
         try:
-            plan_n = plan_weights("auto", sizes, resident, budget, stages, {i: r for i, r in rows.items() if i not in whole}, runs)
+            rest = {i: r for i, r in rows.items() if i not in whole}
+            plan_n = plan_weights("auto", sizes, resident, budget, stages, rest, runs, frozenset(experts) - whole)
         except BudgetError:
             return None
         return plan_n if whole | weights.kept <= plan_n.kept else None

@@ -25,6 +25,7 @@ from layerfit.engine.binding import Binder
 from layerfit.engine.buffers import WeightBuffers
 from layerfit.engine.copier import CopyStage
 from layerfit.engine.device import Device
+from layerfit.engine.expert_cache import ExpertCache
 from layerfit.engine.experts import ExpertTable
 from layerfit.engine.gather import RowTable
 from layerfit.engine.pass_state import PassState
@@ -74,6 +75,7 @@ class UnitStream:
         self.bindings: Sequence[list[Binding]] = ()
         self.kept: frozenset[int] = frozenset()  # units bound for good beside the ring (auto)
         self.gathered: dict[int, RowTable | ExpertTable] = {}  # units read by rows or experts when they run
+        self.expert_cache: ExpertCache | None = None  # single experts kept as they are used (auto)
         # The units the last pass that began at a unit skipped, by where it began and
         # where the pass before it began: the next such pass does not read them. A cached
         # decoder step skips what the step before it skipped; the first step after the
@@ -83,10 +85,12 @@ class UnitStream:
         self.copier = CopyStage(self)
 
     def configure(self, policy: Policy, blocks: Sequence[Block], bindings: Sequence[list[Binding]],
-                  kept: frozenset[int], gathered: dict[int, RowTable | ExpertTable]) -> None:
-        """Stream ``blocks`` under ``policy`` from now on; what passes skipped is forgotten."""
+                  kept: frozenset[int], gathered: dict[int, RowTable | ExpertTable],
+                  expert_cache: ExpertCache | None = None) -> None:
+        """Stream ``blocks`` under ``policy`` from now on; what passes skipped is forgotten
+        (and the expert cache of the last configuration, whose units were numbered otherwise)."""
         self.policy, self.blocks, self.bindings = policy, blocks, bindings
-        self.kept, self.gathered = kept, gathered
+        self.kept, self.gathered, self.expert_cache = kept, gathered, expert_cache
         self.skips_seen, self.last_start = {}, None
 
     @property

@@ -28,7 +28,9 @@ class WeightPlan:
     ``gathered`` units (embedding tables, see :mod:`layerfit.engine.gather`) are read by
     rows when they run: never kept, and the read buffer holds their rows in their turn
     (room for one row at least, and what the budget leaves, up to whole tables);
-    ``buffer_bytes`` is the read buffer, ``device_buffer_bytes`` the copy stage's."""
+    ``buffer_bytes`` is the read buffer, ``device_buffer_bytes`` the copy stage's;
+    ``expert_cache_bytes`` what ``auto`` leaves for single experts used often
+    (:mod:`layerfit.engine.expert_cache`)."""
 
     policy: Policy
     kept: frozenset[int]
@@ -36,6 +38,7 @@ class WeightPlan:
     buffer_bytes: int
     device_buffer_bytes: int
     gathered: frozenset[int] = frozenset()
+    expert_cache_bytes: int = 0
 
 
 def plan_weights(
@@ -46,13 +49,17 @@ def plan_weights(
     stages: int,
     gatherable: Mapping[int, int] | None = None,
     runs: Sequence[int] | None = None,
+    experts: frozenset[int] = frozenset(),
 ) -> WeightPlan:
     """The plan of ``pipeline`` for units of ``unit_sizes`` bytes and ``resident`` bytes of
     resident tensors under ``budget`` (None: the policy's own size) with 2 or 3 stages.
     ``gatherable`` maps units read by rows when the policy streams to the least buffer
     room their rows take (one row and its read): they are never kept, and the buffer
     holds that room for them instead of their bytes. ``runs`` weighs the units ``auto``
-    may keep by how often each runs (see :func:`~layerfit.engine.policies.choose_kept_units`)."""
+    may keep by how often each runs (see :func:`~layerfit.engine.policies.choose_kept_units`).
+    ``experts``: the gatherable units that are routed experts; under ``auto``, the budget
+    beyond what the read buffer needs to keep reading ahead (:func:`_experts_buffer`)
+    goes to the expert cache instead of a larger buffer."""
     three = stages == 3
     policy = get_policy(resolve_pipeline(pipeline, resident + sum(unit_sizes), budget))
     gathered = {} if policy.name in ("preload", "external") or not gatherable else dict(gatherable)
@@ -76,13 +83,37 @@ def plan_weights(
     streamed = [unit_sizes[i] for i in others if i not in kept]
     if gathered and not streamed:  # nothing else streams: the table streams whole, as before
         return plan_weights(pipeline, unit_sizes, resident, budget, stages, runs=runs)
+    natural = _experts_buffer(unit_sizes, kept, gathered, experts)
     streamed += gathered.values()  # the rows take their turn in the buffer
     capacity, device_capacity = _buffer_sizes(policy, streamed, resident + kept_bytes, budget, three)
     if gathered and budget is not None and not three:
         # Room the budget leaves may hold more rows (a long prompt), up to whole tables.
         spare = (budget - resident - kept_bytes) // 4096 * 4096 - capacity
         capacity += max(0, min(spare, sum(unit_sizes[i] for i in gathered)))
-    return WeightPlan(policy, frozenset(kept), kept_bytes, capacity, device_capacity, frozenset(gathered))
+    cache = 0
+    if pipeline == AUTO and experts & gathered.keys() and budget is not None and not three and capacity > natural:
+        cache = (capacity - natural) // 4096 * 4096  # single experts serve more than a longer buffer
+        capacity -= cache
+    return WeightPlan(policy, frozenset(kept), kept_bytes, capacity, device_capacity, frozenset(gathered), cache)
+
+
+def _experts_buffer(
+    unit_sizes: list[int], kept: set[int], gathered: Mapping[int, int], experts: frozenset[int]
+) -> int:
+    """The read buffer a model of routed experts needs to lose no read-ahead: the largest
+    experts unit's place (its chosen experts land there when it runs), beside every
+    streamed unit the reader reads ahead up to the next table read when it runs (it stops
+    there), and whole embedding tables (a long prompt's rows)."""
+    gap = longest = 0
+    for i, size in enumerate(unit_sizes):
+        if i in gathered:
+            gap = 0
+        elif i not in kept:
+            gap += size
+            longest = max(longest, gap)
+    room = max((gathered[i] for i in gathered if i in experts), default=0)
+    tables = sum(unit_sizes[i] for i in gathered if i not in experts)
+    return room + longest + tables
 
 
 def _buffer_sizes(policy: Policy, sizes: list[int], resident: int, budget: int | None, three: bool) -> tuple[int, int]:
