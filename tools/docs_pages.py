@@ -217,10 +217,12 @@ def _auto_pipeline_curve(model: dict) -> dict[str, tuple[list[float], list[float
 
 
 def _draw_curves(ax, curves, title: str, ylabel: str) -> None:
-    styles = {"preload": dict(marker="*", markersize=12, linestyle="none"), "async": dict(marker="o"),
-              "auto": dict(marker="s")}
+    styles = {"preload": dict(marker="*", markersize=12, linestyle="none", color="tab:green"),
+              "async": dict(marker="o", color="tab:blue"), "auto": dict(marker="s", color="tab:orange")}
     for name, (xs, ys) in curves.items():
-        ax.plot(xs, ys, label=name, **styles.get(name, dict(marker="o")))
+        points = sorted(zip(xs, ys, strict=True))
+        ax.plot([x for x, _ in points], [y for _, y in points], label=name,
+                **styles.get(name, dict(marker="o")))
     ax.set_xlabel("weights held in memory (MB)")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
