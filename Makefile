@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LOCK := requirements/test.lock
 
-.PHONY: demo test test-compat lint lock lock-compat bench clean
+.PHONY: demo test test-compat docs lint lock lock-compat bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -28,6 +28,13 @@ test: $(STAMP)
 # the interpreters; by default pyenv's, then pythonX.Y on PATH.
 test-compat: $(STAMP)
 	$(BIN)/python tools/compat_matrix.py
+
+# The documentation site: generated pages (benches from bench/results/*.json, the CLI
+# reference, the metrics) first, then MkDocs with --strict (a broken link or reference
+# fails), offline, into build/site. tests/docs runs the guides' runnable blocks.
+docs: $(STAMP)
+	$(BIN)/python tools/docs_pages.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -150,13 +150,13 @@ def build_distributions(log: Path) -> Path:
 
 
 def install_requirements(wheel: Path) -> bytes:
-    """The wheel's Requires-Python and Requires-Dist lines but the test and bench extras':
+    """The wheel's Requires-Python and Requires-Dist lines but the test, docs and bench extras':
     what pip resolves for a user, and nothing else of pyproject.toml (tool settings)."""
     with zipfile.ZipFile(wheel) as archive:
         name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         lines = archive.read(name).decode().splitlines()
     kept = [line for line in lines if line.startswith(("Requires-Python:", "Requires-Dist:"))
-            and 'extra == "test"' not in line and 'extra == "bench"' not in line]
+            and not any(f'extra == "{extra}"' in line for extra in ("test", "docs", "bench"))]
     return "\n".join(kept).encode()
 
 
