@@ -42,7 +42,10 @@ class EngineConfig:
     the reader read adjacent units in one request of up to that many bytes (0: one unit
     per request, as the paper). ``device`` is ``cpu``, ``cuda`` or ``cuda:N``; ``stages``
     2 or 3 (None: the device's default). ``gather_rows`` reads an embedding table by
-    the rows its ids look up. ``verify`` says when a unit's SHA-256 is checked.
+    the rows its ids look up (and a module of routed experts by the experts its router
+    chose). ``expert_cache``: under ``auto``, what the budget leaves beyond the read
+    buffer holds single experts as they are used (:mod:`layerfit.engine.expert_cache`);
+    off, the read buffer takes it. ``verify`` says when a unit's SHA-256 is checked.
     """
 
     budget: Budget | None = None
@@ -56,6 +59,7 @@ class EngineConfig:
     device: str = "cpu"
     stages: int | None = None
     gather_rows: bool = True
+    expert_cache: bool = True
     verify: str = "first"
 
     def __post_init__(self) -> None:

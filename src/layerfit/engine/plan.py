@@ -89,7 +89,7 @@ def plan(manifest: Manifest, config: EngineConfig, model: nn.Module | None = Non
     budget = config.budget
     budget_bytes = None if budget is None else budget.bytes_for(manifest.total_bytes)
     sizes = [b.nbytes for b in blocks]
-    experts = frozenset(i for i in rows if experts_segment(blocks[i].segments[0]))
+    experts = frozenset(i for i in rows if config.expert_cache and experts_segment(blocks[i].segments[0]))
     try:
         weights = plan_weights(config.pipeline, sizes, manifest.resident_bytes, budget_bytes, stages, rows, runs, experts)
     except BudgetError as exc:
@@ -97,7 +97,9 @@ def plan(manifest: Manifest, config: EngineConfig, model: nn.Module | None = Non
             raise
         raise BudgetError(f"{exc} ({budget} of its {manifest.total_bytes} bytes of weights)") from None
     if config.pipeline == "auto" and budget_bytes is not None and weights.gathered:
-        weights, rows = _keep_experts_whole(blocks, sizes, manifest.resident_bytes, budget_bytes, stages, rows, runs, weights)
+        weights, rows = _keep_experts_whole(
+            blocks, sizes, manifest.resident_bytes, budget_bytes, stages, rows, runs, weights, config.expert_cache
+        )
     largest = max((rows[i] if i in weights.gathered else n for i, n in enumerate(sizes)), default=0)
     memory = MemoryPlan(
         manifest.resident_bytes,
@@ -124,7 +126,7 @@ def _plain_embedding(model: nn.Module, block: Block) -> bool:
 
 def _keep_experts_whole(
     blocks: list[Block], sizes: list[int], resident: int, budget: int, stages: int,
-    rows: dict[int, int], runs: list[int] | None, weights: WeightPlan,
+    rows: dict[int, int], runs: list[int] | None, weights: WeightPlan, cache: bool = True,
 ) -> tuple[WeightPlan, dict[int, int]]:
     """Spend what ``auto`` leaves of the budget after every other unit it keeps on keeping
     whole units of experts, which then read nothing per token (routed, a token reads k of
@@ -136,7 +138,8 @@ def _keep_experts_whole(
         whole = set(experts[:n])
         try:
             rest = {i: r for i, r in rows.items() if i not in whole}
-            plan_n = plan_weights("auto", sizes, resident, budget, stages, rest, runs, frozenset(experts) - whole)
+            cacheable = frozenset(experts) - whole if cache else frozenset()
+            plan_n = plan_weights("auto", sizes, resident, budget, stages, rest, runs, cacheable)
         except BudgetError:
             return None
         return plan_n if whole | weights.kept <= plan_n.kept else None
