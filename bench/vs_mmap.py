@@ -107,7 +107,25 @@ DECODERS: dict[str, dict[str, Any]] = {
         "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 9, "num_attention_heads": 32,
         "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 2048, "tie_word_embeddings": False,
     },
+    # bench/moe_decoding.py's Mixtral-style decoder: 8 experts, 2 per token (not in the
+    # default --models; llama.cpp's GGUF writer here is Llama's, so it has no llama.cpp row)
+    "mixtral-0.6g": {
+        "vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 8,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "num_local_experts": 8, "num_experts_per_tok": 2,
+        "max_position_embeddings": 1024,
+    },
 }
+DEFAULT_MODELS = ["llama-0.5g", "llama-2.1g"]
+
+
+def decoder(name: str) -> Any:
+    """The transformers model of decoder ``name``, built from its config (seeded by the caller)."""
+    import transformers
+
+    config = DECODERS[name]
+    if "num_local_experts" in config:
+        return transformers.MixtralForCausalLM(transformers.MixtralConfig(**config))
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
 CNN = "resnet152"
 
 
@@ -240,7 +258,7 @@ def child_mmap(model: str, work: Path, passes: int) -> dict[str, Any]:
             import transformers
 
             transformers.logging.set_verbosity_error()
-            net = transformers.LlamaForCausalLM(transformers.LlamaConfig(**DECODERS[model]))
+            net = decoder(model)
     state = torch.load(work / "state.pt", mmap=True, weights_only=True)
     net.load_state_dict(state, assign=True)
     if getattr(getattr(net, "config", None), "tie_word_embeddings", False):
@@ -402,7 +420,7 @@ def build_model(name: str) -> Any:
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**DECODERS[name])).eval()
+    return decoder(name).eval()
 
 
 def prepared(name: str, work: Path) -> dict[str, Any]:
@@ -559,7 +577,9 @@ def run_model(name: str, info: dict[str, Any], args: argparse.Namespace, llamacp
         rows += [fastest(mmap_runs), {**fastest(layerfit_runs), "tries": tries}]
     (work / "state.pt").unlink()
     gguf_note = None
-    if name != CNN and llamacpp["available"]:
+    if name != CNN and "num_local_experts" in DECODERS[name]:
+        gguf_note = "No llama.cpp row: this bench writes GGUF files of Llama's layout only."
+    elif name != CNN and llamacpp["available"]:
         proc = subprocess.run([llamacpp["python"], __file__, "--child", "gguf", str(work)], capture_output=True, text=True)
         if proc.returncode != 0:
             gguf_note = "writing the GGUF file failed: " + ((proc.stderr.strip().splitlines() or ["?"])[-1])
@@ -716,7 +736,8 @@ def markdown(data: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
-    p.add_argument("--models", default=f"{','.join(DECODERS)},{CNN}")
+    p.add_argument("--models", default=f"{','.join(DEFAULT_MODELS)},{CNN}",
+                   help=f"of {', '.join([*DECODERS, CNN])}")
     p.add_argument("--limits", type=int, default=5, help="memory limits per model (at least 2)")
     p.add_argument("--steps", type=int, default=8, help=f"cached decode steps (below {GENERATED})")
     p.add_argument("--cnn-passes", type=int, default=4, help="passes of the CNN after its first")
