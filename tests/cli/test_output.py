@@ -157,3 +157,13 @@ def test_every_help_names_every_option_whole_when_piped(piped, monkeypatch, caps
             assert f"{option} " in out or f"{option}\n" in out, (words, option)
     main(["schedule"])  # a group alone prints its help (and exits 2, as click does): as wide
     assert max(map(len, capsys.readouterr().out.splitlines())) > 80
+
+
+def test_track_gives_every_item_and_draws_only_on_a_terminal(piped, monkeypatch, capsys) -> None:
+    from layerfit.console import track
+
+    assert list(track(range(3), "counting")) == [0, 1, 2]
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    assert list(track(iter("ab"), "counting")) == ["a", "b"]  # no len: a bar without an end
+    assert "counting" in capsys.readouterr().err
