@@ -33,7 +33,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Storage, machine, mb, paired_overhead, prepared_zoo_model, write_results  # noqa: E402
+from common import (  # noqa: E402
+    Storage,
+    machine,
+    mb,
+    paired_overhead,
+    prepared_zoo_model,
+    progress,
+    write_results,
+)
 
 CACHE = Path(__file__).parent / ".cache" / "auto_pipeline"
 DEFAULT_MODELS = "blazeface,mobilenet_v2,resnet50,deeplab_v3,resnet152@224"
@@ -82,7 +90,7 @@ def measure_model(spec: str, args: argparse.Namespace, storage: Storage) -> dict
     result: dict[str, Any] = {
         "weights_bytes": weights, "minimum_budget_bytes": minimum, "units": len(m.units), "budgets": []
     }
-    for fraction in (float(f) for f in args.fractions.split(",")):
+    for fraction in progress([float(f) for f in args.fractions.split(",")], f"auto pipeline {name}: budgets"):
         budget = int(fraction * weights)
         if budget < minimum:
             result["budgets"].append({"fraction": fraction, "budget_bytes": budget, "skipped": "below the minimum"})

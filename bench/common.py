@@ -289,6 +289,17 @@ def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path,
     return js, md
 
 
+def progress(items: Any, label: str, total: int | None = None) -> Any:
+    """``items`` one by one, with a bar labelled ``label`` on stderr where it is a terminal
+    (layerfit.console.track): nothing where the output is piped or logged, nor in a child
+    whose environment has no layerfit (its items, plainly)."""
+    try:
+        from layerfit.console import track
+    except ImportError:
+        return items
+    return track(items, label, total=total)
+
+
 def mb(n: float | None) -> str:
     return "-" if n is None else f"{n / 1e6:.1f}"
 

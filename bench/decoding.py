@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import direct_read_bandwidth, machine, mb, paired_overhead, write_results  # noqa: E402
+from common import direct_read_bandwidth, machine, mb, paired_overhead, progress, write_results  # noqa: E402
 
 from layerfit.store.trust import trust_factories  # noqa: E402
 
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             for config, o in configs.items()
         }
         runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
-        for _ in range(args.rounds):
+        for _ in progress(range(args.rounds), f"decoding {name}: rounds"):
             for config, options in configs.items():
                 with load(directory, **options) as engine:
                     got, times = greedy(engine, ids, args.tokens)

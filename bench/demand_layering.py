@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine, mb, prepared_zoo_model, run_child, write_results  # noqa: E402
+from common import machine, mb, prepared_zoo_model, progress, run_child, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache"
 MODELS = ["resnet152", "densenet201", "yolov3", "yolov4", "vgg19"]
@@ -187,7 +187,7 @@ def main() -> None:
         args.output = "demand_layering_3stage"  # keep the two-stage table
     configs = ["preload", "sequential", "sync", "async", "async-md"]
     rows = []
-    for name in args.models.split(","):
+    for name in progress(args.models.split(","), "demand layering: models"):
         directory = prepare_model(name, args.resolution)
         t0 = time.perf_counter()
         inter = run_child(

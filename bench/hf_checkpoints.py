@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, mb, off_main, run_child, write_results  # noqa: E402
+from common import machine, mb, off_main, progress, run_child, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "hf_checkpoints"
 SHARES = (None, 0.75, 0.5, 0.25)  # None: preloaded
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     archs = args.archs.split(",") if args.archs else list(configs())
     rows = {}
-    for arch in archs:
+    for arch in progress(archs, "hf checkpoints: architectures"):
         rows[arch] = bench_arch(arch, args.rounds)
         print(arch, json.dumps(rows[arch]), flush=True)
     data = {"machine": machine(), "rounds": args.rounds, "prompt_tokens": PROMPT, "new_tokens": NEW, "archs": rows}

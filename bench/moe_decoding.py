@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import direct_read_bandwidth, machine, mb, off_main, write_results  # noqa: E402
+from common import direct_read_bandwidth, machine, mb, off_main, progress, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "moe_decoding"
 CONFIG = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 8,
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                               ("whole", {"gather_rows": False})):
             configs[f"{mode} at {int(share * 100)}%"] = {"budget": int(manifest.total_bytes * share), **options}
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
-    for _ in range(args.rounds):
+    for _ in progress(range(args.rounds), "moe decoding: rounds"):
         for name, options in configs.items():
             with load(prepared, trace=True, **options) as engine:
                 got, steps = off_main(lambda engine=engine: decode(engine, ids, args.tokens, engine))

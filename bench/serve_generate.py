@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import launch_server, machine, mb, vm_hwm, write_results  # noqa: E402
+from common import launch_server, machine, mb, progress, vm_hwm, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "serve_generate"
 WORDS = 32000
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     repo = repository(models)
     data: dict[str, Any] = {"machine": machine(), "budget": args.budget, "duration_s": args.duration,
                             "tokens": args.tokens, "prompt_words": len(PROMPT.split()), "models": {}}
-    for model in models:
+    for model in progress(models, "serve generate: models"):
         proc, url = start_server(repo, args.budget)
         try:
             phase(url, model, 1, 2, args.tokens)  # warm up: the model loads on its first request

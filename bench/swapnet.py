@@ -45,7 +45,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine, mb, own_memory_cgroup, prepared_zoo_model, run_child, write_results  # noqa: E402
+from common import (  # noqa: E402
+    machine,
+    mb,
+    own_memory_cgroup,
+    prepared_zoo_model,
+    progress,
+    run_child,
+    write_results,
+)
 
 CACHE = Path(__file__).parent / ".cache"
 PROFILE = CACHE / "swapnet-profile.json"
@@ -374,7 +382,7 @@ def main() -> None:
     from layerfit.store import read_manifest
 
     models: dict[str, Any] = {}
-    for name in names:
+    for name in progress(names, "swapnet: models"):
         print(name, flush=True)
         size = read_manifest(dirs[name]).total_bytes
         row: dict[str, Any] = {"model": name, "resolution": read_manifest(dirs[name]).input_shape[-1],

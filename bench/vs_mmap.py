@@ -561,8 +561,10 @@ def run_model(name: str, info: dict[str, Any], args: argparse.Namespace, llamacp
               for i in range(args.limits)]
     print(f"{name}: weights {format_bytes(info['weights_bytes'])}, footprint {format_bytes(extra)}, limits "
           + ", ".join(format_bytes(x) for x in limits), flush=True)
+    from common import progress
+
     rows = []
-    for limit in limits:
+    for limit in progress(limits, f"vs mmap {name}: memory limits"):
         mmap_runs, layerfit_runs, budget, tries = [], [], limit - extra, 1
         for _ in range(args.rounds):  # the two alternate, so a slow stretch of the machine hits both
             mmap_runs.append(child_row("mmap", name, work, passes, limit))

@@ -180,6 +180,19 @@ class SlowLinear(nn.Linear):
         return super().forward(x)
 
 
+def long_names() -> nn.Module:
+    """Linear layers nested under long names, as a deep Hugging Face model's units are
+    (``model.decoder.layers.0.self_attn.q_proj``): what a table must print whole."""
+    torch.manual_seed(3)
+    block = nn.Sequential()
+    block.add_module("attention_query_projection_of_the_first_decoder_layer", nn.Linear(8, 8))
+    block.add_module("attention_output_projection_of_the_first_decoder_layer", nn.Linear(8, 8))
+    model = nn.Sequential()
+    model.add_module("transformer_decoder_stack", nn.Sequential())
+    model.transformer_decoder_stack.add_module("layer_zero", block)
+    return model
+
+
 def chain(widths: list[int], delays: list[float] | None = None) -> nn.Module:
     """Linear layers of the given widths: units of arbitrary sizes."""
     torch.manual_seed(2)

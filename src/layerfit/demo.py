@@ -22,9 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
+from layerfit.console import make_console, progress_bar, table
 from layerfit.engine import load, measure
 from layerfit.engine.plot import plot_timeline
 from layerfit.errors import LayerfitError
@@ -45,7 +43,7 @@ def alternating_overhead(first: Callable[[], object], second: Callable[[], objec
 
 
 def main(model: str = "resnet152", out: str = "demo-out", pairs: int = 5) -> int:
-    console = Console()
+    console = make_console()
     out_dir = Path(out)
     prepared = out_dir / model
     # Prepare in a child process (with the CLI's progress bar) so that building and
@@ -64,32 +62,38 @@ def main(model: str = "resnet152", out: str = "demo-out", pairs: int = 5) -> int
         f"largest layer {format_bytes(manifest.largest_unit_bytes)}, input {tuple(manifest.input_shape)}"
     )
     reports = {}
-    with load(prepared, pipeline="preload") as engine:
-        _, reports["preload"] = measure(engine, (x,), repeats=3, warmup=1)
-    with load(prepared, pipeline="async", budget=budget, trace=True) as engine:
-        _, reports["async"] = measure(engine, (x,), repeats=3, warmup=1)
-        trace = out_dir / "trace.json"
-        engine.last_timeline.save(trace)
-        gantt = out_dir / "gantt.png"
-        plot_timeline(engine.last_timeline, gantt, title=f"{model}: async at {format_bytes(budget)}")
-        engine.trace = False
-        with load(prepared, pipeline="preload") as resident:
-            overhead = alternating_overhead(lambda: resident(x), lambda: engine(x), pairs)
     half = max(manifest.resident_bytes + manifest.total_bytes // 2, budget)  # at least async's budget
-    with load(prepared, pipeline="auto", budget=half) as engine:
-        _, reports["auto"] = measure(engine, (x,), repeats=3, warmup=1)
-        kept = len(engine.kept_units)
-        with load(prepared, pipeline="preload") as resident:
-            auto_overhead = alternating_overhead(lambda: resident(x), lambda: engine(x), pairs)
+    # The steps' bar (on a terminal only), as prepare's in the child before it.
+    with progress_bar(f"{model}: preload", total=5) as bar:
+        with load(prepared, pipeline="preload") as engine:
+            _, reports["preload"] = measure(engine, (x,), repeats=3, warmup=1)
+        bar.update(advance=1, description=f"{model}: async at {format_bytes(budget)}")
+        with load(prepared, pipeline="async", budget=budget, trace=True) as engine:
+            _, reports["async"] = measure(engine, (x,), repeats=3, warmup=1)
+            trace = out_dir / "trace.json"
+            engine.last_timeline.save(trace)
+            gantt = out_dir / "gantt.png"
+            plot_timeline(engine.last_timeline, gantt, title=f"{model}: async at {format_bytes(budget)}")
+            engine.trace = False
+            bar.update(advance=1, description=f"{model}: {pairs} alternating preload/async pairs")
+            with load(prepared, pipeline="preload") as resident:
+                overhead = alternating_overhead(lambda: resident(x), lambda: engine(x), pairs)
+        bar.update(advance=1, description=f"{model}: auto at {format_bytes(half)}")
+        with load(prepared, pipeline="auto", budget=half) as engine:
+            _, reports["auto"] = measure(engine, (x,), repeats=3, warmup=1)
+            kept = len(engine.kept_units)
+            bar.update(advance=1, description=f"{model}: {pairs} alternating preload/auto pairs")
+            with load(prepared, pipeline="preload") as resident:
+                auto_overhead = alternating_overhead(lambda: resident(x), lambda: engine(x), pairs)
 
     pre, asy, auto = reports["preload"], reports["async"], reports["auto"]
-    table = Table("pipeline", "weight memory held", "latency (median of 3)", "peak RSS")
+    results = table("pipeline", "weight memory held", "latency (median of 3)", "peak RSS")
     for name, r in reports.items():
-        table.add_row(
+        results.add_row(
             name, format_bytes(r["weights_peak_bytes"]), f"{r['latency_s'] * 1e3:.0f} ms",
             format_bytes(r["rss_peak_bytes"]),
         )
-    console.print(table)
+    console.print(results)
     console.print(
         f"async delay overhead: {overhead:+.1%} (median of {pairs} alternating preload/async pairs)\n"
         f"auto at {format_bytes(half)}: keeps {kept} of {len(manifest.units)} layers resident and streams the "
@@ -108,5 +112,5 @@ if __name__ == "__main__":
     try:
         sys.exit(main(*sys.argv[1:]))
     except LayerfitError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+        make_console(stderr=True).print(f"[bold red]error:[/] {exc}")
         sys.exit(2)

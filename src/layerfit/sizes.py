@@ -133,3 +133,10 @@ def format_bytes(n: int | float) -> str:
     if abs(n) >= 1000:
         return f"{n / 1000:.1f} kB"
     return f"{int(n)} B"
+
+
+def format_bytes_exact(n: int) -> str:
+    """:func:`format_bytes` with the exact count beside it where rounding hides it,
+    ``412.3 MB (412300000 bytes)``: for a figure people type back, such as a minimum
+    budget in an error (``--budget 412.3MB`` would be short of it)."""
+    return format_bytes(n) if abs(n) < 1000 else f"{format_bytes(n)} ({int(n)} bytes)"

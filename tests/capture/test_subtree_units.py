@@ -143,7 +143,7 @@ def test_a_block_is_merged_only_if_the_minimum_budget_shrinks():
     assert [r.name for r in g.resident] == ["small.gate"]
     assert g.resident[0].reason == (  # 64 + 1088 bytes now; 64 + 2 x 1088 as one unit
         "owned by a module whose children also own tensors; streamed with small as one unit, "
-        "it would raise the minimum budget from 1152 to 2240 bytes"
+        "it would raise the minimum budget from 1.2 kB to 2.2 kB"
     )
     assert list(_units(g)) == ["small.a", "small.b", "big"]
 

@@ -4,6 +4,7 @@ room beyond async's buffer spent keeping units resident; always exactly model(x)
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from layerfit.engine.policies import (
 )
 from layerfit.engine.unit_reader import UnitReader
 from layerfit.errors import BudgetError, LayerfitError, ReadError
+from layerfit.sizes import format_bytes_exact
 from layerfit.store import ModelSpec, example_input, prepare, read_manifest
 
 SHAPE = (1, 3, 16, 16)
@@ -230,10 +232,10 @@ def test_three_stages_keep_units_in_the_device_buffer(tmp_path: Path, monkeypatc
         assert [e.unit for e in engine.last_timeline.events if e.stage == "copy"] == [1, 2, 3, 4, 5]
         assert engine.last_weights_peak <= 57344
     # async needs a read and a device buffer of the large unit each: more than that budget
-    with pytest.raises(BudgetError, match="below the minimum for this model: 81920 bytes"):
+    with pytest.raises(BudgetError, match=r"below the minimum for this model: 81\.9 kB \(81920 bytes\)"):
         load(tmp_path / "m", pipeline="async", budget=57344, stages=3)
     # below auto's own minimum, the error names it
-    with pytest.raises(BudgetError, match=r"below the minimum for this model: 57344 bytes \(pipeline auto"):
+    with pytest.raises(BudgetError, match=r"below the minimum for this model: 57\.3 kB \(57344 bytes\), for pipeline auto"):
         load(tmp_path / "m", pipeline="auto", budget=53248, stages=3)
 
 
@@ -317,8 +319,11 @@ def test_preload_below_every_weight_says_what_it_needs_and_what_streaming_needs(
     for budget in (4096, m.largest_unit_bytes, m.total_bytes - 1):
         with pytest.raises(
             BudgetError,
-            match=f"preload keeps every weight resident and needs {m.total_bytes} bytes; the budget is {budget} "
-            rf"bytes: raise it, or stream the weights \(pipeline 'auto' or 'async', from {m.largest_unit_bytes} bytes\)",
+            match=re.escape(
+                f"preload keeps every weight resident and needs {format_bytes_exact(m.total_bytes)}; the budget is "
+                f"{format_bytes_exact(budget)}: raise it, or stream the weights with pipeline 'auto' or 'async', "
+                f"from {format_bytes_exact(m.largest_unit_bytes)}"
+            ),
         ):
             load(tiny, pipeline="preload", budget=budget)
 
@@ -342,7 +347,7 @@ def test_run_cli_streams_a_budget_below_the_weights_and_keeps_them_above(tiny: P
     assert main(["run", str(tiny), "--pipeline", "async", "--budget", str(total), "--repeats", "1"]) == 0
     assert "[async, 6 units, 2 stages" in capsys.readouterr().out  # asked for by name: streamed as asked
     assert main(["run", str(tiny), "--pipeline", "preload", "--budget", str(total // 2)]) == 2
-    assert "stream the weights (pipeline 'auto' or 'async'" in capsys.readouterr().err
+    assert "stream the weights with pipeline 'auto' or 'async'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("stages", [2, 3])
@@ -366,7 +371,7 @@ def test_inspect_budget_shows_the_plan_the_engine_makes(tiny: Path, capsys, stag
     assert main(["inspect", str(tiny), "--budget", str(m.total_bytes)]) == 0
     assert "runs preload: every weight resident (49.2 kB), read once at load" in " ".join(capsys.readouterr().out.split())
     assert main(["inspect", str(tiny), "--budget", "10kB"]) == 2
-    assert "below the minimum for this model: 20480 bytes" in capsys.readouterr().err
+    assert "below the minimum for this model: 20.5 kB (20480 bytes)" in capsys.readouterr().err
     assert main(["inspect", str(tiny), "--budget", "1MB", "--stages", "4"]) == 2
     assert "stages must be 2 (zero-copy) or 3" in capsys.readouterr().err
 
@@ -382,7 +387,7 @@ def test_a_share_of_the_weights_is_a_budget(tiny: Path, reference, capsys):
         assert by_share.memory.buffer_bytes == 24576 and torch.equal(by_share(x), y)
         by_share.reconfigure(budget="100%")
         assert by_share.policy.name == "preload" and torch.equal(by_share(x), y)
-        with pytest.raises(BudgetError, match=r"below the minimum .* \(10% of its 49152 bytes of weights\)"):
+        with pytest.raises(BudgetError, match=r"below the minimum .* \(10% of its 49\.2 kB of weights\)"):
             by_share.reconfigure(budget="10%")
         assert by_share.policy.name == "preload"  # refused: the old configuration runs on
     assert main(["run", str(tiny), "--budget", "90%", "--json", "--repeats", "1"]) == 0

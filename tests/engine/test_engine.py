@@ -6,6 +6,7 @@ import errno
 import gc
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from layerfit.cli import main
 from layerfit.engine import load
 from layerfit.engine.units import make_blocks
 from layerfit.errors import BudgetError, CorruptStoreError, LayerfitError, ReadError
+from layerfit.sizes import format_bytes_exact
 from layerfit.store import example_input, prepare, read_manifest
 from layerfit.store.manifest import Segment
 
@@ -49,9 +51,9 @@ def test_three_stage_budget_is_split_between_read_and_device_buffer(tiny: Path, 
         engine.reconfigure(budget=4 * largest)  # both buffers grow; nothing is reloaded
         assert engine.memory.buffer_bytes == engine.memory.device_buffer_bytes == 2 * largest
         assert torch.equal(engine(x), y)
-    with pytest.raises(BudgetError, match=f"minimum for this model: {2 * largest} bytes"):
+    with pytest.raises(BudgetError, match=re.escape(f"minimum for this model: {format_bytes_exact(2 * largest)}")):
         load(tiny, pipeline="async", stages=3, budget=2 * largest - 1)
-    with pytest.raises(BudgetError, match=f"three-stage sync .* minimum budget is {4 * largest} bytes"):
+    with pytest.raises(BudgetError, match=f"three-stage sync .* minimum budget is {re.escape(format_bytes_exact(4 * largest))}"):
         load(tiny, pipeline="sync", stages=3, budget=3 * largest)
 
 
@@ -245,7 +247,7 @@ def test_the_runtimes_merge_auto_is_refused_with_a_size_to_use_instead(tiny: Pat
 
 
 def test_budget_below_largest_unit_states_the_minimum(tiny: Path, capsys):
-    with pytest.raises(BudgetError, match="below the minimum for this model: 20480 bytes"):
+    with pytest.raises(BudgetError, match=r"below the minimum for this model: 20\.5 kB \(20480 bytes\)"):
         load(tiny, budget="10kB")
     assert main(["run", str(tiny), "--pipeline", "async", "--budget", "10kB"]) == 2
     assert "20480" in capsys.readouterr().err
@@ -375,7 +377,7 @@ def test_run_cli_three_stages_reports_both_buffers_and_copies(tiny: Path, tmp_pa
     assert main(["run", str(tiny), "--pipeline", "preload", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["output_sha256"] == report["output_sha256"]
     assert main(["run", str(tiny), "--pipeline", "sync", "--stages", "3", "--budget", "60kB"]) == 2
-    assert "minimum budget is 81920 bytes" in capsys.readouterr().err
+    assert "minimum budget is 81.9 kB (81920 bytes)" in capsys.readouterr().err
 
 
 def test_run_cli_input_and_output_files(tiny: Path, tmp_path: Path, reference, capsys):

@@ -3,6 +3,7 @@ is the engine's own plan, computed without loading anything."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from decimal import Decimal
@@ -18,7 +19,7 @@ from layerfit.engine.config import EngineConfig
 from layerfit.engine.plan import plan
 from layerfit.engine.skeleton import build_skeleton
 from layerfit.errors import BudgetError, LayerfitError
-from layerfit.sizes import Budget
+from layerfit.sizes import Budget, format_bytes
 from layerfit.store import read_manifest
 
 
@@ -104,7 +105,7 @@ def test_plan_is_the_plan_the_engine_runs(tiny: Path, options: dict) -> None:
 
 def test_a_share_below_the_minimum_names_the_bytes_it_is(tiny: Path) -> None:
     total = read_manifest(tiny).total_bytes
-    with pytest.raises(BudgetError, match=rf"\(1% of its {total} bytes of weights\)"):
+    with pytest.raises(BudgetError, match=rf"\(1% of its {re.escape(format_bytes(total))} of weights\)"):
         plan(read_manifest(tiny), EngineConfig.parse(budget="1%"))
 
 

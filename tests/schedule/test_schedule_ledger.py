@@ -13,7 +13,7 @@ from layerfit.schedule.ledger import Admission, MemoryLedger
 def test_fit_progress_and_refusal():
     ledger = MemoryLedger(10, clock=lambda: 0.0)
     assert ledger.acquire("a", 6) is Admission.FIT
-    with pytest.raises(ScheduleError, match="needs 6 bytes but only 4 of 10 are free and 1 task"):
+    with pytest.raises(ScheduleError, match="needs 6 B but only 4 B of 10 B are free and 1 task"):
         ledger.acquire("b", 6)
     ledger.finish("a", keep=6)  # retained: still reserved, nothing running
     assert (ledger.used, ledger.running) == (6, 0)

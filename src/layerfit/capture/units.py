@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_leaves
 
 from layerfit.capture.graph import ParamSpec, ResidentTensor, UnitInfo
 from layerfit.capture.macs import module_macs
+from layerfit.sizes import format_bytes
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -512,7 +513,7 @@ class UnitRecorder:
                 for tid, r in gone.items():
                     resident[tid] = replace(
                         r, reason=f"{r.reason}; streamed with {root} as one unit, it would raise the "
-                        f"minimum budget from {before} to {after} bytes"
+                        f"minimum budget from {format_bytes(before)} to {format_bytes(after)}"
                     )
                 continue
             merged -= below

@@ -8,10 +8,10 @@ import sys
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from layerfit import strict_json
+from layerfit.console import make_console
 from layerfit.errors import LayerfitError
 from layerfit.extras import MissingExtraError, extra_for
 
@@ -22,7 +22,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
+console = make_console()  # piped: as wide as the output, nothing cut (layerfit.console)
 
 
 def _print_version(value: bool) -> None:
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     warnings.showwarning = _show_warning  # one line each, as the errors are
+    _widen_piped_help(sys.argv[1:] if argv is None else argv)
     try:
         app(args=argv, standalone_mode=False)
     except LayerfitError as exc:
@@ -101,18 +102,41 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+HELP_WIDTH = 120
+"""Columns of help that is not printed on a terminal: at typer's 80, the options table
+cuts long option names (``--cache-weig…``)."""
+
+
+def _widen_piped_help(args: list[str]) -> None:
+    """Lay piped help out for :data:`HELP_WIDTH` columns (``TERMINAL_WIDTH`` and
+    ``COLUMNS`` still win). Only where help is asked for (``--help``, or a group named
+    alone, which prints its help): typer's help module takes a moment to import."""
+    import os
+
+    words = [a for a in args if not a.startswith("-")]
+    groups = {group.name for group in app.registered_groups}
+    if not ("--help" in args or not words or words[-1] in groups):
+        return
+    if console.is_terminal or "TERMINAL_WIDTH" in os.environ or "COLUMNS" in os.environ:
+        return
+    import typer.rich_utils
+
+    if typer.rich_utils.MAX_WIDTH is None:
+        typer.rich_utils.MAX_WIDTH = HELP_WIDTH
+
+
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: Any = None, line: str | None = None) -> None:
     _print_warning(str(message))
 
 
 def _print_warning(message: str) -> None:
-    Console(stderr=True).print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    make_console(stderr=True).print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def _print_error(message: str) -> None:
     # escaped: "[...]" in a message (a path, a shape the user wrote) is text, not style
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    make_console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def _usage_errors() -> tuple[type[Exception], ...]:

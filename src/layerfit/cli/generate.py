@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
 
 from layerfit.cli.app import app, print_json
 from layerfit.cli.engine_options import ENGINE_OPTIONS, EngineOptions, engine_options
+from layerfit.console import make_console
 from layerfit.engine.openmp import COMPUTE_THREADS_HELP, kernels_on, set_compute_threads
 from layerfit.errors import InputError
 
@@ -294,7 +294,7 @@ def _print_summary(report: dict[str, Any]) -> None:
 
     latency, rate = report["prompt_latency_s"], report["decode_tokens_per_s"]
     budget = report["budget_bytes"]
-    Console(stderr=True).print(
+    make_console(stderr=True).print(
         f"prompt {report['prompt_tokens']} tokens, {report['new_tokens']} new: first new token after "
         f"{'n/a' if latency is None else f'{latency * 1e3:.1f} ms'}, then "
         f"{'n/a' if rate is None else f'{rate:.1f} tokens/s'}; weights peak {format_bytes(report['weights_peak_bytes'])} "

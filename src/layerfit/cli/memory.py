@@ -118,14 +118,15 @@ def _graph_to_plan(model: str, input_shape: tuple[int, ...] | None):
 
 def _print_report(report: dict[str, Any], extra: dict[str, Any]) -> None:
     """``plan``'s tables: each approach's strategies against the bound, and the order search."""
-    from rich.table import Table
-
+    from layerfit.console import table as new_table
     from layerfit.memory.report import MIB
 
     for name, part in report["approaches"].items():
-        table = Table(title=f"{name} — {report['tensors']} buffers (MiB = the paper's MB)")
-        for column in ("strategy", "MiB", "bytes", "vs bound", "status", "ms"):
-            table.add_column(column, justify="left" if column in ("strategy", "status") else "right", no_wrap=True)
+        table = new_table(
+            *((column, "left" if column in ("strategy", "status") else "right")
+              for column in ("strategy", "MiB", "bytes", "vs bound", "status", "ms")),
+            title=f"{name} — {report['tensors']} buffers (MiB = the paper's MB)",
+        )
         notes = []
         for row in part["strategies"]:
             values = (f"{row['total'] / MIB:.3f}", str(row["total"]), f"{100 * row['vs_lower_bound']:+.1f}%")

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
 
 from layerfit.cli.app import app, console, parse_shape, print_json, print_warnings
 from layerfit.cli.engine_options import ENGINE_OPTIONS, EngineOptions, engine_options
@@ -61,27 +60,22 @@ def prepare(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Capture MODEL and pack its weights in execution order into a prepared directory."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
-
+    from layerfit.console import progress_bar
     from layerfit.sizes import format_bytes
     from layerfit.store import prepare as do_prepare
     from layerfit.store.hf_folder import DEFAULT_SEQ_LEN, HFOptions, is_hf
 
-    progress_console = Console(stderr=True)  # a bar only where someone watches (piped: nothing)
     hf = None
     if is_hf(model):
         hf = HFOptions(class_name=class_name, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len, dtype=dtype)
     elif class_name is not None or seq_len is not None or dtype is not None:
         raise InputError("--class, --seq-len and --dtype are for a Hugging Face folder (hf:FOLDER)")
-    with Progress(
-        TextColumn("[bold]preparing[/] " + model), BarColumn(), DownloadColumn(),
-        console=progress_console, transient=True, disable=as_json or not progress_console.is_terminal,
-    ) as bar:
-        task = bar.add_task("write", total=None)
+    # a bar only where someone watches (stderr a terminal; piped or --json: nothing)
+    with progress_bar(f"preparing {model}", transfer=True, disable=as_json) as bar:
         manifest = do_prepare(
             model, output, input_shape=parse_shape(input_shape), input_dtype=input_dtype,
             checkpoint=checkpoint, force=force, seed=seed, example=_example_kwargs(example, input_shape),
-            progress=lambda done, total: bar.update(task, completed=done, total=total), hf=hf,
+            progress=lambda done, total: bar.update(completed=done, total=total), hf=hf,
         )
     summary = {
         "directory": output,
@@ -119,7 +113,28 @@ def _partial_units(m: Manifest, indices: list[int]) -> str:
     return "; ".join(parts)
 
 
-@app.command()
+# What each column of inspect's table of units means: printed under the table and in
+# `inspect --help`, so that nobody has to read the code to know what "d" is.
+UNITS_LEGEND = (
+    ("#", "the unit's place in execution order (units are streamed one at a time)"),
+    ("unit, type", "the module read as one unit, and its class"),
+    ("bytes", "the unit's segment in the weights file (its tensors, padded to a multiple of 4096 bytes "
+     "for direct I/O), in decimal units: 1 kB = 1000 bytes"),
+    ("offset", "where the segment starts in the weights file, in bytes"),
+    ("d", "the unit's number of weight tensors (SwapNet's parameter depth)"),
+    ("MMACs", "millions of multiply-accumulates of the unit in one inference"),
+    ("auto", "with --budget, what `run --pipeline auto` does with the unit: kept (resident for the whole "
+     "run), read (into the buffer at each inference), rows (an embedding table: only the rows the "
+     "input looks up are read), experts (only the experts the router chooses are read)"),
+)
+
+
+def _legend_epilog() -> str:
+    # typer's help reflows an epilog's lines; a blank line between them keeps one a column
+    return "Columns of the table of units:\n\n" + "\n\n".join(f"{c}: {m}" for c, m in UNITS_LEGEND)
+
+
+@app.command(epilog=_legend_epilog())
 def inspect(
     directory: str = typer.Argument(..., help="prepared model directory"),
     budget: str = typer.Option(
@@ -129,8 +144,7 @@ def inspect(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Show a prepared model: units with sizes and offsets, resident tensors, totals."""
-    from rich.table import Table
-
+    from layerfit.console import table
     from layerfit.engine.gather import gathered_units, streamed_minimum
     from layerfit.sizes import format_bytes
     from layerfit.store import read_manifest
@@ -196,7 +210,7 @@ def inspect(
     _print_units(m, plan)
     if info["resident_tensors"]:
         # resident tensors count against every budget: say which they are and why
-        kept = Table("resident tensor", "bytes", "why it is not streamed", title="kept in memory for the whole inference")
+        kept = table("resident tensor", "bytes", "why it is not streamed", title="kept in memory for the whole inference")
         for r in sorted(info["resident_tensors"], key=lambda r: -r["nbytes"]):
             kept.add_row(r["name"], format_bytes(r["nbytes"]), r["reason"])
         console.print(kept)
@@ -205,8 +219,7 @@ def inspect(
 
 def _print_units(m: Manifest, plan: dict[str, Any] | None) -> None:
     """``inspect``'s table of units, and with ``--budget`` how auto spends it on them."""
-    from rich.table import Table
-
+    from layerfit.console import table
     from layerfit.sizes import format_bytes
 
     if plan is not None:
@@ -223,7 +236,7 @@ def _print_units(m: Manifest, plan: dict[str, Any] | None) -> None:
     from layerfit.engine.experts import experts_segment
 
     kept = set() if plan is None else set(plan["kept_units"])
-    table = Table("#", "unit", "type", "bytes", "offset", "d", "MMACs", *(["auto"] if plan else []))
+    units = table("#", "unit", "type", "bytes", "offset", "d", "MMACs", *(["auto"] if plan else []))
     for u in m.units:
         rows = set(plan["rows_units"]) if plan else set()
         where = (
@@ -232,10 +245,13 @@ def _print_units(m: Manifest, plan: dict[str, Any] | None) -> None:
             if plan
             else []
         )
-        table.add_row(
+        units.add_row(
             str(u.index), u.name, u.module_type, format_bytes(u.nbytes), str(u.offset), str(u.d), f"{u.f / 1e6:.1f}", *where
         )
-    console.print(table)
+    console.print(units)
+    for column, meaning in UNITS_LEGEND:
+        if column != "auto" or plan is not None:
+            console.print(f"  {column}: {meaning}", style="dim", highlight=False, markup=False)
 
 
 def _inputs_label(m: Manifest) -> str:

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
 
 from layerfit import strict_json
-from layerfit.cli.app import app, renamed_option
+from layerfit.cli.app import app, console, renamed_option
 from layerfit.cli.runtime_options import RUNTIME_OPTIONS, RuntimeOptions, runtime_options
 from layerfit.engine.openmp import (
     COMPUTE_THREADS_HELP,
@@ -38,7 +37,6 @@ schedule_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(schedule_app, name="schedule")
-_console = Console()
 
 
 def _print_json(obj: Any) -> None:
@@ -113,7 +111,7 @@ def graph_command(
     if as_json:
         _print_json(info)
     else:
-        _console.print(
+        console.print(
             f"{profile.name} ({profile.source}): {info['tasks']} tasks, {info['edges']} dependencies "
             f"({scheme_value.value}) -> {output}",
             highlight=False,
@@ -154,20 +152,12 @@ def profiles_command(
     if as_json:
         _print_json(rows)
         return
-    from rich.table import Table
+    from layerfit.console import table as new_table
 
-    table = Table(title=known.label)
-    for column in (
-        "name",
-        "source",
-        "architecture",
-        "layers",
-        "weights",
-        "bulk peak",
-        "largest task",
-        "serial time",
-    ):
-        table.add_column(column)
+    table = new_table(
+        "name", "source", "architecture", "layers", "weights", "bulk peak", "largest task", "serial time",
+        title=known.label,
+    )
     for r in rows:
         table.add_row(
             r["name"],
@@ -179,7 +169,7 @@ def profiles_command(
             format_bytes(r["largest_task_bytes"]),
             f"{r['serial_time_s']:.2f} s",
         )
-    _console.print(table)
+    console.print(table)
 
 
 @schedule_app.command("contention")
@@ -204,7 +194,7 @@ def contention_command(
     if as_json:
         _print_json(model.describe())
         return
-    _console.print(
+    console.print(
         f"slowdown beside one other task (torch {model.notes['torch_threads']} threads): "
         f"load by load {model.load_by_load:.2f}x, load by execution {model.load_by_exec:.2f}x, "
         f"execution by load {model.exec_by_load:.2f}x, execution by execution "
@@ -239,7 +229,7 @@ def bound_command(
     if as_json:
         _print_json({"workload": loaded.name, **bound.to_dict()})
         return
-    _console.print(_bound_line(bound, loaded.name), highlight=False)
+    console.print(_bound_line(bound, loaded.name), highlight=False)
 
 
 def _bound_line(bound: Any, name: str) -> str:
@@ -319,7 +309,7 @@ def generate_command(
         )
     workload.save(output)
     span = workload.arrivals[-1].at if workload.mode == "open" else 0.0
-    _console.print(
+    console.print(
         f"{workload.name}: {len(workload.arrivals)} arrivals ({workload.mode}"
         + (f", last at {span:.1f} s" if workload.mode == "open" else "")
         + f") -> {output}",
@@ -625,4 +615,4 @@ def _print_run(
     if image is not None:
         lines.append(f"plot written to {image}")
     for line in lines:
-        _console.print(line, highlight=False)
+        console.print(line, highlight=False)

@@ -71,13 +71,12 @@ def tradeoff_parts(
     if json_output:
         print_json(result.to_dict())
     else:
-        from rich.table import Table
+        from layerfit.console import table as new_table
 
-        table = Table(title=f"{result.derived.app.name}: memory-throughput trade-off")
-        for column in ("configuration", "memory", "buffers", "throughput", "by_parts"):
-            table.add_column(column)
+        columns = ("configuration", "memory", "buffers", "throughput", "by_parts")
+        table = new_table(*columns, title=f"{result.derived.app.name}: memory-throughput trade-off")
         for row in rows:
-            table.add_row(*(str(row[c]) for c in ("configuration", "memory", "buffers", "throughput", "by_parts")))
+            table.add_row(*(str(row[c]) for c in columns))
         console.print(table)
         for line in lines:
             console.print(line, highlight=False)
@@ -104,6 +103,7 @@ def profile_command(
     """Measure per-layer read/bind/kernel/unbind times and fit SwapNet's delay model."""
     import warnings
 
+    from layerfit.console import progress_bar
     from layerfit.tradeoff.swapnet.profile import (
         check_profile_target,
         default_profile_path,
@@ -116,12 +116,17 @@ def profile_command(
         warnings.simplefilter("always")
         previous = None if replace else previous_profile(path)
     print_warnings(caught)
-    result = profile_models(
-        directories, repeats=repeats, warmup=warmup, previous=previous,
-        progress=None if as_json else lambda t: console.print(
+
+    def measured(t) -> None:  # a line per model, and the bar on to the next
+        bar.print(
             f"  {t.name} {tuple(t.input_shape)}: {len(t.nbytes)} layers, resident run "
-            f"{t.latency_s * 1e3:.1f} ms, streamed {t.stream_latency_s * 1e3:.1f} ms", highlight=False),
-    )
+            f"{t.latency_s * 1e3:.1f} ms, streamed {t.stream_latency_s * 1e3:.1f} ms", highlight=False)
+        bar.advance()
+
+    with progress_bar("profiling models", total=len(directories), disable=as_json, output=console) as bar:
+        result = profile_models(
+            directories, repeats=repeats, warmup=warmup, previous=previous, progress=None if as_json else measured,
+        )
     written = result.save(path)
     summary = result.summary()
     summary["path"] = str(written)
@@ -225,6 +230,7 @@ def tradeoff_delay(
     force: bool = typer.Option(False, "--force", help="replace an existing --plot image"),
 ) -> None:
     """Find the minimal-delay buffer size by growing the budget (Demand Layering V-D)."""
+    from layerfit.console import progress_bar
     from layerfit.engine import load
     from layerfit.sizes import format_bytes, parse_budget
     from layerfit.store import read_manifest
@@ -242,20 +248,27 @@ def tradeoff_delay(
     weights = read_manifest(directory).total_bytes  # what a share (--step 5%) is of
     step_bytes = parse_budget(step, weights)
     until_bytes = None if until is None else parse_budget(until, weights)
-    with load(directory, options.config()) as searched:
-        from layerfit.cli.models import device_call  # here: models' commands register after these
+    def measured(p) -> None:  # a line per budget (the curve), and the bar on to the next
+        bar.print(
+            f"  {format_bytes(p.budget_bytes):>10}  {p.mean_s * 1e3:9.1f} ms  "
+            f"[{p.min_s * 1e3:.1f} - {p.max_s * 1e3:.1f}]", highlight=False)
+        bar.update(advance=1, description=f"minimal-delay search: {format_bytes(p.budget_bytes)} measured")
 
-        args, keywords = device_call(None, searched)  # a model prepared from keywords: all of them
-        curve = minimal_delay_search(
-            searched, args, keywords=keywords, step=step_bytes, repeats=repeats, warmup=warmup,
-            until=until_bytes, patience=patience, tolerance=tolerance,
-            progress=None if as_json else lambda p: console.print(
-                f"  {format_bytes(p.budget_bytes):>10}  {p.mean_s * 1e3:9.1f} ms  "
-                f"[{p.min_s * 1e3:.1f} - {p.max_s * 1e3:.1f}]", highlight=False),
-        )
-    with load(directory, options.config(pipeline="preload")) as pre:
-        times = [timed_call(pre, args, keywords) for _ in range(repeats + warmup)][warmup:]
-        curve.preload_s = sorted(times)[len(times) // 2]
+    # the number of budgets is known only as the search goes (--patience stops it early)
+    with progress_bar("minimal-delay search", disable=as_json, output=console) as bar:
+        with load(directory, options.config()) as searched:
+            # imported here: models' commands register after these
+            from layerfit.cli.models import device_call
+
+            args, keywords = device_call(None, searched)  # a model prepared from keywords: all of them
+            curve = minimal_delay_search(
+                searched, args, keywords=keywords, step=step_bytes, repeats=repeats, warmup=warmup,
+                until=until_bytes, patience=patience, tolerance=tolerance, progress=None if as_json else measured,
+            )
+        bar.update(description="minimal-delay search: preload, for comparison")
+        with load(directory, options.config(pipeline="preload")) as pre:
+            times = [timed_call(pre, args, keywords) for _ in range(repeats + warmup)][warmup:]
+            curve.preload_s = sorted(times)[len(times) // 2]
     if plot:
         plot_delay_curve(curve, plot, title=f"{searched.manifest.model['name']}: minimal-delay search")
     if as_json:

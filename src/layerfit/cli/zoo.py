@@ -20,18 +20,15 @@ def zoo_command(
     as_json: bool = typer.Option(False, "--json", help="print the table as JSON"),
 ) -> None:
     """List the built-in models: name, parameters, parameter MB, default input shape."""
-    from rich.table import Table
-
+    from layerfit.console import table as new_table
     from layerfit.zoo import table
 
     rows = table()
     if as_json:
         print_json(rows)
         return
-    out = Table(title="layerfit model zoo", title_justify="left")
-    for col, justify in (("name", "left"), ("params", "right"), ("param MB", "right"),
-                         ("input shape", "left"), ("published", "right")):
-        out.add_column(col, justify=justify)  # type: ignore[arg-type]
+    out = new_table(("name", "left"), ("params", "right"), ("param MB", "right"), ("input shape", "left"),
+                    ("published", "right"), title="layerfit model zoo", title_justify="left")
     for r in rows:
         pub = r["published_params_m"]
         out.add_row(r["name"], f"{r['params']:,}", f"{r['param_mb']:.1f}",

@@ -33,6 +33,7 @@ from torch import nn
 from layerfit.engine.experts import ExpertTable, experts_segment
 from layerfit.engine.skeleton import Binding, unbind
 from layerfit.errors import BudgetError
+from layerfit.sizes import format_bytes, format_bytes_exact
 from layerfit.store.manifest import ALIGN, Segment
 from layerfit.store.reader import SegmentReader, checksum_error
 
@@ -162,8 +163,9 @@ class RowTable:
         if chunk < ALIGN:
             raise BudgetError(
                 f"the input looks up {len(first)} distinct rows of embedding {self.name} "
-                f"({rows_bytes} bytes), and with a {ALIGN}-byte read buffer they need "
-                f"{rows_room + ALIGN} bytes; the engine's unit buffer holds {room}: raise the "
+                f"({format_bytes(rows_bytes)}), and with a {ALIGN}-byte read buffer they need "
+                f"{format_bytes_exact(rows_room + ALIGN)}; the engine's unit buffer holds "
+                f"{format_bytes_exact(room)}: raise the "
                 "budget, or look up fewer distinct ids per call"
             )
         sparse = self._split(self._extents(first), chunk)

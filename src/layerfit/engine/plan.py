@@ -22,6 +22,7 @@ from layerfit.engine.part_units import unit_runs
 from layerfit.engine.units import Block, make_blocks
 from layerfit.engine.weight_plan import WeightPlan, plan_weights
 from layerfit.errors import BudgetError
+from layerfit.sizes import format_bytes
 from layerfit.store.manifest import Manifest
 
 
@@ -95,7 +96,7 @@ def plan(manifest: Manifest, config: EngineConfig, model: nn.Module | None = Non
     except BudgetError as exc:
         if budget is None or not budget.is_share:
             raise
-        raise BudgetError(f"{exc} ({budget} of its {manifest.total_bytes} bytes of weights)") from None
+        raise BudgetError(f"{exc} ({budget} of its {format_bytes(manifest.total_bytes)} of weights)") from None
     if config.pipeline == "auto" and budget_bytes is not None and weights.gathered:
         weights, rows = _keep_experts_whole(
             blocks, sizes, manifest.resident_bytes, budget_bytes, stages, rows, runs, weights, config.expert_cache

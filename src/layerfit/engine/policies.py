@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from layerfit.errors import BudgetError, LayerfitError
+from layerfit.sizes import format_bytes, format_bytes_exact
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,13 @@ class Policy:
             return min(natural, total)  # never more than the whole model
         if budget < largest:
             raise BudgetError(
-                f"budget of {budget} bytes is below the largest unit ({largest} bytes): "
-                f"the minimum budget is {largest} bytes"
+                f"budget of {format_bytes_exact(budget)} is below the largest unit ({format_bytes(largest)}): "
+                f"the minimum budget is {format_bytes_exact(largest)}"
             )
         if self.name == "sync" and budget < 2 * largest:
             raise BudgetError(
-                f"sync double-buffers and needs 2 x the largest unit = {2 * largest} bytes; "
-                f"the budget is {budget} bytes: raise it or use async"
+                f"sync double-buffers and needs 2 x the largest unit = {format_bytes_exact(2 * largest)}; "
+                f"the budget is {format_bytes_exact(budget)}: raise it or use async"
             )
         # Units start on 4096-byte boundaries for direct I/O: a ragged tail is unusable.
         return min(budget // 4096 * 4096, total)

@@ -24,6 +24,7 @@ from collections import deque
 import torch
 
 from layerfit.errors import BudgetError
+from layerfit.sizes import format_bytes_exact
 from layerfit.store.reader import aligned_buffer
 
 
@@ -112,7 +113,9 @@ class RingBuffer:
 
     def _check_size(self, nbytes: int) -> None:
         if nbytes > self.capacity:
-            raise BudgetError(f"a unit of {nbytes} bytes cannot fit a buffer of {self.capacity} bytes")
+            raise BudgetError(
+                f"a unit of {format_bytes_exact(nbytes)} cannot fit a buffer of {format_bytes_exact(self.capacity)}"
+            )
 
     def _place(self, start: int, nbytes: int) -> int:
         skipped = 0

@@ -20,6 +20,7 @@ from layerfit.engine.policies import (
     resolve_pipeline,
 )
 from layerfit.errors import BudgetError, LayerfitError
+from layerfit.sizes import format_bytes, format_bytes_exact
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,10 @@ def plan_weights(
         least = least_room_to_keep(sizes, buffers=2) if three and not kept else None
         if least is not None and budget < resident + least < resident + 2 * largest:
             raise BudgetError(  # auto's minimum is then below async's: name it
-                f"budget {budget} bytes is below the minimum for this model: {resident + least} bytes "
-                "(pipeline auto with three stages: its largest units kept, and a read and a device "
-                f"buffer of two of the next each; async alone needs {resident + 2 * largest})"
+                f"budget {format_bytes_exact(budget)} is below the minimum for this model: "
+                f"{format_bytes_exact(resident + least)}, for pipeline auto with three stages: its largest "
+                "units kept, and a read and a device buffer of two of the next each; async alone needs "
+                f"{format_bytes_exact(resident + 2 * largest)}"
             )
     kept_bytes = sum(unit_sizes[i] for i in kept)
     streamed = [unit_sizes[i] for i in others if i not in kept]
@@ -125,19 +127,18 @@ def _buffer_sizes(policy: Policy, sizes: list[int], resident: int, budget: int |
     copies = 2 if three and policy.name != "preload" else 1  # read + device buffer
     if policy.name == "preload" and budget is not None and budget < resident + sum(sizes):
         raise BudgetError(
-            f"preload keeps every weight resident and needs {resident + sum(sizes)} bytes; "
-            f"the budget is {budget} bytes: raise it, or stream the weights "
-            f"(pipeline 'auto' or 'async', from {resident + (2 if three else 1) * largest} bytes)"
+            f"preload keeps every weight resident and needs {format_bytes_exact(resident + sum(sizes))}; "
+            f"the budget is {format_bytes_exact(budget)}: raise it, or stream the weights with pipeline "
+            f"'auto' or 'async', from {format_bytes_exact(resident + (2 if three else 1) * largest)}"
         )
     if budget is not None and budget < resident + copies * largest:
         raise BudgetError(
-            f"budget {budget} bytes is below the minimum for this model: "
-            f"{resident + copies * largest} bytes ("
+            f"budget {format_bytes_exact(budget)} is below the minimum for this model: "
+            f"{format_bytes_exact(resident + copies * largest)}, "
             + ("2 x " if copies == 2 else "")
-            + f"largest unit {largest}"
-            + (f" + resident tensors {resident}" if resident else "")
+            + f"the largest unit ({format_bytes(largest)})"
+            + (f" + resident tensors ({format_bytes(resident)})" if resident else "")
             + ("; three stages hold a read and a device buffer" if copies == 2 else "")
-            + ")"
         )
     rings_budget = None if budget is None else budget - resident
     if copies == 1:  # one buffer: the read buffer, or (preload, three stages) the device one
@@ -147,8 +148,8 @@ def _buffer_sizes(policy: Policy, sizes: list[int], resident: int, budget: int |
     if rings_budget is not None and rings_budget < 2 * each:
         raise BudgetError(
             f"the three-stage {policy.name} pipeline needs a read and a device buffer "
-            f"of {each} bytes each: the minimum budget is {resident + 2 * each} bytes, "
-            f"the budget is {budget} bytes"
+            f"of {format_bytes(each)} each: the minimum budget is {format_bytes_exact(resident + 2 * each)}, "
+            f"the budget is {format_bytes_exact(budget)}"
         )
     capacity = policy.buffer_bytes(sizes, None if rings_budget is None else rings_budget // 2)
     return capacity, capacity

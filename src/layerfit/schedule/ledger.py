@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 from layerfit.backports import StrEnum
 from layerfit.errors import ScheduleError
+from layerfit.sizes import format_bytes
 
 
 class Admission(StrEnum):
@@ -135,7 +136,8 @@ class MemoryLedger:
             if admission is None:
                 if not allow_overcommit:
                     raise ScheduleError(
-                        f"{key!r} needs {nbytes} bytes but only {self.free} of {self.budget} are free "
+                        f"{key!r} needs {format_bytes(nbytes)} but only {format_bytes(self.free)} of "
+                        f"{format_bytes(self.budget)} are free "
                         f"and {self.running} task(s) are running"
                     )
                 admission = Admission.OVERCOMMIT

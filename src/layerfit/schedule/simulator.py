@@ -32,6 +32,7 @@ from layerfit.schedule.profile import ProfileSet
 from layerfit.schedule.report import JobResult, RunReport, TaskRecord
 from layerfit.schedule.tasks import Job, TaskKind
 from layerfit.schedule.workload import Workload
+from layerfit.sizes import format_bytes
 
 simpy = require("simpy")
 
@@ -218,7 +219,7 @@ def simulate(
         raise ScheduleError(
             f"simulation stalled at t={env.now:g} with {len(stalled)} unfinished job(s) "
             f"(first: {stalled[0].job.id}); policy {policy_obj.name} holds {len(policy_obj)} ready task(s), "
-            f"{ledger.free} bytes free"
+            f"{format_bytes(ledger.free)} free"
         )
     return _report(
         policy_obj, workers, ledger, resident, dispatcher, records, busy, estimate_factor, paging, contention, name

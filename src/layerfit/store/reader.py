@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layerfit.errors import CorruptStoreError, ReadError
+from layerfit.sizes import format_bytes_exact
 from layerfit.store.manifest import ALIGN, Segment
 
 
@@ -67,8 +68,8 @@ def check_weights_file(path: str | Path, expected_size: int) -> FileIdentity:
     identity = FileIdentity.of(path)
     if identity.size != expected_size:
         raise CorruptStoreError(
-            f"weights file {path} has {identity.size} bytes, the manifest says "
-            f"{expected_size}: the file is truncated or replaced (prepare the model again)"
+            f"weights file {path} has {format_bytes_exact(identity.size)}, the manifest says "
+            f"{format_bytes_exact(expected_size)}: the file is truncated or replaced (prepare the model again)"
         )
     return identity
 
