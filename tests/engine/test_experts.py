@@ -236,3 +236,21 @@ def test_the_expert_cache_thrashes_no_cycle():
                 if not cache.load(unit, e, one, ((0, 1),)):
                     cache.store(unit, e, one, ((0, 1),))
     assert cache.hits >= 4 * 9
+
+
+def test_inspect_shows_the_expert_cache_the_engine_plans(moe):
+    import json
+
+    from typer.testing import CliRunner
+
+    from layerfit.cli import app
+
+    directory, manifest, _ = moe
+    with load(directory, budget="60%") as engine:
+        planned = engine.memory.expert_cache_bytes
+    shown = json.loads(CliRunner().invoke(app, ["inspect", str(directory), "--budget", "60%", "--json"]).output)
+    assert shown["auto_plan"]["expert_cache_bytes"] == planned > 0
+    text = CliRunner().invoke(app, ["inspect", str(directory), "--budget", "60%"]).output
+    assert "expert cache" in text and "experts" in text
+    without = CliRunner().invoke(app, ["inspect", str(directory), "--budget", "100%"]).output
+    assert "expert cache" not in without

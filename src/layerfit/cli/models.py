@@ -230,8 +230,11 @@ def _print_units(m: Manifest, plan: dict[str, Any] | None) -> None:
             console.print(
                 head + f"{len(plan['kept_units'])} of {len(m.units)} units kept resident "
                 f"({format_bytes(plan['kept_bytes'])}), buffers "
-                f"{format_bytes(plan['buffer_bytes'] + plan['device_buffer_bytes'])}; each inference reads "
-                f"{plan['units_read_per_inference']} units, {format_bytes(plan['bytes_read_per_inference'])}"
+                f"{format_bytes(plan['buffer_bytes'] + plan['device_buffer_bytes'])}"
+                + (f", expert cache {format_bytes(plan['expert_cache_bytes'])} (the experts chosen most)"
+                   if plan["expert_cache_bytes"] else "")
+                + f"; each inference reads {plan['units_read_per_inference']} units, "
+                f"{format_bytes(plan['bytes_read_per_inference'])}"
             )
     from layerfit.engine.experts import experts_segment
 
@@ -291,6 +294,7 @@ def _auto_plan(m: Manifest, budget: str, stages: int) -> dict[str, Any]:
         "kept_bytes": weights.kept_bytes,
         "buffer_bytes": weights.buffer_bytes,
         "device_buffer_bytes": weights.device_buffer_bytes,
+        "expert_cache_bytes": weights.expert_cache_bytes,
         "units_read_per_inference": len(read),
         "bytes_read_per_inference": sum(sizes[i] for i in read),
     }

@@ -99,13 +99,19 @@ def plan_weights(
     return WeightPlan(policy, frozenset(kept), kept_bytes, capacity, device_capacity, frozenset(gathered), cache)
 
 
+PROMPT_ROWS = 512
+"""Distinct tokens of a prompt whose embedding rows the read buffer of a model of routed
+experts holds at once beside the rest (its least room per table holds one row)."""
+
+
 def _experts_buffer(
     unit_sizes: list[int], kept: set[int], gathered: Mapping[int, int], experts: frozenset[int]
 ) -> int:
     """The read buffer a model of routed experts needs to lose no read-ahead: the largest
     experts unit's place (its chosen experts land there when it runs), beside every
     streamed unit the reader reads ahead up to the next table read when it runs (it stops
-    there), and whole embedding tables (a long prompt's rows)."""
+    there), and each embedding table's rows for a prompt of :data:`PROMPT_ROWS` distinct
+    tokens (a longer one is read in the room there is, as on any buffer)."""
     gap = longest = 0
     for i, size in enumerate(unit_sizes):
         if i in gathered:
@@ -114,7 +120,7 @@ def _experts_buffer(
             gap += size
             longest = max(longest, gap)
     room = max((gathered[i] for i in gathered if i in experts), default=0)
-    tables = sum(unit_sizes[i] for i in gathered if i not in experts)
+    tables = sum(min(unit_sizes[i], PROMPT_ROWS * gathered[i]) for i in gathered if i not in experts)
     return room + longest + tables
 
 
