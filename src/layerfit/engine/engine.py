@@ -352,7 +352,8 @@ class Engine:
                 end - run.t0,
             )
         rings = [r.peak for r in self.buffers.streaming_rings]
-        self.last_weights_peak = memory.resident_bytes + memory.kept_bytes + sum(rings) + self.binder.peak_bytes
+        cached = self.stream.expert_cache.used if self.stream.expert_cache is not None else 0
+        self.last_weights_peak = memory.resident_bytes + memory.kept_bytes + sum(rings) + self.binder.peak_bytes + cached
         self.last_skipped = (len(run.skipped_units), run.read_for_nothing)
 
     # --- reading units for a unit source --------------------------------------------------
