@@ -14,6 +14,7 @@ SIGTERM while 4 clients' requests are in flight and counts requests that never g
 answer (must be 0). Writes ``bench/results/serve_generate.{json,md}``::
 
     .venv/bin/python bench/serve_generate.py [--models llama,mixtral] [--duration 30] [--budget 400MB]
+        [--generation-weights 0.5] [--output serve_generate]
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ def repository(models: list[str]) -> Path:
     return repo
 
 
-def start_server(repo: Path, budget: str) -> tuple[subprocess.Popen, str]:
+def start_server(repo: Path, budget: str, generation_weights: float) -> tuple[subprocess.Popen, str]:
     command = [sys.executable, "-m", "layerfit.cli", "serve", "--repository", str(repo), "--budget", budget,
+               "--generation-weights", str(generation_weights),
                "--host", "127.0.0.1", "--port", "0", "--queue-limit", "64", "--timeout", "600",
                "--shutdown-grace", "60", "--log-level", "warning"]
     return launch_server(command, wait=600)
@@ -184,14 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=30)
     p.add_argument("--tokens", type=int, default=24)
     p.add_argument("--budget", default="400MB", help="the server's memory budget")
+    p.add_argument("--generation-weights", type=float, default=0.5,
+                   help="share of the budget a model may keep weights in while it generates (0: all streamed)")
     p.add_argument("--output", default="serve_generate")
     args = p.parse_args(argv)
     models = args.models.split(",")
     repo = repository(models)
     data: dict[str, Any] = {"machine": machine(), "budget": args.budget, "duration_s": args.duration,
+                            "generation_weights": args.generation_weights,
                             "tokens": args.tokens, "prompt_words": len(PROMPT.split()), "models": {}}
     for model in progress(models, "serve generate: models"):
-        proc, url = start_server(repo, args.budget)
+        proc, url = start_server(repo, args.budget, args.generation_weights)
         try:
             phase(url, model, 1, 2, args.tokens)  # warm up: the model loads on its first request
             rows = [phase(url, model, int(k), args.duration, args.tokens) for k in args.clients.split(",")]
@@ -218,7 +223,9 @@ def markdown(data: dict[str, Any]) -> str:
     lines = [
         "# Generation over HTTP: concurrent clients, one budget",
         "",
-        f"`layerfit serve --budget {data['budget']}`; each client streams `/v1/completions` with the `openai` "
+        f"`layerfit serve --budget {data['budget']} --generation-weights {data.get('generation_weights', 0)}` "
+        "(the share of the budget a model keeps weights in while it generates; 0: every unit streamed each "
+        "step); each client streams `/v1/completions` with the `openai` "
         f"client, greedy, {data['tokens']} tokens after a {data['prompt_words']}-word prompt, back to back for "
         f"{data['duration_s']:.0f} s per phase. *vs 1*: aggregate tokens/s over one client's.",
     ]
