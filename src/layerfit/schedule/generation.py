@@ -196,7 +196,10 @@ class DecodeLoop:
             self._active.append(self._waiting.popleft())
         if not self._active:
             self.weight_bytes = self.lean_bytes
-            self.ledger.release(self._key)
+            if self._configured > self.lean_bytes:  # kept units still in memory: held until dropped
+                self.ledger.hold(self._key, self._configured)
+            else:
+                self.ledger.release(self._key)
         else:
             self.ledger.hold(self._key, self.need(self._active))  # shrinking always succeeds
         self.cancelled += len(ended)
@@ -212,6 +215,9 @@ class DecodeLoop:
                 idle = not batch and not self._closing
             if idle:
                 self._configure(self.lean_bytes)  # drop the kept units before waiting
+                with self._condition:
+                    if not self._active:
+                        self.ledger.release(self._key)  # and only then their bytes
             with self._condition:
                 batch = self._admit_locked()
                 while not batch and not self._closing:
