@@ -231,15 +231,20 @@ def _draw_curves(ax, curves, title: str, ylabel: str) -> None:
     ax.legend(fontsize=8)
 
 
-def plot_auto_pipeline(data: dict, path: Path) -> str:
+def _plot_models(data: dict, path: Path, curves: Callable[[dict], dict], ylabel: str, width: float, height: float) -> None:
+    """One panel per model of ``data["models"]``, each with the curves ``curves`` draws from it."""
     plt = _plot_setup()
     models = data["models"]
-    fig, axes = plt.subplots(1, len(models), figsize=(3.2 * len(models), 3.0), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(width * len(models), height), squeeze=False)
     for ax, (name, model) in zip(axes[0], models.items(), strict=True):
-        _draw_curves(ax, _auto_pipeline_curve(model), name, "latency per inference (ms)")
+        _draw_curves(ax, curves(model), name, ylabel)
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
+
+
+def plot_auto_pipeline(data: dict, path: Path) -> str:
+    _plot_models(data, path, _auto_pipeline_curve, "latency per inference (ms)", 3.2, 3.0)
     return "Latency against the weights each pipeline held, by model (medians of the rounds)."
 
 
@@ -254,14 +259,7 @@ def _decoding_points(model: dict) -> dict[str, tuple[list[float], list[float]]]:
 
 
 def plot_decoding(data: dict, path: Path) -> str:
-    plt = _plot_setup()
-    models = data["models"]
-    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.2), squeeze=False)
-    for ax, (name, model) in zip(axes[0], models.items(), strict=True):
-        _draw_curves(ax, _decoding_points(model), name, "time per generated token (ms)")
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    _plot_models(data, path, _decoding_points, "time per generated token (ms)", 4.2, 3.2)
     return "Time per generated token against the weights held, by pipeline and budget."
 
 

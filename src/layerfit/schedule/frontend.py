@@ -150,8 +150,7 @@ class JobFrontEnd:
         if extra == 0:
             return profile
         sized = replace(profile, init_memory=max(manifest.resident_bytes, profile.init_memory + extra))
-        needed = int(round(sized.min_budget * self._core.dispatcher.estimate_factor))
-        budget = self._core.ledger.budget
+        needed, budget = self._repository.budget_needed(sized), self._core.ledger.budget
         if needed > budget:
             raise RequestTooLargeError(
                 f"model {name!r}: a pass over {shapes.describe(sizes)} needs a memory budget of "

@@ -410,6 +410,11 @@ class ModelRepository:
         profile, _ = self.ready(name)
         return int(round(profile.largest_task_memory * self._core.dispatcher.estimate_factor))
 
+    def budget_needed(self, profile: NetworkProfile) -> int:
+        """The least budget ``profile``'s jobs run within (its init beside its largest unit)
+        as the scheduler is told it (× ``estimate_factor``)."""
+        return int(round(profile.min_budget * self._core.dispatcher.estimate_factor))
+
     def _check_fits(self, name: str, profile: NetworkProfile) -> None:
         """Raise :class:`ModelOverBudgetError` if ``profile`` cannot run within the budget.
 
@@ -417,8 +422,7 @@ class ModelRepository:
         peak, or weights and execute scratch), not only its largest task: with less, its
         jobs would pass the job check and then run only through the progress rule, over
         the budget."""
-        needed = int(round(profile.min_budget * self._core.dispatcher.estimate_factor))
-        budget = self._core.ledger.budget
+        needed, budget = self.budget_needed(profile), self._core.ledger.budget
         if needed > budget:
             raise ModelOverBudgetError(
                 f"model {name!r} needs a memory budget of at least {format_bytes(needed)} "
