@@ -135,3 +135,17 @@ def test_the_fit_never_underestimates_a_sample_and_survives_the_manifest(linear,
     assert again == shapes
     for sample in samples:
         assert again.activation_bytes({"batch": sample.sizes[0], "sequence": sample.sizes[1]}) >= sample.activation_bytes
+
+
+def test_fixed_shape_skips_the_samples_and_keeps_the_prepared_shape(tmp_path):
+    from typer.testing import CliRunner
+
+    from layerfit.cli import app
+
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).save_pretrained(tmp_path / "llama")
+    out = CliRunner().invoke(app, ["prepare", f"hf:{tmp_path / 'llama'}", "-o", str(tmp_path / "p"), "--fixed-shape"])
+    assert out.exit_code == 0, out.output
+    assert read_manifest(tmp_path / "p").variable_shapes is None
+    refused = CliRunner().invoke(app, ["prepare", "blazeface", "-o", str(tmp_path / "z"), "--fixed-shape"])
+    assert refused.exit_code != 0 and "for a Hugging Face folder" in str(refused.exception)

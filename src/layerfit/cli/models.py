@@ -48,6 +48,11 @@ def prepare(
     dtype: str = typer.Option(
         None, "--dtype", help="hf: store the weights as float32, float16 or bfloat16 (default: as the checkpoint stores them)"
     ),
+    fixed_shape: bool = typer.Option(
+        False, "--fixed-shape",
+        help="hf: skip measuring the passes at other batches and lengths (a pass each, about 12); requests "
+        "must then have the prepared shape",
+    ),
     input_shape: str = typer.Option(None, "--input-shape", help="e.g. 1,3,224,224 (default: the model's)"),
     input_dtype: str = typer.Option("float32", "--input-dtype"),
     checkpoint: str = typer.Option(None, "--checkpoint", help="weights from a .safetensors file"),
@@ -67,9 +72,10 @@ def prepare(
 
     hf = None
     if is_hf(model):
-        hf = HFOptions(class_name=class_name, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len, dtype=dtype)
-    elif class_name is not None or seq_len is not None or dtype is not None:
-        raise InputError("--class, --seq-len and --dtype are for a Hugging Face folder (hf:FOLDER)")
+        hf = HFOptions(class_name=class_name, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len, dtype=dtype,
+                       variable_shapes=not fixed_shape)
+    elif class_name is not None or seq_len is not None or dtype is not None or fixed_shape:
+        raise InputError("--class, --seq-len, --dtype and --fixed-shape are for a Hugging Face folder (hf:FOLDER)")
     # a bar only where someone watches (stderr a terminal; piped or --json: nothing)
     with progress_bar(f"preparing {model}", transfer=True, disable=as_json) as bar:
         manifest = do_prepare(

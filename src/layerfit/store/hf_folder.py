@@ -71,6 +71,9 @@ class HFOptions:
     class_name: str | None = None  # transformers class; None: the config's architecture
     seq_len: int = DEFAULT_SEQ_LEN  # tokens of the derived example input
     dtype: str | None = None  # None: as stored
+    # measure the passes at other batches and lengths so requests may have any shape
+    # (:mod:`layerfit.store.shape_samples`: about 12 passes more while preparing)
+    variable_shapes: bool = True
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ both together too; and batches of two and three, so every term of the fit is mea
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -54,7 +54,6 @@ def measure_shapes(
     ranges: Mapping[str, tuple[int, int]],
     limits: Mapping[str, int],
     seed: int,
-    progress: Callable[[int, int], None] | None = None,
 ) -> VariableShapes:
     """Measure ``module``'s passes at :func:`sample_sizes`' shapes around ``example`` (a
     tensor, or a dict of keyword tensors) whose ``axes`` vary."""
@@ -65,7 +64,7 @@ def measure_shapes(
     was_training = module.training
     module.eval()
     try:
-        for done, sizes in enumerate(shapes):
+        for sizes in shapes:
             call = _resized(example, axes, dict(zip(symbols, sizes, strict=True)), ranges, seed)
             args, kwargs = ((), call) if isinstance(call, dict) else ((call,), {})
             allocations = PassAllocations(weights=[*module.parameters(), *module.buffers()], inputs=(args, kwargs))
@@ -74,8 +73,6 @@ def measure_shapes(
             samples.append(ShapeSample(sizes, allocations.peak))
             output_shapes.append([tuple(t.shape) for t in _flat_tensors(output)])
             del output
-            if progress is not None:
-                progress(done + 1, len(shapes))
     finally:
         module.train(was_training)
     return VariableShapes(

@@ -330,7 +330,7 @@ def _prepare_hf(
             stacklevel=3,
         )
     variable = None
-    if derived.axes:  # a derived text input: measure its passes at other shapes too
+    if derived.axes and options.variable_shapes:  # a derived text input: measure its passes at other shapes too
         variable = measure_shapes(loaded.module, derived.value, derived.axes, derived.ranges, derived.limits, seed)
     fields = {
         "model": loaded.spec, "seed": seed, "input_shape": shape, "input_dtype": input_dtype,
