@@ -240,18 +240,28 @@ def markdown(data: dict[str, Any]) -> str:
         "KV cache: bytes at the end, beside the budget. "
         "A budget without a draft row leaves, less the draft, too little for the target's largest unit.",
         "",
-        "| budget | mode | passes | tokens/stream | tokens/s | vs plain | MB read per token | × floor | KV cache (MB) | weights peak (MB) | equal |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        *table_lines(data["table"]),
     ]
-    for key, modes in data["table"].items():
+    return "\n".join(lines) + "\n"
+
+
+def table_lines(table: dict[str, dict[str, dict[str, Any]]], assisted: bool = False) -> list[str]:
+    """The markdown table of ``measure``'s rows (``assisted``: with an *equal to HF* column)."""
+    lines = [
+        "| budget | mode | passes | tokens/stream | tokens/s | vs plain | MB read per token | × floor | KV cache (MB) | "
+        "weights peak (MB) | equal |" + (" equal to HF |" if assisted else ""),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|" + ("---|" if assisted else ""),
+    ]
+    for key, modes in table.items():
         plain = modes["plain"]["tokens_per_s"]
         for mode, r in modes.items():
             lines.append(
                 f"| {key} | {mode} | {r['passes']} | {r['tokens_per_stream']:.2f} | {r['tokens_per_s']:.1f} | "
                 f"{r['tokens_per_s'] / plain:.2f} | {mb(r['bytes_per_token'])} | "
                 f"{r['seconds'] / r['floor_s']:.2f} | {mb(r['kv_cache_bytes'])} | {mb(r['weights_peak_bytes'])} | {r['equal']} |"
+                + (f" {r.get('equal_assisted', '-')} |" if assisted else "")
             )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 if __name__ == "__main__":
