@@ -155,6 +155,7 @@ def measure(prepared: Path, manifest: Any, draft: Any, draft_bytes: int, expecte
                 "new_tokens": runs[0]["new_tokens"],
                 "tokens_per_stream": runs[0]["new_tokens"] / runs[0]["passes"],
                 "tokens_per_s": statistics.median(r["new_tokens"] / r["seconds"] for r in runs),
+                "tokens_per_s_by_round": [r["new_tokens"] / r["seconds"] for r in runs],
                 "kv_cache_bytes": runs[0]["kv_cache_bytes"],
                 "bytes_per_token": runs[0]["bytes_per_pass"] * runs[0]["passes"] / runs[0]["new_tokens"],
                 "floor_s": _floor(runs, results.get("preload", {}).get(mode, []), bandwidth),
