@@ -32,13 +32,14 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import direct_read_bandwidth, machine, mb, off_main, write_results  # noqa: E402
+from common import direct_read_bandwidth, machine, mb, off_main, progress, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "speculative"
 SHARES = (None, 0.75, 0.5, 0.25)
@@ -83,7 +84,8 @@ def prompts(count: int) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def run(engine: Any, mode: str, tokens: int, draft: Any) -> dict[str, Any]:
+def run(engine: Any, mode: str, tokens: int, draft: Any, make_prompts: Callable[[int], torch.Tensor] = prompts,
+        lookup: int = 8) -> dict[str, Any]:
     """One decode: passes, tokens, seconds, the sequences and the cache's bytes."""
     passes: list[int] = []
     run_pass = engine.run_pass
@@ -94,11 +96,11 @@ def run(engine: Any, mode: str, tokens: int, draft: Any) -> dict[str, Any]:
 
     engine.run_pass = counted
     batch = int(mode.split()[1]) if mode.startswith("batch") else 1
-    ids = prompts(batch)
+    ids = make_prompts(batch)
     options: dict[str, Any] = {"max_new_tokens": tokens, "min_new_tokens": tokens, "do_sample": False,
                                "use_cache": True, "return_dict_in_generate": True}
     if mode == "lookup":
-        options["prompt_lookup_num_tokens"] = 8
+        options["prompt_lookup_num_tokens"] = lookup
     if mode == "draft":
         options["assistant_model"] = draft
     try:
@@ -111,6 +113,63 @@ def run(engine: Any, mode: str, tokens: int, draft: Any) -> dict[str, Any]:
     kv = sum(t.numel() * t.element_size() for t in _tensors(cache))
     return {"passes": len(passes), "new_tokens": batch * tokens, "seconds": seconds, "kv_cache_bytes": kv,
             "sequences": out.sequences}
+
+
+def measure(prepared: Path, manifest: Any, draft: Any, draft_bytes: int, expected: list[torch.Tensor], tokens: int,
+            rounds: int, bandwidth: float, make_prompts: Callable[[int], torch.Tensor] = prompts, lookup: int = 8,
+            assisted: dict[str, list[torch.Tensor]] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every mode at every share, in ``rounds`` alternating rounds: the table's rows.
+
+    ``expected[i]``: the model's own plain greedy decode of ``make_prompts(8)[i]`` alone;
+    ``assisted[mode]``: where given, transformers' own ``generate`` of that mode (the same
+    lookup or draft) without the engine, which a row's ``equal_assisted`` compares with."""
+    from layerfit.engine import load
+
+    modes = ["plain", "lookup", "draft", *(f"batch {b}" for b in BATCHES)]
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    equal: dict[tuple[str, str], bool] = {}
+    same_assisted: dict[tuple[str, str], bool] = {}
+    cells = [(share, mode) for _ in range(rounds) for share in SHARES for mode in modes]
+    for share, mode in progress(cells, "speculative", total=len(cells)):
+        key = "preload" if share is None else f"{int(share * 100)}%"
+        budget = None if share is None else int(manifest.total_bytes * share) - (draft_bytes if mode == "draft" else 0)
+        if budget is not None and budget < manifest.resident_bytes + manifest.largest_unit_bytes:
+            results.setdefault(key, {}).setdefault(mode, [])  # the draft leaves too little for the target
+            continue
+        with load(prepared, budget=budget) as engine:
+            r = off_main(lambda engine=engine, mode=mode: run(engine, mode, tokens, draft, make_prompts, lookup))
+            r["bytes_per_pass"] = streamed_bytes(engine)
+            r["weights_peak_bytes"] = engine.last_weights_peak + (draft_bytes if mode == "draft" else 0)
+        sequences = r.pop("sequences")
+        same = all(torch.equal(sequences[i:i + 1], expected[i]) for i in range(sequences.shape[0]))
+        equal[(key, mode)] = equal.get((key, mode), True) and same
+        if assisted is not None and mode in assisted:
+            hf = all(torch.equal(sequences[i:i + 1], assisted[mode][i]) for i in range(sequences.shape[0]))
+            same_assisted[(key, mode)] = same_assisted.get((key, mode), True) and hf
+        results.setdefault(key, {}).setdefault(mode, []).append(r)
+        print(key, mode, dict(r.items()), "equal" if same else "DIFFERENT", flush=True)
+    table = {
+        key: {
+            mode: {
+                "passes": runs[0]["passes"],
+                "new_tokens": runs[0]["new_tokens"],
+                "tokens_per_stream": runs[0]["new_tokens"] / runs[0]["passes"],
+                "tokens_per_s": statistics.median(r["new_tokens"] / r["seconds"] for r in runs),
+                "tokens_per_s_by_round": [r["new_tokens"] / r["seconds"] for r in runs],
+                "kv_cache_bytes": runs[0]["kv_cache_bytes"],
+                "bytes_per_token": runs[0]["bytes_per_pass"] * runs[0]["passes"] / runs[0]["new_tokens"],
+                "floor_s": _floor(runs, results.get("preload", {}).get(mode, []), bandwidth),
+                "seconds": statistics.median(r["seconds"] for r in runs),
+                "weights_peak_bytes": max(r["weights_peak_bytes"] for r in runs),
+                "equal": equal[(key, mode)],
+                **({"equal_assisted": same_assisted[(key, mode)]} if (key, mode) in same_assisted else {}),
+            }
+            for mode, runs in by_mode.items()
+            if runs
+        }
+        for key, by_mode in results.items()
+    }
+    return table
 
 
 def _floor(runs: list[dict[str, Any]], preloaded: list[dict[str, Any]], bandwidth: float) -> float | None:
@@ -142,7 +201,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import transformers
 
-    from layerfit.engine import load
     from layerfit.store import prepare, read_manifest
 
     transformers.logging.set_verbosity_error()
@@ -160,45 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                                    do_sample=False) for i in range(8)]
     del reference
     bandwidth = direct_read_bandwidth(prepared / manifest.weights_file)
-    modes = ["plain", "lookup", "draft", *(f"batch {b}" for b in BATCHES)]
-    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    equal = {}
-    for _ in range(args.rounds):
-        for share in SHARES:
-            key = "preload" if share is None else f"{int(share * 100)}%"
-            for mode in modes:
-                budget = None if share is None else int(manifest.total_bytes * share) - (draft_bytes if mode == "draft" else 0)
-                if budget is not None and budget < manifest.resident_bytes + manifest.largest_unit_bytes:
-                    results.setdefault(key, {}).setdefault(mode, [])  # the draft leaves too little for the target
-                    continue
-                with load(prepared, budget=budget) as engine:
-                    r = off_main(lambda engine=engine, mode=mode: run(engine, mode, args.tokens, draft))
-                    r["bytes_per_pass"] = streamed_bytes(engine)
-                    r["weights_peak_bytes"] = engine.last_weights_peak + (draft_bytes if mode == "draft" else 0)
-                sequences = r.pop("sequences")
-                same = all(torch.equal(sequences[i:i + 1], expected[i]) for i in range(sequences.shape[0]))
-                equal[(key, mode)] = equal.get((key, mode), True) and same
-                results.setdefault(key, {}).setdefault(mode, []).append(r)
-                print(key, mode, {k: v for k, v in r.items()}, "equal" if same else "DIFFERENT", flush=True)
-    table = {
-        key: {
-            mode: {
-                "passes": runs[0]["passes"],
-                "new_tokens": runs[0]["new_tokens"],
-                "tokens_per_stream": runs[0]["new_tokens"] / runs[0]["passes"],
-                "tokens_per_s": statistics.median(r["new_tokens"] / r["seconds"] for r in runs),
-                "kv_cache_bytes": runs[0]["kv_cache_bytes"],
-                "bytes_per_token": runs[0]["bytes_per_pass"] * runs[0]["passes"] / runs[0]["new_tokens"],
-                "floor_s": _floor(runs, results.get("preload", {}).get(mode, []), bandwidth),
-                "seconds": statistics.median(r["seconds"] for r in runs),
-                "weights_peak_bytes": max(r["weights_peak_bytes"] for r in runs),
-                "equal": equal[(key, mode)],
-            }
-            for mode, runs in by_mode.items()
-            if runs
-        }
-        for key, by_mode in results.items()
-    }
+    table = measure(prepared, manifest, draft, draft_bytes, expected, args.tokens, args.rounds, bandwidth)
     data = {"machine": machine(), "rounds": args.rounds, "tokens": args.tokens, "weights_bytes": manifest.total_bytes,
             "direct_io_bandwidth_bps": bandwidth,
             "draft_bytes": draft_bytes, "table": table}
@@ -221,18 +241,28 @@ def markdown(data: dict[str, Any]) -> str:
         "KV cache: bytes at the end, beside the budget. "
         "A budget without a draft row leaves, less the draft, too little for the target's largest unit.",
         "",
-        "| budget | mode | passes | tokens/stream | tokens/s | vs plain | MB read per token | × floor | KV cache (MB) | weights peak (MB) | equal |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        *table_lines(data["table"]),
     ]
-    for key, modes in data["table"].items():
+    return "\n".join(lines) + "\n"
+
+
+def table_lines(table: dict[str, dict[str, dict[str, Any]]], assisted: bool = False) -> list[str]:
+    """The markdown table of ``measure``'s rows (``assisted``: with an *equal to HF* column)."""
+    lines = [
+        "| budget | mode | passes | tokens/stream | tokens/s | vs plain | MB read per token | × floor | KV cache (MB) | "
+        "weights peak (MB) | equal |" + (" equal to HF |" if assisted else ""),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|" + ("---|" if assisted else ""),
+    ]
+    for key, modes in table.items():
         plain = modes["plain"]["tokens_per_s"]
         for mode, r in modes.items():
             lines.append(
                 f"| {key} | {mode} | {r['passes']} | {r['tokens_per_stream']:.2f} | {r['tokens_per_s']:.1f} | "
                 f"{r['tokens_per_s'] / plain:.2f} | {mb(r['bytes_per_token'])} | "
                 f"{r['seconds'] / r['floor_s']:.2f} | {mb(r['kv_cache_bytes'])} | {mb(r['weights_peak_bytes'])} | {r['equal']} |"
+                + (f" {r.get('equal_assisted', '-')} |" if assisted else "")
             )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 if __name__ == "__main__":
