@@ -4,7 +4,7 @@ application file's, then Algorithm 2. Imported when the command runs (it needs t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -42,8 +42,10 @@ def run_parts_command(
     seed: int,
     select: str,
     phase_rows: int = 1,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[TradeoffResult, list[str], list[dict[str, Any]]]:
-    """Load the application, apply command-line constraints over the file's, search."""
+    """Load the application, apply command-line constraints over the file's, search
+    (``progress(done, total)`` after each GA generation)."""
     app, constraints = load_application(app_file)
     if memory is not None:
         try:
@@ -65,5 +67,6 @@ def run_parts_command(
         GAParams(population=population, generations=generations, seed=seed),
         select=select,  # type: ignore[arg-type]
         phase_rows=phase_rows,
+        progress=progress,
     )
     return result, describe(result), summary_rows(result)

@@ -61,9 +61,14 @@ def tradeoff_parts(
         except OutputPathError as exc:  # the user did not choose the name: say where it comes from
             raise OutputPathError(f"{exc} (--plot writes <APP>-pareto.png in the current folder)") from None
     set_compute_threads(threads, "--threads")
-    result, lines, rows = run_parts_command(
-        app_file, renamed_option(budget, "--budget", memory, "--memory"), throughput or [], model_throughput, generations, population, seed, select, phase_rows
-    )
+    from layerfit.console import progress_bar
+
+    with progress_bar("GA generations", total=generations, disable=json_output, output=console) as bar:
+        result, lines, rows = run_parts_command(
+            app_file, renamed_option(budget, "--budget", memory, "--memory"), throughput or [], model_throughput,
+            generations, population, seed, select, phase_rows,
+            progress=lambda done, total: bar.update(completed=done, total=total),
+        )
     if plot_path is not None:
         from layerfit.tradeoff.parts.report import plot_pareto
 

@@ -115,3 +115,17 @@ def test_plot_over_a_directory_fails_before_the_search(tmp_path, capsys, monkeyp
     code, out, err = run(capsys, "tradeoff", "parts", str(path), "--budget", "1MB", "--plot", *ARGS)
     assert code == 2 and "app-pareto.png" in err and "is a directory" in err and "Traceback" not in err
     assert (tmp_path / "app-pareto.png" / "keep.txt").read_text() == "mine"
+
+
+def test_the_ga_shows_its_generations_on_a_terminal_and_nothing_piped_or_with_json(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "app.yaml"
+    path.write_text(APP)
+    for name in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE", "TERMINAL_WIDTH"):
+        monkeypatch.delenv(name, raising=False)
+    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--budget", "120kB", *ARGS)
+    assert code == 0 and "GA generations" not in err and "memory-throughput trade-off" in out
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich takes stderr for a terminal
+    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--budget", "120kB", *ARGS)
+    assert code == 0 and "GA generations" in err
+    code, out, err = run(capsys, "tradeoff", "parts", str(path), "--budget", "120kB", "--json", *ARGS)
+    assert code == 0 and err == "" and json.loads(out)["feasible"]

@@ -24,7 +24,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -227,11 +227,13 @@ def reduce_buffers(
     order: ReuseOrder = "best",
     phase_rows: int = 1,
     evaluator: Evaluator | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> TradeoffResult:
     """Algorithm 2: the configuration meeting ``constraints`` (see the module docstring).
 
     Passing the ``evaluator`` of an earlier call on the same application reuses every
-    chromosome it evaluated (e.g. to search several constraints).
+    chromosome it evaluated (e.g. to search several constraints). ``progress(done,
+    total)`` is called after each GA generation.
     """
     if select not in ("throughput", "memory"):
         raise TradeoffError(f"select must be 'throughput' or 'memory', got {select!r}")
@@ -253,7 +255,7 @@ def reduce_buffers(
         )
     mask = np.array(app.tileable_mask(), dtype=bool)
     if mask.any():
-        _run_ga(evaluator, constraints, mask, ga)
+        _run_ga(evaluator, constraints, mask, ga, progress)
     front = pareto_front(list(evaluator.cache.values()), cnns)
     feasible = [e for e in front if e.meets(constraints)]
     if feasible:
@@ -296,10 +298,14 @@ def _violations(evaluations: list[Evaluation], constraints: Constraints) -> list
     return result
 
 
-def _run_ga(evaluator: Evaluator, constraints: Constraints, mask: np.ndarray, ga: GAParams) -> None:
+def _run_ga(
+    evaluator: Evaluator, constraints: Constraints, mask: np.ndarray, ga: GAParams,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
     """NSGA-II over the tileable genes; every evaluation lands in ``evaluator.cache``."""
     require("pymoo")  # the tradeoff extra
     from pymoo.algorithms.moo.nsga2 import NSGA2
+    from pymoo.core.callback import Callback
     from pymoo.core.problem import Problem
     from pymoo.operators.crossover.pntx import TwoPointCrossover
     from pymoo.operators.mutation.bitflip import BitflipMutation
@@ -343,4 +349,11 @@ def _run_ga(evaluator: Evaluator, constraints: Constraints, mask: np.ndarray, ga
         mutation=BitflipMutation(prob=1.0, prob_var=ga.mutation or 1.0 / genes),
         eliminate_duplicates=True,
     )
-    minimize(BufferReduction(), algorithm, ("n_gen", max(ga.generations, 1)), seed=ga.seed, verbose=False)
+    generations = max(ga.generations, 1)
+
+    class Generations(Callback):  # pymoo calls it after each generation
+        def notify(self, algorithm: Any) -> None:
+            if progress is not None:
+                progress(min(int(algorithm.n_gen), generations), generations)
+
+    minimize(BufferReduction(), algorithm, ("n_gen", generations), seed=ga.seed, verbose=False, callback=Generations())
