@@ -390,3 +390,20 @@ def test_external_engine_runs_only_with_a_source(repo, refs):
         pytest.raises(LayerfitError, match="unit source"),
     ):
         engine(inputs["tiny"])
+
+
+def test_a_larger_batch_is_admitted_by_its_grown_activations_or_refused_413(repo, refs):
+    from layerfit.errors import RequestTooLargeError
+
+    inputs, _ = refs
+    x = inputs["chain"]
+    with Runtime(repo, "1MB", workers=1) as rt:
+        rt.infer("chain", x).result(timeout=60)
+        one = rt.stats()["peak_bytes"]
+        batch = torch.cat([x] * 64)
+        out = rt.infer("chain", batch).result(timeout=60)
+        assert torch.equal(out, reference("chain", batch))
+        assert rt.stats()["peak_bytes"] > one  # the ledger held the batch's activations, not batch 1's
+        with pytest.raises(RequestTooLargeError, match="a batch of 100000 needs a memory budget"):
+            rt.infer("chain", torch.cat([x] * 100000))
+        assert rt.stats()["peak_bytes"] <= rt.stats()["budget_bytes"]

@@ -132,7 +132,10 @@ class JobFrontEnd:
             profile, manifest = self._repository.ready(name)
             call = forward_call(spec.input, name, manifest)
             sizes = call_sizes(call, name, manifest)
-            profiles.append(profile if sizes is None else self._sized(name, profile, manifest, sizes))
+            if sizes is not None:
+                profiles.append(self._sized(name, profile, manifest, sizes))
+            else:
+                profiles.append(self._batched(name, profile, manifest, call))
             inputs.append(call)
         future: Future = Future()
         with self._core.lock:
@@ -147,15 +150,37 @@ class JobFrontEnd:
         job could never fit the budget is refused (:class:`RequestTooLargeError`, 413)."""
         shapes = manifest.variable_shapes
         extra = shapes.activation_bytes(sizes) - shapes.prepared_activation_bytes()
+        return self._grown(name, profile, manifest, extra, f"a pass over {shapes.describe(sizes)}",
+                           "its activations as measured when the model was prepared", "fewer or shorter sequences")
+
+    def _batched(self, name: str, profile: NetworkProfile, manifest: Manifest, call: ForwardCall) -> NetworkProfile:
+        """``profile`` for a call of a larger batch than prepared, of a model without
+        varying axes: its activations grown in proportion to the batch (every activation
+        tensor of a pass carries the batch; the weights do not), never shrunk for a
+        smaller one (a tensor that does not carry the batch would then be undercounted)."""
+        args, kwargs = call
+        first = args[0] if args else next(iter(kwargs.values()))
+        prepared = (manifest.input_keywords[0][1] if manifest.input_keywords else manifest.input_shape)[0]
+        batch = int(first.shape[0]) if first.dim() else prepared
+        if batch <= prepared:
+            return profile
+        activations = max(profile.init_memory - manifest.resident_bytes, 0)
+        extra = -(-activations * batch // prepared) - activations
+        return self._grown(name, profile, manifest, extra, f"a batch of {batch}",
+                           f"its activations at batch {prepared} × {batch / prepared:g}", "a smaller batch")
+
+    def _grown(
+        self, name: str, profile: NetworkProfile, manifest: Manifest, extra: int, what: str, how: str, instead: str
+    ) -> NetworkProfile:
+        """``profile`` with ``extra`` bytes of activations; refused (413) if its job could never fit."""
         if extra == 0:
             return profile
         sized = replace(profile, init_memory=max(manifest.resident_bytes, profile.init_memory + extra))
         needed, budget = self._repository.budget_needed(sized), self._core.ledger.budget
         if needed > budget:
             raise RequestTooLargeError(
-                f"model {name!r}: a pass over {shapes.describe(sizes)} needs a memory budget of "
-                f"{format_bytes(needed)} (its activations as measured when the model was prepared, beside "
-                f"its weights), more than the runtime's {format_bytes(budget)}: send fewer or shorter sequences"
+                f"model {name!r}: {what} needs a memory budget of {format_bytes(needed)} ({how}, beside its "
+                f"weights), more than the runtime's {format_bytes(budget)}: send {instead}"
             )
         return sized
 

@@ -1,8 +1,10 @@
 """A job's input checked against a prepared model, before the job is queued.
 
-The runtime's memory estimates hold for the shape a model was prepared with (but its
-batch size), so a request of another shape or dtype is refused at once with
-:class:`~layerfit.errors.InputError` rather than run out of its budget — except along
+The runtime's memory estimates hold for the shape a model was prepared with, so a
+request of another shape or dtype is refused at once with
+:class:`~layerfit.errors.InputError` rather than run out of its budget — but for its
+batch size (a larger batch is admitted by its activations grown in proportion, see
+:meth:`~layerfit.schedule.frontend.JobFrontEnd.submit`), and along
 the axes a text model's manifest marks as varying (batch, sequence lengths), whose
 activations were measured at several shapes when it was prepared
 (:mod:`layerfit.store.variable_shapes`): :func:`call_sizes` gives the size of each, and
