@@ -85,7 +85,6 @@ def plan_weights(
     streamed = [unit_sizes[i] for i in others if i not in kept]
     if gathered and not streamed:  # nothing else streams: the table streams whole, as before
         return plan_weights(pipeline, unit_sizes, resident, budget, stages, runs=runs)
-    natural = _experts_buffer(unit_sizes, kept, gathered, experts)
     streamed += gathered.values()  # the rows take their turn in the buffer
     capacity, device_capacity = _buffer_sizes(policy, streamed, resident + kept_bytes, budget, three)
     if gathered and budget is not None and not three:
@@ -93,8 +92,9 @@ def plan_weights(
         spare = (budget - resident - kept_bytes) // 4096 * 4096 - capacity
         capacity += max(0, min(spare, sum(unit_sizes[i] for i in gathered)))
     cache = 0
-    if pipeline == AUTO and experts & gathered.keys() and budget is not None and not three and capacity > natural:
-        cache = (capacity - natural) // 4096 * 4096  # single experts serve more than a longer buffer
+    if pipeline == AUTO and experts & gathered.keys() and budget is not None and not three:
+        # single experts serve more than a read buffer longer than it needs
+        cache = max(0, capacity - _experts_buffer(unit_sizes, kept, gathered, experts)) // 4096 * 4096
         capacity -= cache
     return WeightPlan(policy, frozenset(kept), kept_bytes, capacity, device_capacity, frozenset(gathered), cache)
 

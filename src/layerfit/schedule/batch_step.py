@@ -29,8 +29,7 @@ from typing import Any
 import torch
 
 from layerfit.errors import LayerfitError
-
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+from layerfit.store.manifest import DTYPES
 
 
 def kv_bytes_per_token(config: Any, dtype: torch.dtype | str = "float32") -> int:
@@ -43,8 +42,8 @@ def kv_bytes_per_token(config: Any, dtype: torch.dtype | str = "float32") -> int
     head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
     if not (layers and kv_heads and head_dim):
         raise LayerfitError(f"{type(config).__name__} states no layers, heads and head size: its KV cache cannot be counted")
-    name = str(dtype).removeprefix("torch.")
-    return int(layers) * 2 * int(kv_heads) * int(head_dim) * DTYPE_BYTES.get(name, 4)
+    itemsize = DTYPES[str(dtype).removeprefix("torch.")].itemsize
+    return int(layers) * 2 * int(kv_heads) * int(head_dim) * itemsize
 
 
 def step_kv_bytes(lengths: list[int], per_token: int) -> int:

@@ -171,14 +171,15 @@ class DecodeLoop:
             sequence.cancel()
             self._condition.notify_all()
 
+    STATS = ("steps", "sequence_steps", "in_flight", "waiting", "most_in_flight", "cancelled", "held_bytes",
+             "kept_steps", "kept_weight_bytes", "lean_weight_bytes")
+    """The keys of :meth:`stats`."""
+
     def stats(self) -> dict[str, int]:
         with self._condition:
-            return {
-                "steps": self.steps, "sequence_steps": self.sequence_steps, "in_flight": len(self._active),
-                "waiting": len(self._waiting), "most_in_flight": self.most_in_flight, "cancelled": self.cancelled,
-                "held_bytes": self.ledger.held(self._key), "kept_steps": self.kept_steps,
-                "kept_weight_bytes": self.kept_bytes, "lean_weight_bytes": self.lean_bytes,
-            }
+            values = (self.steps, self.sequence_steps, len(self._active), len(self._waiting), self.most_in_flight,
+                      self.cancelled, self.ledger.held(self._key), self.kept_steps, self.kept_bytes, self.lean_bytes)
+            return dict(zip(self.STATS, values, strict=True))
 
     # --- the loop --------------------------------------------------------------------------
 

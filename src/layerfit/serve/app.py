@@ -30,16 +30,16 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from layerfit.errors import LayerfitError
 from layerfit.serve.body import ClientGoneError
-from layerfit.serve.codec import HEADER_LENGTH, describe_validation_error, parse_json
+from layerfit.serve.codec import HEADER_LENGTH, parse_body
 from layerfit.serve.dataplane import DataPlane
-from layerfit.serve.errors import BadRequestError, status_of
+from layerfit.serve.errors import status_of
 from layerfit.serve.generate_routes import add_generate_routes
 from layerfit.serve.generation_service import GenerationService
 from layerfit.serve.metrics import ServerMetrics
@@ -82,14 +82,7 @@ def answer_error(request: Request, status: int, message: str) -> JSONResponse:
 
 async def _body_model(request: Request, model: type[BaseModel]) -> Any:
     """An optional JSON body validated into ``model`` (an empty body means defaults)."""
-    body = await request.body()
-    data = parse_json(body) if body.strip() else {}
-    if not isinstance(data, dict):
-        raise BadRequestError("the request body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise BadRequestError(f"invalid request: {describe_validation_error(exc)}") from None
+    return parse_body(await request.body(), model, empty={})
 
 
 def create_app(

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import orjson
 import torch
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from layerfit.serve.datatypes import datatype_of, itemsize, torch_dtype
 from layerfit.serve.errors import BadRequestError
@@ -164,6 +164,18 @@ def describe_validation_error(exc: ValidationError, limit: int = 5) -> str:
         parts.append(f"{loc}: {err['msg']}")
     more = len(exc.errors()) - limit
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def parse_body(body: bytes, model: type[BaseModel], empty: dict[str, Any] | None = None) -> Any:
+    """A JSON object body validated into ``model``, or a 400 naming the field; an empty
+    body is ``empty`` (None: refused as no object)."""
+    data = parse_json(body) if body.strip() else empty
+    if not isinstance(data, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise BadRequestError(f"invalid request: {describe_validation_error(exc)}") from None
 
 
 def parse_request(body: bytes, header_length: str | None) -> tuple[InferenceRequest, list[memoryview | None]]:

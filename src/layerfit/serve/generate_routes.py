@@ -25,9 +25,10 @@ from fastapi import Request
 from starlette.responses import JSONResponse
 
 from layerfit.errors import LayerfitError
+from layerfit.serve.codec import parse_body
 from layerfit.serve.dataplane import DataPlane
 from layerfit.serve.event_stream import EventStream, event
-from layerfit.serve.generate_types import DEFAULT_MAX_TOKENS, TritonGenerate, parse_body
+from layerfit.serve.generate_types import DEFAULT_MAX_TOKENS, TritonGenerate
 from layerfit.serve.generation_service import Completion, GenerationService, TextRequest, stops_of
 from layerfit.serve.registry import VERSION
 

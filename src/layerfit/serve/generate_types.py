@@ -10,13 +10,11 @@ never ignored; a field the API does not have is refused too.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from layerfit.schedule.sampling import Sampling
-from layerfit.serve.codec import describe_validation_error, parse_json
-from layerfit.serve.errors import BadRequestError
 
 DEFAULT_MAX_TOKENS = 16  # the OpenAI completions default; the same for every route
 
@@ -143,22 +141,10 @@ class ChatRequest(_OpenAIRequest):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-def parse_body(body: bytes, model: type[BaseModel]) -> Any:
-    """``body`` as ``model``, or a 400 naming the field."""
-    data = parse_json(body) if body.strip() else None
-    if not isinstance(data, dict):
-        raise BadRequestError("the request body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise BadRequestError(f"invalid request: {describe_validation_error(exc)}") from None
-
-
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "ChatRequest",
     "CompletionRequest",
     "SamplingFields",
     "TritonGenerate",
-    "parse_body",
 ]

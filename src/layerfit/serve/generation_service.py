@@ -34,8 +34,6 @@ from layerfit.serve.errors import BadRequestError, ShuttingDownError
 from layerfit.serve.text_stream import TextStream
 from layerfit.store.hf_folder import positions_of
 
-"""Where a Hugging Face config states how many positions the model has, by family."""
-
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -161,10 +159,7 @@ class GenerationService:
         """Model ``name``'s decode loop: steps, tokens, sequences in flight and waiting,
         bytes held (all 0 before its first request)."""
         model = self._models.get(name)
-        if model is None:
-            return {"steps": 0, "sequence_steps": 0, "in_flight": 0, "waiting": 0, "most_in_flight": 0,
-                    "cancelled": 0, "held_bytes": 0}
-        return model.loop.stats()
+        return dict.fromkeys(DecodeLoop.STATS, 0) if model is None else model.loop.stats()
 
     def close(self) -> None:
         """Close every loop (the server stops): their sequences end, their memory returns."""

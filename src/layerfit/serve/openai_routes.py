@@ -24,14 +24,10 @@ from fastapi import Request
 from starlette.responses import JSONResponse
 
 from layerfit.errors import LayerfitError
+from layerfit.serve.codec import parse_body
 from layerfit.serve.dataplane import DataPlane
 from layerfit.serve.event_stream import DONE, EventStream, event
-from layerfit.serve.generate_types import (
-    DEFAULT_MAX_TOKENS,
-    ChatRequest,
-    CompletionRequest,
-    parse_body,
-)
+from layerfit.serve.generate_types import DEFAULT_MAX_TOKENS, ChatRequest, CompletionRequest
 from layerfit.serve.generation_service import (
     Completion,
     Delta,
@@ -73,14 +69,14 @@ def add_openai_routes(app: Any, dataplane: DataPlane, service: GenerationService
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": body.model}
 
-        def choice(delta: Delta | None, text: str, finish: str | None) -> dict[str, Any]:
+        def choice(text: str, finish: str | None) -> dict[str, Any]:
             return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
 
         if body.stream:
             return _stream(completion, slot, head, choice, body, first=None)
         with slot:
             text = await completion.collect()
-        return JSONResponse({**head, "choices": [choice(None, text, completion.finish)], "usage": completion.usage})
+        return JSONResponse({**head, "choices": [choice(text, completion.finish)], "usage": completion.usage})
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
@@ -89,7 +85,7 @@ def add_openai_routes(app: Any, dataplane: DataPlane, service: GenerationService
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
         if body.stream:
 
-            def chunk(delta: Delta | None, text: str, finish: str | None) -> dict[str, Any]:
+            def chunk(text: str, finish: str | None) -> dict[str, Any]:
                 content = {} if finish is not None and not text else {"content": text}
                 return {"index": 0, "delta": content, "logprobs": None, "finish_reason": finish}
 
@@ -107,7 +103,7 @@ def add_openai_routes(app: Any, dataplane: DataPlane, service: GenerationService
 
 def _stream(
     completion: Completion, slot: contextlib.ExitStack, head: dict[str, Any],
-    choice: Callable[[Delta | None, str, str | None], dict[str, Any]],
+    choice: Callable[[str, str | None], dict[str, Any]],
     body: CompletionRequest | ChatRequest, first: dict[str, Any] | None,
 ) -> EventStream:
     """The completion as OpenAI chunks: ``first`` (the chat's role), one per token, the
@@ -121,10 +117,10 @@ def _stream(
                 yield event({**head, "choices": [first]})
             async for delta in completion:
                 if delta.finish is not None and delta.text:
-                    yield event({**head, "choices": [choice(delta, delta.text, None)]})
+                    yield event({**head, "choices": [choice(delta.text, None)]})
                     delta = Delta("", token=False, finish=delta.finish)
                 if delta.token or delta.text or delta.finish is not None:
-                    yield event({**head, "choices": [choice(delta, delta.text, delta.finish)]})
+                    yield event({**head, "choices": [choice(delta.text, delta.finish)]})
             if include_usage:
                 yield event({**head, "choices": [], "usage": completion.usage})
             yield DONE
