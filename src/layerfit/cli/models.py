@@ -245,9 +245,9 @@ def _print_units(m: Manifest, plan: dict[str, Any] | None) -> None:
     from layerfit.engine.experts import experts_segment
 
     kept = set() if plan is None else set(plan["kept_units"])
+    rows = set() if plan is None else set(plan["rows_units"])
     units = table("#", "unit", "type", "bytes", "offset", "d", "MMACs", *(["auto"] if plan else []))
     for u in m.units:
-        rows = set(plan["rows_units"]) if plan else set()
         where = (
             ["kept" if u.index in kept or plan["policy"] == "preload"
              else ("experts" if experts_segment(u) else "rows") if u.index in rows else "read"]
