@@ -76,9 +76,11 @@ class DelayCurve:
 
 
 def timed_call(engine: Engine, inputs: tuple, keywords: Mapping[str, Any] | None = None) -> float:
-    """Seconds one inference of ``engine`` on ``inputs`` (and ``keywords``) takes."""
+    """Seconds one inference of ``engine`` on ``inputs`` (and ``keywords``) takes, its
+    last kernels included (on CUDA they may still run when the call returns)."""
     t0 = time.perf_counter()
     engine(*inputs, **(keywords or {}))
+    engine.device.finish_kernels()
     return time.perf_counter() - t0
 
 
