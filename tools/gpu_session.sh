@@ -7,7 +7,8 @@
 # STEPS: a comma list of env,cuda,table2,decoder,suite (default: all of them, in that
 # order); DEADLINE_S (default 470): seconds after which no step starts, and the suite's
 # time limit is what is left. Python packages the machine lacks travel as wheels in
-# .whl/ (see the device tool's README); the library is installed from this checkout.
+# .whl/, made here by tools/gpu_wheels.sh; the library is installed from this checkout.
+# Called as: device run, command "tools/gpu_session.sh", carry [".whl"], timeout_s 520.
 set -u
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
