@@ -374,12 +374,13 @@ def direct_read_bandwidth(path: Path, limit: int = 1024 * 2**20, chunks: tuple[i
     pre-faulted buffer, the best of ``chunks``-byte requests (each the median of
     ``repeats`` passes): the disk's speed the same minute a bench runs, past the page
     cache, at the request sizes the engine's coalesced reads take (an unfaulted buffer or
-    small requests measure well below what the engine reads at)."""
-    import mmap
+    small requests measure well below what the engine reads at). The buffer is the
+    engine's own kind (huge pages where granted: bench/hugepage_reads.py)."""
+    from layerfit.store.reader import aligned_buffer
 
     rates = []
     for chunk in chunks:
-        buffer = mmap.mmap(-1, chunk, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0))
+        buffer = aligned_buffer(chunk)
         size = min(path.stat().st_size, limit) // chunk * chunk
         passes = []
         for _ in range(repeats):

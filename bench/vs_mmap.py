@@ -75,7 +75,6 @@ import contextlib
 import hashlib
 import json
 import math
-import mmap
 import os
 import shutil
 import statistics
@@ -508,12 +507,14 @@ def read_ahead_kb(path: Path) -> int:
 
 def direct_read_bandwidth(path: Path, chunk: int) -> dict[str, Any]:
     """Read ``path`` whole with ``O_DIRECT`` in ``chunk``-byte reads into a pre-faulted
-    buffer, as the engine reads a unit (an unfaulted one halved the rate of 256 MiB
-    reads here), page cache dropped first."""
+    buffer of the engine's own kind (huge pages where granted), as the engine reads a
+    unit (an unfaulted one halved the rate of 256 MiB reads here), page cache dropped first."""
     from common import drop_page_cache
 
+    from layerfit.store.reader import aligned_buffer
+
     drop_page_cache()
-    buffer = mmap.mmap(-1, chunk, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
+    buffer = aligned_buffer(chunk)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
     try:
         total, t0 = 0, time.perf_counter()

@@ -20,23 +20,44 @@ from layerfit.errors import CorruptStoreError, ReadError
 from layerfit.sizes import format_bytes_exact
 from layerfit.store.manifest import ALIGN, Segment
 
+# madvise(MADV_POPULATE_WRITE) (Linux 5.14) faults a range in after MADV_HUGEPAGE, which
+# MAP_POPULATE cannot follow; Python's mmap module does not name it.
+MADV_POPULATE_WRITE = 23
+HUGE_PAGE = 2 * 2**20
+
 
 def aligned_buffer(nbytes: int) -> mmap.mmap:
-    """A page-aligned, pre-faulted anonymous buffer of at least ``nbytes`` bytes.
+    """A page-aligned, pre-faulted anonymous buffer of at least ``nbytes`` bytes, in
+    transparent huge pages where the kernel grants them.
 
-    Pre-faulting moves the page-fault cost out of the first inference and makes the
-    buffer count in RSS from the start, as it will later. ``MAP_POPULATE`` lets the
-    kernel do it in the one mmap call; elsewhere every page is touched once.
+    Huge pages make the buffer physically contiguous in 2 MiB pieces, so a direct read
+    into it is a few long scatter-gather segments instead of one per 4 KiB page; a disk
+    whose queue allows few segments per request (virtio-blk: 254) otherwise splits
+    every read of a few MiB into many requests. Measured here on 4 MiB units read into
+    a 100 MiB buffer: 1.2–1.4 GB/s in 4 KiB pages, 2.8–3.1 GB/s in huge pages, the
+    same disk in the same minute (``bench/hugepage_reads.py``). Pre-faulting moves
+    the page-fault cost out of the first inference and makes the buffer count in RSS
+    from the start, as it will later.
     """
     size = max(ALIGN, (nbytes + ALIGN - 1) // ALIGN * ALIGN)
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-    populate = getattr(mmap, "MAP_POPULATE", 0)
-    buf = mmap.mmap(-1, size, flags=flags | populate)
-    if not populate:
-        view = memoryview(buf)
-        for off in range(0, size, mmap.PAGESIZE):
-            view[off] = 0
-        view.release()
+    huge = getattr(mmap, "MADV_HUGEPAGE", None) if size >= HUGE_PAGE else None
+    if huge is None:  # nothing to ask for: the kernel populates it in the one call
+        buf = mmap.mmap(-1, size, flags=flags | getattr(mmap, "MAP_POPULATE", 0))
+        if getattr(mmap, "MAP_POPULATE", 0):
+            return buf
+    else:
+        buf = mmap.mmap(-1, size, flags=flags)
+        try:
+            buf.madvise(huge)
+            buf.madvise(MADV_POPULATE_WRITE)
+            return buf
+        except OSError:  # THP compiled out (EINVAL) or a kernel before 5.14: touch each page
+            pass
+    view = memoryview(buf)
+    for off in range(0, size, mmap.PAGESIZE):
+        view[off] = 0
+    view.release()
     return buf
 
 
