@@ -643,6 +643,11 @@ def derive(data: dict[str, Any]) -> None:
         short = [r for r in model["rows"] if r["config"] == "mmap" and not r["fits"] and "vs_layerfit" in r]
         model["target_3x_met"] = bool(short) and min(r["vs_layerfit"] for r in short) >= 3.0
         model["short_limits"] = [{k: r.get(k) for k in ("limit_bytes", "vs_layerfit", "read_vs_layerfit")} for r in short]
+        for x, r in zip(model["short_limits"], short, strict=True):
+            # The most layerfit could be at this budget: its bytes at the disk's best
+            # measured rate (or its preloaded compute), against the peer's step.
+            ours = next(o for o in ok if o["config"] == "layerfit" and o["limit_bytes"] == r["limit_bytes"])
+            x["ceiling"] = r["step_s"] / ours["bound_s"] if ours.get("bound_s") else None
         model["file_pages_per_step_bytes"] = max((r["file_pages_per_step_bytes"] for r in ok if r["config"] == "layerfit"),
                                                  default=None)
 
@@ -697,7 +702,8 @@ def markdown(data: dict[str, Any]) -> str:
     for name, model in data["models"].items():
         target = "met" if model["target_3x_met"] else "not met"
         where = "; ".join(f"{mb(x['limit_bytes'])} MB: {number(x['vs_layerfit'])}× (mmap read "
-                          f"{number(x['read_vs_layerfit'])}× layerfit's bytes)" for x in model["short_limits"])
+                          f"{number(x['read_vs_layerfit'])}× layerfit's bytes; the most this budget allows: "
+                          f"{number(x.get('ceiling'))}×)" for x in model["short_limits"])
         lines += [
             "",
             f"## {name}: {mb(model['weights_bytes'])} MB of weights, {model['units']} units, largest "
@@ -706,7 +712,9 @@ def markdown(data: dict[str, Any]) -> str:
             f"touched at most {mb(model['file_pages_per_step_bytes'])} MB of them in a layerfit row)",
             "",
             f"Target (layerfit ≥ 3× faster per step than mmap at every limit where the model does not fit): {target}. "
-            f"mmap's step ÷ layerfit's where it does not fit: {where}."
+            f"mmap's step ÷ layerfit's where it does not fit: {where}. *The most this budget allows* is mmap's "
+            "step over layerfit's bound (its bytes read at the disk's best measured rate): no reader does better "
+            "at that budget."
             + (f" {model['gguf_note']}" if model.get("gguf_note") else ""),
             "",
             "| limit (MB) | weights ÷ (limit − F) | configuration | budget (MB) | ran | tries | load (s) | first pass "

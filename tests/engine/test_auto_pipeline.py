@@ -207,6 +207,22 @@ def test_auto_streams_the_rest_in_order_within_the_budget(
         assert sum(c.nbytes for c in copies if c.start <= t < kernels[c.unit].end) <= device_cap
 
 
+def test_only_streamed_units_wait_for_their_kernels(tmp_path: Path, monkeypatch):
+    """A streamed unit's buffer is reused only once its kernels finished (on CUDA the host
+    waits for them); a kept unit gives nothing back, so its end waits for nothing."""
+    from layerfit.engine.device import Device
+
+    widths = [100, 100, 8, 8, 8, 8, 8]
+    prepare(ModelSpec("factory", "tinymodels:chain", {"widths": widths, "delays": [0.0] * 6}),
+            tmp_path / "m", input_shape=(2, 100))
+    waits = []
+    monkeypatch.setattr(Device, "finish_kernels", lambda self: waits.append(1))
+    with load(tmp_path / "m", pipeline="auto", budget=57344, stages=3) as engine:
+        assert engine.kept_units == (0,)
+        engine(example_input((2, 100)))
+        assert len(waits) == len(engine.blocks) - 1
+
+
 @pytest.mark.parametrize(
     "device",
     ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))],

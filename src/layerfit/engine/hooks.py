@@ -207,7 +207,7 @@ class PostHook(UnitHook):
         if run is None:
             return
         streaming = run.source is None and stream.policy.name != "preload"
-        if streaming:  # the unit's buffer may be reused only once its kernels finished
+        if streaming and i not in stream.kept:  # its buffer may be reused only once its kernels finished
             stream.device.finish_kernels()
         if stream.trace:
             end = run.now()
