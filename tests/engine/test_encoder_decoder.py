@@ -333,7 +333,7 @@ def test_any_units_skipped_give_the_models_output_within_the_budget(
 ):
     directory, manifest, model = skips
     copies = 1 if pipeline == "sequential" else 2
-    if stages == 3:  # a read and a device buffer, the table streamed whole (rows need two stages)
+    if stages == 3:  # a read and a device buffer of the largest unit (the table's rows need less)
         copies *= 2
         largest = manifest.largest_unit_bytes
     else:

@@ -233,6 +233,26 @@ def test_inspect_plans_the_table_by_rows_as_the_engine_does(table):
     assert info["auto_plan"]["bytes_read_per_inference"] < manifest.units[0].nbytes  # the table is not read
 
 
+@pytest.mark.parametrize("ids", IDS.values(), ids=IDS.keys())
+@pytest.mark.parametrize("pipeline", ["sequential", "sync", "async", "auto"])
+def test_three_stages_look_the_rows_up_on_the_host(table, pipeline: str, ids: torch.Tensor):
+    """With a copy stage (CUDA's pipeline, here on the host) the table is read by rows
+    too, looked up where they were read; nothing of it is copied to the device buffer,
+    and a budget that could not hold two copies of the table runs."""
+    directory, manifest, model = table
+    table_bytes = manifest.units[0].nbytes
+    budget = manifest.resident_bytes + 4 * _others(manifest) + (_others(manifest) if pipeline == "auto" else 0)
+    assert budget < manifest.resident_bytes + 2 * table_bytes  # read and device buffers of the table: refused
+    with load(directory, pipeline=pipeline, budget=budget, stages=3, trace=True) as engine:
+        assert engine.rows_units == (0,)
+        for _ in range(2):  # the first pass scans the table to verify it, the second reads rows
+            got = engine(ids)
+            assert engine.last_weights_peak <= budget
+            assert torch.equal(got, model(ids))
+            assert 0 not in {e.unit for e in engine.last_timeline.events if e.stage == "copy"}
+        assert engine.model.embed.padding_idx == 3  # restored after the pass
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     pipeline=st.sampled_from(["sequential", "sync", "async", "auto"]),

@@ -29,8 +29,13 @@ class CopyStage:
 
     def may_go(self, run: PassState, j: int) -> bool:
         """The copy thread's wake-up predicate for unit ``j`` (lock held): Algorithm 1's
-        copy constraints — the unit was read, and it has room in the device buffer."""
+        copy constraints — the unit was read, and it has room in the device buffer. A unit
+        read after an embedding looked up on the host waits for that lookup's end: its
+        read buffer goes back after the rows' place, which is older (the ring gives back
+        oldest first)."""
         stream = self.stream
+        if any(g < j for g in run.gathered):
+            return False
         if j < run.done:  # skipped: once the reader read it or passed it over
             return run.ready[j] is not None or j in run.not_read
         return (
@@ -62,6 +67,8 @@ class CopyStage:
             for j in range(first, stop):
                 if j in stream.kept:  # already on the device, for good
                     continue
+                if j in stream.gathered:  # an embedding looked up on the host: nothing to copy
+                    continue
                 if not self._copy(run, j):
                     return
         except Cancelled:
@@ -89,7 +96,7 @@ class CopyStage:
                     host.release_locked(run.ready[j])
                     run.ready[j] = None
                     run.read_for_nothing += blk.nbytes
-                    stream.wake_reader(run)
+                    self._read_buffer_freed(run)
                 return True
             src = run.ready[j]
             dst = dev.allocate_locked(blk.nbytes)
@@ -101,15 +108,20 @@ class CopyStage:
             if j < run.done:  # skipped while it was copied: the oldest on the device
                 dev.release_locked(dst)
                 run.read_for_nothing += blk.nbytes
-                stream.wake_reader(run)
+                self._read_buffer_freed(run)
                 return True
             run.on_device[j] = dst
             if stream.trace:
                 run.events.append(Event(j, blk.name, "copy", t0 - run.t0, t1 - run.t0, blk.nbytes))
-            if run.main_waits == j:
-                stream.ready.notify()
-            stream.wake_reader(run)
+            self._read_buffer_freed(run)
         return True
+
+    def _read_buffer_freed(self, run: PassState) -> None:
+        """Bytes of the read buffer went back (lock held): the reader may go on, and the
+        executing thread may wait for it, for the unit it needs next or for an empty read
+        buffer to place an embedding's rows in (``PartialReadHook.place``)."""
+        self.stream.ready.notify_all()
+        self.stream.wake_reader(run)
 
 
 __all__ = ["CopyStage"]

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -154,6 +155,8 @@ class GatherHook(PartialReadHook):
             return None
         table = stream.gathered[i]
         ids = args[0] if args else kwargs.get("input")
+        if stream.device_ring is not None and isinstance(ids, torch.Tensor):
+            ids = ids.cpu()  # three stages: the rows are looked up where they were read
         table.check_ids(ids)
         ring = stream.ring
         lookup = table.plan(
@@ -201,11 +204,16 @@ class ExpertsHook(PartialReadHook):
 class PostHook(UnitHook):
     """After the unit's last layer: unbind its weights and give its buffer back."""
 
-    def __call__(self, module: nn.Module, args: tuple, output: Any) -> None:
+    def __call__(self, module: nn.Module, args: tuple, output: Any) -> Any:
         stream, i = self.stream, self.index
         run = stream.run
         if run is None:
-            return
+            return None
+        if i in run.gathered and stream.device_ring is not None:
+            # Looked up on the host (three stages): release the rows' place in the read
+            # buffer, and hand the rest of the model its output on the device.
+            self._end_host_lookup(run, module)
+            return stream.device.to_device(output)
         streaming = run.source is None and stream.policy.name != "preload"
         if streaming and i not in stream.kept:  # its buffer may be reused only once its kernels finished
             stream.device.finish_kernels()
@@ -244,6 +252,25 @@ class PostHook(UnitHook):
             return
         with stream.state:
             run.done = i + 1
+        return None
+
+    def _end_host_lookup(self, run: Any, module: nn.Module) -> None:
+        """The end of an embedding looked up on the host with three stages: its rows'
+        place in the read buffer goes back, oldest first, as the copier gives back the
+        units it copied."""
+        stream, i = self.stream, self.index
+        if stream.trace:
+            end = run.now()
+            with stream.state:
+                run.events.append(Event(i, stream.blocks[i].name, "kernel", run.kernel_start[i], end,
+                                        stream.blocks[i].nbytes))
+        off = run.bound.pop(i)
+        stream.end_gather(run, i)
+        with stream.state:
+            stream.ring.release_locked(off)
+            run.done = i + 1
+            stream.wake_reader(run)
+            stream.wake_copier(run)
 
 
 class InnerHook(UnitHook):

@@ -80,12 +80,18 @@ def plan(manifest: Manifest, config: EngineConfig, model: nn.Module | None = Non
     stages = device_stages(config.device, config.stages)
     blocks = make_blocks(manifest.units, config.units)
     rows: dict[int, int] = {}
-    # Rows land in the read buffer the kernel uses in place: cpu, two stages, and
-    # PyTorch's own activations (the planned arena replays the captured ops whole).
-    if config.gather_rows and config.device == "cpu" and stages == 2 and config.activations == "default":
+    # Rows land in the read buffer and are used there, with PyTorch's own activations
+    # (the planned arena replays the captured ops whole). With two stages (cpu) the
+    # kernels use them in place: embedding rows and routed experts. With three, an
+    # embedding is looked up on the host, where its rows were read, and its output moved
+    # to the device; experts must run on the device, so they are read whole there.
+    if config.gather_rows and config.activations == "default" and (stages == 3 or config.device == "cpu"):
         for i in gathered_units(blk.segments for blk in blocks):
+            segment = blocks[i].segments[0]
+            if stages == 3 and experts_segment(segment):
+                continue
             if model is None or _plain_embedding(model, blocks[i]) or _routed_experts(model, blocks[i]):
-                rows[i] = least_room(blocks[i].segments[0])
+                rows[i] = least_room(segment)
     runs = None if model is None else unit_runs(model, blocks)  # a decoder runs per token
     budget = config.budget
     budget_bytes = None if budget is None else budget.bytes_for(manifest.total_bytes)

@@ -87,9 +87,10 @@ def plan_weights(
         return plan_weights(pipeline, unit_sizes, resident, budget, stages, runs=runs)
     streamed += gathered.values()  # the rows take their turn in the buffer
     capacity, device_capacity = _buffer_sizes(policy, streamed, resident + kept_bytes, budget, three)
-    if gathered and budget is not None and not three:
-        # Room the budget leaves may hold more rows (a long prompt), up to whole tables.
-        spare = (budget - resident - kept_bytes) // 4096 * 4096 - capacity
+    if gathered and budget is not None:
+        # Room the budget leaves may hold more rows (a long prompt), up to whole tables;
+        # with three stages the rows stay in the read buffer (looked up on the host).
+        spare = (budget - resident - kept_bytes - device_capacity) // 4096 * 4096 - capacity
         capacity += max(0, min(spare, sum(unit_sizes[i] for i in gathered)))
     cache = 0
     if pipeline == AUTO and experts & gathered.keys() and budget is not None and not three:
