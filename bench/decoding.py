@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             results[config]["token_vs_floor"] = results[config]["token_s"] / results[config]["floor_token_s"]
             # The reader alone: its busy time in a traced token over that token's bytes at
-            # the disk's rate (the better of the two measurements around the rounds).
+            # the disk's rate (the better of the two measurements after the rounds).
             read_s = statistics.median(r["token_read_s"] for r in rs)
             read_bytes = statistics.median(r["token_read_bytes"] for r in rs)
             results[config]["token_read_s"] = read_s
@@ -197,7 +197,8 @@ def markdown(data: dict[str, Any]) -> str:
         f"cache; {data['rounds']} alternating rounds; every step's logits equal to the model's own. *× floor*: the "
         "token's time over max(its bytes read ÷ the disk's direct-I/O bandwidth (the better of two measurements after the rounds), preload's token). "
         "*reader × disk*: the read stage's busy time in a traced token over that token's bytes at the better of the "
-        "two bandwidths measured after the rounds (the reader's own speed against the disk's).",
+        "two bandwidths measured after the rounds (the reader's own speed against the disk's); every streaming "
+        "configuration runs traced.",
     ]
     for name, model in data["models"].items():
         lines += [

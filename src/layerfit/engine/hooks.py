@@ -212,7 +212,7 @@ class PostHook(UnitHook):
         if i in run.gathered and stream.device_ring is not None:
             # Looked up on the host (three stages): release the rows' place in the read
             # buffer, and hand the rest of the model its output on the device.
-            self._end_host_lookup(run, module)
+            self._end_host_lookup(run)
             return stream.device.to_device(output)
         streaming = run.source is None and stream.policy.name != "preload"
         if streaming and i not in stream.kept:  # its buffer may be reused only once its kernels finished
@@ -254,7 +254,7 @@ class PostHook(UnitHook):
             run.done = i + 1
         return None
 
-    def _end_host_lookup(self, run: Any, module: nn.Module) -> None:
+    def _end_host_lookup(self, run: Any) -> None:
         """The end of an embedding looked up on the host with three stages: its rows'
         place in the read buffer goes back, oldest first, as the copier gives back the
         units it copied."""
