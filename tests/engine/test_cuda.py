@@ -122,6 +122,8 @@ def test_generate_on_cuda_gives_the_models_tokens_and_scores(lm, pipeline: str):
     expected = model.generate(ids, **options)
     budget = _budget(manifest, pipeline)
     with load(directory, pipeline=pipeline, budget=budget, device="cuda") as engine:
+        if directory.name == "tiny_llama":  # its untied embedding is read by rows, looked up on the host
+            assert engine.rows_units
         got = engine.generate(ids, **options)
         assert engine.last_weights_peak <= budget
         with torch.no_grad():
