@@ -265,9 +265,9 @@ class PostHook(UnitHook):
                 run.events.append(Event(i, stream.blocks[i].name, "kernel", run.kernel_start[i], end,
                                         stream.blocks[i].nbytes))
         off = run.bound.pop(i)
-        stream.end_gather(run, i)
-        with stream.state:
+        with stream.state:  # both at once: the copier goes on once the rows' place is back
             stream.ring.release_locked(off)
+            stream.end_gather(run, i)
             run.done = i + 1
             stream.wake_reader(run)
             stream.wake_copier(run)
