@@ -204,9 +204,6 @@ def table2(args: argparse.Namespace) -> None:
         write_results(args.output or "gpu_table2", data, table2_markdown(rows, data))
 
 
-PAPER = {  # Demand Layering on a Jetson AGX Xavier (Table II): Async and two-stage MD (%, %)
-    "resnet152": "−94 / +2…", "densenet201": "−92…", "yolov3": "−96…", "yolov4": "−95…", "vgg19": "−96…",
-}
 COLUMNS = ["preload", "sequential", "sync", "async", "async-md", "auto 25%", "auto 50%", "auto 75%"]
 
 

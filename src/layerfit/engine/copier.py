@@ -96,7 +96,7 @@ class CopyStage:
                     host.release_locked(run.ready[j])
                     run.ready[j] = None
                     run.read_for_nothing += blk.nbytes
-                    self._read_buffer_freed(run)
+                    self._read_buffer_freed(run, j)
                 return True
             src = run.ready[j]
             dst = dev.allocate_locked(blk.nbytes)
@@ -108,20 +108,22 @@ class CopyStage:
             if j < run.done:  # skipped while it was copied: the oldest on the device
                 dev.release_locked(dst)
                 run.read_for_nothing += blk.nbytes
-                self._read_buffer_freed(run)
+                self._read_buffer_freed(run, j)
                 return True
             run.on_device[j] = dst
             if stream.trace:
                 run.events.append(Event(j, blk.name, "copy", t0 - run.t0, t1 - run.t0, blk.nbytes))
-            self._read_buffer_freed(run)
+            self._read_buffer_freed(run, j)
         return True
 
-    def _read_buffer_freed(self, run: PassState) -> None:
-        """Bytes of the read buffer went back (lock held): the reader may go on, and the
-        executing thread may wait for it, for the unit it needs next or for an empty read
-        buffer to place an embedding's rows in (``PartialReadHook.place``)."""
-        self.stream.ready.notify_all()
-        self.stream.wake_reader(run)
+    def _read_buffer_freed(self, run: PassState, j: int) -> None:
+        """Unit ``j``'s read buffer went back (lock held): the reader may go on, and the
+        executing thread, if it waits for ``j`` on the device or for an empty read buffer
+        to place an embedding's rows in (``PartialReadHook.place``)."""
+        stream = self.stream
+        if run.main_waits == j or not stream.ring.in_use:
+            stream.ready.notify()
+        stream.wake_reader(run)
 
 
 __all__ = ["CopyStage"]

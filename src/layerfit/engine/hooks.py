@@ -209,19 +209,19 @@ class PostHook(UnitHook):
         run = stream.run
         if run is None:
             return None
-        if i in run.gathered and stream.device_ring is not None:
-            # Looked up on the host (three stages): release the rows' place in the read
-            # buffer, and hand the rest of the model its output on the device.
-            self._end_host_lookup(run)
-            return stream.device.to_device(output)
+        # An embedding looked up on the host (three stages) ran no device kernel.
+        host_lookup = i in run.gathered and stream.device_ring is not None
         streaming = run.source is None and stream.policy.name != "preload"
-        if streaming and i not in stream.kept:  # its buffer may be reused only once its kernels finished
+        if streaming and i not in stream.kept and not host_lookup:  # its buffer may be reused once its kernels finished
             stream.device.finish_kernels()
         if stream.trace:
             end = run.now()
             blk = stream.blocks[i]
             with stream.state:
                 run.events.append(Event(i, blk.name, "kernel", run.kernel_start[i], end, blk.nbytes))
+        if host_lookup:  # hand the rest of the model its output on the device
+            self._end_host_lookup(run)
+            return stream.device.to_device(output)
         if i not in run.bound:
             if not run.ordered:  # preload: every unit stays bound
                 with stream.state:
@@ -259,11 +259,6 @@ class PostHook(UnitHook):
         place in the read buffer goes back, oldest first, as the copier gives back the
         units it copied."""
         stream, i = self.stream, self.index
-        if stream.trace:
-            end = run.now()
-            with stream.state:
-                run.events.append(Event(i, stream.blocks[i].name, "kernel", run.kernel_start[i], end,
-                                        stream.blocks[i].nbytes))
         off = run.bound.pop(i)
         with stream.state:  # both at once: the copier goes on once the rows' place is back
             stream.ring.release_locked(off)

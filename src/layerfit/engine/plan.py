@@ -85,7 +85,7 @@ def plan(manifest: Manifest, config: EngineConfig, model: nn.Module | None = Non
     # kernels use them in place: embedding rows and routed experts. With three, an
     # embedding is looked up on the host, where its rows were read, and its output moved
     # to the device; experts must run on the device, so they are read whole there.
-    if config.gather_rows and config.activations == "default" and (stages == 3 or config.device == "cpu"):
+    if config.gather_rows and config.activations == "default":
         for i in gathered_units(blk.segments for blk in blocks):
             segment = blocks[i].segments[0]
             if stages == 3 and experts_segment(segment):
