@@ -48,6 +48,10 @@ OPTIONS: Mapping[str, Option] = {
         bool, ("--rows/--tables-whole",),
         "read an untied embedding table by the rows its ids look up (default), or stream it whole",
     ),
+    "read_ahead": Option(
+        bool, ("--read-ahead/--no-read-ahead",),
+        "when a pass ends, read the next one's first units while the caller works (default), or not",
+    ),
     "device": Option(str, ("--device",), "cpu, cuda or cuda:N"),
     "stages": Option(
         int | None, ("--stages",), "2: kernels use the read buffer (cpu default); 3: read, copy, kernel (cuda)"

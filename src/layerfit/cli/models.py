@@ -488,7 +488,8 @@ def _units_label(report: dict) -> str:
 
 @app.command()
 @engine_options(
-    "pipeline", "budget", "units", "direct_io", "activations", "coalesce", "gather_rows", "device", "stages"
+    "pipeline", "budget", "units", "direct_io", "activations", "coalesce", "gather_rows", "read_ahead", "device",
+    "stages",
 )
 def run(
     directory: str = typer.Argument(..., help="prepared model directory"),

@@ -43,7 +43,9 @@ class EngineConfig:
     per request, as the paper). ``device`` is ``cpu``, ``cuda`` or ``cuda:N``; ``stages``
     2 or 3 (None: the device's default). ``gather_rows`` reads an embedding table by
     the rows its ids look up (and a module of routed experts by the experts its router
-    chose). ``expert_cache``: under ``auto``, what the budget leaves beyond the read
+    chose). ``read_ahead``: when a streamed pass ends, the next one's first units are
+    read into the read buffer while the caller works (:mod:`layerfit.engine.read_ahead`;
+    two stages, async). ``expert_cache``: under ``auto``, what the budget leaves beyond the read
     buffer holds single experts as they are used (:mod:`layerfit.engine.expert_cache`);
     off, the read buffer takes it. ``verify`` says when a unit's SHA-256 is checked.
     """
@@ -59,6 +61,7 @@ class EngineConfig:
     device: str = "cpu"
     stages: int | None = None
     gather_rows: bool = True
+    read_ahead: bool = True
     expert_cache: bool = True
     verify: str = "first"
 

@@ -109,7 +109,8 @@ class Engine:
         )
         self.units = UnitReader(self.reader, cfg.verify)
         self.buffers = WeightBuffers(self.device, cfg.trace)
-        self.stream = UnitStream(self.device, self.units, self.buffers, self.binder, cfg.coalesce_bytes, cfg.trace)
+        self.stream = UnitStream(self.device, self.units, self.buffers, self.binder, cfg.coalesce_bytes, cfg.trace,
+                                 cfg.read_ahead)
         self._lock = threading.Lock()  # one inference at a time per engine
         self.pass_thread: int | None = None  # the thread running a pass, while one runs
         self.generating = threading.Lock()  # one generate() at a time (it overrides forward)
@@ -217,6 +218,7 @@ class Engine:
             )
 
     def _release_configuration(self, keep_ring: bool = False) -> None:
+        self.stream.drop_read_ahead()  # the buffer takes its next shape
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -284,6 +286,7 @@ class Engine:
             self._check_open()
             if self._lost is not None:
                 raise LayerfitError(f"this engine cannot run: {self._lost}; reconfigure it or load the model again")
+            ahead = self.stream.take_read_ahead()  # read for this pass after the last one
             self.reader.check_unchanged()
             self.pass_thread = threading.get_ident()
             run = PassState(len(self.blocks), units)
@@ -295,7 +298,7 @@ class Engine:
             self.binder.reset()
             # Nothing to read ahead when every streamed unit is an embedding read by rows.
             streaming = source is None and self.policy.name != "preload" and self.buffers.ring is not None
-            threads = self.stream.start_threads(run) if streaming else []
+            threads = self.stream.start_threads(run, ahead) if streaming else []
             try:
                 out = self._forward(forward, args, kwargs)
                 if run.done != run.units.stop and source is not None:
@@ -311,6 +314,8 @@ class Engine:
                 end = time.perf_counter()
                 self._end_pass(run, threads, streaming)
             self._account(run, end)
+            if streaming:
+                self.stream.read_next(run)  # while the caller works until the next pass
             return out
 
     def _forward(self, forward: Any, args: tuple, kwargs: dict) -> Any:
@@ -355,6 +360,7 @@ class Engine:
         cached = self.stream.expert_cache.used if self.stream.expert_cache is not None else 0
         self.last_weights_peak = memory.resident_bytes + memory.kept_bytes + sum(rings) + self.binder.peak_bytes + cached
         self.last_skipped = (len(run.skipped_units), run.read_for_nothing)
+        self.last_read_ahead = run.read_ahead_bytes
 
     # --- reading units for a unit source --------------------------------------------------
 

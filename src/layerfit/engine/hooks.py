@@ -119,14 +119,22 @@ class PartialReadHook(UnitHook):
         for this one to have its place, so it may use the whole ring."""
         stream, i, ring = self.stream, self.index, self.stream.ring
         with stream.state:
-            # Empty but for a skipped unit still being read, which the reader gives back
-            # when its read ends: this unit waits for that, since placed after it it
-            # would be given back first, and the ring gives back oldest first.
-            while ring.in_use and run.error is None:
-                stream.ready.wait()
-            if run.error is not None:
-                raise LayerfitError(f"no room in the unit buffer for {what}")
-            off = ring.allocate_locked(nbytes)  # planned to fit the whole ring
+            stream.rows_rooms[i] = nbytes  # the next read-ahead reserves as much
+            reserved = run.reserved.pop(i, None)  # its place, reserved when the pass was read ahead
+            if reserved is not None and nbytes <= reserved[1]:
+                off = reserved[0]
+            else:
+                if reserved is not None:  # too small: what was read ahead after it goes back
+                    run.reserved[i] = reserved
+                    stream.give_back_ahead(run, i)
+                # Empty but for a skipped unit still being read, which the reader gives
+                # back when its read ends: this unit waits for that, since placed after
+                # it it would be given back first, and the ring gives back oldest first.
+                while ring.in_use and run.error is None:
+                    stream.ready.wait()
+                if run.error is not None:
+                    raise LayerfitError(f"no room in the unit buffer for {what}")
+                off = ring.allocate_locked(nbytes)  # planned to fit the whole ring
             run.bound[i] = off
             run.gathered[i] = saved
             run.placed.add(i)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from layerfit.engine.read_ahead import ReadAhead
 from layerfit.engine.source import UnitSource
 from layerfit.engine.trace import Event
 
@@ -48,6 +49,11 @@ class PassState:
         self.copier_waits: int | None = None  # the unit the copy thread waits to copy
         self.gathered: dict[int, int | None] = {}  # embeddings bound to rows -> their padding_idx
         self.placed: set[int] = set()  # embeddings whose rows have their place in the ring
+        # Read for this pass after the last one ended (:mod:`layerfit.engine.read_ahead`):
+        # adopted when the pass begins as expected, else given back.
+        self.ahead: ReadAhead | None = None
+        self.reserved: dict[int, tuple[int, int]] = {}  # embeddings -> (offset, room) reserved for their rows
+        self.read_ahead_bytes = 0  # bytes of the units it adopted
 
     def now(self) -> float:
         """Seconds since the pass began (the timeline's clock)."""

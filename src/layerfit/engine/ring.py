@@ -166,6 +166,15 @@ class RingBuffer:
             self.peak = 0
             self._cond.notify_all()
 
+    def restart_ledger(self) -> None:
+        """Begin a new pass's ledger with what the buffer holds now (units read ahead for
+        that pass, :mod:`layerfit.engine.read_ahead`) and clear cancellation."""
+        with self._cond:
+            self.cancelled = False
+            self.history.clear()
+            self.peak = self.in_use
+            self._record()
+
     def reshape(self, capacity: int) -> bool:
         """Change the capacity in place when it fits the mapping; False if it does not.
 

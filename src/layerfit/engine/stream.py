@@ -12,12 +12,14 @@ Nothing spins.
 A pass begins at the first unit it runs and may skip units (a cached decoder step skips
 its cross-attention projections): what was read of them is given back, oldest first,
 and the next such pass does not read them; a unit that runs after all rewinds the reader.
+When a pass ends, the next one's first units are read ahead (:mod:`layerfit.engine.read_ahead`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -30,6 +32,7 @@ from layerfit.engine.experts import ExpertTable
 from layerfit.engine.gather import RowTable
 from layerfit.engine.pass_state import PassState
 from layerfit.engine.policies import Policy
+from layerfit.engine.read_ahead import NextPass, ReadAhead, ReadAheadReader, give_back
 from layerfit.engine.ring import Cancelled, RingBuffer
 from layerfit.engine.skeleton import Binding
 from layerfit.engine.trace import Event
@@ -58,7 +61,7 @@ class UnitStream:
     """Streams the units of one configuration through the buffers; owns the pass state."""
 
     def __init__(self, device: Device, units: UnitReader, buffers: WeightBuffers, binder: Binder,
-                 coalesce_bytes: int, trace: bool) -> None:
+                 coalesce_bytes: int, trace: bool, read_ahead: bool = True) -> None:
         self.device = device
         self.units = units
         self.buffers = buffers
@@ -82,7 +85,13 @@ class UnitStream:
         # encoder's pass skips nothing.
         self.skips_seen: dict[tuple, frozenset[int]] = {}
         self.last_start: tuple[int, int, int] | None = None  # (part start, stop, first unit run)
+        # How often a pass that began so was followed by one that began so: the read-ahead
+        # expects the most frequent (an encoder's pass, then decoder steps, ...).
+        self.successors: dict[tuple[int, int, int], Counter[tuple[int, int, int]]] = {}
+        self.rows_rooms: dict[int, int] = {}  # the room each table's rows took when it last ran
         self.copier = CopyStage(self)
+        self.read_ahead_on = read_ahead
+        self.read_ahead = ReadAheadReader(self.state, units)
 
     def configure(self, policy: Policy, blocks: Sequence[Block], bindings: Sequence[list[Binding]],
                   kept: frozenset[int], gathered: dict[int, RowTable | ExpertTable],
@@ -91,7 +100,7 @@ class UnitStream:
         (and the expert cache of the last configuration, whose units were numbered otherwise)."""
         self.policy, self.blocks, self.bindings = policy, blocks, bindings
         self.kept, self.gathered, self.expert_cache = kept, gathered, expert_cache
-        self.skips_seen, self.last_start = {}, None
+        self.skips_seen, self.last_start, self.successors, self.rows_rooms = {}, None, {}, {}
 
     @property
     def ring(self) -> RingBuffer | None:
@@ -103,9 +112,16 @@ class UnitStream:
 
     # --- a pass's threads ---------------------------------------------------------------
 
-    def start_threads(self, run: PassState) -> list[threading.Thread]:
-        """Start the reader (and copy) thread of ``run``."""
-        self.ring.reset()
+    def start_threads(self, run: PassState, ahead: ReadAhead | None = None) -> list[threading.Thread]:
+        """Start the reader (and copy) thread of ``run``; ``ahead``: what was read for it
+        after the last pass (:meth:`take_read_ahead`), adopted when it begins as expected."""
+        if ahead is not None and self.device_ring is None:
+            self.ring.restart_ledger()  # it holds what was read ahead, and nothing else
+            run.ahead = ahead
+        else:
+            if ahead is not None:
+                ahead.join()
+            self.ring.reset()
         threads = [threading.Thread(target=self._reader_loop, args=(run,), name="layerfit-reader", daemon=True)]
         if self.device_ring is not None:
             self.device_ring.reset()
@@ -120,6 +136,8 @@ class UnitStream:
             ring.cancel()
         for thread in threads:
             thread.join()
+        if run.ahead is not None:  # a pass that never began did not wait for it
+            run.ahead.join()
         for i in list(run.bound):
             if i in run.gathered:
                 self.end_gather(run, i)
@@ -146,6 +164,8 @@ class UnitStream:
         if run.source is None:
             start = (run.units.start, run.units.stop, run.begin)
             self.skips_seen[(start, self.last_start)] = frozenset(run.skipped_units)
+            if self.last_start is not None:
+                self.successors.setdefault(self.last_start, Counter())[start] += 1
             self.last_start = start
 
     # --- the order units run in ---------------------------------------------------------
@@ -189,8 +209,122 @@ class UnitStream:
                 seen = self.skips_seen.get(((run.units.start, run.units.stop, i), self.last_start), frozenset())
                 # (not a table read by rows when it runs, nor a kept unit: neither is read ahead)
                 run.expect_skipped = set(seen) - set(self.gathered) - self.kept
+            if run.ahead is not None:
+                self._adopt(run, NextPass(run.units, i, frozenset(run.expect_skipped)))
             self.room.notify()
             self.copyable.notify()
+
+    # --- what was read ahead for the pass --------------------------------------------------
+
+    def read_next(self, run: PassState) -> None:
+        """``run`` ended well: read the first units of the next pass as far as the read
+        buffer has room. The next pass is expected to begin as the passes that followed
+        one beginning as ``run`` did began most often (as ``run`` at first). Two stages,
+        async only: the other policies read as their gates say, and a copy stage is not
+        read ahead."""
+        if (
+            not self.read_ahead_on or self.device_ring is not None or self.ring is None
+            or self.policy.name != "async" or run.begin is None or run.source is not None
+        ):
+            return
+        start = (run.units.start, run.units.stop, run.begin)
+        following = self.successors.get(start)
+        after = following.most_common(1)[0][0] if following else start
+        seen = self.skips_seen.get((after, start), frozenset())  # what it will expect skipped
+        skipped = frozenset(set(seen) - set(self.gathered) - self.kept)
+        expected = NextPass(range(after[0], after[1]), after[2], skipped)
+        self.ring.reset()  # what the pass left read for nothing
+        chunk = min(self.coalesce_bytes, self.ring.capacity // 2)
+        self.read_ahead.start(expected, self.ring, self.blocks, self.kept, self.gathered, chunk, self.rows_rooms)
+
+    def take_read_ahead(self) -> ReadAhead | None:
+        """Stop the read-ahead and hand it to the next pass (its read under way goes on)."""
+        return self.read_ahead.take()
+
+    def drop_read_ahead(self) -> None:
+        """Stop the read-ahead and wait for its read under way: the buffer is the caller's."""
+        ahead = self.read_ahead.take()
+        if ahead is not None:
+            ahead.join()
+
+    def _adopt(self, run: PassState, began: NextPass) -> None:
+        """The pass began as ``began``: the units read ahead are ready for the kernels and
+        the rows' places reserved, when it began as expected; else what was read is given
+        back, read for nothing (lock held). A read under way is the reader's to settle."""
+        ahead = run.ahead
+        if began != ahead.expected:
+            for k in give_back(ahead, self.ring):
+                run.read_for_nothing += self.blocks[k].nbytes
+            return
+        ahead.adopted = frozenset(ahead.read)
+        run.reserved = dict(ahead.reserved)
+        for k in ahead.adopted:
+            run.ready[k] = ahead.read[k]
+            run.read_ahead_bytes += self.blocks[k].nbytes
+            if self.trace:
+                t0, t1, nbytes = ahead.times[k]
+                run.events.append(Event(k, self.blocks[k].name, "read", t0 - run.t0, t1 - run.t0, nbytes))
+
+    def _settle_read_ahead(self, run: PassState) -> None:
+        """The reader's first step in a pass given a read-ahead: wait for its read under
+        way, then hand those units to the kernels (read again if the read failed), or
+        give them back, the oldest bytes in the buffer, if the pass did not adopt them or
+        gave back the units from there on."""
+        ahead = run.ahead
+        ahead.join()
+        blocks, ring = self.blocks, self.ring
+        with self.room:
+            failed = ahead.pending  # (a read that succeeded left it None)
+            units = failed[0] if failed is not None else sorted(
+                k for k in ahead.read if ahead.adopted is None or k not in ahead.adopted
+            )
+            if not units:
+                return
+            if failed is None:  # read after the pass began
+                if self._keeps(ahead, units[0]):
+                    total = sum(blocks[k].nbytes for k in units)
+                    run.read_ahead_bytes += total
+                    claim = _Claim(units[0], units[-1] + 1, ahead.read[units[0]], total)
+                    self._deliver_locked(run, claim, ahead.times[units[0]][0], ahead.times[units[-1]][1])
+                else:
+                    for k in give_back(ahead, ring, range(units[0], units[-1] + 1)):
+                        run.read_for_nothing += blocks[k].nbytes
+                    self.ready.notify()  # rows may wait for the room
+                return
+            if not self._keeps(ahead, units[0]):
+                self._release_failed(failed)
+                return
+        first, off, total = failed  # failed: read again, into its place
+        t0 = time.perf_counter()
+        self.units.read_units(first[0], first[-1] + 1, ring.view[off:])
+        t1 = time.perf_counter()
+        with self.room:
+            if self._keeps(ahead, first[0]):
+                self._deliver_locked(run, _Claim(first[0], first[-1] + 1, off, total), t0, t1)
+            else:
+                self._release_failed(failed)
+
+    @staticmethod
+    def _keeps(ahead: ReadAhead, unit: int) -> bool:
+        """Whether the pass keeps what was read ahead from ``unit`` on (lock held)."""
+        return ahead.adopted is not None and (ahead.given_back_from is None or unit < ahead.given_back_from)
+
+    def _release_failed(self, failed: tuple[list[int], int, int]) -> None:
+        """Give back the place of a failed read-ahead, unit by unit (lock held)."""
+        units, off, _ = failed
+        for k in units:
+            self.ring.release_locked(off + self.blocks[k].offset - self.blocks[units[0]].offset)
+        self.ready.notify()  # rows may wait for the room
+
+    def give_back_ahead(self, run: PassState, start: int) -> None:
+        """Give back what was read ahead for units from ``start`` on, oldest first, and
+        read them again in their turn: rows at ``start`` need more than their reserved
+        room (lock held)."""
+        for k in give_back(run.ahead, self.ring, range(start, run.units.stop)):
+            run.ready[k] = None
+            run.read_for_nothing += self.blocks[k].nbytes
+        run.ahead.given_back_from = start  # and a read under way, once it ends
+        run.reserved = {k: r for k, r in run.reserved.items() if k < start}
 
     def _skip(self, run: PassState, i: int) -> None:
         """Unit ``i`` runs and the units between the last one that ran and it do not: a
@@ -208,6 +342,8 @@ class UnitStream:
                     ring.release_locked(slots[k])
                     slots[k] = None
                     run.read_for_nothing += self.blocks[k].nbytes
+                elif k in run.reserved:  # rows' place reserved ahead, in its turn
+                    ring.release_locked(run.reserved.pop(k)[0])
             run.skipped_units.update(range(run.done, i))
             run.done = run.started = i
             self.wake_reader(run)
@@ -226,6 +362,8 @@ class UnitStream:
                     self.ring.release_locked(run.ready[k])
                     run.ready[k] = None
                     run.read_for_nothing += self.blocks[k].nbytes
+                elif k in run.reserved:  # rows' place reserved ahead, in its turn
+                    self.ring.release_locked(run.reserved.pop(k)[0])
             run.epoch += 1
             run.rewind_to = i
             self.room.notify()
@@ -284,6 +422,8 @@ class UnitStream:
                         return
                     room.wait()
                 i, n = run.begin, run.units.stop
+            if run.ahead is not None:
+                self._settle_read_ahead(run)
             while True:
                 if run.epoch != run.reader_epoch:  # the kernels ran a unit it passed over
                     with room:
@@ -293,7 +433,7 @@ class UnitStream:
                     if self._reader_done(run):
                         return
                     continue
-                if i in self.kept or i in run.expect_skipped:
+                if i in self.kept or i in run.expect_skipped or run.ready[i] is not None:  # (read ahead)
                     i += 1
                     continue
                 if i in self.gathered:  # read by rows when it runs: wait until they have their place
@@ -378,6 +518,7 @@ class UnitStream:
             and stop not in self.kept
             and stop not in self.gathered
             and stop not in run.expect_skipped
+            and run.ready[stop] is None
             and total + blocks[stop].nbytes <= want
             and self.policy.read_may_start(stop, run.started, run.done, self.device.stages)
             and ring.next_offset(blocks[stop].nbytes) == off + total
@@ -390,32 +531,37 @@ class UnitStream:
     def _deliver(self, run: PassState, claim: _Claim, t0: float, t1: float) -> None:
         """The read of ``claim`` ended: hand each unit to the kernels (or the copier);
         give back what was skipped or rewound meanwhile, the oldest bytes in the ring."""
+        with self.room:
+            self._deliver_locked(run, claim, t0, t1)
+
+    def _deliver_locked(self, run: PassState, claim: _Claim, t0: float, t1: float) -> None:
+        """:meth:`_deliver` with the lock held."""
         ring, blocks = self.ring, self.blocks
         i, stop, off, total = claim
-        with self.room:
-            if run.epoch != run.reader_epoch:  # rewound while it read: the oldest bytes
-                for k in range(i, stop):
-                    ring.release_locked(off + blocks[k].offset - blocks[i].offset)
-                    run.read_for_nothing += blocks[k].nbytes
-                self.ready.notify()
-                return
-            at = t0
+        if run.epoch != run.reader_epoch:  # rewound while it read: the oldest bytes
             for k in range(i, stop):
-                # Skipped while it was read: the oldest bytes in the ring (with a copy
-                # stage, the copier gives read bytes back, in order).
-                if k < run.done and self.device_ring is None:
-                    ring.release_locked(off + blocks[k].offset - blocks[i].offset)
-                    run.read_for_nothing += blocks[k].nbytes
-                    self.ready.notify()  # rows may wait for the room
-                    continue
-                run.ready[k] = off + blocks[k].offset - blocks[i].offset
-                if self.trace:  # a coalesced read is shown split by bytes
-                    end = t1 if k == stop - 1 else at + (t1 - t0) * blocks[k].nbytes / total
-                    run.events.append(Event(k, blocks[k].name, "read", at - run.t0, end - run.t0, blocks[k].nbytes))
-                    at = end
-            if self.device_ring is not None:
-                self.wake_copier(run)
-            elif run.main_waits is not None and run.main_waits < stop:
-                self.ready.notify()
+                ring.release_locked(off + blocks[k].offset - blocks[i].offset)
+                run.read_for_nothing += blocks[k].nbytes
+            self.ready.notify()
+            return
+        at = t0
+        for k in range(i, stop):
+            # Skipped while it was read: the oldest bytes in the ring (with a copy
+            # stage, the copier gives read bytes back, in order).
+            if k < run.done and self.device_ring is None:
+                ring.release_locked(off + blocks[k].offset - blocks[i].offset)
+                run.read_for_nothing += blocks[k].nbytes
+                self.ready.notify()  # rows may wait for the room
+                continue
+            run.ready[k] = off + blocks[k].offset - blocks[i].offset
+            if self.trace:  # a coalesced read is shown split by bytes
+                end = t1 if k == stop - 1 else at + (t1 - t0) * blocks[k].nbytes / total
+                run.events.append(Event(k, blocks[k].name, "read", at - run.t0, end - run.t0, blocks[k].nbytes))
+                at = end
+        if self.device_ring is not None:
+            self.wake_copier(run)
+        elif run.main_waits is not None and run.main_waits < stop:
+            self.ready.notify()
+
 
 __all__ = ["OTHER_PATH", "UnitStream"]
