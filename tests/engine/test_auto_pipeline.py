@@ -142,8 +142,7 @@ def test_auto_keeps_every_weight_when_the_budget_holds_them_and_streams_below(ti
         (None, "preload", ()), (m.total_bytes, "preload", ()), (10**6, "preload", ()),
         (m.total_bytes - 4096, "async", (0, 2, 4)), (32768, "async", ()),
     ]:
-        # (no read-ahead: the reads counted are the pass's own)
-        with load(tiny, pipeline="auto", budget=budget, read_ahead=False) as engine:
+        with load(tiny, pipeline="auto", budget=budget) as engine:
             assert (engine.pipeline, engine.policy.name, engine.kept_units) == ("auto", chosen, kept)
             assert engine.memory.weight_bytes <= (budget or m.total_bytes)
             engine(x)  # streamed units are read again on each call, kept ones were read at load

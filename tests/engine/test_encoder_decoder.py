@@ -283,13 +283,15 @@ def test_auto_keeps_the_decoder_first_as_it_runs_per_token_and_inspect_plans_the
 # --- any pattern of skipped units ---------------------------------------------------------
 
 
+@pytest.mark.parametrize("read_ahead", [False, True])
 @pytest.mark.parametrize("pipeline", PIPELINES)
-def test_a_unit_the_last_pass_skipped_runs_and_is_read_then(skips, pipeline: str):
+def test_a_unit_the_last_pass_skipped_runs_and_is_read_then(skips, pipeline: str, read_ahead: bool):
     directory, manifest, model = skips
     x = example_input((2, 8), seed=9)
     skip_one = x.clone()
     skip_one[0, 1] = 0  # before.1 does not run
-    with load(directory, pipeline=pipeline, budget=manifest.total_bytes // 2, trace=True) as engine:
+    with load(directory, pipeline=pipeline, budget=manifest.total_bytes // 2, trace=True,
+              read_ahead=read_ahead) as engine:
         last = None
         for inputs, skipped in [(skip_one, 1), (x, 0), (skip_one, 1), (skip_one, 1), (x, 0)]:
             with torch.no_grad():
@@ -340,9 +342,10 @@ def skips(tmp_path_factory: pytest.TempPathFactory):
     slack=st.integers(0, 40_000),
     coalesce=st.sampled_from([0, 1 << 20]),
     patterns=st.lists(st.lists(st.booleans(), min_size=9, max_size=9), min_size=1, max_size=4),
+    read_ahead=st.booleans(),
 )
 def test_any_units_skipped_give_the_models_output_within_the_budget(
-    skips, pipeline: str, stages: int, slack: int, coalesce: int, patterns: list[list[bool]]
+    skips, pipeline: str, stages: int, slack: int, coalesce: int, patterns: list[list[bool]], read_ahead: bool
 ):
     directory, manifest, model = skips
     copies = 1 if pipeline == "sequential" else 2
@@ -352,7 +355,8 @@ def test_any_units_skipped_give_the_models_output_within_the_budget(
     else:
         largest = streamed_minimum(manifest.units)
     budget = manifest.resident_bytes + copies * largest + slack
-    with load(directory, pipeline=pipeline, budget=budget, coalesce=coalesce, stages=stages) as engine:
+    with load(directory, pipeline=pipeline, budget=budget, coalesce=coalesce, stages=stages,
+              read_ahead=read_ahead) as engine:
         for runs in patterns:
             x = example_input((2, 8), seed=len(patterns))
             x[0, :5] *= torch.tensor(runs[:5])  # a zero skips that layer

@@ -68,7 +68,7 @@ def test_the_rows_give_the_models_output_within_the_budget(table, pipeline: str,
 def test_a_verified_table_is_read_by_a_page_or_two_per_id(table, monkeypatch: pytest.MonkeyPatch):
     directory, manifest, model = table
     start, size = manifest.units[0].offset, manifest.units[0].nbytes
-    with load(directory, pipeline="async", read_ahead=False) as engine:  # each pass's reads alone
+    with load(directory, pipeline="async") as engine:
         reads, spy = read_spy()
         monkeypatch.setattr("os.preadv", spy)
         engine(torch.tensor([[42]]))  # first use: the whole table, to check its SHA-256
@@ -80,7 +80,7 @@ def test_a_verified_table_is_read_by_a_page_or_two_per_id(table, monkeypatch: py
         table_reads = [(off, n) for off, n in reads if start <= off < start + size]
         assert len(table_reads) == 3  # 1000 and 1001 are neighbours: one request
         assert sum(n for _, n in table_reads) <= 3 * 2 * ALIGN
-    with load(directory, pipeline="async", gather_rows=False, read_ahead=False) as engine:
+    with load(directory, pipeline="async", gather_rows=False) as engine:
         reads.clear()
         assert torch.equal(engine(ids), model(ids))
         assert sum(n for off, n in reads if start <= off < start + size) == size  # streamed whole

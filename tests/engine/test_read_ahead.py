@@ -57,7 +57,7 @@ def _streamed(engine) -> list[int]:
 def test_each_step_adopts_the_first_units_read_after_the_last_and_reads_each_unit_once(lm, setting):
     directory, manifest, model, ids = lm
     options = _budgets(manifest)[setting]
-    with load(directory, **options, trace=True) as engine:
+    with load(directory, **options, trace=True, read_ahead=True) as engine:
         streamed = _streamed(engine)
         assert streamed, "the budget streams units"
         for step in _steps(engine, model, ids, 6):
@@ -73,7 +73,7 @@ def test_each_step_adopts_the_first_units_read_after_the_last_and_reads_each_uni
 
 def test_without_read_ahead_every_read_is_the_passs_own(lm):
     directory, manifest, model, ids = lm
-    with load(directory, **_budgets(manifest)["async"], trace=True, read_ahead=False) as engine:
+    with load(directory, **_budgets(manifest)["async"], trace=True) as engine:  # (off by default)
         for _ in _steps(engine, model, ids, 4):
             assert engine.last_read_ahead == 0
             assert all(e.start >= 0 for e in engine.last_timeline.events)
@@ -85,7 +85,7 @@ def test_a_prompt_after_decoding_gives_back_what_was_read_after_the_table(lm):
     the model's, and the next such pass reserves as much."""
     directory, manifest, model, ids = lm
     options = _budgets(manifest)["async"]
-    with load(directory, **options) as engine:
+    with load(directory, **options, read_ahead=True) as engine:
         for _ in _steps(engine, model, ids, 4):
             pass
         if directory.name == "tiny_llama":  # 64 ids spread over the table's 100 rows
@@ -106,7 +106,7 @@ def test_a_prompt_after_decoding_gives_back_what_was_read_after_the_table(lm):
 def test_reconfiguring_or_closing_while_it_reads_waits_for_its_read(lm, monkeypatch):
     directory, manifest, model, ids = lm
     options = _budgets(manifest)["async"]
-    with load(directory, **options) as engine:
+    with load(directory, **options, read_ahead=True) as engine:
         read_units = engine.units.read_units
 
         def slow(first, stop, view):
@@ -126,7 +126,7 @@ def test_reconfiguring_or_closing_while_it_reads_waits_for_its_read(lm, monkeypa
 
 def test_a_failed_read_ahead_is_read_again_by_the_pass(lm, monkeypatch):
     directory, manifest, model, ids = lm
-    with load(directory, **_budgets(manifest)["async"]) as engine:
+    with load(directory, **_budgets(manifest)["async"], read_ahead=True) as engine:
         read_units = engine.units.read_units
         failed = []
 
@@ -154,7 +154,7 @@ def test_any_calls_give_the_models_output_within_the_budget(lm, lengths, setting
     is stopped under way): each output is the model's, within the budget."""
     directory, manifest, model, ids = lm
     options = _budgets(manifest)[setting]
-    with load(directory, **options, coalesce=coalesce) as engine:
+    with load(directory, **options, coalesce=coalesce, read_ahead=True) as engine:
         for n in lengths:
             n = min(n, getattr(model.config, "n_positions", 64))
             x = (torch.arange(n).view(1, -1) * 7 + n) % 100

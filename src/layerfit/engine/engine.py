@@ -286,8 +286,8 @@ class Engine:
             self._check_open()
             if self._lost is not None:
                 raise LayerfitError(f"this engine cannot run: {self._lost}; reconfigure it or load the model again")
-            ahead = self.stream.take_read_ahead()  # read for this pass after the last one
             self.reader.check_unchanged()
+            ahead = self.stream.take_read_ahead()  # read for this pass after the last one
             self.pass_thread = threading.get_ident()
             run = PassState(len(self.blocks), units)
             if source is not None:
@@ -299,6 +299,8 @@ class Engine:
             # Nothing to read ahead when every streamed unit is an embedding read by rows.
             streaming = source is None and self.policy.name != "preload" and self.buffers.ring is not None
             threads = self.stream.start_threads(run, ahead) if streaming else []
+            if ahead is not None and not streaming:  # (the next streamed pass starts afresh)
+                ahead.join()
             try:
                 out = self._forward(forward, args, kwargs)
                 if run.done != run.units.stop and source is not None:

@@ -119,7 +119,6 @@ class PartialReadHook(UnitHook):
         for this one to have its place, so it may use the whole ring."""
         stream, i, ring = self.stream, self.index, self.stream.ring
         with stream.state:
-            stream.rows_rooms[i] = nbytes  # the next read-ahead reserves as much
             reserved = run.reserved.pop(i, None)  # its place, reserved when the pass was read ahead
             if reserved is not None and nbytes <= reserved[1]:
                 off = reserved[0]
@@ -170,6 +169,8 @@ class GatherHook(PartialReadHook):
         lookup = table.plan(
             ids, room=ring.capacity, verify=stream.units.needs_check(i), request_bytes=REQUEST_BYTES
         )
+        if not lookup.verify:  # (a scan that verifies happens once) the read-ahead reserves as much
+            stream.rows_rooms[i] = max(lookup.nbytes, stream.rows_rooms.get(i, 0))
         off = self.place(run, lookup.nbytes, module.padding_idx, f"the rows of {table.name}")
         t0 = time.perf_counter()
         weight = table.read(stream.units.reader, lookup, ring.bytes[off : off + lookup.nbytes], ring.view[off:])

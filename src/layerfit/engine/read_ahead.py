@@ -3,19 +3,21 @@
 A generation loop calls the engine once per token, and between two calls the reader has
 nothing to do: the caller picks the token, a draft model proposes the next ones, the
 server answers. Two passes of one configuration read the same units in the same order,
-so when a streamed pass ends the engine goes on reading the next one's first units into
-the read buffer, as far as the buffer has room (Demand Layering's reader runs ahead the
-same way within a pass). The next pass adopts them when it begins as this one did: the
-same units, from the same first unit, expecting the same skips. Otherwise it gives them
-back, read for nothing. The buffer is the one a pass uses, laid out as that pass would
-lay it out, so the budget holds exactly as before.
+so when a streamed pass ends the engine may go on reading the next one's first units
+into the read buffer, as far as the buffer has room (Demand Layering's reader runs ahead
+the same way within a pass); ``EngineConfig.read_ahead`` turns it on. The next pass
+adopts them when it begins as expected (the same units, from the same first unit,
+expecting the same skips as the passes that followed such a pass most often); otherwise
+it gives them back, read for nothing. The buffer is the one a pass uses, laid out as
+that pass would lay it out, so the budget holds exactly as before.
 
 An embedding read by rows depends on ids not known yet, so its place is reserved in its
-turn: room for :data:`RESERVED_ROWS` distinct rows, or for what its last lookup took if
-that was more. A lookup that needs more still (a prompt after decoding, a table read
-whole to verify it) gives back what was read ahead after it and takes the buffer as it
-does without a read-ahead. Routed experts stop the read-ahead, since their reads
-depend on the router, and a copy stage (three stages) does not read ahead.
+turn: room for :data:`RESERVED_ROWS` distinct rows, or for the most its lookups took
+(but the scan that verifies it) if that was more. A lookup that needs more still (a
+longer prompt, the scan that verifies the table) gives back what was read ahead after
+it and takes the buffer as it does without a read-ahead. Routed experts stop the
+read-ahead, since what they read depends on the router, and a copy stage (three
+stages) does not read ahead.
 """
 
 from __future__ import annotations
@@ -98,12 +100,11 @@ class ReadAheadReader:
         kept: frozenset[int],
         tables: dict[int, object],
         chunk: int,
-        last_rooms: dict[int, int],
+        rooms_taken: dict[int, int],
     ) -> None:
         """Read ``expected``'s first units into the empty ``ring``, in their order, as far as
         it has room and no routed experts come first; a read merges adjacent units up to
-        ``chunk`` bytes. ``last_rooms``: the room each table's rows took in the last pass
-        that looked them up. Returns at once: a thread reads."""
+        ``chunk`` bytes. ``rooms_taken``: the most room each table's rows took. Returns at once: a thread reads."""
         ahead = ReadAhead(expected)
         plan: list[int | tuple[int, int]] = []  # units to read, and (table, room) to reserve
         room = ring.capacity
@@ -113,7 +114,7 @@ class ReadAheadReader:
             table = tables.get(k)
             if table is not None and not isinstance(table, RowTable):
                 break  # routed experts: what they read depends on the router
-            size = blocks[k].nbytes if table is None else max(reserved_room(table), last_rooms.get(k, 0))
+            size = blocks[k].nbytes if table is None else max(reserved_room(table), rooms_taken.get(k, 0))
             if size > room:
                 break
             room -= size

@@ -61,7 +61,7 @@ class UnitStream:
     """Streams the units of one configuration through the buffers; owns the pass state."""
 
     def __init__(self, device: Device, units: UnitReader, buffers: WeightBuffers, binder: Binder,
-                 coalesce_bytes: int, trace: bool, read_ahead: bool = True) -> None:
+                 coalesce_bytes: int, trace: bool, read_ahead: bool = False) -> None:
         self.device = device
         self.units = units
         self.buffers = buffers
@@ -88,7 +88,7 @@ class UnitStream:
         # How often a pass that began so was followed by one that began so: the read-ahead
         # expects the most frequent (an encoder's pass, then decoder steps, ...).
         self.successors: dict[tuple[int, int, int], Counter[tuple[int, int, int]]] = {}
-        self.rows_rooms: dict[int, int] = {}  # the room each table's rows took when it last ran
+        self.rows_rooms: dict[int, int] = {}  # the most room each table's rows took (the read-ahead reserves it)
         self.copier = CopyStage(self)
         self.read_ahead_on = read_ahead
         self.read_ahead = ReadAheadReader(self.state, units)
