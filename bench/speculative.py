@@ -115,36 +115,48 @@ def run(engine: Any, mode: str, tokens: int, draft: Any, make_prompts: Callable[
             "sequences": out.sequences}
 
 
+READ_AHEAD = " (read-ahead)"
+"""A mode's suffix when it runs with the read-ahead across passes (``read_ahead=True``)."""
+
+
 def measure(prepared: Path, manifest: Any, draft: Any, draft_bytes: int, expected: list[torch.Tensor], tokens: int,
             rounds: int, bandwidth: float, make_prompts: Callable[[int], torch.Tensor] = prompts, lookup: int = 8,
-            assisted: dict[str, list[torch.Tensor]] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+            assisted: dict[str, list[torch.Tensor]] | None = None,
+            ablate_read_ahead: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
     """Every mode at every share, in ``rounds`` alternating rounds: the table's rows.
 
     ``expected[i]``: the model's own plain greedy decode of ``make_prompts(8)[i]`` alone;
     ``assisted[mode]``: where given, transformers' own ``generate`` of that mode (the same
-    lookup or draft) without the engine, which a row's ``equal_assisted`` compares with."""
+    lookup or draft) without the engine, which a row's ``equal_assisted`` compares with.
+    ``ablate_read_ahead``: plain and the draft also run with the read-ahead across
+    passes (``read_ahead=True``), in the same rounds."""
     from layerfit.engine import load
 
     modes = ["plain", "lookup", "draft", *(f"batch {b}" for b in BATCHES)]
+    if ablate_read_ahead:
+        modes += ["plain" + READ_AHEAD, "draft" + READ_AHEAD]
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     equal: dict[tuple[str, str], bool] = {}
     same_assisted: dict[tuple[str, str], bool] = {}
     cells = [(share, mode) for _ in range(rounds) for share in SHARES for mode in modes]
     for share, mode in progress(cells, "speculative", total=len(cells)):
         key = "preload" if share is None else f"{int(share * 100)}%"
-        budget = None if share is None else int(manifest.total_bytes * share) - (draft_bytes if mode == "draft" else 0)
+        base = mode.removesuffix(READ_AHEAD)
+        if share is None and base != mode:
+            continue  # preloaded: nothing streams
+        budget = None if share is None else int(manifest.total_bytes * share) - (draft_bytes if base == "draft" else 0)
         if budget is not None and budget < manifest.resident_bytes + manifest.largest_unit_bytes:
             results.setdefault(key, {}).setdefault(mode, [])  # the draft leaves too little for the target
             continue
-        with load(prepared, budget=budget) as engine:
-            r = off_main(lambda engine=engine, mode=mode: run(engine, mode, tokens, draft, make_prompts, lookup))
+        with load(prepared, budget=budget, read_ahead=base != mode) as engine:
+            r = off_main(lambda engine=engine, mode=base: run(engine, mode, tokens, draft, make_prompts, lookup))
             r["bytes_per_pass"] = streamed_bytes(engine)
-            r["weights_peak_bytes"] = engine.last_weights_peak + (draft_bytes if mode == "draft" else 0)
+            r["weights_peak_bytes"] = engine.last_weights_peak + (draft_bytes if base == "draft" else 0)
         sequences = r.pop("sequences")
         same = all(torch.equal(sequences[i:i + 1], expected[i]) for i in range(sequences.shape[0]))
         equal[(key, mode)] = equal.get((key, mode), True) and same
-        if assisted is not None and mode in assisted:
-            hf = all(torch.equal(sequences[i:i + 1], assisted[mode][i]) for i in range(sequences.shape[0]))
+        if assisted is not None and base in assisted:
+            hf = all(torch.equal(sequences[i:i + 1], assisted[base][i]) for i in range(sequences.shape[0]))
             same_assisted[(key, mode)] = same_assisted.get((key, mode), True) and hf
         results.setdefault(key, {}).setdefault(mode, []).append(r)
         print(key, mode, dict(r.items()), "equal" if same else "DIFFERENT", flush=True)
@@ -158,7 +170,7 @@ def measure(prepared: Path, manifest: Any, draft: Any, draft_bytes: int, expecte
                 "tokens_per_s_by_round": [r["new_tokens"] / r["seconds"] for r in runs],
                 "kv_cache_bytes": runs[0]["kv_cache_bytes"],
                 "bytes_per_token": runs[0]["bytes_per_pass"] * runs[0]["passes"] / runs[0]["new_tokens"],
-                "floor_s": _floor(runs, results.get("preload", {}).get(mode, []), bandwidth),
+                "floor_s": _floor(runs, results.get("preload", {}).get(mode.removesuffix(READ_AHEAD), []), bandwidth),
                 "seconds": statistics.median(r["seconds"] for r in runs),
                 "weights_peak_bytes": max(r["weights_peak_bytes"] for r in runs),
                 "equal": equal[(key, mode)],
