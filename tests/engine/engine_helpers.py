@@ -16,3 +16,11 @@ def read_spy():
         return real(fd, buffers, offset, *rest)
 
     return reads, spy
+
+
+def finish_read_ahead(engine) -> None:
+    """Wait until the engine's read-ahead has read all it will (a caller whose work
+    between two calls outlasts it): what the next pass adopts no longer depends on timing."""
+    ahead = engine.stream.read_ahead.current
+    if ahead is not None:
+        ahead.join()

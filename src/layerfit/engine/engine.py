@@ -118,6 +118,7 @@ class Engine:
         # The last pass's units that did not run (after its first), and the bytes the
         # reader had read of them for nothing.
         self.last_skipped: tuple[int, int] = (0, 0)
+        self.last_read_ahead = 0  # bytes of units the last pass adopted, read before it began
         self.last_weights_peak = 0
         self.plan: EnginePlan | None = None
         self._hooks: list = []
