@@ -1,5 +1,6 @@
-"""The engine tests' shared model: a tiny CNN prepared once per module, and its output
-from plain PyTorch (modules with other needs define their own ``tiny``)."""
+"""The engine tests' shared models, prepared once per module: a tiny CNN and its output
+from plain PyTorch (modules with other needs define their own ``tiny``), and two tiny
+language models (``lm``; the CUDA tests define their own)."""
 
 from __future__ import annotations
 
@@ -24,3 +25,13 @@ def reference(tiny: Path):
     x = example_input((1, 3, 16, 16))
     with torch.no_grad():
         return x, tinymodels.tiny_cnn().eval()(x)
+
+
+@pytest.fixture(scope="module", params=["tiny_gpt2", "tiny_llama"])
+def lm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """(folder, manifest, model, an 8-token prompt) of a tiny GPT-2 and a tiny Llama."""
+    name = request.param
+    directory = tmp_path_factory.mktemp("lm") / name
+    manifest = prepare(f"tinymodels:{name}", directory, input_shape=(1, 8), input_dtype="int64")
+    ids = example_input((1, 8), "int64", seed=4) % 100
+    return directory, manifest, getattr(tinymodels, name)(), ids

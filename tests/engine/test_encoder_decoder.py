@@ -398,6 +398,6 @@ def test_a_table_read_by_rows_waits_for_a_skipped_unit_still_being_read(skips, m
             with torch.no_grad():
                 want = model(x)
             assert torch.equal(_call(engine, x), want)
-            engine.stream.take_read_ahead()  # what it holds after the pass is the next one's
+            engine.stream.drop_read_ahead()  # what it holds after the pass is the next one's
             assert engine.ring.in_use == 0 or read_ahead
             assert engine.last_weights_peak <= budget

@@ -13,17 +13,6 @@ from layerfit.engine import load
 from layerfit.errors import LayerfitError
 from layerfit.store import example_input, prepare
 
-PROMPT = 8
-
-
-@pytest.fixture(scope="module", params=["tiny_gpt2", "tiny_llama"])
-def lm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    name = request.param
-    directory = tmp_path_factory.mktemp("generation") / name
-    manifest = prepare(f"tinymodels:{name}", directory, input_shape=(1, PROMPT), input_dtype="int64")
-    ids = example_input((1, PROMPT), "int64", seed=4) % 100
-    return directory, manifest, getattr(tinymodels, name)(), ids
-
 
 MODES = {  # generate's own decoding strategies, each from the same seed on both sides
     "greedy": {"do_sample": False},

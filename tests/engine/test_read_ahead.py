@@ -6,25 +6,12 @@ import threading
 import time
 
 import pytest
-import tinymodels
 import torch
 from engine_helpers import finish_read_ahead
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from layerfit.engine import load
-from layerfit.store import example_input, prepare
-
-PROMPT = 8
-
-
-@pytest.fixture(scope="module", params=["tiny_gpt2", "tiny_llama"])
-def lm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    name = request.param
-    directory = tmp_path_factory.mktemp("read_ahead") / name
-    manifest = prepare(f"tinymodels:{name}", directory, input_shape=(1, PROMPT), input_dtype="int64")
-    ids = example_input((1, PROMPT), "int64", seed=4) % 100
-    return directory, manifest, getattr(tinymodels, name)(), ids
 
 
 def _budgets(manifest) -> dict[str, dict]:

@@ -288,7 +288,7 @@ class Engine:
             if self._lost is not None:
                 raise LayerfitError(f"this engine cannot run: {self._lost}; reconfigure it or load the model again")
             self.reader.check_unchanged()
-            ahead = self.stream.take_read_ahead()  # read for this pass after the last one
+            ahead = self.stream.read_ahead.take()  # read for this pass after the last one
             self.pass_thread = threading.get_ident()
             run = PassState(len(self.blocks), units)
             if source is not None:

@@ -125,7 +125,7 @@ class PartialReadHook(UnitHook):
             else:
                 if reserved is not None:  # too small: what was read ahead after it goes back
                     run.reserved[i] = reserved
-                    stream.give_back_ahead(run, i)
+                    run.ahead.give_back_from(run, i, ring, stream.blocks)
                 # Empty but for a skipped unit still being read, which the reader gives
                 # back when its read ends: this unit waits for that, since placed after
                 # it it would be given back first, and the ring gives back oldest first.
@@ -170,7 +170,7 @@ class GatherHook(PartialReadHook):
             ids, room=ring.capacity, verify=stream.units.needs_check(i), request_bytes=REQUEST_BYTES
         )
         if not lookup.verify:  # (a scan that verifies happens once) the read-ahead reserves as much
-            stream.rows_rooms[i] = max(lookup.nbytes, stream.rows_rooms.get(i, 0))
+            stream.read_ahead.took(i, lookup.nbytes)
         off = self.place(run, lookup.nbytes, module.padding_idx, f"the rows of {table.name}")
         t0 = time.perf_counter()
         weight = table.read(stream.units.reader, lookup, ring.bytes[off : off + lookup.nbytes], ring.view[off:])

@@ -24,14 +24,23 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from layerfit.engine.gather import RowTable
 from layerfit.engine.ring import RingBuffer
+from layerfit.engine.trace import Event
 from layerfit.engine.unit_reader import UnitReader
 from layerfit.engine.units import Block
 from layerfit.store.manifest import ALIGN
+
+if TYPE_CHECKING:  # (the pass state holds a read-ahead: imported for the hints only)
+    from layerfit.engine.pass_state import PassState
+
+Start = tuple[int, int, int]
+"""How a pass began: its units' start and stop, and the first unit it ran."""
 
 RESERVED_ROWS = 16
 """Distinct ids a decoding step's embedding lookup may have without losing the
@@ -83,14 +92,97 @@ class ReadAhead:
         if self._thread is not None:
             self._thread.join()
 
+    # --- the pass's side (the stream's lock held) -----------------------------------------
+
+    def adopt(self, run: PassState, began: NextPass, ring: RingBuffer, blocks: Sequence[Block], trace: bool) -> None:
+        """``run`` began as ``began``: the units read are ready for its kernels and the rows'
+        places reserved, when it began as expected; else what was read is given back,
+        read for nothing. A read under way is the pass's reader's to settle."""
+        if began != self.expected:
+            for k in give_back(self, ring):
+                run.read_for_nothing += blocks[k].nbytes
+            return
+        self.adopted = frozenset(self.read)
+        run.reserved = dict(self.reserved)
+        for k in self.adopted:
+            run.ready[k] = self.read[k]
+            run.read_ahead_bytes += blocks[k].nbytes
+            if trace:
+                t0, t1, nbytes = self.times[k]
+                run.events.append(Event(k, blocks[k].name, "read", t0 - run.t0, t1 - run.t0, nbytes))
+
+    def keeps(self, unit: int) -> bool:
+        """Whether the pass keeps what was read ahead from ``unit`` on."""
+        return self.adopted is not None and (self.given_back_from is None or unit < self.given_back_from)
+
+    def give_back_from(self, run: PassState, start: int, ring: RingBuffer, blocks: Sequence[Block]) -> None:
+        """Give back what was read for units from ``start`` on, oldest first, for ``run``'s
+        reader to read again in their turn: rows at ``start`` need more than their room."""
+        for k in give_back(self, ring, range(start, run.units.stop)):
+            run.ready[k] = None
+            run.read_for_nothing += blocks[k].nbytes
+        self.given_back_from = start  # and a read under way, once it ends
+        run.reserved = {k: r for k, r in run.reserved.items() if k < start}
+
+    def settle_late(self, run: PassState, ring: RingBuffer, blocks: Sequence[Block]) -> tuple | None:
+        """After :meth:`join`: what the read under way when the pass began comes to. Given
+        back if the pass does not keep it (None); else ``(units, offset, bytes, times)``
+        for the pass's reader to hand to the kernels, ``times`` None when the read
+        failed and must be made again into its place."""
+        if self.pending is not None:  # it failed
+            units, off, total = self.pending
+            if self.keeps(units[0]):
+                return units, off, total, None
+            self.release_failed(ring, blocks)
+            return None
+        units = sorted(k for k in self.read if self.adopted is None or k not in self.adopted)
+        if not units:
+            return None
+        if not self.keeps(units[0]):
+            for k in give_back(self, ring, range(units[0], units[-1] + 1)):
+                run.read_for_nothing += blocks[k].nbytes
+            return None
+        total = sum(blocks[k].nbytes for k in units)
+        run.read_ahead_bytes += total
+        return units, self.read[units[0]], total, (self.times[units[0]][0], self.times[units[-1]][1])
+
+    def release_failed(self, ring: RingBuffer, blocks: Sequence[Block]) -> None:
+        """Give back the place of the failed read, unit by unit."""
+        units, off, _ = self.pending
+        for k in units:
+            ring.release_locked(off + blocks[k].offset - blocks[units[0]].offset)
+
 
 class ReadAheadReader:
-    """Starts and stops an engine's read-ahead; holds at most one."""
+    """Starts and stops an engine's read-ahead (at most one), and learns what to expect:
+    which pass follows which, and how much room each table's rows take."""
 
     def __init__(self, lock: threading.Lock, units: UnitReader) -> None:
         self.lock = lock  # the stream's lock, under which the buffer is allocated
         self.units = units
         self.current: ReadAhead | None = None
+        # How often a pass that began so was followed by one that began so: the next pass
+        # is expected to begin as the most frequent (an encoder's pass, then steps, ...).
+        self.successors: dict[Start, Counter[Start]] = {}
+        self.rows_rooms: dict[int, int] = {}  # the most room each table's rows took
+
+    def forget(self) -> None:
+        """A new configuration: its units are numbered otherwise."""
+        self.successors, self.rows_rooms = {}, {}
+
+    def followed(self, before: Start | None, start: Start) -> None:
+        """A pass began as ``start`` after one that began as ``before``."""
+        if before is not None:
+            self.successors.setdefault(before, Counter())[start] += 1
+
+    def after(self, start: Start) -> Start:
+        """How the pass after one that began as ``start`` is expected to begin."""
+        following = self.successors.get(start)
+        return following.most_common(1)[0][0] if following else start
+
+    def took(self, unit: int, nbytes: int) -> None:
+        """Table ``unit``'s rows took ``nbytes`` of room (not a scan that verifies it)."""
+        self.rows_rooms[unit] = max(nbytes, self.rows_rooms.get(unit, 0))
 
     def start(
         self,
@@ -100,11 +192,10 @@ class ReadAheadReader:
         kept: frozenset[int],
         tables: dict[int, object],
         chunk: int,
-        rooms_taken: dict[int, int],
     ) -> None:
         """Read ``expected``'s first units into the empty ``ring``, in their order, as far as
         it has room and no routed experts come first; a read merges adjacent units up to
-        ``chunk`` bytes. ``rooms_taken``: the most room each table's rows took. Returns at once: a thread reads."""
+        ``chunk`` bytes. Returns at once: a thread reads."""
         ahead = ReadAhead(expected)
         plan: list[int | tuple[int, int]] = []  # units to read, and (table, room) to reserve
         room = ring.capacity
@@ -114,7 +205,7 @@ class ReadAheadReader:
             table = tables.get(k)
             if table is not None and not isinstance(table, RowTable):
                 break  # routed experts: what they read depends on the router
-            size = blocks[k].nbytes if table is None else max(reserved_room(table), rooms_taken.get(k, 0))
+            size = blocks[k].nbytes if table is None else max(reserved_room(table), self.rows_rooms.get(k, 0))
             if size > room:
                 break
             room -= size
@@ -205,4 +296,4 @@ def give_back(ahead: ReadAhead, ring: RingBuffer, units: range | None = None) ->
     return lost
 
 
-__all__ = ["RESERVED_ROWS", "NextPass", "ReadAhead", "ReadAheadReader", "give_back", "reserved_room"]
+__all__ = ["RESERVED_ROWS", "NextPass", "ReadAhead", "ReadAheadReader", "Start", "give_back", "reserved_room"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -32,7 +31,7 @@ from layerfit.engine.experts import ExpertTable
 from layerfit.engine.gather import RowTable
 from layerfit.engine.pass_state import PassState
 from layerfit.engine.policies import Policy
-from layerfit.engine.read_ahead import NextPass, ReadAhead, ReadAheadReader, give_back
+from layerfit.engine.read_ahead import NextPass, ReadAhead, ReadAheadReader, Start
 from layerfit.engine.ring import Cancelled, RingBuffer
 from layerfit.engine.skeleton import Binding
 from layerfit.engine.trace import Event
@@ -84,11 +83,7 @@ class UnitStream:
         # decoder step skips what the step before it skipped; the first step after the
         # encoder's pass skips nothing.
         self.skips_seen: dict[tuple, frozenset[int]] = {}
-        self.last_start: tuple[int, int, int] | None = None  # (part start, stop, first unit run)
-        # How often a pass that began so was followed by one that began so: the read-ahead
-        # expects the most frequent (an encoder's pass, then decoder steps, ...).
-        self.successors: dict[tuple[int, int, int], Counter[tuple[int, int, int]]] = {}
-        self.rows_rooms: dict[int, int] = {}  # the most room each table's rows took (the read-ahead reserves it)
+        self.last_start: Start | None = None  # (part start, stop, first unit run)
         self.copier = CopyStage(self)
         self.read_ahead_on = read_ahead
         self.read_ahead = ReadAheadReader(self.state, units)
@@ -100,7 +95,8 @@ class UnitStream:
         (and the expert cache of the last configuration, whose units were numbered otherwise)."""
         self.policy, self.blocks, self.bindings = policy, blocks, bindings
         self.kept, self.gathered, self.expert_cache = kept, gathered, expert_cache
-        self.skips_seen, self.last_start, self.successors, self.rows_rooms = {}, None, {}, {}
+        self.skips_seen, self.last_start = {}, None
+        self.read_ahead.forget()
 
     @property
     def ring(self) -> RingBuffer | None:
@@ -114,7 +110,7 @@ class UnitStream:
 
     def start_threads(self, run: PassState, ahead: ReadAhead | None = None) -> list[threading.Thread]:
         """Start the reader (and copy) thread of ``run``; ``ahead``: what was read for it
-        after the last pass (:meth:`take_read_ahead`), adopted when it begins as expected."""
+        after the last pass (``read_ahead.take()``), adopted when it begins as expected."""
         if ahead is not None and self.device_ring is None:
             self.ring.restart_ledger()  # it holds what was read ahead, and nothing else
             run.ahead = ahead
@@ -164,8 +160,7 @@ class UnitStream:
         if run.source is None:
             start = (run.units.start, run.units.stop, run.begin)
             self.skips_seen[(start, self.last_start)] = frozenset(run.skipped_units)
-            if self.last_start is not None:
-                self.successors.setdefault(self.last_start, Counter())[start] += 1
+            self.read_ahead.followed(self.last_start, start)
             self.last_start = start
 
     # --- the order units run in ---------------------------------------------------------
@@ -210,7 +205,8 @@ class UnitStream:
                 # (not a table read by rows when it runs, nor a kept unit: neither is read ahead)
                 run.expect_skipped = set(seen) - set(self.gathered) - self.kept
             if run.ahead is not None:
-                self._adopt(run, NextPass(run.units, i, frozenset(run.expect_skipped)))
+                began = NextPass(run.units, i, frozenset(run.expect_skipped))
+                run.ahead.adopt(run, began, self.ring, self.blocks, self.trace)
             self.room.notify()
             self.copyable.notify()
 
@@ -228,18 +224,13 @@ class UnitStream:
         ):
             return
         start = (run.units.start, run.units.stop, run.begin)
-        following = self.successors.get(start)
-        after = following.most_common(1)[0][0] if following else start
+        after = self.read_ahead.after(start)
         seen = self.skips_seen.get((after, start), frozenset())  # what it will expect skipped
         skipped = frozenset(set(seen) - set(self.gathered) - self.kept)
         expected = NextPass(range(after[0], after[1]), after[2], skipped)
         self.ring.reset()  # what the pass left read for nothing
         chunk = min(self.coalesce_bytes, self.ring.capacity // 2)
-        self.read_ahead.start(expected, self.ring, self.blocks, self.kept, self.gathered, chunk, self.rows_rooms)
-
-    def take_read_ahead(self) -> ReadAhead | None:
-        """Stop the read-ahead and hand it to the next pass (its read under way goes on)."""
-        return self.read_ahead.take()
+        self.read_ahead.start(expected, self.ring, self.blocks, self.kept, self.gathered, chunk)
 
     def drop_read_ahead(self) -> None:
         """Stop the read-ahead and wait for its read under way: the buffer is the caller's."""
@@ -247,84 +238,31 @@ class UnitStream:
         if ahead is not None:
             ahead.join()
 
-    def _adopt(self, run: PassState, began: NextPass) -> None:
-        """The pass began as ``began``: the units read ahead are ready for the kernels and
-        the rows' places reserved, when it began as expected; else what was read is given
-        back, read for nothing (lock held). A read under way is the reader's to settle."""
-        ahead = run.ahead
-        if began != ahead.expected:
-            for k in give_back(ahead, self.ring):
-                run.read_for_nothing += self.blocks[k].nbytes
-            return
-        ahead.adopted = frozenset(ahead.read)
-        run.reserved = dict(ahead.reserved)
-        for k in ahead.adopted:
-            run.ready[k] = ahead.read[k]
-            run.read_ahead_bytes += self.blocks[k].nbytes
-            if self.trace:
-                t0, t1, nbytes = ahead.times[k]
-                run.events.append(Event(k, self.blocks[k].name, "read", t0 - run.t0, t1 - run.t0, nbytes))
-
     def _settle_read_ahead(self, run: PassState) -> None:
         """The reader's first step in a pass given a read-ahead: wait for its read under
         way, then hand those units to the kernels (read again if the read failed), or
-        give them back, the oldest bytes in the buffer, if the pass did not adopt them or
-        gave back the units from there on."""
-        ahead = run.ahead
+        give them back (:meth:`ReadAhead.settle_late`)."""
+        ahead, ring = run.ahead, self.ring
         ahead.join()
-        blocks, ring = self.blocks, self.ring
         with self.room:
-            failed = ahead.pending  # (a read that succeeded left it None)
-            units = failed[0] if failed is not None else sorted(
-                k for k in ahead.read if ahead.adopted is None or k not in ahead.adopted
-            )
-            if not units:
+            late = ahead.settle_late(run, ring, self.blocks)
+            if late is None:
+                self.ready.notify()  # rows may wait for the room given back
                 return
-            if failed is None:  # read after the pass began
-                if self._keeps(ahead, units[0]):
-                    total = sum(blocks[k].nbytes for k in units)
-                    run.read_ahead_bytes += total
-                    claim = _Claim(units[0], units[-1] + 1, ahead.read[units[0]], total)
-                    self._deliver_locked(run, claim, ahead.times[units[0]][0], ahead.times[units[-1]][1])
-                else:
-                    for k in give_back(ahead, ring, range(units[0], units[-1] + 1)):
-                        run.read_for_nothing += blocks[k].nbytes
-                    self.ready.notify()  # rows may wait for the room
+            units, off, total, times = late
+            claim = _Claim(units[0], units[-1] + 1, off, total)
+            if times is not None:
+                self._deliver_locked(run, claim, *times)
                 return
-            if not self._keeps(ahead, units[0]):
-                self._release_failed(failed)
-                return
-        first, off, total = failed  # failed: read again, into its place
-        t0 = time.perf_counter()
-        self.units.read_units(first[0], first[-1] + 1, ring.view[off:])
+        t0 = time.perf_counter()  # it failed: read again, into its place
+        self.units.read_units(claim.first, claim.stop, ring.view[off:])
         t1 = time.perf_counter()
         with self.room:
-            if self._keeps(ahead, first[0]):
-                self._deliver_locked(run, _Claim(first[0], first[-1] + 1, off, total), t0, t1)
+            if ahead.keeps(claim.first):
+                self._deliver_locked(run, claim, t0, t1)
             else:
-                self._release_failed(failed)
-
-    @staticmethod
-    def _keeps(ahead: ReadAhead, unit: int) -> bool:
-        """Whether the pass keeps what was read ahead from ``unit`` on (lock held)."""
-        return ahead.adopted is not None and (ahead.given_back_from is None or unit < ahead.given_back_from)
-
-    def _release_failed(self, failed: tuple[list[int], int, int]) -> None:
-        """Give back the place of a failed read-ahead, unit by unit (lock held)."""
-        units, off, _ = failed
-        for k in units:
-            self.ring.release_locked(off + self.blocks[k].offset - self.blocks[units[0]].offset)
-        self.ready.notify()  # rows may wait for the room
-
-    def give_back_ahead(self, run: PassState, start: int) -> None:
-        """Give back what was read ahead for units from ``start`` on, oldest first, and
-        read them again in their turn: rows at ``start`` need more than their reserved
-        room (lock held)."""
-        for k in give_back(run.ahead, self.ring, range(start, run.units.stop)):
-            run.ready[k] = None
-            run.read_for_nothing += self.blocks[k].nbytes
-        run.ahead.given_back_from = start  # and a read under way, once it ends
-        run.reserved = {k: r for k, r in run.reserved.items() if k < start}
+                ahead.release_failed(ring, self.blocks)
+                self.ready.notify()
 
     def _skip(self, run: PassState, i: int) -> None:
         """Unit ``i`` runs and the units between the last one that ran and it do not: a
