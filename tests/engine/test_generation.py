@@ -13,7 +13,6 @@ from layerfit.engine import load
 from layerfit.errors import LayerfitError
 from layerfit.store import example_input, prepare
 
-
 MODES = {  # generate's own decoding strategies, each from the same seed on both sides
     "greedy": {"do_sample": False},
     "sampling": {"do_sample": True, "top_k": 20, "temperature": 0.8},
