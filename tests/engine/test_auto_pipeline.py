@@ -23,6 +23,7 @@ from layerfit.engine.policies import (
     STREAMED_PER_BUFFER_BYTE,
     choose_kept_units,
     least_room_to_keep,
+    spread_streamed,
 )
 from layerfit.engine.unit_reader import UnitReader
 from layerfit.errors import BudgetError, LayerfitError, ReadError
@@ -112,10 +113,36 @@ def test_units_that_run_more_often_are_kept_first():
     mib = 1 << 20
     sizes = [mib] * 12  # an encoder of 6 and a decoder of 6 units of one size
     runs = [1] * 6 + [16] * 6
-    assert choose_kept_units(sizes, 6 * mib) == {0, 1, 2, 3}  # the first, when they run alike
-    assert choose_kept_units(sizes, 6 * mib, runs=runs) == {6, 7, 8, 9}
+    assert choose_kept_units(sizes, 6 * mib) == {1, 4, 7, 10}  # spread out, when they run alike
+    assert choose_kept_units(sizes, 6 * mib, runs=runs) == {6, 7, 9, 10}  # 8 and 11 stream
     # room for all six: the buffer's unit streams from the encoder, not the decoder
     assert choose_kept_units(sizes, 8 * mib, runs=runs) == set(range(6, 12))
+
+
+@settings(max_examples=300, deadline=None)
+@given(kinds=st.lists(st.integers(0, 3), min_size=1, max_size=60), data=st.data())
+def test_streamed_units_of_a_kind_are_as_many_and_evenly_spread(kinds: list[int], data):
+    kept = set(data.draw(st.sets(st.integers(0, len(kinds) - 1))))
+    spread = spread_streamed(kept, kinds)
+    for kind in set(kinds):
+        units = [i for i, k in enumerate(kinds) if k == kind]
+        streamed = [j for j, i in enumerate(units) if i not in spread]  # places among the kind
+        assert len(streamed) == sum(1 for i in units if i not in kept)  # as many of each kind
+        if streamed:
+            assert streamed[-1] == len(units) - 1  # the kind's last streams
+            # evenly spaced: the gaps between them differ by one at most
+            gaps = [b - a for a, b in zip([-1, *streamed], streamed, strict=False)]
+            assert max(gaps) - min(gaps) <= 1
+
+
+def test_streamed_units_spread_through_the_pass():
+    mib = 1 << 20
+    # 18 projections of one size (a 6-layer decoder's MLPs), 7 streamed: one in every
+    # two or three, not the last seven (whose reads would all queue at the pass's end).
+    kept = choose_kept_units([mib] * 18, 13 * mib)
+    streamed = sorted(set(range(18)) - kept)
+    assert len(streamed) == 7
+    assert streamed == [1, 4, 6, 9, 11, 14, 17]
 
 
 def test_kept_units_shrink_the_buffer_first_then_save_the_most_requests():
@@ -126,12 +153,12 @@ def test_kept_units_shrink_the_buffer_first_then_save_the_most_requests():
     # One unit far larger than the rest (a VGG's fc6): keeping it shrinks the buffer the
     # rest need from two of it to two of the next, so the room keeps it first.
     vgg = [2 * mib] * 8 + [40 * mib]
-    assert choose_kept_units(vgg, 48 * mib) == {0, 1, 8}
+    assert choose_kept_units(vgg, 48 * mib) == {2, 6, 8}  # the two kept of 2 MiB spread out
     assert choose_kept_units(vgg, 80 * mib) == set(range(9)) - {7}  # one unit of 2 MiB streams
     assert choose_kept_units(vgg, 40 * mib) == set()  # two of 40 MiB do not fit, nor 40 + two of 2
     # Units of one size leave the buffer nothing to gain: the small ones go first, each
     # a request saved, then as many large ones as fit.
-    assert choose_kept_units([mib] * 10 + [small] * 10, 4 * mib) == {0, *range(10, 20)}
+    assert choose_kept_units([mib] * 10 + [small] * 10, 4 * mib) == {8, *range(10, 20)}
 
 
 def test_auto_keeps_every_weight_when_the_budget_holds_them_and_streams_below(tiny: Path, reference, monkeypatch):
@@ -140,7 +167,8 @@ def test_auto_keeps_every_weight_when_the_budget_holds_them_and_streams_below(ti
     sizes = [u.nbytes for u in m.units]
     for budget, chosen, kept in [
         (None, "preload", ()), (m.total_bytes, "preload", ()), (10**6, "preload", ()),
-        (m.total_bytes - 4096, "async", (0, 2, 4)), (32768, "async", ()),
+        # of the four units of 4096 bytes the third is kept, the other three stream
+        (m.total_bytes - 4096, "async", (2, 3, 4)), (32768, "async", ()),
     ]:
         with load(tiny, pipeline="auto", budget=budget) as engine:
             assert (engine.pipeline, engine.policy.name, engine.kept_units) == ("auto", chosen, kept)
@@ -264,7 +292,7 @@ def test_auto_chooses_again_for_each_new_budget(tiny: Path, reference):
         engine.reconfigure(budget=total)
         assert engine.policy.name == "preload" and torch.equal(engine(x), y)
         engine.reconfigure(budget=total - 4096)
-        assert (engine.policy.name, engine.kept_units) == ("async", (0, 2, 4)) and torch.equal(engine(x), y)
+        assert (engine.policy.name, engine.kept_units) == ("async", (2, 3, 4)) and torch.equal(engine(x), y)
         engine.reconfigure(budget=total // 2)
         assert (engine.policy.name, engine.kept_units) == ("async", ()) and torch.equal(engine(x), y)
         with pytest.raises(BudgetError):
@@ -328,7 +356,7 @@ def test_a_failed_read_of_the_kept_units_leaves_an_engine_that_says_so(tiny: Pat
             engine(x)
         assert engine.memory.weight_bytes <= total
         engine.reconfigure(budget=total - 4096)
-        assert engine.kept_units == (0, 2, 4) and torch.equal(engine(x), y)
+        assert engine.kept_units == (2, 3, 4) and torch.equal(engine(x), y)
 
 
 def test_preload_below_every_weight_says_what_it_needs_and_what_streaming_needs(tiny: Path):

