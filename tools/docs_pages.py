@@ -37,6 +37,7 @@ SCRIPT_OF = {
     "serve_whisper": "serve_load",  # bench/serve_load.py --models whisper_base
     "refactor35_hook_overhead": "hook_overhead",
     "refactor35_": "ab_commits",  # bench/ab_commits.py runs another bench on two commits
+    "spread_decoding": "ab_commits",  # decoding.py before and after the spread of streamed units
     "prepare_larger_than_memory": "prepare_memory",  # bench/prepare_memory.py --larger-than-memory
 }
 MAX_COLUMNS = 14
