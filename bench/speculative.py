@@ -85,8 +85,10 @@ def prompts(count: int) -> torch.Tensor:
 
 
 def run(engine: Any, mode: str, tokens: int, draft: Any, make_prompts: Callable[[int], torch.Tensor] = prompts,
-        lookup: int = 8) -> dict[str, Any]:
-    """One decode: passes, tokens, seconds, the sequences and the cache's bytes."""
+        lookup: int = 8, single: int = 1) -> dict[str, Any]:
+    """One decode of a batch, or (plain, lookup, draft) decodes of the first ``single``
+    prompts one after another: passes, tokens, seconds, the sequences (one row per
+    prompt) and the KV cache's bytes (the last decode's)."""
     passes: list[int] = []
     run_pass = engine.run_pass
 
@@ -96,23 +98,26 @@ def run(engine: Any, mode: str, tokens: int, draft: Any, make_prompts: Callable[
 
     engine.run_pass = counted
     batch = int(mode.split()[1]) if mode.startswith("batch") else 1
-    ids = make_prompts(batch)
+    inputs = [make_prompts(batch)] if batch > 1 else list(make_prompts(single).split(1))
     options: dict[str, Any] = {"max_new_tokens": tokens, "min_new_tokens": tokens, "do_sample": False,
                                "use_cache": True, "return_dict_in_generate": True}
     if mode == "lookup":
         options["prompt_lookup_num_tokens"] = lookup
     if mode == "draft":
         options["assistant_model"] = draft
+    seconds, sequences = 0.0, []
     try:
-        t0 = time.perf_counter()
-        out = engine.generate(ids, attention_mask=torch.ones_like(ids), **options)
-        seconds = time.perf_counter() - t0
+        for ids in inputs:
+            t0 = time.perf_counter()
+            out = engine.generate(ids, attention_mask=torch.ones_like(ids), **options)
+            seconds += time.perf_counter() - t0
+            sequences.append(out.sequences)
     finally:
         del engine.run_pass
     cache = getattr(out, "past_key_values", None)
     kv = sum(t.numel() * t.element_size() for t in _tensors(cache))
-    return {"passes": len(passes), "new_tokens": batch * tokens, "seconds": seconds, "kv_cache_bytes": kv,
-            "sequences": out.sequences}
+    return {"passes": len(passes), "new_tokens": batch * tokens * len(inputs), "seconds": seconds,
+            "kv_cache_bytes": kv, "sequences": torch.cat(sequences)}
 
 
 READ_AHEAD = " (read-ahead)"
@@ -122,14 +127,16 @@ READ_AHEAD = " (read-ahead)"
 def measure(prepared: Path, manifest: Any, draft: Any, draft_bytes: int, expected: list[torch.Tensor], tokens: int,
             rounds: int, bandwidth: float, make_prompts: Callable[[int], torch.Tensor] = prompts, lookup: int = 8,
             assisted: dict[str, list[torch.Tensor]] | None = None,
-            ablate_read_ahead: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
+            ablate_read_ahead: bool = False, single: int = 1) -> dict[str, dict[str, dict[str, Any]]]:
     """Every mode at every share, in ``rounds`` alternating rounds: the table's rows.
 
     ``expected[i]``: the model's own plain greedy decode of ``make_prompts(8)[i]`` alone;
     ``assisted[mode]``: where given, transformers' own ``generate`` of that mode (the same
     lookup or draft) without the engine, which a row's ``equal_assisted`` compares with.
     ``ablate_read_ahead``: plain and the draft also run with the read-ahead across
-    passes (``read_ahead=True``), in the same rounds."""
+    passes (``read_ahead=True``), in the same rounds. ``single``: plain, lookup and the
+    draft decode the first ``single`` prompts one after another (their time summed), so
+    one prompt's luck does not decide how many tokens a pass accepts."""
     from layerfit.engine import load
 
     modes = ["plain", "lookup", "draft", *(f"batch {b}" for b in BATCHES)]
@@ -149,7 +156,7 @@ def measure(prepared: Path, manifest: Any, draft: Any, draft_bytes: int, expecte
             results.setdefault(key, {}).setdefault(mode, [])  # the draft leaves too little for the target
             continue
         with load(prepared, budget=budget, read_ahead=base != mode) as engine:
-            r = off_main(lambda engine=engine, mode=base: run(engine, mode, tokens, draft, make_prompts, lookup))
+            r = off_main(lambda engine=engine, mode=base: run(engine, mode, tokens, draft, make_prompts, lookup, single))
             r["bytes_per_pass"] = streamed_bytes(engine)
             r["weights_peak_bytes"] = engine.last_weights_peak + (draft_bytes if base == "draft" else 0)
         sequences = r.pop("sequences")
