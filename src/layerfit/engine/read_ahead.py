@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from layerfit.engine.gather import RowTable
 from layerfit.engine.ring import RingBuffer
-from layerfit.engine.trace import Event
+from layerfit.engine.trace import Event, split_read
 from layerfit.engine.unit_reader import UnitReader
 from layerfit.engine.units import Block
 from layerfit.store.manifest import ALIGN
@@ -199,7 +199,7 @@ class ReadAheadReader:
         ahead = ReadAhead(expected)
         plan: list[int | tuple[int, int]] = []  # units to read, and (table, room) to reserve
         room = ring.capacity
-        for k in expected.units[expected.units.index(expected.begin):] if expected.begin in expected.units else ():
+        for k in range(expected.begin, expected.units.stop) if expected.begin in expected.units else ():
             if k in kept or k in expected.skipped:
                 continue
             table = tables.get(k)
@@ -256,16 +256,14 @@ class ReadAheadReader:
                     ahead.failed = exc
                 return
             t1 = time.perf_counter()
+            times = split_read(t0, t1, [blocks[k].nbytes for k in units])
             with self.lock:
                 ahead.pending = None
-                at = t0  # a merged read is shown split by bytes, as the pass's reader shows it
-                for k in units:
+                for k, (at, end) in zip(units, times, strict=True):
                     place = off + blocks[k].offset - blocks[units[0]].offset
                     ahead.read[k] = place
                     ahead.allocations.append((place, k))
-                    end = t1 if k == units[-1] else at + (t1 - t0) * blocks[k].nbytes / total
                     ahead.times[k] = (at, end, blocks[k].nbytes)
-                    at = end
             j = stop
 
     def take(self) -> ReadAhead | None:

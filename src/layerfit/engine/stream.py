@@ -34,7 +34,7 @@ from layerfit.engine.policies import Policy
 from layerfit.engine.read_ahead import NextPass, ReadAhead, ReadAheadReader, Start
 from layerfit.engine.ring import Cancelled, RingBuffer
 from layerfit.engine.skeleton import Binding
-from layerfit.engine.trace import Event
+from layerfit.engine.trace import Event, split_read
 from layerfit.engine.unit_reader import UnitReader
 from layerfit.engine.units import Block
 from layerfit.errors import LayerfitError
@@ -201,14 +201,19 @@ class UnitStream:
             run.begin = run.started = run.done = i
             # The reader expects skips on two stages (with a copy stage it is not rewound).
             if run.source is None and self.device_ring is None:
-                seen = self.skips_seen.get(((run.units.start, run.units.stop, i), self.last_start), frozenset())
-                # (not a table read by rows when it runs, nor a kept unit: neither is read ahead)
-                run.expect_skipped = set(seen) - set(self.gathered) - self.kept
+                run.expect_skipped = set(self._expected_skips((run.units.start, run.units.stop, i), self.last_start))
             if run.ahead is not None:
                 began = NextPass(run.units, i, frozenset(run.expect_skipped))
                 run.ahead.adopt(run, began, self.ring, self.blocks, self.trace)
             self.room.notify()
             self.copyable.notify()
+
+    def _expected_skips(self, start: Start, before: Start | None) -> frozenset[int]:
+        """The units the reader expects a pass that begins as ``start`` after one that
+        began as ``before`` to skip: those the last pass so placed skipped, but a table
+        read by rows when it runs or a kept unit (neither is read ahead)."""
+        seen = self.skips_seen.get((start, before), frozenset())
+        return frozenset(seen - set(self.gathered) - self.kept)
 
     # --- what was read ahead for the pass --------------------------------------------------
 
@@ -225,9 +230,7 @@ class UnitStream:
             return
         start = (run.units.start, run.units.stop, run.begin)
         after = self.read_ahead.after(start)
-        seen = self.skips_seen.get((after, start), frozenset())  # what it will expect skipped
-        skipped = frozenset(set(seen) - set(self.gathered) - self.kept)
-        expected = NextPass(range(after[0], after[1]), after[2], skipped)
+        expected = NextPass(range(after[0], after[1]), after[2], self._expected_skips(after, start))
         self.ring.reset()  # what the pass left read for nothing
         chunk = min(self.coalesce_bytes, self.ring.capacity // 2)
         self.read_ahead.start(expected, self.ring, self.blocks, self.kept, self.gathered, chunk)
@@ -475,14 +478,14 @@ class UnitStream:
     def _deliver_locked(self, run: PassState, claim: _Claim, t0: float, t1: float) -> None:
         """:meth:`_deliver` with the lock held."""
         ring, blocks = self.ring, self.blocks
-        i, stop, off, total = claim
+        i, stop, off, _ = claim
         if run.epoch != run.reader_epoch:  # rewound while it read: the oldest bytes
             for k in range(i, stop):
                 ring.release_locked(off + blocks[k].offset - blocks[i].offset)
                 run.read_for_nothing += blocks[k].nbytes
             self.ready.notify()
             return
-        at = t0
+        times = split_read(t0, t1, [blocks[k].nbytes for k in range(i, stop)]) if self.trace else None
         for k in range(i, stop):
             # Skipped while it was read: the oldest bytes in the ring (with a copy
             # stage, the copier gives read bytes back, in order).
@@ -492,10 +495,9 @@ class UnitStream:
                 self.ready.notify()  # rows may wait for the room
                 continue
             run.ready[k] = off + blocks[k].offset - blocks[i].offset
-            if self.trace:  # a coalesced read is shown split by bytes
-                end = t1 if k == stop - 1 else at + (t1 - t0) * blocks[k].nbytes / total
+            if times is not None:
+                at, end = times[k - i]
                 run.events.append(Event(k, blocks[k].name, "read", at - run.t0, end - run.t0, blocks[k].nbytes))
-                at = end
         if self.device_ring is not None:
             self.wake_copier(run)
         elif run.main_waits is not None and run.main_waits < stop:

@@ -112,6 +112,17 @@ class Timeline:
         write_atomic(path, lambda tmp: tmp.write_text(text))
 
 
+def split_read(t0: float, t1: float, sizes: list[int]) -> list[tuple[float, float]]:
+    """The ``[start, end)`` of each unit of one read of ``sizes`` bytes from ``t0`` to
+    ``t1``: a merged read is shown split by bytes, the last ending at ``t1``."""
+    total, at, times = sum(sizes), t0, []
+    for n, size in enumerate(sizes):
+        end = t1 if n == len(sizes) - 1 else at + (t1 - t0) * size / total
+        times.append((at, end))
+        at = end
+    return times
+
+
 def _number(value: Any, kind: type, what: str) -> Any:
     """``value`` as an int or float; ``ValueError`` for text, booleans, NaN or infinity."""
     import math
