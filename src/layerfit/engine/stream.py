@@ -1,8 +1,8 @@
-"""The streaming state machine: the reader and copy threads, and the order units run in.
+"""The streaming state machine: a pass's threads, their shared state, and the order units run in.
 
-During a pass the reader thread reads units in order as the policy and the read buffer
-allow; with a copy stage (three stages) the copy thread moves each read unit into the
-device buffer. The executing thread (the model's forward, through the hooks of
+During a pass the reader thread (:mod:`layerfit.engine.reader`) reads units in order as
+the policy and the read buffer allow; with a copy stage (three stages) the copy thread
+(:mod:`layerfit.engine.copier`) moves each read unit into the device buffer. The executing thread (the model's forward, through the hooks of
 :mod:`layerfit.engine.hooks`) waits for each unit, runs it and gives its buffer back.
 All three share one :class:`~layerfit.engine.pass_state.PassState` under one lock, with
 a condition per waiter: the reader waits on ``room``, the executing thread on ``ready``,
@@ -18,9 +18,7 @@ When a pass ends, the next one's first units are read ahead (:mod:`layerfit.engi
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from layerfit.engine.binding import Binder
 from layerfit.engine.buffers import WeightBuffers
@@ -32,9 +30,9 @@ from layerfit.engine.gather import RowTable
 from layerfit.engine.pass_state import PassState
 from layerfit.engine.policies import Policy
 from layerfit.engine.read_ahead import NextPass, ReadAhead, ReadAheadReader, Start
-from layerfit.engine.ring import Cancelled, RingBuffer
+from layerfit.engine.reader import ReadStage
+from layerfit.engine.ring import RingBuffer
 from layerfit.engine.skeleton import Binding
-from layerfit.engine.trace import Event, split_read
 from layerfit.engine.unit_reader import UnitReader
 from layerfit.engine.units import Block
 from layerfit.errors import LayerfitError
@@ -45,15 +43,6 @@ OTHER_PATH = (
     "the prepared order: prepare it with an input that takes this path, or load it with "
     "pipeline='preload'"
 )
-
-
-class _Claim(NamedTuple):
-    """Units ``first..stop-1`` the reader reads next, at ``offset`` of the ring (``nbytes``)."""
-
-    first: int
-    stop: int
-    offset: int
-    nbytes: int
 
 
 class UnitStream:
@@ -84,6 +73,7 @@ class UnitStream:
         # encoder's pass skips nothing.
         self.skips_seen: dict[tuple, frozenset[int]] = {}
         self.last_start: Start | None = None  # (part start, stop, first unit run)
+        self.reader = ReadStage(self)
         self.copier = CopyStage(self)
         self.read_ahead_on = read_ahead
         self.read_ahead = ReadAheadReader(self.state, units)
@@ -118,7 +108,7 @@ class UnitStream:
             if ahead is not None:
                 ahead.join()
             self.ring.reset()
-        threads = [threading.Thread(target=self._reader_loop, args=(run,), name="layerfit-reader", daemon=True)]
+        threads = [threading.Thread(target=self.reader.loop, args=(run,), name="layerfit-reader", daemon=True)]
         if self.device_ring is not None:
             self.device_ring.reset()
             threads.append(threading.Thread(target=self.copier.loop, args=(run,), name="layerfit-copier", daemon=True))
@@ -241,32 +231,6 @@ class UnitStream:
         if ahead is not None:
             ahead.join()
 
-    def _settle_read_ahead(self, run: PassState) -> None:
-        """The reader's first step in a pass given a read-ahead: wait for its read under
-        way, then hand those units to the kernels (read again if the read failed), or
-        give them back (:meth:`ReadAhead.settle_late`)."""
-        ahead, ring = run.ahead, self.ring
-        ahead.join()
-        with self.room:
-            late = ahead.settle_late(run, ring, self.blocks)
-            if late is None:
-                self.ready.notify()  # rows may wait for the room given back
-                return
-            units, off, total, times = late
-            claim = _Claim(units[0], units[-1] + 1, off, total)
-            if times is not None:
-                self._deliver_locked(run, claim, *times)
-                return
-        t0 = time.perf_counter()  # it failed: read again, into its place
-        self.units.read_units(claim.first, claim.stop, ring.view[off:])
-        t1 = time.perf_counter()
-        with self.room:
-            if ahead.keeps(claim.first):
-                self._deliver_locked(run, claim, t0, t1)
-            else:
-                ahead.release_failed(ring, self.blocks)
-                self.ready.notify()
-
     def _skip(self, run: PassState, i: int) -> None:
         """Unit ``i`` runs and the units between the last one that ran and it do not: a
         decoder step whose cross-attention keys and values are cached skips their
@@ -309,33 +273,11 @@ class UnitStream:
             run.rewind_to = i
             self.room.notify()
 
-    # --- wake-up predicates (lock held) --------------------------------------------------
-
-    def reader_may_go(self, run: PassState, i: int, want: int) -> bool:
-        """The reader's wake-up predicate for unit ``i`` (lock held)."""
-        if i < run.done or run.epoch != run.reader_epoch:  # skipped, or rewound: go on
-            return True
-        if not self.policy.read_may_start(i, run.started, run.done, self.device.stages):
-            return False
-        if not self.ring.fits(self.blocks[i].nbytes):
-            return False
-        # Hysteresis: while the kernels have other units to run, wait for room for a
-        # whole batch (``want`` bytes) instead of waking for every small unit released.
-        # The unit the next kernel needs is read at once, and alone.
-        return self.kernel_needs(run, i) or self.ring.fits(want)
-
-    @staticmethod
-    def kernel_needs(run: PassState, i: int) -> bool:
-        """Whether the executing thread waits (or will next) for the read of unit ``i``.
-        ``main_waits`` is cleared only once that thread runs again, so a unit it waited
-        for that has already arrived must not count: on a loaded machine it may not run
-        for a while, and meanwhile the reader would read every unit alone."""
-        return run.main_waits == i or i == run.started
+    # --- wake-ups (lock held) -------------------------------------------------------------
 
     def wake_reader(self, run: PassState) -> None:
         """Wake the reader if what it waits for has happened (lock held)."""
-        if run.reader_waits and (self.ring.cancelled or self.reader_may_go(run, *run.reader_wants)):
-            self.room.notify()
+        self.reader.wake(run)
 
     def wake_copier(self, run: PassState) -> None:
         """Wake the copy thread if what it waits for has happened (lock held)."""
@@ -346,162 +288,6 @@ class UnitStream:
         self.wake_reader(run)
         if self.device_ring is not None:
             self.wake_copier(run)
-
-    # --- the reader thread ---------------------------------------------------------------
-
-    def _reader_loop(self, run: PassState) -> None:
-        """Read the pass's units in order, as the policy and the buffer allow."""
-        ring, room = self.ring, self.room
-        # Coalescing and batch-sized wake-ups only where reads may run ahead (async):
-        # sequential and sync read each unit as soon as their gate opens, as the paper.
-        chunk = min(self.coalesce_bytes, ring.capacity // 2) if self.policy.name == "async" else 0
-        i = 0
-        try:
-            with room:
-                while run.begin is None:  # the pass has not run its first unit yet
-                    if ring.cancelled:
-                        return
-                    room.wait()
-                i, n = run.begin, run.units.stop
-            if run.ahead is not None:
-                self._settle_read_ahead(run)
-            while True:
-                if run.epoch != run.reader_epoch:  # the kernels ran a unit it passed over
-                    with room:
-                        run.reader_epoch, i = run.epoch, run.rewind_to
-                    continue
-                if i >= n:  # all read, but for units it passed over: one may run yet
-                    if self._reader_done(run):
-                        return
-                    continue
-                if i in self.kept or i in run.expect_skipped or run.ready[i] is not None:  # (read ahead)
-                    i += 1
-                    continue
-                if i in self.gathered:  # read by rows when it runs: wait until they have their place
-                    if not self._await_rows_placed(run, i):
-                        return
-                    i += 1
-                    continue
-                claim = self._claim(run, i, chunk)
-                if claim is None:  # cancelled
-                    return
-                if isinstance(claim, int):  # go on from there
-                    i = claim
-                    continue
-                t0 = time.perf_counter()
-                self.units.read_units(claim.first, claim.stop, ring.view[claim.offset :])
-                self._deliver(run, claim, t0, time.perf_counter())
-                i = claim.stop
-        except Cancelled:
-            return
-        except BaseException as exc:  # handed to the executing thread, which raises it
-            with room:
-                run.error = (i, exc)
-                self.ready.notify()
-
-    def _reader_done(self, run: PassState) -> bool:
-        """Every unit is read, but for units passed over: wait while one may run yet.
-        True when the reader is done; False when it was rewound."""
-        with self.room:
-            while run.expect_skipped and run.epoch == run.reader_epoch and not self.ring.cancelled:
-                self.room.wait()
-            return run.epoch == run.reader_epoch
-
-    def _await_rows_placed(self, run: PassState, i: int) -> bool:
-        """Wait until the rows of table ``i`` have their place in the ring (or the table
-        was skipped, or the reader rewound); False when cancelled."""
-        with self.room:
-            while i not in run.placed and i >= run.done and run.epoch == run.reader_epoch:
-                if self.ring.cancelled:
-                    return False
-                self.room.wait()
-        return True
-
-    def _claim(self, run: PassState, i: int, chunk: int) -> _Claim | int | None:
-        """Wait until unit ``i`` may be read and take its room in the ring, with the
-        units that join its read. None when cancelled; the unit to go on from instead
-        when the kernels skipped ``i`` or the reader was rewound meanwhile."""
-        ring, blocks, room = self.ring, self.blocks, self.room
-        first = blocks[i].nbytes
-        want = max(first, chunk)
-        with room:
-            if ring.cancelled:
-                return None
-            if run.epoch != run.reader_epoch:
-                return i
-            if i < run.done:  # the kernels skipped it
-                run.not_read.update(range(i, run.done))
-                if self.device_ring is not None:
-                    self.wake_copier(run)
-                return run.done
-            while not self.reader_may_go(run, i, want):
-                if ring.cancelled:
-                    return None
-                run.reader_waits, run.reader_wants = True, (i, want)
-                room.wait()
-            run.reader_waits = False
-            if i < run.done or run.epoch != run.reader_epoch:
-                return i
-            if self.kernel_needs(run, i):
-                want = first  # read it alone, the kernel waits for it
-            off = ring.allocate_locked(first)
-            stop, total = self._coalesce(run, i, off, first, want)
-        return _Claim(i, stop, off, total)
-
-    def _coalesce(self, run: PassState, i: int, off: int, total: int, want: int) -> tuple[int, int]:
-        """The units after ``i`` that join its read while they are allowed to start,
-        land right after it in the ring and the read stays within ``want`` bytes (their
-        room taken, lock held): the read's end and bytes."""
-        ring, blocks, n = self.ring, self.blocks, run.units.stop
-        stop = i + 1
-        while (
-            stop < n
-            and stop not in self.kept
-            and stop not in self.gathered
-            and stop not in run.expect_skipped
-            and run.ready[stop] is None
-            and total + blocks[stop].nbytes <= want
-            and self.policy.read_may_start(stop, run.started, run.done, self.device.stages)
-            and ring.next_offset(blocks[stop].nbytes) == off + total
-        ):
-            ring.allocate_locked(blocks[stop].nbytes)
-            total += blocks[stop].nbytes
-            stop += 1
-        return stop, total
-
-    def _deliver(self, run: PassState, claim: _Claim, t0: float, t1: float) -> None:
-        """The read of ``claim`` ended: hand each unit to the kernels (or the copier);
-        give back what was skipped or rewound meanwhile, the oldest bytes in the ring."""
-        with self.room:
-            self._deliver_locked(run, claim, t0, t1)
-
-    def _deliver_locked(self, run: PassState, claim: _Claim, t0: float, t1: float) -> None:
-        """:meth:`_deliver` with the lock held."""
-        ring, blocks = self.ring, self.blocks
-        i, stop, off, _ = claim
-        if run.epoch != run.reader_epoch:  # rewound while it read: the oldest bytes
-            for k in range(i, stop):
-                ring.release_locked(off + blocks[k].offset - blocks[i].offset)
-                run.read_for_nothing += blocks[k].nbytes
-            self.ready.notify()
-            return
-        times = split_read(t0, t1, [blocks[k].nbytes for k in range(i, stop)]) if self.trace else None
-        for k in range(i, stop):
-            # Skipped while it was read: the oldest bytes in the ring (with a copy
-            # stage, the copier gives read bytes back, in order).
-            if k < run.done and self.device_ring is None:
-                ring.release_locked(off + blocks[k].offset - blocks[i].offset)
-                run.read_for_nothing += blocks[k].nbytes
-                self.ready.notify()  # rows may wait for the room
-                continue
-            run.ready[k] = off + blocks[k].offset - blocks[i].offset
-            if times is not None:
-                at, end = times[k - i]
-                run.events.append(Event(k, blocks[k].name, "read", at - run.t0, end - run.t0, blocks[k].nbytes))
-        if self.device_ring is not None:
-            self.wake_copier(run)
-        elif run.main_waits is not None and run.main_waits < stop:
-            self.ready.notify()
 
 
 __all__ = ["OTHER_PATH", "UnitStream"]

@@ -1,0 +1,262 @@
+"""The read stage: the reader thread that reads a pass's streamed units into the ring.
+
+The reader reads units in the prepared order, as the policy's gate and the read buffer
+allow (Algorithm 1's read constraints), merging adjacent units into one request where
+reads may run ahead (async), and hands each unit to the kernels (or, with a copy stage,
+to the copier). It passes over kept units, tables read by rows when they run, and units
+the pass is expected to skip; the kernels may rewind it to one of those
+(:meth:`~layerfit.engine.stream.UnitStream.check_order`). It works on the
+:class:`~layerfit.engine.stream.UnitStream`'s pass state, under its lock, and waits on
+its ``room`` condition.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, NamedTuple
+
+from layerfit.engine.ring import Cancelled
+from layerfit.engine.trace import Event, split_read
+
+if TYPE_CHECKING:
+    from layerfit.engine.pass_state import PassState
+    from layerfit.engine.stream import UnitStream
+
+
+class Claim(NamedTuple):
+    """Units ``first..stop-1`` the reader reads next, at ``offset`` of the ring (``nbytes``)."""
+
+    first: int
+    stop: int
+    offset: int
+    nbytes: int
+
+
+class ReadStage:
+    """The reader thread of ``stream``."""
+
+    def __init__(self, stream: UnitStream) -> None:
+        self.stream = stream
+
+    # --- wake-up predicates (lock held) --------------------------------------------------
+
+    def may_go(self, run: PassState, i: int, want: int) -> bool:
+        """The reader's wake-up predicate for unit ``i`` (lock held)."""
+        stream = self.stream
+        if i < run.done or run.epoch != run.reader_epoch:  # skipped, or rewound: go on
+            return True
+        if not stream.policy.read_may_start(i, run.started, run.done, stream.device.stages):
+            return False
+        if not stream.ring.fits(stream.blocks[i].nbytes):
+            return False
+        # Hysteresis: while the kernels have other units to run, wait for room for a
+        # whole batch (``want`` bytes) instead of waking for every small unit released.
+        # The unit the next kernel needs is read at once, and alone.
+        return self.kernel_needs(run, i) or stream.ring.fits(want)
+
+    @staticmethod
+    def kernel_needs(run: PassState, i: int) -> bool:
+        """Whether the executing thread waits (or will next) for the read of unit ``i``.
+        ``main_waits`` is cleared only once that thread runs again, so a unit it waited
+        for that has already arrived must not count: on a loaded machine it may not run
+        for a while, and meanwhile the reader would read every unit alone."""
+        return run.main_waits == i or i == run.started
+
+    def wake(self, run: PassState) -> None:
+        """Wake the reader if what it waits for has happened (lock held)."""
+        if run.reader_waits and (self.stream.ring.cancelled or self.may_go(run, *run.reader_wants)):
+            self.stream.room.notify()
+
+    # --- the thread ----------------------------------------------------------------------
+
+    def loop(self, run: PassState) -> None:
+        """Read the pass's units in order, as the policy and the buffer allow."""
+        stream = self.stream
+        ring, room = stream.ring, stream.room
+        # Coalescing and batch-sized wake-ups only where reads may run ahead (async):
+        # sequential and sync read each unit as soon as their gate opens, as the paper.
+        chunk = min(stream.coalesce_bytes, ring.capacity // 2) if stream.policy.name == "async" else 0
+        i = 0
+        try:
+            with room:
+                while run.begin is None:  # the pass has not run its first unit yet
+                    if ring.cancelled:
+                        return
+                    room.wait()
+                i, n = run.begin, run.units.stop
+            if run.ahead is not None:
+                self._settle_read_ahead(run)
+            while True:
+                if run.epoch != run.reader_epoch:  # the kernels ran a unit it passed over
+                    with room:
+                        run.reader_epoch, i = run.epoch, run.rewind_to
+                    continue
+                if i >= n:  # all read, but for units it passed over: one may run yet
+                    if self._done(run):
+                        return
+                    continue
+                if i in stream.kept or i in run.expect_skipped or run.ready[i] is not None:  # (read ahead)
+                    i += 1
+                    continue
+                if i in stream.gathered:  # read by rows when it runs: wait until they have their place
+                    if not self._await_rows_placed(run, i):
+                        return
+                    i += 1
+                    continue
+                claim = self._claim(run, i, chunk)
+                if claim is None:  # cancelled
+                    return
+                if isinstance(claim, int):  # go on from there
+                    i = claim
+                    continue
+                t0 = time.perf_counter()
+                stream.units.read_units(claim.first, claim.stop, ring.view[claim.offset :])
+                self._deliver(run, claim, t0, time.perf_counter())
+                i = claim.stop
+        except Cancelled:
+            return
+        except BaseException as exc:  # handed to the executing thread, which raises it
+            with room:
+                run.error = (i, exc)
+                stream.ready.notify()
+
+    def _done(self, run: PassState) -> bool:
+        """Every unit is read, but for units passed over: wait while one may run yet.
+        True when the reader is done; False when it was rewound."""
+        room, ring = self.stream.room, self.stream.ring
+        with room:
+            while run.expect_skipped and run.epoch == run.reader_epoch and not ring.cancelled:
+                room.wait()
+            return run.epoch == run.reader_epoch
+
+    def _await_rows_placed(self, run: PassState, i: int) -> bool:
+        """Wait until the rows of table ``i`` have their place in the ring (or the table
+        was skipped, or the reader rewound); False when cancelled."""
+        room, ring = self.stream.room, self.stream.ring
+        with room:
+            while i not in run.placed and i >= run.done and run.epoch == run.reader_epoch:
+                if ring.cancelled:
+                    return False
+                room.wait()
+        return True
+
+    def _claim(self, run: PassState, i: int, chunk: int) -> Claim | int | None:
+        """Wait until unit ``i`` may be read and take its room in the ring, with the
+        units that join its read. None when cancelled; the unit to go on from instead
+        when the kernels skipped ``i`` or the reader was rewound meanwhile."""
+        stream = self.stream
+        ring, room = stream.ring, stream.room
+        first = stream.blocks[i].nbytes
+        want = max(first, chunk)
+        with room:
+            if ring.cancelled:
+                return None
+            if run.epoch != run.reader_epoch:
+                return i
+            if i < run.done:  # the kernels skipped it
+                run.not_read.update(range(i, run.done))
+                if stream.device_ring is not None:
+                    stream.wake_copier(run)
+                return run.done
+            while not self.may_go(run, i, want):
+                if ring.cancelled:
+                    return None
+                run.reader_waits, run.reader_wants = True, (i, want)
+                room.wait()
+            run.reader_waits = False
+            if i < run.done or run.epoch != run.reader_epoch:
+                return i
+            if self.kernel_needs(run, i):
+                want = first  # read it alone, the kernel waits for it
+            off = ring.allocate_locked(first)
+            stop, total = self._coalesce(run, i, off, first, want)
+        return Claim(i, stop, off, total)
+
+    def _coalesce(self, run: PassState, i: int, off: int, total: int, want: int) -> tuple[int, int]:
+        """The units after ``i`` that join its read while they are allowed to start,
+        land right after it in the ring and the read stays within ``want`` bytes (their
+        room taken, lock held): the read's end and bytes."""
+        stream = self.stream
+        ring, blocks, n = stream.ring, stream.blocks, run.units.stop
+        stop = i + 1
+        while (
+            stop < n
+            and stop not in stream.kept
+            and stop not in stream.gathered
+            and stop not in run.expect_skipped
+            and run.ready[stop] is None
+            and total + blocks[stop].nbytes <= want
+            and stream.policy.read_may_start(stop, run.started, run.done, stream.device.stages)
+            and ring.next_offset(blocks[stop].nbytes) == off + total
+        ):
+            ring.allocate_locked(blocks[stop].nbytes)
+            total += blocks[stop].nbytes
+            stop += 1
+        return stop, total
+
+    def _deliver(self, run: PassState, claim: Claim, t0: float, t1: float) -> None:
+        """The read of ``claim`` ended: hand each unit to the kernels (or the copier);
+        give back what was skipped or rewound meanwhile, the oldest bytes in the ring."""
+        with self.stream.room:
+            self._deliver_locked(run, claim, t0, t1)
+
+    def _deliver_locked(self, run: PassState, claim: Claim, t0: float, t1: float) -> None:
+        """:meth:`_deliver` with the lock held."""
+        stream = self.stream
+        ring, blocks = stream.ring, stream.blocks
+        i, stop, off, _ = claim
+        if run.epoch != run.reader_epoch:  # rewound while it read: the oldest bytes
+            for k in range(i, stop):
+                ring.release_locked(off + blocks[k].offset - blocks[i].offset)
+                run.read_for_nothing += blocks[k].nbytes
+            stream.ready.notify()
+            return
+        times = split_read(t0, t1, [blocks[k].nbytes for k in range(i, stop)]) if stream.trace else None
+        for k in range(i, stop):
+            # Skipped while it was read: the oldest bytes in the ring (with a copy
+            # stage, the copier gives read bytes back, in order).
+            if k < run.done and stream.device_ring is None:
+                ring.release_locked(off + blocks[k].offset - blocks[i].offset)
+                run.read_for_nothing += blocks[k].nbytes
+                stream.ready.notify()  # rows may wait for the room
+                continue
+            run.ready[k] = off + blocks[k].offset - blocks[i].offset
+            if times is not None:
+                at, end = times[k - i]
+                run.events.append(Event(k, blocks[k].name, "read", at - run.t0, end - run.t0, blocks[k].nbytes))
+        if stream.device_ring is not None:
+            stream.wake_copier(run)
+        elif run.main_waits is not None and run.main_waits < stop:
+            stream.ready.notify()
+
+    # --- what was read ahead for the pass (:mod:`layerfit.engine.read_ahead`) -------------
+
+    def _settle_read_ahead(self, run: PassState) -> None:
+        """The reader's first step in a pass given a read-ahead: wait for its read under
+        way, then hand those units to the kernels (read again if the read failed), or
+        give them back (:meth:`~layerfit.engine.read_ahead.ReadAhead.settle_late`)."""
+        stream = self.stream
+        ahead, ring = run.ahead, stream.ring
+        ahead.join()
+        with stream.room:
+            late = ahead.settle_late(run, ring, stream.blocks)
+            if late is None:
+                stream.ready.notify()  # rows may wait for the room given back
+                return
+            units, off, total, times = late
+            claim = Claim(units[0], units[-1] + 1, off, total)
+            if times is not None:
+                self._deliver_locked(run, claim, *times)
+                return
+        t0 = time.perf_counter()  # it failed: read again, into its place
+        stream.units.read_units(claim.first, claim.stop, ring.view[off:])
+        t1 = time.perf_counter()
+        with stream.room:
+            if ahead.keeps(claim.first):
+                self._deliver_locked(run, claim, t0, t1)
+            else:
+                ahead.release_failed(ring, stream.blocks)
+                stream.ready.notify()
+
+
+__all__ = ["Claim", "ReadStage"]
