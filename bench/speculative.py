@@ -228,13 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = read_manifest(prepared)
     except Exception:  # missing or stale: prepare it again
-        manifest = prepare("hf:" + str(source), prepared, force=True)
-    reference = transformers.LlamaForCausalLM.from_pretrained(source).eval()
-    draft = draft_of(reference)
+        manifest = off_main(lambda: prepare("hf:" + str(source), prepared, force=True))
+    reference = off_main(lambda: transformers.LlamaForCausalLM.from_pretrained(source).eval())
+    draft = off_main(lambda reference=reference: draft_of(reference))
     draft_bytes = sum(t.numel() * t.element_size() for t in draft.state_dict().values())
-    # The model's own plain greedy decode of every prompt alone: what each mode must give.
-    expected = [reference.generate(prompts(8)[i:i + 1], max_new_tokens=args.tokens, min_new_tokens=args.tokens,
-                                   do_sample=False) for i in range(8)]
+    # The model's own plain greedy decode of every prompt alone: what each mode must give
+    # (off the main thread, like every tensor op of the bench's: common.off_main).
+    expected = off_main(lambda reference=reference: [reference.generate(
+        prompts(8)[i:i + 1], max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False) for i in range(8)])
     del reference
     bandwidth = direct_read_bandwidth(prepared / manifest.weights_file)
     table = measure(prepared, manifest, draft, draft_bytes, expected, args.tokens, args.rounds, bandwidth)

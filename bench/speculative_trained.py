@@ -61,7 +61,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import direct_read_bandwidth, machine, mb, write_results  # noqa: E402
+from common import direct_read_bandwidth, machine, mb, off_main, write_results  # noqa: E402
 from speculative import CACHE as SPECULATIVE_CACHE  # noqa: E402
 from speculative import SHARES, measure, table_lines  # noqa: E402
 
@@ -255,24 +255,28 @@ def main(argv: list[str] | None = None) -> int:
     from layerfit.store import prepare, read_manifest
 
     transformers.logging.set_verbosity_error()
-    target_folder, target_record = train("target", TARGET, TRAIN_TARGET)
-    draft_folder, draft_record = train("draft", DRAFT, TRAIN_DRAFT)
+    # Every tensor op of the bench's own runs off the main thread (common.off_main): an
+    # OpenMP team left on it slowed the measured decodes after it, the draft's most
+    # (preloaded 148 against 165 tokens/s, plain 95 against 100, paired).
+    target_folder, target_record = off_main(lambda: train("target", TARGET, TRAIN_TARGET))
+    draft_folder, draft_record = off_main(lambda: train("draft", DRAFT, TRAIN_DRAFT))
     prepared = target_folder.with_name(target_folder.name + "-prepared")
     try:
         manifest = read_manifest(prepared)
     except Exception:  # missing or stale: prepare it again
-        manifest = prepare("hf:" + str(target_folder), prepared, force=True)
-    reference = transformers.LlamaForCausalLM.from_pretrained(target_folder).eval()
-    draft = transformers.LlamaForCausalLM.from_pretrained(draft_folder).eval()
+        manifest = off_main(lambda: prepare("hf:" + str(target_folder), prepared, force=True))
+    reference = off_main(lambda: transformers.LlamaForCausalLM.from_pretrained(target_folder).eval())
+    draft = off_main(lambda: transformers.LlamaForCausalLM.from_pretrained(draft_folder).eval())
     draft_bytes = sum(t.numel() * t.element_size() for t in draft.state_dict().values())
     greedy = {"max_new_tokens": args.tokens, "min_new_tokens": args.tokens, "do_sample": False}
     rows = prompts(8)
     # The model's own plain greedy decode of every prompt alone: what each mode must give;
     # and transformers' own lookup and assisted decodes (no engine): what they give.
-    expected = [reference.generate(rows[i:i + 1], **greedy) for i in range(8)]
-    assisted = {"lookup": [reference.generate(rows[i:i + 1], prompt_lookup_num_tokens=args.lookup, **greedy)
-                           for i in range(args.prompts)],
-                "draft": [reference.generate(rows[i:i + 1], assistant_model=draft, **greedy) for i in range(args.prompts)]}
+    expected = off_main(lambda reference=reference: [reference.generate(rows[i:i + 1], **greedy) for i in range(8)])
+    assisted = off_main(lambda reference=reference: {
+        "lookup": [reference.generate(rows[i:i + 1], prompt_lookup_num_tokens=args.lookup, **greedy)
+                   for i in range(args.prompts)],
+        "draft": [reference.generate(rows[i:i + 1], assistant_model=draft, **greedy) for i in range(args.prompts)]})
     copied = [float((expected[i][0, rows.shape[1]:] == rows[i, 1 + GIVEN:1 + GIVEN + args.tokens]).float().mean())
               for i in range(8)]
     del reference
