@@ -53,9 +53,13 @@ def numbers(data: Any, path: str = "") -> dict[str, float]:
 
 
 def worktree(rev: str, where: Path) -> Path:
-    """A detached worktree of ``rev`` at ``where``."""
+    """A detached worktree of ``rev`` at ``where``, sharing this tree's ``bench/.cache``
+    (models a bench trains or prepares once, keyed by what made them), so neither side
+    trains or prepares again what the other already has."""
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-f", "--detach", str(where), rev],
                    check=True, capture_output=True)
+    (ROOT / "bench" / ".cache").mkdir(exist_ok=True)
+    (where / "bench" / ".cache").symlink_to(ROOT / "bench" / ".cache", target_is_directory=True)
     return where
 
 
