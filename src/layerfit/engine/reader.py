@@ -147,7 +147,6 @@ class ReadStage:
         stream = self.stream
         ring, room = stream.ring, stream.room
         first = stream.blocks[i].nbytes
-        want = max(first, chunk)
         with room:
             if ring.cancelled:
                 return None
@@ -158,6 +157,7 @@ class ReadStage:
                 if stream.device_ring is not None:
                     stream.wake_copier(run)
                 return run.done
+            want = self._batch(run, i, chunk)
             while not self.may_go(run, i, want):
                 if ring.cancelled:
                     return None
@@ -171,6 +171,28 @@ class ReadStage:
             off = ring.allocate_locked(first)
             stop, total = self._coalesce(run, i, off, first, want)
         return Claim(i, stop, off, total)
+
+    def _batch(self, run: PassState, i: int, chunk: int) -> int:
+        """The bytes of the read the reader waits for room for at unit ``i`` (lock held):
+        ``i`` and the units after it that could join its read (streamed, adjacent in the
+        file, not read yet), up to ``chunk`` bytes. Not ``chunk`` itself: a unit that no
+        other can join, between two kept ones, would wait for room it can never use, and
+        with a ring two such units large that room exists only once the ring is empty
+        (the reader then idled while the kernels ran each pair of units)."""
+        stream = self.stream
+        blocks, n = stream.blocks, run.units.stop
+        total, k = blocks[i].nbytes, i + 1
+        while (
+            k < n
+            and k not in stream.kept
+            and k not in stream.gathered
+            and k not in run.expect_skipped
+            and run.ready[k] is None
+            and total + blocks[k].nbytes <= chunk
+        ):
+            total += blocks[k].nbytes
+            k += 1
+        return total
 
     def _coalesce(self, run: PassState, i: int, off: int, total: int, want: int) -> tuple[int, int]:
         """The units after ``i`` that join its read while they are allowed to start,
