@@ -38,6 +38,7 @@ SCRIPT_OF = {
     "refactor35_hook_overhead": "hook_overhead",
     "refactor35_": "ab_commits",  # bench/ab_commits.py runs another bench on two commits
     "spread_decoding": "ab_commits",  # decoding.py before and after the spread of streamed units
+    "reader_batch_": "ab_commits",  # benches before and after the reader waited for its own read's room
     "prepare_larger_than_memory": "prepare_memory",  # bench/prepare_memory.py --larger-than-memory
 }
 MAX_COLUMNS = 14
