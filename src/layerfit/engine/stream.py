@@ -2,7 +2,8 @@
 
 During a pass the reader thread (:mod:`layerfit.engine.reader`) reads units in order as
 the policy and the read buffer allow; with a copy stage (three stages) the copy thread
-(:mod:`layerfit.engine.copier`) moves each read unit into the device buffer. The executing thread (the model's forward, through the hooks of
+(:mod:`layerfit.engine.copier`) moves each read unit into the device buffer. The
+executing thread (the model's forward, through the hooks of
 :mod:`layerfit.engine.hooks`) waits for each unit, runs it and gives its buffer back.
 All three share one :class:`~layerfit.engine.pass_state.PassState` under one lock, with
 a condition per waiter: the reader waits on ``room``, the executing thread on ``ready``,
