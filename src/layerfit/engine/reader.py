@@ -179,20 +179,21 @@ class ReadStage:
         other can join, between two kept ones, would wait for room it can never use, and
         with a ring two such units large that room exists only once the ring is empty
         (the reader then idled while the kernels ran each pair of units)."""
-        stream = self.stream
-        blocks, n = stream.blocks, run.units.stop
+        blocks, n = self.stream.blocks, run.units.stop
         total, k = blocks[i].nbytes, i + 1
-        while (
-            k < n
-            and k not in stream.kept
-            and k not in stream.gathered
-            and k not in run.expect_skipped
-            and run.ready[k] is None
-            and total + blocks[k].nbytes <= chunk
-        ):
+        while k < n and self._may_join(run, k) and total + blocks[k].nbytes <= chunk:
             total += blocks[k].nbytes
             k += 1
         return total
+
+    def _may_join(self, run: PassState, k: int) -> bool:
+        """Whether unit ``k`` may join the read of the unit before it (lock held): it is
+        streamed, not read by rows or experts, not expected to be skipped, not read yet."""
+        stream = self.stream
+        return (
+            k not in stream.kept and k not in stream.gathered and k not in run.expect_skipped
+            and run.ready[k] is None
+        )
 
     def _coalesce(self, run: PassState, i: int, off: int, total: int, want: int) -> tuple[int, int]:
         """The units after ``i`` that join its read while they are allowed to start,
@@ -203,10 +204,7 @@ class ReadStage:
         stop = i + 1
         while (
             stop < n
-            and stop not in stream.kept
-            and stop not in stream.gathered
-            and stop not in run.expect_skipped
-            and run.ready[stop] is None
+            and self._may_join(run, stop)
             and total + blocks[stop].nbytes <= want
             and stream.policy.read_may_start(stop, run.started, run.done, stream.device.stages)
             and ring.next_offset(blocks[stop].nbytes) == off + total
