@@ -60,6 +60,31 @@ def test_each_step_adopts_the_first_units_read_after_the_last_and_reads_each_uni
                 assert engine.last_skipped == (0, 0)  # nothing read for nothing
 
 
+def test_it_starts_while_the_kept_units_after_the_last_streamed_one_run(lm, monkeypatch):
+    # Under auto the head is kept: once the pass's last streamed unit gives its place
+    # back, the next pass's reads need not wait for the head's kernel and the pass's end.
+    directory, manifest, model, ids = lm
+    options = _budgets(manifest)["auto"]
+    with load(directory, **options, trace=True, read_ahead=True) as engine:
+        stream = engine.stream
+        last = max(i for i in range(len(engine.blocks)) if i not in engine.kept_units)
+        assert last < len(engine.blocks) - 1, "a kept unit runs after the last streamed one"
+        started_in_pass: list[bool] = []
+        start = stream._start_read_ahead
+
+        def recorded(run):
+            started_in_pass.append(stream.run is run)
+            start(run)
+
+        monkeypatch.setattr(stream, "_start_read_ahead", recorded)
+        for step in _steps(engine, model, ids, 5):
+            assert engine.last_weights_peak <= options["budget"]
+            if step >= 2:
+                assert engine.last_read_ahead > 0
+                assert engine.last_skipped == (0, 0)
+        assert len(started_in_pass) == 5 and all(started_in_pass)  # once a pass, during it
+
+
 def test_without_read_ahead_every_read_is_the_passs_own(lm):
     directory, manifest, model, ids = lm
     with load(directory, **_budgets(manifest)["async"], trace=True) as engine:  # (off by default)

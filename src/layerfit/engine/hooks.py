@@ -258,6 +258,7 @@ class PostHook(UnitHook):
                     stream.wake_copier(run)
                 run.done = i + 1
                 stream.wake_reader(run)
+            stream.read_next_early(run, i)  # the pass's last unit not kept: read the next one's
             return
         with stream.state:
             run.done = i + 1

@@ -54,6 +54,7 @@ class PassState:
         self.ahead: ReadAhead | None = None
         self.reserved: dict[int, tuple[int, int]] = {}  # embeddings -> (offset, room) reserved for their rows
         self.read_ahead_bytes = 0  # bytes of the units it adopted
+        self.last_unkept: int | None = None  # its last unit not kept (the read-ahead may start once it ends)
 
     def now(self) -> float:
         """Seconds since the pass began (the timeline's clock)."""

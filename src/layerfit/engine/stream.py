@@ -13,7 +13,8 @@ Nothing spins.
 A pass begins at the first unit it runs and may skip units (a cached decoder step skips
 its cross-attention projections): what was read of them is given back, oldest first,
 and the next such pass does not read them; a unit that runs after all rewinds the reader.
-When a pass ends, the next one's first units are read ahead (:mod:`layerfit.engine.read_ahead`).
+When a pass has read its last unit and given it back, the next one's first units are read
+ahead (:mod:`layerfit.engine.read_ahead`).
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class UnitStream:
             if ahead is not None:
                 ahead.join()
             self.ring.reset()
+        run.last_unkept = max((k for k in run.units if k not in self.kept), default=None)
         threads = [threading.Thread(target=self.reader.loop, args=(run,), name="layerfit-reader", daemon=True)]
         if self.device_ring is not None:
             self.device_ring.reset()
@@ -210,19 +212,43 @@ class UnitStream:
 
     def read_next(self, run: PassState) -> None:
         """``run`` ended well: read the first units of the next pass as far as the read
-        buffer has room. The next pass is expected to begin as the passes that followed
-        one beginning as ``run`` did began most often (as ``run`` at first). Two stages,
-        async only: the other policies read as their gates say, and a copy stage is not
-        read ahead."""
-        if (
-            not self.read_ahead_on or self.device_ring is not None or self.ring is None
-            or self.policy.name != "async" or run.begin is None or run.source is not None
-        ):
+        buffer has room, unless that began at the pass's tail (:meth:`read_next_early`).
+        The next pass is expected to begin as the passes that followed one beginning as
+        ``run`` did began most often (as ``run`` at first). Two stages, async only: the
+        other policies read as their gates say, and a copy stage is not read ahead."""
+        if not self._reads_next(run) or self.read_ahead.current is not None:
             return
+        self.ring.reset()  # what the pass left read for nothing
+        self._start_read_ahead(run)
+
+    def read_next_early(self, run: PassState, i: int) -> None:
+        """Unit ``i`` of ``run`` gave its place in the read buffer back: if it was the
+        pass's last unit not kept and the buffer is empty, the next pass's first units are
+        read now, while the kept units after it (a decoder's head) run, rather than once
+        the pass ends. Every unit after ``i`` is kept and the units before it can no longer
+        run, so the pass's reader reads nothing more: the buffer is the read-ahead's, and
+        the budget holds as when the pass has ended. (A read of a skipped unit still under
+        way holds its place until it ends: then the buffer is not empty, and the
+        read-ahead waits for the pass's end as before.)"""
+        if i != run.last_unkept or not self._reads_next(run):
+            return
+        with self.state:
+            if self.ring.in_use or self.read_ahead.current is not None:
+                return
+        self._start_read_ahead(run)
+
+    def _reads_next(self, run: PassState) -> bool:
+        """Whether the next pass is read ahead after ``run`` (see :meth:`read_next`)."""
+        return (
+            self.read_ahead_on and self.device_ring is None and self.ring is not None
+            and self.policy.name == "async" and run.begin is not None and run.source is None
+        )
+
+    def _start_read_ahead(self, run: PassState) -> None:
+        """Start reading what the pass after ``run`` is expected to begin with."""
         start = (run.units.start, run.units.stop, run.begin)
         after = self.read_ahead.after(start)
         expected = NextPass(range(after[0], after[1]), after[2], self._expected_skips(after, start))
-        self.ring.reset()  # what the pass left read for nothing
         chunk = min(self.coalesce_bytes, self.ring.capacity // 2)
         self.read_ahead.start(expected, self.ring, self.blocks, self.kept, self.gathered, chunk)
 
