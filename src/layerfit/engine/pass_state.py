@@ -55,6 +55,7 @@ class PassState:
         self.reserved: dict[int, tuple[int, int]] = {}  # embeddings -> (offset, room) reserved for their rows
         self.read_ahead_bytes = 0  # bytes of the units it adopted
         self.last_unkept: int | None = None  # its last unit not kept (the read-ahead may start once it ends)
+        self.learned = False  # how it began and what it skipped are remembered (UnitStream._learn)
 
     def now(self) -> float:
         """Seconds since the pass began (the timeline's clock)."""

@@ -150,11 +150,20 @@ class UnitStream:
                     run.skipped_units.add(k)
                     if run.ready[k] is not None:
                         run.read_for_nothing += self.blocks[k].nbytes
-        if run.source is None:
-            start = (run.units.start, run.units.stop, run.begin)
-            self.skips_seen[(start, self.last_start)] = frozenset(run.skipped_units)
-            self.read_ahead.followed(self.last_start, start)
-            self.last_start = start
+        self._learn(run)
+
+    def _learn(self, run: PassState) -> None:
+        """Remember how ``run`` began and what it skipped, for the passes after it to
+        expect; once per pass, by its end or, before the read-ahead starts at its tail
+        (:meth:`read_next_early`), when every unit after the last it ran is kept (a kept
+        unit is never expected to be skipped, so what it skipped is known then)."""
+        if run.source is not None or run.learned:
+            return
+        run.learned = True
+        start = (run.units.start, run.units.stop, run.begin)
+        self.skips_seen[(start, self.last_start)] = frozenset(run.skipped_units)
+        self.read_ahead.followed(self.last_start, start)
+        self.last_start = start
 
     # --- the order units run in ---------------------------------------------------------
 
@@ -235,6 +244,7 @@ class UnitStream:
         with self.state:
             if self.ring.in_use or self.read_ahead.current is not None:
                 return
+        self._learn(run)  # the next pass is expected as after the pass ended
         self._start_read_ahead(run)
 
     def _reads_next(self, run: PassState) -> bool:
