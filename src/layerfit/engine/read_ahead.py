@@ -5,7 +5,10 @@ nothing to do: the caller picks the token, a draft model proposes the next ones,
 server answers. Two passes of one configuration read the same units in the same order,
 so when a streamed pass ends the engine may go on reading the next one's first units
 into the read buffer, as far as the buffer has room (Demand Layering's reader runs ahead
-the same way within a pass); ``EngineConfig.read_ahead`` turns it on. The next pass
+the same way within a pass); ``EngineConfig.read_ahead`` turns it on. It starts before
+the pass ends where it can: once the pass's last unit not kept has given its place back
+and the buffer is empty, while the kept units after it (a decoder's head) still run
+(:meth:`~layerfit.engine.stream.UnitStream.read_next_early`). The next pass
 adopts them when it begins as expected (the same units, from the same first unit,
 expecting the same skips as the passes that followed such a pass most often); otherwise
 it gives them back, read for nothing. The buffer is the one a pass uses, laid out as
