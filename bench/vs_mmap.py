@@ -66,6 +66,9 @@ development machine holds only one model's three copies at a time). Writes
 ``bench/results/vs_mmap.{json,md}``::
 
     .venv/bin/python bench/vs_mmap.py [--models llama-0.5g,llama-2.1g,resnet152] [--limits 5] [--steps 8] [--rounds 2]
+
+With ``--read-ahead`` layerfit's children load with ``read_ahead=True`` (give another
+``--output``: ``bench/results/vs_mmap_read_ahead`` is such a run).
 """
 
 from __future__ import annotations

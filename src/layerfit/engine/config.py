@@ -47,10 +47,10 @@ class EngineConfig:
     the next one's first units are read into the read buffer while the caller works
     (:mod:`layerfit.engine.read_ahead`; two stages, async; off by default: on this
     project's 2-core machine it gave no consistent gain for plain decoding, and 2-8 %
-    with a draft model). ``expert_cache``: under
-    ``auto``, what the budget leaves beyond the read buffer holds single experts as they
-    are used (:mod:`layerfit.engine.expert_cache`); off, the read buffer takes it.
-    ``verify`` says when a unit's SHA-256 is checked.
+    with a draft model). ``expert_cache``: under ``auto``, what the budget leaves
+    beyond the read buffer holds single experts as they are used
+    (:mod:`layerfit.engine.expert_cache`); off, the read buffer takes it. ``verify``
+    says when a unit's SHA-256 is checked.
     """
 
     budget: Budget | None = None

@@ -110,7 +110,8 @@ class UnitStream:
             if ahead is not None:
                 ahead.join()
             self.ring.reset()
-        run.last_unkept = max((k for k in run.units if k not in self.kept), default=None)
+        if self.read_ahead_on:  # where the read-ahead may start (read_next_early)
+            run.last_unkept = max((k for k in run.units if k not in self.kept), default=None)
         threads = [threading.Thread(target=self.reader.loop, args=(run,), name="layerfit-reader", daemon=True)]
         if self.device_ring is not None:
             self.device_ring.reset()
