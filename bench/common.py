@@ -27,12 +27,27 @@ RESULTS = Path(__file__).parent / "results"
 CGROUP_V1 = Path("/sys/fs/cgroup")
 
 
+def layerfit_commit() -> str | None:
+    """The commit of the code measured (``-dirty`` when ``src/`` differs from it), or None
+    outside a git checkout: a result says which defaults and which code it measured."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return rev + ("-dirty" if changed else "")
+
+
 def machine() -> dict[str, Any]:
-    """What the numbers were measured on."""
+    """What the numbers were measured on, and the commit of the code measured."""
     import psutil
     import torch
 
     return {
+        "layerfit_commit": layerfit_commit(),
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
         "memory_bytes": psutil.virtual_memory().total,

@@ -59,8 +59,10 @@ def child(args: argparse.Namespace) -> None:
 
 
 def engine_options(args: argparse.Namespace) -> dict:
-    """Where the engines of this run execute: ``--device`` and ``--stages``."""
-    return {"device": args.device, "stages": args.stages}
+    """Where the engines of this run execute: ``--device`` and ``--stages``; the read-ahead
+    across passes off, as in the paper: each inference's delay is its own, every read
+    made after it starts (and engines run in turn here would read during each other's)."""
+    return {"device": args.device, "stages": args.stages, "read_ahead": False}
 
 
 def child_interleaved(args: argparse.Namespace) -> None:

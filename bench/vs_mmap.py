@@ -67,8 +67,9 @@ development machine holds only one model's three copies at a time). Writes
 
     .venv/bin/python bench/vs_mmap.py [--models llama-0.5g,llama-2.1g,resnet152] [--limits 5] [--steps 8] [--rounds 2]
 
-With ``--read-ahead`` layerfit's children load with ``read_ahead=True`` (give another
-``--output``: ``bench/results/vs_mmap_read_ahead`` is such a run).
+layerfit's children load with its defaults, the read-ahead across passes on; with
+``--no-read-ahead`` they load with ``read_ahead=False`` (give another ``--output``).
+``bench/results/vs_mmap_read_ahead`` is a run with it on from before it was the default.
 """
 
 from __future__ import annotations
@@ -273,10 +274,10 @@ def child_mmap(model: str, work: Path, passes: int) -> dict[str, Any]:
     return {"load_s": load_s, **run_and_check(model, runner(model, net, expected), expected, passes)}
 
 
-def child_layerfit(model: str, work: Path, passes: int, budget: int, read_ahead: bool = False) -> dict[str, Any]:
-    """layerfit: the prepared model at ``budget`` bytes of weights (pipeline auto, with
-    the read-ahead across passes if ``read_ahead``); then one more pass, untimed and
-    traced, for the weight bytes a pass reads."""
+def child_layerfit(model: str, work: Path, passes: int, budget: int, read_ahead: bool = True) -> dict[str, Any]:
+    """layerfit: the prepared model at ``budget`` bytes of weights (pipeline auto, the
+    read-ahead across passes on unless ``read_ahead`` is False); then one more pass,
+    untimed and traced, for the weight bytes a pass reads."""
     from layerfit.engine import load
 
     expected = json.loads((work / "expected.json").read_text())
@@ -532,14 +533,14 @@ def direct_read_bandwidth(path: Path, chunk: int) -> dict[str, Any]:
 
 
 def child_row(config: str, name: str, work: Path, passes: int, limit: int | None, budget: int | None = None,
-              python: Path | str = sys.executable, read_ahead: bool = False) -> dict[str, Any]:
+              python: Path | str = sys.executable, read_ahead: bool = True) -> dict[str, Any]:
     """One configuration in a fresh child at ``limit``; a child past its time is a row too."""
     import subprocess
 
     from common import limited_child
 
     args = [config, name, str(work), str(passes), *([] if budget is None else [str(budget)]),
-            *(["read-ahead"] if read_ahead else [])]
+            *([] if read_ahead else ["no-read-ahead"])]
     load_average = os.getloadavg()[0]
     try:
         r = limited_child(__file__, args, limit, python=python, timeout=CHILD_TIMEOUT)
@@ -558,7 +559,8 @@ def run_model(name: str, info: dict[str, Any], args: argparse.Namespace, llamacp
     work = CACHE / name
     info = {**info, "state_dict_bytes": peer_files(name, work)}
     passes = (args.cnn_passes if name == CNN else args.steps) + 1
-    footprint = child_row("layerfit", name, work, passes, None, info["minimum_budget_bytes"])
+    footprint = child_row("layerfit", name, work, passes, None, info["minimum_budget_bytes"],
+                          read_ahead=not args.no_read_ahead)
     if footprint.get("returncode") != 0:
         raise SystemExit(f"{name}: layerfit at its minimum budget failed: {footprint.get('error')}")
     extra = footprint["anon_peak_bytes"] - footprint["weights_held_bytes"] + FILE_ROOM
@@ -577,7 +579,7 @@ def run_model(name: str, info: dict[str, Any], args: argparse.Namespace, llamacp
             print(" ", summary(mmap_runs[-1]), flush=True)
             while True:
                 layerfit_runs.append(child_row("layerfit", name, work, passes, limit, budget,
-                                               read_ahead=args.read_ahead))
+                                               read_ahead=not args.no_read_ahead))
                 print(" ", summary(layerfit_runs[-1]), flush=True)
                 failed = layerfit_runs[-1].get("oom_kills") or layerfit_runs[-1].get("timed_out")
                 if not failed or tries == LAYERFIT_TRIES:
@@ -676,7 +678,7 @@ def markdown(data: dict[str, Any]) -> str:
         "Each row is one fresh child process in its own memory cgroup at the limit (page cache counted, dropped "
         "before each child). *mmap*: `torch.load(mmap=True, weights_only=True)` + `load_state_dict(assign=True)` "
         "into a skeleton with its parameters on meta; *layerfit*: `engine.load(prepared, budget=B)`, pipeline auto"
-        f"{', with `read_ahead=True`' if data.get('read_ahead') else ''}; "
+        f"{' (the read-ahead across passes on)' if data.get('read_ahead') else ', with `read_ahead=False`'}; "
         "*llamacpp*: llama-cpp-python on an f32 GGUF of the same weights, its mmap loading. "
         f"Decoders: a {PROMPT}-token prompt (the first, cold pass), then {data['steps']} cached steps of one token; "
         f"the CNN ({CNN}, {CNN_SHAPE[-1]} px): a cold pass, then {data['cnn_passes']} more. "
@@ -763,8 +765,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llamacpp-python", type=Path, default=LLAMACPP_PYTHON,
                    help="the interpreter of a virtual environment with llama-cpp-python and gguf")
     p.add_argument("--output", default="vs_mmap")
-    p.add_argument("--read-ahead", action="store_true",
-                   help="layerfit with the read-ahead across passes (read_ahead=True; write to another --output)")
+    p.add_argument("--no-read-ahead", action="store_true",
+                   help="layerfit without the read-ahead across passes (read_ahead=False; write to another --output)")
     p.add_argument("--markdown-only", action="store_true",
                    help="write the Markdown again from the JSON of an earlier run (its summaries recomputed)")
     args = p.parse_args(argv)
@@ -778,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             name, work, passes = rest[0], Path(rest[1]), int(rest[2])
             result = {"mmap": child_mmap, "llamacpp": child_llamacpp}[side](name, work, passes) if side != "layerfit" \
-                else child_layerfit(name, work, passes, int(rest[3]), read_ahead=rest[4:] == ["read-ahead"])
+                else child_layerfit(name, work, passes, int(rest[3]), read_ahead=rest[4:] != ["no-read-ahead"])
         print(json.dumps({**result, "anon_peak_bytes": sampler.peak_now()}))
         return 0
     if not 1 <= args.steps < GENERATED or args.limits < 2 or args.cnn_passes < 1 or args.rounds < 1:
@@ -801,7 +803,7 @@ def main(argv: list[str] | None = None) -> int:
     llamacpp = llamacpp_status(args.llamacpp_python)
     print("llama.cpp:", llamacpp, flush=True)
     data: dict[str, Any] = {"machine": machine(), "steps": args.steps, "cnn_passes": args.cnn_passes, "rounds": args.rounds,
-                            "read_ahead": args.read_ahead,
+                            "read_ahead": not args.no_read_ahead,
                             "read_ahead_kb": read_ahead_kb(CACHE),
                             "prompt_tokens": PROMPT, "llamacpp": llamacpp, "bandwidth": [], "models": {}}
     infos = {name: prepared(name, CACHE / name) for name in names}

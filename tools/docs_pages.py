@@ -39,6 +39,7 @@ SCRIPT_OF = {
     "refactor35_": "ab_commits",  # bench/ab_commits.py runs another bench on two commits
     "spread_decoding": "ab_commits",  # decoding.py before and after the spread of streamed units
     "reader_batch_": "ab_commits",  # benches before and after the reader waited for its own read's room
+    "read_ahead_default_": "ab_commits",  # decoding.py before and after the read-ahead was on by default
     "vs_mmap_read_ahead": "vs_mmap",  # bench/vs_mmap.py --read-ahead --output vs_mmap_read_ahead
     "prepare_larger_than_memory": "prepare_memory",  # bench/prepare_memory.py --larger-than-memory
 }

@@ -135,7 +135,7 @@ def test_coalesced_reads_cover_every_unit_once_in_fewer_requests(tiny: Path, ref
     x, y = reference
     units = read_manifest(tiny).units
     reads, spy = read_spy()
-    with load(tiny, pipeline="async", coalesce=coalesce, budget=budget) as engine:
+    with load(tiny, pipeline="async", coalesce=coalesce, budget=budget, read_ahead=False) as engine:  # a pass's own reads
         engine(x)  # first inference verifies checksums; count the second
         # A slow first kernel lets the reader run ahead: the unit the next kernel needs
         # (unit 1) is read alone and at once, the units after it may be coalesced.
@@ -173,7 +173,7 @@ def test_reader_coalesces_while_the_woken_kernel_thread_is_not_yet_running(tiny:
     x, y = reference
     units = read_manifest(tiny).units
     reads, spy = read_spy()
-    with load(tiny, pipeline="async", coalesce="1MiB", budget="1MiB") as engine:
+    with load(tiny, pipeline="async", coalesce="1MiB", budget="1MiB", read_ahead=False) as engine:  # a pass's own reads
         engine(x)  # first inference verifies checksums; count the second
         engine.stream.ready = _SlowWaker(engine.stream.state)
         monkeypatch.setattr(reader_mod.os, "preadv", spy)

@@ -85,9 +85,18 @@ def test_it_starts_while_the_kept_units_after_the_last_streamed_one_run(lm, monk
         assert len(started_in_pass) == 5 and all(started_in_pass)  # once a pass, during it
 
 
+def test_it_is_on_by_default(lm):
+    directory, manifest, model, ids = lm
+    options = _budgets(manifest)["async"]
+    with load(directory, **options) as engine:
+        adopted = [engine.last_read_ahead for _ in _steps(engine, model, ids, 3)]
+        assert adopted[0] == 0 and all(a > 0 for a in adopted[1:])  # nothing before the first pass
+        assert engine.last_weights_peak <= options["budget"]
+
+
 def test_without_read_ahead_every_read_is_the_passs_own(lm):
     directory, manifest, model, ids = lm
-    with load(directory, **_budgets(manifest)["async"], trace=True) as engine:  # (off by default)
+    with load(directory, **_budgets(manifest)["async"], trace=True, read_ahead=False) as engine:
         for _ in _steps(engine, model, ids, 4):
             assert engine.last_read_ahead == 0
             assert all(e.start >= 0 for e in engine.last_timeline.events)

@@ -50,7 +50,7 @@ OPTIONS: Mapping[str, Option] = {
     ),
     "read_ahead": Option(
         bool, ("--read-ahead/--no-read-ahead",),
-        "when a pass ends, read the next one's first units while the caller works, or not (default)",
+        "when a pass ends, read the next one's first units while the caller works (default), or not",
     ),
     "device": Option(str, ("--device",), "cpu, cuda or cuda:N"),
     "stages": Option(

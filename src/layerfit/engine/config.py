@@ -45,9 +45,9 @@ class EngineConfig:
     the rows its ids look up (and a module of routed experts by the experts its router
     chose). ``read_ahead``: when a streamed pass ends (from its last unit not kept on),
     the next one's first units are read into the read buffer while the caller works
-    (:mod:`layerfit.engine.read_ahead`; two stages, async; off by default: on this
-    project's 2-core machine it gave no consistent gain for plain decoding, and 2-8 %
-    with a draft model). ``expert_cache``: under ``auto``, what the budget leaves
+    (:mod:`layerfit.engine.read_ahead`; two stages, async and ``auto``; on by default: a
+    decode step of a 2.1 GB Llama 3-5 % faster at three of four budgets, and none slower
+    beyond the noise; off, every read of a pass is its own). ``expert_cache``: under ``auto``, what the budget leaves
     beyond the read buffer holds single experts as they are used
     (:mod:`layerfit.engine.expert_cache`); off, the read buffer takes it. ``verify``
     says when a unit's SHA-256 is checked.
@@ -64,7 +64,7 @@ class EngineConfig:
     device: str = "cpu"
     stages: int | None = None
     gather_rows: bool = True
-    read_ahead: bool = False
+    read_ahead: bool = True
     expert_cache: bool = True
     verify: str = "first"
 
