@@ -40,7 +40,7 @@ SCRIPT_OF = {
     "spread_decoding": "ab_commits",  # decoding.py before and after the spread of streamed units
     "reader_batch_": "ab_commits",  # benches before and after the reader waited for its own read's room
     "read_ahead_default_": "ab_commits",  # decoding.py before and after the read-ahead was on by default
-    "vs_mmap_read_ahead": "vs_mmap",  # bench/vs_mmap.py --read-ahead --output vs_mmap_read_ahead
+    "vs_mmap_read_ahead": "vs_mmap",  # bench/vs_mmap.py with the read-ahead on, before it was the default
     "prepare_larger_than_memory": "prepare_memory",  # bench/prepare_memory.py --larger-than-memory
 }
 MAX_COLUMNS = 14

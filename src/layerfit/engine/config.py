@@ -47,10 +47,10 @@ class EngineConfig:
     the next one's first units are read into the read buffer while the caller works
     (:mod:`layerfit.engine.read_ahead`; two stages, async and ``auto``; on by default: a
     decode step of a 2.1 GB Llama 3-5 % faster at three of four budgets, and none slower
-    beyond the noise; off, every read of a pass is its own). ``expert_cache``: under ``auto``, what the budget leaves
-    beyond the read buffer holds single experts as they are used
-    (:mod:`layerfit.engine.expert_cache`); off, the read buffer takes it. ``verify``
-    says when a unit's SHA-256 is checked.
+    beyond the noise; off, every read of a pass is its own). ``expert_cache``: under
+    ``auto``, what the budget leaves beyond the read buffer holds single experts as they
+    are used (:mod:`layerfit.engine.expert_cache`); off, the read buffer takes it.
+    ``verify`` says when a unit's SHA-256 is checked.
     """
 
     budget: Budget | None = None
