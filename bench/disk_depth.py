@@ -1,15 +1,15 @@
 """The disk's direct-I/O rate by request size and by requests in flight.
 
 The floor the decoding benches report divides a step's bytes by the disk's best rate
-measured in the same run, which comes from reading a file whole in 256 MiB requests.
+measured in the same run, reading a file whole in 8 MiB and 256 MiB requests.
 layerfit's reader has one request in flight at a time, of a unit or a coalesced run of
 units (a few MB to a few tens of MB), into a read buffer the budget bounds. This bench
 measures what that costs on the disk at hand: the largest prepared weights file of
 ``bench/vs_mmap.py``'s cache (or ``--file``) read over its first ``--span`` bytes with
 ``O_DIRECT`` into pre-faulted buffers of the engine's own kind (at least 32 MiB, in huge
-pages where granted), in requests of each size
-with 1, 2, 4 or 8 in flight (that many threads, each taking the next request as its last
-completes), the page cache dropped before each read. The configurations alternate in
+pages where granted), in requests of each size with 1, 2, 4 or 8 in flight (that many
+threads, each taking the next request as its last completes), the page cache dropped
+before each read. The configurations alternate in
 each round (the order reversed every other round) and a configuration's rate is the
 median of its rounds. Writes ``bench/results/disk_depth.{json,md}``::
 
@@ -33,7 +33,7 @@ from common import block_device, drop_page_cache, machine, write_results  # noqa
 MIB = 2**20
 CONFIGS = [(1 * MIB, 1), (1 * MIB, 4), (2 * MIB, 1), (4 * MIB, 1), (8 * MIB, 1), (8 * MIB, 2), (8 * MIB, 4),
            (8 * MIB, 8), (32 * MIB, 1), (32 * MIB, 2), (32 * MIB, 4), (256 * MIB, 1)]
-"""(request bytes, requests in flight): the engine's reads are the first of each size."""
+"""(request bytes, requests in flight); layerfit's reader is the one-in-flight row of each size."""
 
 
 def read_rate(path: Path, span: int, request: int, in_flight: int) -> float:
@@ -91,9 +91,14 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(f"| {r['request_bytes'] // MIB} | {r['in_flight']} | {rate / 1e6:.0f} | "
                      f"{rate / base[r['request_bytes']]:.2f} | {', '.join(f'{x / 1e6:.0f}' for x in r['rates'])} |")
     m = data["machine"]
-    lines += ["", "A unit of a Llama layer is 0.8 MB (a key or value projection of a 0.5 GB model) to a few tens of MB, "
-              "read alone where `auto` keeps the units around it.", "", f"Disk: {data['disk']}. Machine: {m.get('cpu')}, {m.get('cores', '?')} cores, "
-              f"torch {m.get('torch')}, layerfit {m.get('layerfit_commit')}."]
+    lines += [
+        "",
+        "A unit of a Llama layer is 0.8 MB (a key or value projection of a 0.5 GB model) to a few tens of MB, "
+        "read alone where `auto` keeps the units around it.",
+        "",
+        f"Disk: {data['disk']}. Machine: {m.get('cpu')}, {m.get('cores', '?')} cores, torch {m.get('torch')}, "
+        f"layerfit {m.get('layerfit_commit')}.",
+    ]
     return "\n".join(lines) + "\n"
 
 

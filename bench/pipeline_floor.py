@@ -36,17 +36,18 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, machine, off_main, write_results  # noqa: E402
-from vs_mmap import BANDWIDTH_CHUNKS, CACHE, CNN, direct_read_bandwidth, prepared, runner  # noqa: E402
+from common import machine, off_main, write_results  # noqa: E402
+from vs_mmap import (  # noqa: E402
+    BANDWIDTH_CHUNKS,
+    CACHE,
+    CNN,
+    direct_read_bandwidth,
+    prepared,
+    runner,
+    streaming_budgets,
+)
 
 PASSES = 12  # replayed: the last pass's time is the steady state
-
-
-def streaming_budgets(name: str) -> list[int]:
-    """The budgets ``bench/results/vs_mmap.json`` gave layerfit's ``name`` where it streamed."""
-    rows = json.loads((RESULTS / "vs_mmap.json").read_text())["models"][name]["rows"]
-    return sorted({r["budget_bytes"] for r in rows
-                   if r["config"] == "layerfit" and r.get("returncode") == 0 and r.get("engine_read_per_step_bytes")})
 
 
 def traced_steps(work: Path, name: str, steps: int, budget: int | None) -> tuple[list[float], Any, Any]:

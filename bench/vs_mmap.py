@@ -611,6 +611,14 @@ def run_model(name: str, info: dict[str, Any], args: argparse.Namespace, llamacp
             "gguf_note": gguf_note, "rows": rows}
 
 
+def streaming_budgets(name: str) -> list[int]:
+    """The budgets the last run (``bench/results/vs_mmap.json``) gave layerfit's ``name``
+    where it streamed: what the benches that study those budgets further run."""
+    rows = json.loads((BENCH / "results" / "vs_mmap.json").read_text())["models"][name]["rows"]
+    return sorted({r["budget_bytes"] for r in rows
+                   if r["config"] == "layerfit" and r.get("returncode") == 0 and r.get("engine_read_per_step_bytes")})
+
+
 def fastest(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The run of a configuration with the fastest step (a busy machine only ever slows a
     run down), with every run's times and peaks under ``rounds``; the last run if none
