@@ -12,46 +12,9 @@ from hypothesis import strategies as st
 
 from layerfit.engine import load
 from layerfit.engine.experts import ExpertTable, experts_segment
-from layerfit.store import prepare
 from layerfit.store.manifest import ALIGN, Segment, TensorLayout
 
-transformers = pytest.importorskip("transformers")
-T = transformers
-
-SMALL = {"vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "max_position_embeddings": 64}
-ARCHS = {
-    "mixtral": lambda: (T.MixtralConfig(**SMALL, intermediate_size=96, num_local_experts=8, num_experts_per_tok=2),
-                        T.MixtralForCausalLM),
-    "qwen2_moe": lambda: (T.Qwen2MoeConfig(**SMALL, moe_intermediate_size=96, shared_expert_intermediate_size=64,
-                                           num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1),
-                          T.Qwen2MoeForCausalLM),
-    "olmoe": lambda: (T.OlmoeConfig(**SMALL, intermediate_size=96, num_experts=8, num_experts_per_tok=2),
-                      T.OlmoeForCausalLM),
-}
-
-
-@pytest.fixture(scope="module", params=list(ARCHS))
-def moe(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    config, cls = ARCHS[request.param]()
-    folder = tmp_path_factory.mktemp("moe") / request.param
-    torch.manual_seed(0)
-    cls(config).save_pretrained(folder, max_shard_size="200KB")
-    manifest = prepare("hf:" + str(folder), folder.parent / f"{request.param}-prepared")
-    return folder.parent / f"{request.param}-prepared", manifest, _aligned(cls.from_pretrained(folder).eval())
-
-
-def _aligned(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` with every tensor copied to memory of its own: ``from_pretrained`` leaves
-    them as views of the mapped file at any alignment, and a one-token product takes
-    another kernel path at an odd one (its last bit differs: measured here on a decoded
-    token, as for the MiniLM pooler in tests/store/test_hf_matrix.py)."""
-    with torch.no_grad():
-        for module in model.modules():
-            for t in [*module._parameters.values(), *module._buffers.values()]:
-                if t is not None:
-                    t.data = t.data.clone()
-    return model
+pytest.importorskip("transformers")
 
 
 def _experts_reads(engine) -> list[tuple[str, int]]:
@@ -64,7 +27,9 @@ def test_a_decoded_token_reads_only_the_experts_its_router_chose(moe):
     assert len(experts) == 3  # one per layer
     ids = torch.tensor([[3, 8, 13, 21, 34, 55]])
     budget = manifest.resident_bytes + 2 * manifest.largest_unit_bytes
-    with load(directory, budget=budget, trace=True) as engine:
+    # (the reads of each layer's own hook: what is read ahead for it is counted in
+    # tests/engine/test_expert_prefetch.py)
+    with load(directory, budget=budget, trace=True, expert_prefetch=False) as engine:
         assert {engine.blocks[i].name for i in engine.rows_units} >= set(experts)
         with torch.no_grad():
             assert torch.equal(engine(ids).logits, reference(ids).logits)  # the first pass verifies: whole reads
@@ -192,22 +157,26 @@ def test_experts_used_before_are_copied_from_the_cache_not_read(moe):
     assert 0 < stats["hit_rate"] <= 1
 
 
+PAGE_SLICES = {e: ((e * 4, 4, 0), (32 + e * 4, 4, ALIGN)) for e in range(8)}
+"""A unit of 64 bytes, two tensors of 4 bytes per expert; each slice lands on a page of a slot."""
+
+
 def test_the_expert_cache_keeps_the_most_often_chosen_experts_within_its_capacity():
     from layerfit.engine.expert_cache import ExpertCache
 
-    cache = ExpertCache(capacity=3 * 8)
+    cache = ExpertCache(capacity=3 * 2 * ALIGN + 100, slot_bytes=2 * ALIGN)
+    assert cache.slots == 3 and cache.capacity == 3 * 2 * ALIGN
     unit = bytearray(range(64))
-    slices = {e: ((e * 4, 4), (32 + e * 4, 4)) for e in range(8)}  # two tensors, 4 bytes each per expert
     out = bytearray(64)
 
     def choose(e: int) -> bool:  # what the engine does: look it up, store it on a miss
-        hit = cache.load(7, e, memoryview(out), slices[e])
+        hit = cache.load(7, e, memoryview(out), PAGE_SLICES[e])
         if not hit:
-            cache.store(7, e, memoryview(unit), slices[e])
+            cache.store(7, e, memoryview(unit), PAGE_SLICES[e])
         return hit
 
     assert [choose(e) for e in (0, 1, 2)] == [False] * 3
-    assert cache.cached(7) == {0, 1, 2} and cache.used == 24
+    assert cache.cached(7) == {0, 1, 2} and cache.used == 3 * cache.slot_bytes
     assert choose(0) and out[0:4] == unit[0:4] and out[32:36] == unit[32:36] and out[4:32] == bytes(28)
     assert not choose(3)  # chosen once: not more often than any held expert, so not let in
     assert cache.cached(7) == {0, 1, 2}
@@ -219,8 +188,7 @@ def test_the_expert_cache_keeps_the_most_often_chosen_experts_within_its_capacit
     assert cache.cached(7) == {0, 2, 3}
     stats = cache.stats
     assert stats["hits"] == 1 + 12 and stats["hit_rate"] == stats["hits"] / (stats["hits"] + stats["misses"])
-    cache.store(7, 6, memoryview(unit), ((0, 64),))  # larger than the whole cache: not kept
-    assert 6 not in cache.cached(7)
+    cache.close()
 
 
 def test_the_expert_cache_thrashes_no_cycle():
@@ -228,14 +196,15 @@ def test_the_expert_cache_thrashes_no_cycle():
     cache must still hit on 4 of them per token."""
     from layerfit.engine.expert_cache import ExpertCache
 
-    cache = ExpertCache(capacity=4)
+    cache = ExpertCache(capacity=4 * ALIGN, slot_bytes=1)
     one = memoryview(bytearray(1))
     for _ in range(10):
         for unit in range(3):
             for e in (unit, unit + 3):
-                if not cache.load(unit, e, one, ((0, 1),)):
-                    cache.store(unit, e, one, ((0, 1),))
+                if not cache.load(unit, e, one, ((0, 1, 0),)):
+                    cache.store(unit, e, one, ((0, 1, 0),))
     assert cache.hits >= 4 * 9
+    cache.close()
 
 
 def test_inspect_shows_the_expert_cache_the_engine_plans(moe):

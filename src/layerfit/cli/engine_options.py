@@ -52,6 +52,14 @@ OPTIONS: Mapping[str, Option] = {
         bool, ("--read-ahead/--no-read-ahead",),
         "when a pass ends, read the next one's first units while the caller works (default), or not",
     ),
+    "expert_cache": Option(
+        bool, ("--expert-cache/--no-expert-cache",),
+        "under auto, hold single experts in what the budget leaves (default), or give it to the read buffer",
+    ),
+    "expert_prefetch": Option(
+        bool, ("--expert-prefetch/--no-expert-prefetch",),
+        "read the next MoE layer's experts, guessed by its router, ahead into the expert cache (default), or not",
+    ),
     "device": Option(str, ("--device",), "cpu, cuda or cuda:N"),
     "stages": Option(
         int | None, ("--stages",), "2: kernels use the read buffer (cpu default); 3: read, copy, kernel (cuda)"

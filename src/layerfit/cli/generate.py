@@ -76,7 +76,10 @@ class Decoding:
 
 
 @app.command()
-@engine_options("pipeline", "budget", "units", "direct_io", "coalesce", "gather_rows", "read_ahead", "device", "stages")
+@engine_options(
+    "pipeline", "budget", "units", "direct_io", "coalesce", "gather_rows", "read_ahead", "expert_cache", "expert_prefetch",
+    "device", "stages",
+)
 def generate(
     directory: str = typer.Argument(..., help="prepared model directory (a Hugging Face language model)"),
     prompt: str | None = typer.Option(None, "--prompt", help="the prompt as text (read by the tokenizer)"),

@@ -237,7 +237,10 @@ def _print_units(m: Manifest, plan: dict[str, Any] | None) -> None:
                 head + f"{len(plan['kept_units'])} of {len(m.units)} units kept resident "
                 f"({format_bytes(plan['kept_bytes'])}), buffers "
                 f"{format_bytes(plan['buffer_bytes'] + plan['device_buffer_bytes'])}"
-                + (f", expert cache {format_bytes(plan['expert_cache_bytes'])} (the experts chosen most)"
+                + (f", expert cache {format_bytes(plan['expert_cache_bytes'])}: {plan['expert_slots']} "
+                   f"experts of {format_bytes(plan['expert_slot_bytes'])}, the ones chosen most"
+                   + (f" and {plan['expert_read_ahead_slots']} read ahead for the next MoE layer"
+                      if plan["expert_read_ahead_slots"] else "")
                    if plan["expert_cache_bytes"] else "")
                 + f"; each inference reads {plan['units_read_per_inference']} units, "
                 f"{format_bytes(plan['bytes_read_per_inference'])}"
@@ -288,6 +291,7 @@ def _auto_plan(m: Manifest, budget: str, stages: int) -> dict[str, Any]:
         model = None
     made = plan(m, config, model)
     weights, sizes = made.weights, [b.nbytes for b in made.blocks]
+    slot, slots, ahead = _expert_slots(made, model)
     read = [] if weights.policy.name == "preload" else [
         i for i in range(len(sizes)) if i not in weights.kept and i not in weights.gathered
     ]
@@ -301,9 +305,31 @@ def _auto_plan(m: Manifest, budget: str, stages: int) -> dict[str, Any]:
         "buffer_bytes": weights.buffer_bytes,
         "device_buffer_bytes": weights.device_buffer_bytes,
         "expert_cache_bytes": weights.expert_cache_bytes,
+        "expert_slot_bytes": slot,
+        "expert_slots": slots,
+        "expert_read_ahead_slots": ahead,
         "units_read_per_inference": len(read),
         "bytes_read_per_inference": sum(sizes[i] for i in read),
     }
+
+
+def _expert_slots(made: Any, model: Any) -> tuple[int, int, int]:
+    """How the engine cuts the plan's expert cache: (slot bytes, slots, slots for the
+    next MoE layer's guessed experts), as :func:`layerfit.engine.expert_prefetch.slot_plan`
+    says (with the skeleton's routers; none guess without it)."""
+    from layerfit.engine.expert_prefetch import plan_guesses, slot_plan
+    from layerfit.engine.experts import ExpertTable, experts_segment
+
+    weights = made.weights
+    tables = {i: ExpertTable(made.blocks[i].segments[0], []) for i in weights.gathered
+              if experts_segment(made.blocks[i].segments[0])}
+    if not weights.expert_cache_bytes or not tables:
+        return 0, 0, 0
+    names = [seg.name for block in made.blocks for seg in block.segments if experts_segment(seg)]
+    guesses = plan_guesses(dict(model.named_modules()), names, tables) if model is not None else {}
+    if not made.config.expert_prefetch:
+        guesses = {}
+    return slot_plan(weights.expert_cache_bytes, tables, guesses)
 
 
 def _check_weights_file(directory: str, m: Manifest) -> None:
@@ -488,8 +514,8 @@ def _units_label(report: dict) -> str:
 
 @app.command()
 @engine_options(
-    "pipeline", "budget", "units", "direct_io", "activations", "coalesce", "gather_rows", "read_ahead", "device",
-    "stages",
+    "pipeline", "budget", "units", "direct_io", "activations", "coalesce", "gather_rows", "read_ahead", "expert_cache",
+    "expert_prefetch", "device", "stages",
 )
 def run(
     directory: str = typer.Argument(..., help="prepared model directory"),

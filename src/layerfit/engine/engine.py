@@ -34,7 +34,8 @@ from layerfit.engine.binding import Binder, get_binder
 from layerfit.engine.buffers import WeightBuffers
 from layerfit.engine.config import EngineConfig
 from layerfit.engine.device import Device, get_device
-from layerfit.engine.expert_cache import ExpertCache
+from layerfit.engine.expert_prefetch import ExpertMemory, expert_memory
+from layerfit.engine.experts import experts_segment
 from layerfit.engine.gather import table_of
 from layerfit.engine.generation import generate
 from layerfit.engine.hooks import install_hooks
@@ -122,6 +123,7 @@ class Engine:
         self.last_weights_peak = 0
         self.plan: EnginePlan | None = None
         self._hooks: list = []
+        self._experts = ExpertMemory()  # the expert cache and what reads ahead into it
         self._resident_buf: mmap.mmap | None = None
         self._preloaded = False  # every unit bound for good (preload policy)
         self._lost: str | None = None  # why the configuration was lost (a failed re-read)
@@ -162,9 +164,12 @@ class Engine:
         self.units.configure(new.blocks)
         weights = new.weights
         self.buffers.resize(weights.buffer_bytes, weights.device_buffer_bytes, self.stream.room, self.stream.copyable)
-        cache = ExpertCache(weights.expert_cache_bytes) if weights.expert_cache_bytes else None
-        self.stream.configure(weights.policy, new.blocks, bindings, weights.kept, tables, cache)
-        self._hooks = install_hooks(self.stream, self._modules, self.manifest.graph.unused)
+        experts = [u.name for u in self.manifest.units if experts_segment(u)]
+        self._experts = expert_memory(weights.expert_cache_bytes, tables, self._modules, experts, self.reader,
+                                      self.stream.record_read, config.expert_prefetch)
+        self.stream.configure(weights.policy, new.blocks, bindings, weights.kept, tables,
+                              self._experts.cache, self._experts.prefetch)
+        self._hooks = install_hooks(self.stream, self._modules, self.manifest.graph.unused, self._experts.guesses)
         self._preloaded = weights.policy.name == "preload"
         try:
             if self._preloaded:
@@ -220,6 +225,9 @@ class Engine:
 
     def _release_configuration(self, keep_ring: bool = False) -> None:
         self.stream.drop_read_ahead()  # the buffer takes its next shape
+        self._experts.close()
+        self._experts = ExpertMemory()
+        self.stream.expert_cache = self.stream.expert_prefetch = None
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -345,6 +353,8 @@ class Engine:
             run.bound.clear()
         for i in list(run.gathered):
             self.stream.end_gather(run, i)
+        if self._experts.prefetch is not None:  # nothing read ahead outlives its pass
+            self._experts.prefetch.end_pass()
         self.stream.run = None
         self.pass_thread = None
 
@@ -360,7 +370,7 @@ class Engine:
                 end - run.t0,
             )
         rings = [r.peak for r in self.buffers.streaming_rings]
-        cached = self.stream.expert_cache.used if self.stream.expert_cache is not None else 0
+        cached = self._experts.cache.capacity if self._experts.cache is not None else 0  # its slots, pre-faulted
         self.last_weights_peak = memory.resident_bytes + memory.kept_bytes + sum(rings) + self.binder.peak_bytes + cached
         self.last_skipped = (len(run.skipped_units), run.read_for_nothing)
         self.last_read_ahead = run.read_ahead_bytes

@@ -105,20 +105,40 @@ class ExpertTable:
         experts = tuple(int(e) for e in ids.tolist() if 0 <= e < self.count)
         return ExpertLookup(experts, self._extents(experts), False)
 
-    def slices(self, expert: int) -> tuple[tuple[int, int], ...]:
-        """(offset in the unit, bytes) of ``expert``'s slice of each stacked tensor."""
-        return tuple(
-            (t.offset + expert * (t.nbytes // self.count), t.nbytes // self.count) for t in self.segment.tensors
-        )
+    def slices(self, expert: int) -> tuple[tuple[int, int, int], ...]:
+        """(offset in the unit, bytes, offset in a cache slot) of ``expert``'s slice of
+        each stacked tensor: in a slot each slice lies where it lies in the whole pages
+        :meth:`ranges` reads it from."""
+        return tuple((first - self.segment.offset, size, at + first - a)
+                     for (a, _, at), (first, size) in zip(self.ranges(expert), self._firsts(expert), strict=True))
+
+    def ranges(self, expert: int) -> tuple[tuple[int, int, int], ...]:
+        """(file start, file end, offset in a cache slot) of the whole pages holding
+        ``expert``'s slice of each tensor: what reading it ahead into a slot reads, each
+        range at a page boundary of the slot (direct I/O)."""
+        end = self.segment.offset + self.segment.nbytes
+        out, at = [], 0
+        for first, size in self._firsts(expert):
+            a, b = first // ALIGN * ALIGN, min(-(-(first + size) // ALIGN) * ALIGN, end)
+            out.append((a, b, at))
+            at += -(-(b - a) // ALIGN) * ALIGN
+        return tuple(out)
+
+    @property
+    def slot_bytes(self) -> int:
+        """The bytes of a cache slot that holds any one expert (:meth:`ranges`)."""
+        return max(sum(-(-(b - a) // ALIGN) * ALIGN for a, b, _ in self.ranges(e)) for e in range(self.count))
+
+    def _firsts(self, expert: int) -> list[tuple[int, int]]:
+        """(file offset, bytes) of ``expert``'s slice of each stacked tensor."""
+        return [
+            (self.segment.offset + t.offset + expert * (t.nbytes // self.count), t.nbytes // self.count)
+            for t in self.segment.tensors
+        ]
 
     def _extents(self, experts: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
         """The file ranges holding ``experts``, widened to pages and merged."""
-        start, end = self.segment.offset, self.segment.offset + self.segment.nbytes
-        ranges = []
-        for e in experts:
-            for offset, size in self.slices(e):
-                first = start + offset
-                ranges.append((first // ALIGN * ALIGN, min(-(-(first + size) // ALIGN) * ALIGN, end)))
+        ranges = [(a, b) for e in experts for a, b, _ in self.ranges(e)]
         extents: list[tuple[int, int]] = []
         for a, b in sorted(ranges):
             if extents and a <= extents[-1][1]:
@@ -133,23 +153,30 @@ class ExpertTable:
     ) -> int:
         """Read ``lookup``'s ranges into ``view`` (the unit's place, aligned, its bytes
         long) where they lie in the unit, and return the bytes read. With ``cache``, the
-        chosen experts it holds are copied from it instead, and those read are kept in
-        it (as unit ``unit``). A whole read is verified; a mismatch raises
-        :class:`~layerfit.errors.CorruptStoreError`."""
+        chosen experts it holds (kept, or read ahead for this unit) are copied from it
+        instead, those read are kept in it (as unit ``unit``) as its rule allows, and
+        what was read ahead for the unit is settled. A whole read is verified; a mismatch
+        raises :class:`~layerfit.errors.CorruptStoreError`."""
         what = f"unit {self.segment.index} ({self.name})"
         missing = lookup.experts
         extents = lookup.extents
+        if cache is not None:
+            cache.begin(unit)  # nothing more is read ahead for it
         if cache is not None and not lookup.verify:
             missing = tuple(e for e in lookup.experts if not cache.load(unit, e, view, self.slices(e)))
             extents = self._extents(missing)
-        for a, b in extents:
-            at = a - self.segment.offset
-            reader.read_range(a, b - a, view[at : at + b - a], what)
-        if lookup.verify:
-            verify_segment(self.segment, view)
-        elif cache is not None:
-            for e in missing:
-                cache.store(unit, e, view, self.slices(e))
+        try:
+            for a, b in extents:
+                at = a - self.segment.offset
+                reader.read_range(a, b - a, view[at : at + b - a], what)
+            if lookup.verify:
+                verify_segment(self.segment, view)
+            elif cache is not None:
+                for e in missing:
+                    cache.store(unit, e, view, self.slices(e))
+        finally:
+            if cache is not None:
+                cache.settle(unit)
         return sum(b - a for a, b in extents)
 
     def restore(self, saved: object) -> None:

@@ -4,7 +4,8 @@ Before a unit's first layer runs, its :class:`PreHook` waits until the unit's by
 there and binds its weights by reference; after its last layer, its :class:`PostHook`
 unbinds them and gives the buffer back. An embedding table read by rows has a
 :class:`GatherHook` instead, which reads the rows its ids look up, and a module of
-experts an :class:`ExpertsHook`, which reads the experts its router chose. A later layer of a
+experts an :class:`ExpertsHook`, which reads the experts its router chose; a router that
+guesses the next MoE layer's experts a :class:`GuessHook`. A later layer of a
 unit checks that the unit is bound (:class:`InnerHook`); a module that did not run at
 prepare, and so has no stored weights, refuses to run (:class:`UnstoredHook`). Each hook
 is an object holding its unit's index and the :class:`~layerfit.engine.stream.UnitStream`,
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from layerfit.engine.expert_prefetch import Guess
 from layerfit.engine.experts import ROUTED, ExpertTable
 from layerfit.engine.policies import REQUEST_BYTES
 from layerfit.engine.stream import UnitStream
@@ -203,11 +205,32 @@ class ExpertsHook(PartialReadHook):
         t0 = time.perf_counter()
         read = table.read(stream.units.reader, lookup, ring.view[off : off + table.nbytes], stream.expert_cache, i)
         t1 = time.perf_counter()
+        if stream.expert_prefetch is not None:  # the next layer's guess may be read now
+            stream.expert_prefetch.go()
         if lookup.verify:
             stream.units.mark_verified(i, table.segment.index)
         stream.binder.bind(stream.bindings[i], ring.bytes, off)
         self.started(run, t0, t1, read)
         return None
+
+
+class GuessHook(_SharedHook):
+    """Before the router of a MoE layer: guess what the next MoE layer's router will
+    choose from the same input, to read those experts ahead
+    (:mod:`layerfit.engine.expert_prefetch`). Not while the guessed unit is still to be
+    verified (its first read is whole)."""
+
+    def __init__(self, stream: UnitStream, guess: Guess) -> None:
+        self.stream = stream
+        self.guess = guess
+
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        stream, prefetch = self.stream, self.stream.expert_prefetch
+        run = stream.run
+        if run is None or run.source is not None or prefetch is None or not args:
+            return
+        if not stream.units.needs_check(self.guess.unit):
+            prefetch.guess(self.guess, args[0])
 
 
 class PostHook(UnitHook):
@@ -312,9 +335,14 @@ class UnstoredHook(_SharedHook):
             )
 
 
-def install_hooks(stream: UnitStream, modules: dict[str, nn.Module], unused: Iterable[str]) -> list[RemovableHandle]:
+def install_hooks(
+    stream: UnitStream, modules: dict[str, nn.Module], unused: Iterable[str],
+    guesses: Iterable[tuple[nn.Module, Guess]] = (),
+) -> list[RemovableHandle]:
     """Hook every unit of ``stream``'s configuration into ``modules`` (the model's, by
-    name), and every module owning an ``unused`` tensor (one that did not run at prepare)."""
+    name), every module owning an ``unused`` tensor (one that did not run at prepare),
+    and each router that guesses the next MoE layer's experts (``guesses``: the router
+    and its guess; after its unit's own hook, which binds it)."""
     handles = []
     for i, blk in enumerate(stream.blocks):
         first, last = modules[blk.segments[0].name], modules[blk.segments[-1].name]
@@ -327,6 +355,8 @@ def install_hooks(stream: UnitStream, modules: dict[str, nn.Module], unused: Ite
         handles.append(last.register_forward_hook(PostHook(stream, i).__call__))
         for seg in blk.segments[1:]:  # a later layer of the block needs the block bound
             handles.append(modules[seg.name].register_forward_pre_hook(InnerHook(stream, i, seg.name).__call__))
+    for router, guess in guesses:
+        handles.append(router.register_forward_pre_hook(GuessHook(stream, guess).__call__))
     for name in sorted({n.rpartition(".")[0] for n in unused}):
         module = modules.get(name)
         if module is not None:
@@ -334,4 +364,4 @@ def install_hooks(stream: UnitStream, modules: dict[str, nn.Module], unused: Ite
     return handles
 
 
-__all__ = ["ExpertsHook", "GatherHook", "InnerHook", "PostHook", "PreHook", "UnstoredHook", "install_hooks"]
+__all__ = ["ExpertsHook", "GatherHook", "GuessHook", "InnerHook", "PostHook", "PreHook", "UnstoredHook", "install_hooks"]

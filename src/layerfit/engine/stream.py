@@ -27,6 +27,7 @@ from layerfit.engine.buffers import WeightBuffers
 from layerfit.engine.copier import CopyStage
 from layerfit.engine.device import Device
 from layerfit.engine.expert_cache import ExpertCache
+from layerfit.engine.expert_prefetch import ExpertPrefetch
 from layerfit.engine.experts import ExpertTable
 from layerfit.engine.gather import RowTable
 from layerfit.engine.pass_state import PassState
@@ -35,6 +36,7 @@ from layerfit.engine.read_ahead import NextPass, ReadAhead, ReadAheadReader, Sta
 from layerfit.engine.reader import ReadStage
 from layerfit.engine.ring import RingBuffer
 from layerfit.engine.skeleton import Binding
+from layerfit.engine.trace import Event
 from layerfit.engine.unit_reader import UnitReader
 from layerfit.engine.units import Block
 from layerfit.errors import LayerfitError
@@ -69,6 +71,7 @@ class UnitStream:
         self.kept: frozenset[int] = frozenset()  # units bound for good beside the ring (auto)
         self.gathered: dict[int, RowTable | ExpertTable] = {}  # units read by rows or experts when they run
         self.expert_cache: ExpertCache | None = None  # single experts kept as they are used (auto)
+        self.expert_prefetch: ExpertPrefetch | None = None  # the next MoE layer's guessed experts, read ahead
         # The units the last pass that began at a unit skipped, by where it began and
         # where the pass before it began: the next such pass does not read them. A cached
         # decoder step skips what the step before it skipped; the first step after the
@@ -82,11 +85,12 @@ class UnitStream:
 
     def configure(self, policy: Policy, blocks: Sequence[Block], bindings: Sequence[list[Binding]],
                   kept: frozenset[int], gathered: dict[int, RowTable | ExpertTable],
-                  expert_cache: ExpertCache | None = None) -> None:
+                  expert_cache: ExpertCache | None = None, expert_prefetch: ExpertPrefetch | None = None) -> None:
         """Stream ``blocks`` under ``policy`` from now on; what passes skipped is forgotten
         (and the expert cache of the last configuration, whose units were numbered otherwise)."""
         self.policy, self.blocks, self.bindings = policy, blocks, bindings
         self.kept, self.gathered, self.expert_cache = kept, gathered, expert_cache
+        self.expert_prefetch = expert_prefetch
         self.skips_seen, self.last_start = {}, None
         self.read_ahead.forget()
 
@@ -165,6 +169,15 @@ class UnitStream:
         self.skips_seen[(start, self.last_start)] = frozenset(run.skipped_units)
         self.read_ahead.followed(self.last_start, start)
         self.last_start = start
+
+    def record_read(self, unit: int, t0: float, t1: float, nbytes: int) -> None:
+        """A read made for the pass under way off its reader (experts read ahead): in
+        its timeline when tracing."""
+        with self.state:
+            run = self.run
+            if self.trace and run is not None:
+                name = self.blocks[unit].name
+                run.events.append(Event(unit, name, "read", t0 - run.t0, t1 - run.t0, nbytes))
 
     # --- the order units run in ---------------------------------------------------------
 
