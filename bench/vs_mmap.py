@@ -456,7 +456,22 @@ def prepared(name: str, work: Path) -> dict[str, Any]:
         "weights_bytes": manifest.total_bytes, "resident_bytes": manifest.resident_bytes,
         "largest_unit_bytes": manifest.largest_unit_bytes, "units": len(manifest.units),
         "minimum_budget_bytes": manifest.resident_bytes + streamed_minimum(manifest.units),
+        "pass_bytes": pass_bytes(name, manifest),
     }
+
+
+def pass_bytes(name: str, manifest: Any) -> int:
+    """What one step needs of the streamed weights at the least, whatever reads them: every
+    unit but an embedding table (a step looks up a row or a few) and, of a module of routed
+    experts, the share of the experts a token uses. Holding ``B`` bytes beside the resident
+    tensors, any reader reads at least ``pass_bytes - B`` of them per step."""
+    from layerfit.engine.experts import experts_segment
+    from layerfit.engine.gather import gatherable_segment
+
+    config = DECODERS.get(name, {})
+    share = config.get("num_experts_per_tok", 1) / config.get("num_local_experts", 1)
+    return sum(0 if gatherable_segment(u) else int(u.nbytes * share) if experts_segment(u) else u.nbytes
+               for u in manifest.units)
 
 
 def peer_files(name: str, work: Path) -> int:
@@ -669,9 +684,18 @@ def derive(data: dict[str, Any]) -> None:
         model["short_limits"] = [{k: r.get(k) for k in ("limit_bytes", "vs_layerfit", "read_vs_layerfit")} for r in short]
         for x, r in zip(model["short_limits"], short, strict=True):
             # The most layerfit could be at this budget: its bytes at the disk's best
-            # measured rate (or its preloaded compute), against the peer's step.
+            # measured rate (or its preloaded compute), against the peer's step; and the
+            # most any reader holding the same budget could be: it reads at least what it
+            # does not hold of what a step needs (pass_bytes), at the same rate.
             ours = next(o for o in ok if o["config"] == "layerfit" and o["limit_bytes"] == r["limit_bytes"])
             x["ceiling"] = r["step_s"] / ours["bound_s"] if ours.get("bound_s") else None
+            if model.get("pass_bytes") is not None:
+                held = ours["budget_bytes"] - model["resident_bytes"]
+                least = max(max(model["pass_bytes"] - held, 0) / bandwidth, model["preloaded_step_s"] or 0.0)
+                x["any_reader_ceiling"] = r["step_s"] / least if least else None
+                x["layerfit_over_any_reader_bound"] = ours["step_s"] / least if least else None
+        reachable = [x for x in model["short_limits"] if (x.get("any_reader_ceiling") or 0) >= 3.0]
+        model["target_3x_met_where_reachable"] = all(x["vs_layerfit"] >= 3.0 for x in reachable)
         model["file_pages_per_step_bytes"] = max((r["file_pages_per_step_bytes"] for r in ok if r["config"] == "layerfit"),
                                                  default=None)
 
@@ -730,7 +754,17 @@ def markdown(data: dict[str, Any]) -> str:
         target = "met" if model["target_3x_met"] else "not met"
         where = "; ".join(f"{mb(x['limit_bytes'])} MB: {number(x['vs_layerfit'])}× (mmap read "
                           f"{number(x['read_vs_layerfit'])}× layerfit's bytes; the most this budget allows: "
-                          f"{number(x.get('ceiling'))}×)" for x in model["short_limits"])
+                          f"{number(x.get('ceiling'))}×, any reader: {number(x.get('any_reader_ceiling'))}×)"
+                          for x in model["short_limits"])
+        reachable = [x for x in model["short_limits"] if (x.get("any_reader_ceiling") or 0) >= 3.0]
+        missed = [x for x in reachable if x["vs_layerfit"] < 3.0]
+        verdict = (
+            "no limit where it does not fit lets any reader reach 3×" if not reachable else
+            "met at every limit where any reader could reach it" if not missed else
+            "not met at " + ", ".join(
+                f"{mb(x['limit_bytes'])} MB (layerfit {number(x['layerfit_over_any_reader_bound'])}× that bound)"
+                for x in missed)
+        ) if "pass_bytes" in model else None
         lines += [
             "",
             f"## {name}: {mb(model['weights_bytes'])} MB of weights, {model['units']} units, largest "
@@ -740,8 +774,12 @@ def markdown(data: dict[str, Any]) -> str:
             "",
             f"Target (layerfit ≥ 3× faster per step than mmap at every limit where the model does not fit): {target}. "
             f"mmap's step ÷ layerfit's where it does not fit: {where}. *The most this budget allows* is mmap's "
-            "step over layerfit's bound (its bytes read at the disk's best measured rate): no reader does better "
-            "at that budget."
+            "step over layerfit's bound (its bytes read at the disk's best measured rate): layerfit's reader does "
+            "no better at that budget. *Any reader* is mmap's step over the least time of any reader holding the "
+            "same budget: what a step needs of the streamed weights (every unit but the embedding's rows, a "
+            "token's share of routed experts) less the budget beside the resident tensors, read at the disk's "
+            "best measured rate, and no less than the step preloaded."
+            + (f" Where any reader could reach 3×: {verdict}." if verdict else "")
             + (f" {model['gguf_note']}" if model.get("gguf_note") else ""),
             "",
             "| limit (MB) | weights ÷ (limit − F) | configuration | budget (MB) | ran | tries | load (s) | first pass "
@@ -810,6 +848,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.markdown_only:
         data = json.loads((RESULTS / f"{args.output}.json").read_text())
+        for name, model in data["models"].items():  # a run before pass_bytes was recorded
+            model.setdefault("pass_bytes", prepared(name, CACHE / name)["pass_bytes"])
         derive(data)
         js, md = write_results(args.output, data, markdown(data))
         print(f"wrote {js} and {md} from the measurements in {js}")
