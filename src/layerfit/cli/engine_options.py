@@ -58,7 +58,7 @@ OPTIONS: Mapping[str, Option] = {
     ),
     "expert_prefetch": Option(
         bool, ("--expert-prefetch/--no-expert-prefetch",),
-        "read the next MoE layer's experts, guessed by its router, ahead into the expert cache (default), or not",
+        "read the next MoE layer's experts, guessed by its router a layer early, ahead (default), or not",
     ),
     "device": Option(str, ("--device",), "cpu, cuda or cuda:N"),
     "stages": Option(

@@ -239,9 +239,9 @@ def _print_units(m: Manifest, plan: dict[str, Any] | None) -> None:
                 f"{format_bytes(plan['buffer_bytes'] + plan['device_buffer_bytes'])}"
                 + (f", expert cache {format_bytes(plan['expert_cache_bytes'])}: {plan['expert_slots']} "
                    f"experts of {format_bytes(plan['expert_slot_bytes'])}, the ones chosen most"
-                   + (f" and {plan['expert_read_ahead_slots']} read ahead for the next MoE layer"
-                      if plan["expert_read_ahead_slots"] else "")
                    if plan["expert_cache_bytes"] else "")
+                + (f", the experts of {plan['experts_guessed_units']} MoE layers guessed a layer early and "
+                   "read ahead" if plan["experts_guessed_units"] else "")
                 + f"; each inference reads {plan['units_read_per_inference']} units, "
                 f"{format_bytes(plan['bytes_read_per_inference'])}"
             )
@@ -291,7 +291,7 @@ def _auto_plan(m: Manifest, budget: str, stages: int) -> dict[str, Any]:
         model = None
     made = plan(m, config, model)
     weights, sizes = made.weights, [b.nbytes for b in made.blocks]
-    slot, slots, ahead = _expert_slots(made, model)
+    slot, slots, guessed = _expert_slots(made, model)
     read = [] if weights.policy.name == "preload" else [
         i for i in range(len(sizes)) if i not in weights.kept and i not in weights.gathered
     ]
@@ -307,29 +307,36 @@ def _auto_plan(m: Manifest, budget: str, stages: int) -> dict[str, Any]:
         "expert_cache_bytes": weights.expert_cache_bytes,
         "expert_slot_bytes": slot,
         "expert_slots": slots,
-        "expert_read_ahead_slots": ahead,
+        "experts_guessed_units": guessed,
         "units_read_per_inference": len(read),
         "bytes_read_per_inference": sum(sizes[i] for i in read),
     }
 
 
 def _expert_slots(made: Any, model: Any) -> tuple[int, int, int]:
-    """How the engine cuts the plan's expert cache: (slot bytes, slots, slots for the
-    next MoE layer's guessed experts), as :func:`layerfit.engine.expert_prefetch.slot_plan`
-    says (with the skeleton's routers; none guess without it)."""
-    from layerfit.engine.expert_prefetch import plan_guesses, slot_plan
+    """How the engine holds routed experts under the plan: (bytes of an expert cache
+    slot, its slots, the routed units whose experts are guessed a layer early and read
+    ahead), as :func:`layerfit.engine.expert_guess.expert_memory` decides (with the
+    skeleton's routers; no guess without it)."""
+    from layerfit.engine.expert_guess import plan_guesses, slot_plan
+    from layerfit.engine.expert_places import compact_layout
     from layerfit.engine.experts import ExpertTable, experts_segment
+    from layerfit.engine.skeleton import segment_bindings
 
     weights = made.weights
     tables = {i: ExpertTable(made.blocks[i].segments[0], []) for i in weights.gathered
               if experts_segment(made.blocks[i].segments[0])}
-    if not weights.expert_cache_bytes or not tables:
+    if not tables:
         return 0, 0, 0
+    slot, slots = slot_plan(weights.expert_cache_bytes, tables) if weights.expert_cache_bytes else (0, 0)
+    if model is None or not made.config.expert_prefetch:
+        return slot, slots, 0
+    modules = dict(model.named_modules())
+    for table in tables.values():  # (compact_layout asks the module which experts code it runs)
+        table.bindings = segment_bindings(model, table.segment, 0, modules)
+    compact = {i: t for i, t in tables.items() if compact_layout(t)}
     names = [seg.name for block in made.blocks for seg in block.segments if experts_segment(seg)]
-    guesses = plan_guesses(dict(model.named_modules()), names, tables) if model is not None else {}
-    if not made.config.expert_prefetch:
-        guesses = {}
-    return slot_plan(weights.expert_cache_bytes, tables, guesses)
+    return slot, slots, len(plan_guesses(modules, names, compact))
 
 
 def _check_weights_file(directory: str, m: Manifest) -> None:

@@ -50,11 +50,9 @@ class EngineConfig:
     beyond the noise; off, every read of a pass is its own). ``expert_cache``: under
     ``auto``, what the budget leaves beyond the read buffer holds single experts as they
     are used (:mod:`layerfit.engine.expert_cache`); off, the read buffer takes it.
-    ``expert_prefetch``: with an expert cache, as many of its slots as a token chooses
-    experts (at most half of them) hold the next MoE layer's, guessed by its router from
-    this layer's input and read ahead on a thread of their own
-    (:mod:`layerfit.engine.expert_prefetch`; on by default: a decoded token 3-5 % faster
-    at half and three quarters of the weights, never slower beyond the noise).
+    ``expert_prefetch``: the next MoE layer's experts are guessed by its router from the
+    input of the router before it (kept in memory for it) and read ahead by the reader
+    into that layer's compact place (:mod:`layerfit.engine.expert_guess`).
     ``verify`` says when a unit's SHA-256 is checked.
     """
 

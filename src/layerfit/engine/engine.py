@@ -34,7 +34,7 @@ from layerfit.engine.binding import Binder, get_binder
 from layerfit.engine.buffers import WeightBuffers
 from layerfit.engine.config import EngineConfig
 from layerfit.engine.device import Device, get_device
-from layerfit.engine.expert_prefetch import ExpertMemory, expert_memory
+from layerfit.engine.expert_guess import ExpertMemory, expert_memory
 from layerfit.engine.experts import experts_segment
 from layerfit.engine.gather import table_of
 from layerfit.engine.generation import generate
@@ -165,10 +165,9 @@ class Engine:
         weights = new.weights
         self.buffers.resize(weights.buffer_bytes, weights.device_buffer_bytes, self.stream.room, self.stream.copyable)
         experts = [u.name for u in self.manifest.units if experts_segment(u)]
-        self._experts = expert_memory(weights.expert_cache_bytes, tables, self._modules, experts, self.reader,
-                                      self.stream.record_read, config.expert_prefetch)
-        self.stream.configure(weights.policy, new.blocks, bindings, weights.kept, tables,
-                              self._experts.cache, self._experts.prefetch)
+        self._experts = expert_memory(weights.expert_cache_bytes, tables, self._modules, experts,
+                                      read_ahead=config.expert_prefetch, compact=self.binder.name == "reference")
+        self.stream.configure(weights.policy, new.blocks, bindings, weights.kept, tables, self._experts)
         self._hooks = install_hooks(self.stream, self._modules, self.manifest.graph.unused, self._experts.guesses)
         self._preloaded = weights.policy.name == "preload"
         try:
@@ -227,7 +226,7 @@ class Engine:
         self.stream.drop_read_ahead()  # the buffer takes its next shape
         self._experts.close()
         self._experts = ExpertMemory()
-        self.stream.expert_cache = self.stream.expert_prefetch = None
+        self.stream.expert_cache = None
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -353,8 +352,6 @@ class Engine:
             run.bound.clear()
         for i in list(run.gathered):
             self.stream.end_gather(run, i)
-        if self._experts.prefetch is not None:  # nothing read ahead outlives its pass
-            self._experts.prefetch.end_pass()
         self.stream.run = None
         self.pass_thread = None
 
@@ -445,6 +442,14 @@ class Engine:
         configuration; see :mod:`layerfit.engine.expert_cache`)."""
         cache = self.stream.expert_cache
         return None if cache is None else cache.stats
+
+    @property
+    def expert_guesses(self) -> dict[str, int]:
+        """The routed units whose experts are guessed a layer early and read ahead
+        (:mod:`layerfit.engine.expert_guess`), the experts so read over this
+        configuration, and how many of them their layer chose."""
+        return {"units": len(self.stream.guessed_units), "read_ahead": self.stream.guesses.read,
+                "chosen": self.stream.guesses.chosen}
 
     @property
     def kept_units(self) -> tuple[int, ...]:

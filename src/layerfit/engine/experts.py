@@ -13,7 +13,10 @@ never touched by the module.
 
 As with an embedding read by rows (:mod:`layerfit.engine.gather`), the read depends on
 the input, so it runs on the executing thread when the layer starts; the unit's first
-read verifies its SHA-256 and so reads it whole.
+read verifies its SHA-256 and so reads it whole. Where the experts' layout allows, the
+unit takes not its whole place but one of its chosen experts only
+(:mod:`layerfit.engine.expert_places`), which the reader may fill ahead on a guess
+(:mod:`layerfit.engine.expert_guess`).
 """
 
 from __future__ import annotations
@@ -112,6 +115,10 @@ class ExpertTable:
         return tuple((first - self.segment.offset, size, at + first - a)
                      for (a, _, at), (first, size) in zip(self.ranges(expert), self._firsts(expert), strict=True))
 
+    def slot_slices(self, expert: int) -> tuple[tuple[int, int, int], ...]:
+        """:meth:`slices` for a view of one slot (where each slice lies in it, twice)."""
+        return tuple((at, size, at) for _, size, at in self.slices(expert))
+
     def ranges(self, expert: int) -> tuple[tuple[int, int, int], ...]:
         """(file start, file end, offset in a cache slot) of the whole pages holding
         ``expert``'s slice of each tensor: what reading it ahead into a slot reads, each
@@ -153,32 +160,37 @@ class ExpertTable:
     ) -> int:
         """Read ``lookup``'s ranges into ``view`` (the unit's place, aligned, its bytes
         long) where they lie in the unit, and return the bytes read. With ``cache``, the
-        chosen experts it holds (kept, or read ahead for this unit) are copied from it
-        instead, those read are kept in it (as unit ``unit``) as its rule allows, and
-        what was read ahead for the unit is settled. A whole read is verified; a mismatch
+        chosen experts it holds are copied from it instead, and those read are kept in
+        it (as unit ``unit``) as its rule allows. A whole read is verified; a mismatch
         raises :class:`~layerfit.errors.CorruptStoreError`."""
         what = f"unit {self.segment.index} ({self.name})"
         missing = lookup.experts
         extents = lookup.extents
-        if cache is not None:
-            cache.begin(unit)  # nothing more is read ahead for it
         if cache is not None and not lookup.verify:
             missing = tuple(e for e in lookup.experts if not cache.load(unit, e, view, self.slices(e)))
             extents = self._extents(missing)
-        try:
-            for a, b in extents:
-                at = a - self.segment.offset
-                reader.read_range(a, b - a, view[at : at + b - a], what)
-            if lookup.verify:
-                verify_segment(self.segment, view)
-            elif cache is not None:
-                for e in missing:
-                    cache.store(unit, e, view, self.slices(e))
-        finally:
-            if cache is not None:
-                cache.settle(unit)
+        for a, b in extents:
+            at = a - self.segment.offset
+            reader.read_range(a, b - a, view[at : at + b - a], what)
+        if lookup.verify:
+            verify_segment(self.segment, view)
+        elif cache is not None:
+            for e in missing:
+                cache.store(unit, e, view, self.slices(e))
         return sum(b - a for a, b in extents)
 
+    def read_slot(self, reader: SegmentReader, expert: int, slot: memoryview, what: str) -> int:
+        """Read ``expert`` into ``slot`` (a compact place's slot, page-aligned) laid out as
+        :meth:`ranges` says; the bytes read."""
+        nbytes = 0
+        for a, b, at in self.ranges(expert):
+            reader.read_range(a, b - a, slot[at : at + b - a], what)
+            nbytes += b - a
+        return nbytes
+
     def restore(self, saved: object) -> None:
-        """Put the skeleton's meta tensors back (nothing else was changed)."""
+        """Put the skeleton's meta tensors back, and the module's count of experts where
+        a compact binding changed it (``saved``: that count, else None)."""
         unbind(self.bindings)
+        if saved is not None:
+            self.bindings[0].module.num_experts = saved

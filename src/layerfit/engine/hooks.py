@@ -22,7 +22,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from layerfit.engine.expert_prefetch import Guess
+from layerfit.engine.expert_guess import Guess, guess
+from layerfit.engine.expert_places import ExpertPlace, assign, bind_compact, in_order, renumbered
 from layerfit.engine.experts import ROUTED, ExpertTable
 from layerfit.engine.policies import REQUEST_BYTES
 from layerfit.engine.stream import UnitStream
@@ -189,35 +190,122 @@ class GatherHook(PartialReadHook):
 
 
 class ExpertsHook(PartialReadHook):
-    """The pre-hook of a module of experts read by the experts its router chose: read
-    their pages into the unit's place in the ring and bind the unit there."""
+    """The pre-hook of a module of experts read by the experts its router chose. Bound
+    compact where it may be (:mod:`layerfit.engine.expert_places`): the chosen experts in
+    slots of a place of their own (the one the reader read this layer's guess into, or
+    one taken now) and the router's choice renumbered to those slots; otherwise their
+    pages read into the unit's whole place and the unit bound there."""
 
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         stream, i = self.stream, self.index
         run = self.begin(module, args)
         if run is None:
             return None
         table = stream.gathered[i]
         chosen = args[1] if len(args) > 1 else kwargs.get(ROUTED)
+        try:
+            if i in stream.compact_units and not stream.units.needs_check(i) and _routes(chosen, table.count):
+                index = self._compact(run, table, chosen)
+                return ((args[0], index, *args[2:]), kwargs) if len(args) > 1 else (args, {**kwargs, ROUTED: index})
+            self._whole(run, table, chosen)
+            return None
+        finally:
+            with stream.state:  # a guess held until this layer's own experts are read may be read
+                run.experts_done.add(i)
+                held = run.guessed.get(run.reader_awaits_guess) if run.reader_awaits_guess is not None else None
+                if held is not None and held.hold == i:
+                    stream.room.notify()
+
+    def _whole(self, run: Any, table: ExpertTable, chosen: object) -> None:
+        """Read the chosen experts' pages into the unit's whole place and bind it there."""
+        stream, i, ring = self.stream, self.index, self.stream.ring
         lookup = table.plan(chosen, verify=stream.units.needs_check(i))
-        ring = stream.ring
         off = self.place(run, table.nbytes, None, f"the experts of {table.name}")
         t0 = time.perf_counter()
         read = table.read(stream.units.reader, lookup, ring.view[off : off + table.nbytes], stream.expert_cache, i)
         t1 = time.perf_counter()
-        if stream.expert_prefetch is not None:  # the next layer's guess may be read now
-            stream.expert_prefetch.go()
         if lookup.verify:
             stream.units.mark_verified(i, table.segment.index)
         stream.binder.bind(stream.bindings[i], ring.bytes, off)
         self.started(run, t0, t1, read)
-        return None
+
+    def _compact(self, run: Any, table: ExpertTable, chosen: torch.Tensor) -> torch.Tensor:
+        """Fill a compact place with the chosen experts (those the guess missed: from the
+        expert cache, else read), bind the unit over it; the router's choice renumbered."""
+        stream, i, ring, cache = self.stream, self.index, self.stream.ring, self.stream.expert_cache
+        experts = sorted({int(e) for e in chosen.reshape(-1).tolist() if e < table.count})
+        place = self._read_ahead(run)
+        if place is None:
+            off = self.place(run, len(experts) * table.slot_bytes, None, f"the experts of {table.name}")
+            place = ExpertPlace(off, [None] * len(experts))
+        guessed = {e for e in place.slots if e is not None}
+        fills = assign(place, experts)
+        if fills is None:  # no slots in the experts' order for those the guess missed
+            fills = in_order(place, experts)
+        stream.guesses.read += len(guessed)
+        stream.guesses.chosen += len(guessed & set(experts))
+        filled = {e for e, _ in fills}
+        if cache is not None:
+            for e in set(experts) - filled:
+                cache.chose(i, e)
+        t0, read = time.perf_counter(), 0
+        what = f"unit {table.segment.index} ({table.name})"
+        for e, s in fills:
+            at = place.offset + s * table.slot_bytes
+            slot, inside = ring.view[at : at + table.slot_bytes], table.slot_slices(e)
+            if cache is not None and cache.load(i, e, slot, inside):
+                continue
+            read += table.read_slot(stream.units.reader, e, slot, what)
+            if cache is not None:
+                cache.store(i, e, slot, inside)
+        t1 = time.perf_counter()
+        count = bind_compact(table, ring.bytes, place)
+        with stream.state:
+            run.gathered[i] = count  # restored with the meta tensors when the unit ends
+        self.started(run, t0, t1, read)
+        return renumbered(chosen, place, table.count)
+
+    def _read_ahead(self, run: Any) -> ExpertPlace | None:
+        """The compact place the reader read this unit's guess into, once that read has
+        ended; None when it took none (nor will now: the unit takes its own place)."""
+        stream, i = self.stream, self.index
+        with stream.state:
+            place = run.ahead_places.get(i)
+            if place is None:
+                run.placed.add(i)  # the reader goes on without it
+                return None
+            run.main_waits = i
+            while run.ready[i] is None and run.error is None and run.ahead_places.get(i) is place:
+                stream.ready.wait()
+            run.main_waits = None
+            if run.ready[i] is None:
+                if run.error is not None:
+                    failed, exc = run.error
+                    if isinstance(exc, LayerfitError):
+                        raise type(exc)(str(exc)) from exc
+                    raise ReadError(f"reading unit {failed} failed: {exc}") from exc
+                run.placed.add(i)  # given back meanwhile (a rewind): the unit takes its own place
+                return None
+            run.ahead_places.pop(i)
+            run.bound[i] = place.offset
+            run.gathered[i] = None
+            return place
+
+
+def _routes(chosen: object, count: int) -> bool:
+    """Whether ``chosen`` is a router's choice a compact place can serve: integer ids of
+    experts (``count``: no expert), at least one an expert."""
+    return (
+        isinstance(chosen, torch.Tensor) and not chosen.is_floating_point() and chosen.dim() >= 1
+        and chosen.numel() > 0 and bool((chosen >= 0).all()) and bool((chosen <= count).all())
+        and bool((chosen < count).any())
+    )
 
 
 class GuessHook(_SharedHook):
     """Before the router of a MoE layer: guess what the next MoE layer's router will
-    choose from the same input, to read those experts ahead
-    (:mod:`layerfit.engine.expert_prefetch`). Not while the guessed unit is still to be
+    choose from the same input, for the reader to read those experts ahead
+    (:mod:`layerfit.engine.expert_guess`). Not while the guessed unit is still to be
     verified (its first read is whole)."""
 
     def __init__(self, stream: UnitStream, guess: Guess) -> None:
@@ -225,12 +313,17 @@ class GuessHook(_SharedHook):
         self.guess = guess
 
     def __call__(self, module: nn.Module, args: tuple) -> None:
-        stream, prefetch = self.stream, self.stream.expert_prefetch
+        stream, unit = self.stream, self.guess.unit
         run = stream.run
-        if run is None or run.source is not None or prefetch is None or not args:
+        if run is None or run.source is not None or not args or stream.units.needs_check(unit):
             return
-        if not stream.units.needs_check(self.guess.unit):
-            prefetch.guess(self.guess, args[0])
+        guessed = guess(self.guess, args[0])
+        if guessed is None:
+            return
+        with stream.state:
+            run.guessed[unit] = guessed
+            if run.reader_awaits_guess == unit:
+                stream.room.notify()
 
 
 class PostHook(UnitHook):
@@ -355,8 +448,8 @@ def install_hooks(
         handles.append(last.register_forward_hook(PostHook(stream, i).__call__))
         for seg in blk.segments[1:]:  # a later layer of the block needs the block bound
             handles.append(modules[seg.name].register_forward_pre_hook(InnerHook(stream, i, seg.name).__call__))
-    for router, guess in guesses:
-        handles.append(router.register_forward_pre_hook(GuessHook(stream, guess).__call__))
+    for router, planned in guesses:
+        handles.append(router.register_forward_pre_hook(GuessHook(stream, planned).__call__))
     for name in sorted({n.rpartition(".")[0] for n in unused}):
         module = modules.get(name)
         if module is not None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+from layerfit.engine.expert_guess import Guessed
+from layerfit.engine.expert_places import ExpertPlace
 from layerfit.engine.read_ahead import ReadAhead
 from layerfit.engine.source import UnitSource
 from layerfit.engine.trace import Event
@@ -45,7 +47,7 @@ class PassState:
         self.ordered = True  # units must run once each, in the prepared order (all but plain preload)
         self.main_waits: int | None = None  # the unit the executing thread waits for
         self.reader_waits = False  # the reader waits for room or its policy's gate
-        self.reader_wants: tuple[int, int] = (0, 0)  # (unit, bytes of room) it waits for
+        self.reader_wants: tuple[int, int, int | None] = (0, 0, None)  # (unit, bytes of room, its place) it waits for
         self.copier_waits: int | None = None  # the unit the copy thread waits to copy
         self.gathered: dict[int, int | None] = {}  # embeddings bound to rows -> their padding_idx
         self.placed: set[int] = set()  # embeddings whose rows have their place in the ring
@@ -56,6 +58,14 @@ class PassState:
         self.read_ahead_bytes = 0  # bytes of the units it adopted
         self.last_unkept: int | None = None  # its last unit not kept (the read-ahead may start once it ends)
         self.learned = False  # how it began and what it skipped are remembered (UnitStream._learn)
+        # Routed experts (:mod:`layerfit.engine.expert_guess`): the guess made for a unit,
+        # the compact place the reader took and read it into, the units whose own experts
+        # are read (a guess held for one is read then), and the unit whose guess the
+        # reader waits for.
+        self.guessed: dict[int, Guessed] = {}
+        self.ahead_places: dict[int, ExpertPlace] = {}
+        self.experts_done: set[int] = set()
+        self.reader_awaits_guess: int | None = None
 
     def now(self) -> float:
         """Seconds since the pass began (the timeline's clock)."""

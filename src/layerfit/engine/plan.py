@@ -10,12 +10,14 @@ inspect --budget`` prints it without loading a byte of weights.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from torch import nn
 
 from layerfit.engine.config import EngineConfig
 from layerfit.engine.device import device_stages
+from layerfit.engine.expert_guess import guessing_routers
 from layerfit.engine.experts import experts_segment, routed_module
 from layerfit.engine.gather import gathered_units, least_room
 from layerfit.engine.part_units import unit_runs
@@ -97,16 +99,35 @@ def plan(manifest: Manifest, config: EngineConfig, model: nn.Module | None = Non
     budget_bytes = None if budget is None else budget.bytes_for(manifest.total_bytes)
     sizes = [b.nbytes for b in blocks]
     experts = frozenset(i for i in rows if config.expert_cache and experts_segment(blocks[i].segments[0]))
+
+    def spend(sizes: list[int], resident: int) -> tuple[WeightPlan, dict[int, int]]:
+        weights = plan_weights(config.pipeline, sizes, resident, budget_bytes, stages, rows, runs, experts)
+        if config.pipeline == "auto" and budget_bytes is not None and weights.gathered:
+            return _keep_experts_whole(blocks, sizes, resident, budget_bytes, stages, rows, runs, weights,
+                                       config.expert_cache)
+        return weights, rows
+
     try:
-        weights = plan_weights(config.pipeline, sizes, manifest.resident_bytes, budget_bytes, stages, rows, runs, experts)
+        weights, spent_rows = spend(sizes, manifest.resident_bytes)
     except BudgetError as exc:
         if budget is None or not budget.is_share:
             raise
         raise BudgetError(f"{exc} ({budget} of its {format_bytes(manifest.total_bytes)} of weights)") from None
-    if config.pipeline == "auto" and budget_bytes is not None and weights.gathered:
-        weights, rows = _keep_experts_whole(
-            blocks, sizes, manifest.resident_bytes, budget_bytes, stages, rows, runs, weights, config.expert_cache
-        )
+    routed = {i for i in spent_rows if experts_segment(blocks[i].segments[0])}
+    guessing = model is not None and config.expert_prefetch and config.pipeline == "auto" and weights.policy.name == "async"
+    routers = guessing_routers(model, blocks, routed) - weights.kept if guessing else set()
+    if routers:
+        # The routers that guess the next MoE layer's experts stay in memory (a few KB
+        # each), where the budget allows: planned as resident, then kept.
+        held = sum(sizes[i] for i in routers)
+        try:
+            planned, planned_rows = spend([0 if i in routers else n for i, n in enumerate(sizes)],
+                                          manifest.resident_bytes + held)
+            weights, spent_rows = dataclasses.replace(
+                planned, kept=planned.kept | routers, kept_bytes=planned.kept_bytes + held), planned_rows
+        except BudgetError:  # no room beside the minimum: no guesses
+            pass
+    rows = spent_rows
     largest = max((rows[i] if i in weights.gathered else n for i, n in enumerate(sizes)), default=0)
     memory = MemoryPlan(
         manifest.resident_bytes,

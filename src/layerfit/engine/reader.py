@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
+from layerfit.engine.expert_places import ExpertPlace, ahead_layout
 from layerfit.engine.ring import Cancelled
 from layerfit.engine.trace import Event, split_read
 
@@ -40,14 +41,15 @@ class ReadStage:
 
     # --- wake-up predicates (lock held) --------------------------------------------------
 
-    def may_go(self, run: PassState, i: int, want: int) -> bool:
-        """The reader's wake-up predicate for unit ``i`` (lock held)."""
+    def may_go(self, run: PassState, i: int, want: int, place: int | None = None) -> bool:
+        """The reader's wake-up predicate for unit ``i`` (lock held); ``place``: the bytes
+        it takes in the ring, when not the unit's (a compact place of experts)."""
         stream = self.stream
         if i < run.done or run.epoch != run.reader_epoch:  # skipped, or rewound: go on
             return True
         if not stream.policy.read_may_start(i, run.started, run.done, stream.device.stages):
             return False
-        if not stream.ring.fits(stream.blocks[i].nbytes):
+        if not stream.ring.fits(stream.blocks[i].nbytes if place is None else place):
             return False
         # Hysteresis: while the kernels have other units to run, wait for room for a
         # whole batch (``want`` bytes) instead of waking for every small unit released.
@@ -98,6 +100,12 @@ class ReadStage:
                 if i in stream.kept or i in run.expect_skipped or run.ready[i] is not None:  # (read ahead)
                     i += 1
                     continue
+                if i in stream.guessed_units:  # routed experts: their guess is read ahead
+                    step = self._read_guess(run, i)
+                    if step is None:  # cancelled
+                        return
+                    i = step
+                    continue
                 if i in stream.gathered:  # read by rows when it runs: wait until they have their place
                     if not self._await_rows_placed(run, i):
                         return
@@ -140,6 +148,62 @@ class ReadStage:
                 room.wait()
         return True
 
+    def _read_guess(self, run: PassState, i: int) -> int | None:
+        """Routed experts unit ``i``: once the experts guessed for it may be read (their
+        guess made, and the layer before's own experts read), take a compact place for it
+        and read them there (:mod:`layerfit.engine.expert_guess`); the unit to go on from,
+        or None when cancelled. Where its layer runs first, it takes its place itself."""
+        stream = self.stream
+        ring, room, table = stream.ring, stream.room, stream.gathered[i]
+        with room:
+            while True:
+                if ring.cancelled:
+                    return None
+                if run.epoch != run.reader_epoch:
+                    return i  # the loop goes back
+                if i < run.done or i in run.placed:  # skipped, or its layer took its place
+                    return i + 1
+                guess = run.guessed.get(i)
+                if guess is not None and (guess.hold is None or guess.hold in run.experts_done):
+                    break
+                run.reader_awaits_guess = i
+                room.wait()
+            run.reader_awaits_guess = None
+            layout = ahead_layout(sorted(guess.experts), guess.tokens, guess.top_k, table.count)
+            nbytes = len(layout) * table.slot_bytes
+            if nbytes > ring.capacity:  # no room for it: its layer places it
+                run.guessed.pop(i)
+                return i
+            while not self.may_go(run, i, nbytes, nbytes):
+                if ring.cancelled:
+                    return None
+                run.reader_waits, run.reader_wants = True, (i, nbytes, nbytes)
+                room.wait()
+            run.reader_waits = False
+            if i < run.done or i in run.placed or run.epoch != run.reader_epoch:
+                return i
+            off = ring.allocate_locked(nbytes)
+            run.ahead_places[i] = ExpertPlace(off, layout)
+        t0, read = time.perf_counter(), 0
+        what = f"unit {table.segment.index} ({table.name}), its guessed experts"
+        for s, expert in enumerate(layout):
+            if expert is None:
+                continue
+            at = off + s * table.slot_bytes
+            read += table.read_slot(stream.units.reader, expert, ring.view[at : at + table.slot_bytes], what)
+        t1 = time.perf_counter()
+        with room:
+            if i < run.done or run.epoch != run.reader_epoch:  # skipped or rewound meanwhile: the oldest bytes
+                ring.release_locked(off)
+                run.ahead_places.pop(i, None)
+                run.read_for_nothing += read
+            else:
+                run.ready[i] = off
+                if stream.trace:
+                    run.events.append(Event(i, stream.blocks[i].name, "read", t0 - run.t0, t1 - run.t0, read))
+            stream.ready.notify()
+        return i + 1
+
     def _claim(self, run: PassState, i: int, chunk: int) -> Claim | int | None:
         """Wait until unit ``i`` may be read and take its room in the ring, with the
         units that join its read. None when cancelled; the unit to go on from instead
@@ -161,7 +225,7 @@ class ReadStage:
             while not self.may_go(run, i, want):
                 if ring.cancelled:
                     return None
-                run.reader_waits, run.reader_wants = True, (i, want)
+                run.reader_waits, run.reader_wants = True, (i, want, None)
                 room.wait()
             run.reader_waits = False
             if i < run.done or run.epoch != run.reader_epoch:

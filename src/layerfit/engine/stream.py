@@ -27,7 +27,8 @@ from layerfit.engine.buffers import WeightBuffers
 from layerfit.engine.copier import CopyStage
 from layerfit.engine.device import Device
 from layerfit.engine.expert_cache import ExpertCache
-from layerfit.engine.expert_prefetch import ExpertPrefetch
+from layerfit.engine.expert_guess import ExpertMemory, GuessCount
+from layerfit.engine.expert_places import ExpertPlace
 from layerfit.engine.experts import ExpertTable
 from layerfit.engine.gather import RowTable
 from layerfit.engine.pass_state import PassState
@@ -36,7 +37,6 @@ from layerfit.engine.read_ahead import NextPass, ReadAhead, ReadAheadReader, Sta
 from layerfit.engine.reader import ReadStage
 from layerfit.engine.ring import RingBuffer
 from layerfit.engine.skeleton import Binding
-from layerfit.engine.trace import Event
 from layerfit.engine.unit_reader import UnitReader
 from layerfit.engine.units import Block
 from layerfit.errors import LayerfitError
@@ -71,7 +71,9 @@ class UnitStream:
         self.kept: frozenset[int] = frozenset()  # units bound for good beside the ring (auto)
         self.gathered: dict[int, RowTable | ExpertTable] = {}  # units read by rows or experts when they run
         self.expert_cache: ExpertCache | None = None  # single experts kept as they are used (auto)
-        self.expert_prefetch: ExpertPrefetch | None = None  # the next MoE layer's guessed experts, read ahead
+        self.compact_units: frozenset[int] = frozenset()  # routed units bound compact (expert_places)
+        self.guessed_units: frozenset[int] = frozenset()  # of them, those whose guess the reader reads ahead
+        self.guesses = GuessCount()  # experts read ahead, and of them chosen, over the configuration
         # The units the last pass that began at a unit skipped, by where it began and
         # where the pass before it began: the next such pass does not read them. A cached
         # decoder step skips what the step before it skipped; the first step after the
@@ -85,12 +87,16 @@ class UnitStream:
 
     def configure(self, policy: Policy, blocks: Sequence[Block], bindings: Sequence[list[Binding]],
                   kept: frozenset[int], gathered: dict[int, RowTable | ExpertTable],
-                  expert_cache: ExpertCache | None = None, expert_prefetch: ExpertPrefetch | None = None) -> None:
+                  experts: ExpertMemory | None = None) -> None:
         """Stream ``blocks`` under ``policy`` from now on; what passes skipped is forgotten
-        (and the expert cache of the last configuration, whose units were numbered otherwise)."""
+        (and the routed experts' cache and counts of the last configuration, whose units
+        were numbered otherwise)."""
         self.policy, self.blocks, self.bindings = policy, blocks, bindings
-        self.kept, self.gathered, self.expert_cache = kept, gathered, expert_cache
-        self.expert_prefetch = expert_prefetch
+        self.kept, self.gathered = kept, gathered
+        experts = experts or ExpertMemory()
+        self.expert_cache, self.compact_units = experts.cache, experts.compact
+        self.guessed_units = frozenset(guess.unit for _, guess in experts.guesses)
+        self.guesses = GuessCount()
         self.skips_seen, self.last_start = {}, None
         self.read_ahead.forget()
 
@@ -169,15 +175,6 @@ class UnitStream:
         self.skips_seen[(start, self.last_start)] = frozenset(run.skipped_units)
         self.read_ahead.followed(self.last_start, start)
         self.last_start = start
-
-    def record_read(self, unit: int, t0: float, t1: float, nbytes: int) -> None:
-        """A read made for the pass under way off its reader (experts read ahead): in
-        its timeline when tracing."""
-        with self.state:
-            run = self.run
-            if self.trace and run is not None:
-                name = self.blocks[unit].name
-                run.events.append(Event(unit, name, "read", t0 - run.t0, t1 - run.t0, nbytes))
 
     # --- the order units run in ---------------------------------------------------------
 
@@ -297,7 +294,8 @@ class UnitStream:
                 if slots[k] is not None:  # ready for the kernels: the oldest bytes in its ring
                     ring.release_locked(slots[k])
                     slots[k] = None
-                    run.read_for_nothing += self.blocks[k].nbytes
+                    place = run.ahead_places.pop(k, None)  # (experts read into a compact place: its bytes)
+                    run.read_for_nothing += self.blocks[k].nbytes if place is None else self._place_bytes(k, place)
                 elif k in run.reserved:  # rows' place reserved ahead, in its turn
                     ring.release_locked(run.reserved.pop(k)[0])
             run.skipped_units.update(range(run.done, i))
@@ -317,12 +315,17 @@ class UnitStream:
                 if run.ready[k] is not None:
                     self.ring.release_locked(run.ready[k])
                     run.ready[k] = None
-                    run.read_for_nothing += self.blocks[k].nbytes
+                    place = run.ahead_places.pop(k, None)
+                    run.read_for_nothing += self.blocks[k].nbytes if place is None else self._place_bytes(k, place)
                 elif k in run.reserved:  # rows' place reserved ahead, in its turn
                     self.ring.release_locked(run.reserved.pop(k)[0])
             run.epoch += 1
             run.rewind_to = i
             self.room.notify()
+
+    def _place_bytes(self, k: int, place: ExpertPlace) -> int:
+        """The bytes read into unit ``k``'s compact place (its experts' slots)."""
+        return sum(e is not None for e in place.slots) * self.gathered[k].slot_bytes
 
     # --- wake-ups (lock held) -------------------------------------------------------------
 
