@@ -120,3 +120,26 @@ def test_inspect_shows_the_cache_and_the_guessed_layers_the_engine_plans(moe):
     assert tuple(shown["kept_units"]) == kept  # the routers that guess are kept in the plan too
     text = runner.invoke(app, ["inspect", str(directory), "--budget", BUDGET]).output
     assert f"the experts of {guesses['units']} MoE layers guessed a layer early" in text
+
+
+def test_a_rank_of_guesses_is_read_ahead_while_three_in_four_of_them_are_right():
+    from layerfit.engine.expert_guess import RIGHT_ENOUGH, SCORED_FIRST, Guess, GuessCount, guess
+
+    router = torch.nn.Linear(4, 6, bias=False)
+    with torch.no_grad():
+        router.weight.copy_(torch.eye(6, 4))
+    hidden = torch.tensor([[0.0, 3.0, 2.0, 0.0], [0.0, 0.0, 1.0, 5.0]])  # token 0: 1 then 2; token 1: 3 then 2
+    guessed = guess(Guess(0, router, 2, None), hidden)
+    assert guessed.experts == (1, 3, 2) and guessed.ranks == (0, 0, 1) and guessed.tokens == 2
+    count = GuessCount()
+    assert count.worth_reading(0) and count.worth_reading(5)  # nothing scored yet: read
+    for _ in range(SCORED_FIRST):
+        count.score(guessed, [1, 3, 4])  # the first choices right, the second wrong
+    assert count.worth_reading(0) and not count.worth_reading(1)
+    right = int(RIGHT_ENOUGH * 4)
+    for k in range(4 * SCORED_FIRST):  # the second rank right three times in four from now on
+        count.score(guessed, [1, 3, 2] if k % 4 < right else [1, 3])
+    assert count.right[1] / count.scored[1] < RIGHT_ENOUGH and not count.worth_reading(1)
+    for _ in range(8 * SCORED_FIRST):
+        count.score(guessed, [1, 3, 2])
+    assert count.worth_reading(1)

@@ -239,6 +239,9 @@ class ExpertsHook(PartialReadHook):
             off = self.place(run, len(experts) * table.slot_bytes, None, f"the experts of {table.name}")
             place = ExpertPlace(off, [None] * len(experts))
         guessed = {e for e in place.slots if e is not None}
+        if i in run.guessed:  # how right the guess was, read or not, by rank
+            with stream.state:
+                stream.guesses.score(run.guessed[i], experts)
         fills = assign(place, experts)
         if fills is None:  # no slots in the experts' order for those the guess missed
             fills = in_order(place, experts)

@@ -169,11 +169,17 @@ class ReadStage:
                 run.reader_awaits_guess = i
                 room.wait()
             run.reader_awaits_guess = None
-            layout = ahead_layout(sorted(guess.experts), guess.tokens, guess.top_k, table.count)
+            # The ranks of guesses right often enough (a token's first choice, mostly).
+            picked = sorted(e for e, r in zip(guess.experts, guess.ranks, strict=True)
+                            if stream.guesses.worth_reading(r))
+            layout = ahead_layout(picked, guess.tokens, guess.top_k, table.count)
             nbytes = len(layout) * table.slot_bytes
-            if nbytes > ring.capacity:  # no room for it: its layer places it
-                run.guessed.pop(i)
-                return i
+            if not picked or nbytes > ring.capacity:  # nothing worth it, or no room: its layer places it
+                while i not in run.placed and i >= run.done and run.epoch == run.reader_epoch:
+                    if ring.cancelled:
+                        return None
+                    room.wait()
+                return i + 1 if run.epoch == run.reader_epoch else i
             while not self.may_go(run, i, nbytes, nbytes):
                 if ring.cancelled:
                     return None
