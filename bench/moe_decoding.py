@@ -15,12 +15,13 @@ and prepared with ``hf:``:
 
 Each decodes greedily, one token per call with the KV cache, preloaded and at 25 / 50 /
 75 % of its weights in four ways: *routed* (layerfit's default: each experts module reads
-the experts its router chose; what the budget leaves beyond the read buffer holds single
-experts, the expert cache, part of it for the experts of the next MoE layer guessed by
-its router from the input of the router before it and read ahead on a thread of their
-own), *routed, no read-ahead* (``expert_prefetch=False``: the cache holds only the experts
-chosen most), *routed, no cache* (``expert_cache=False``: the read buffer takes that
-room) and *whole* (``gather_rows=False``: every unit, experts included, streamed whole).
+the experts its router chose into a compact place of their own, and the reader reads the
+experts the next MoE layer's router guesses from the input of the router before it into
+that layer's place while the layers between run; what the budget leaves beyond the read
+buffer holds the experts chosen most, the expert cache), *routed, no read-ahead*
+(``expert_prefetch=False``: no guess), *routed, no cache* (``expert_cache=False``: the
+read buffer takes that room) and *whole* (``gather_rows=False``: every unit, experts
+included, streamed whole).
 Per generated token it reports the latency (median of the cached steps), the bytes read
 (from the engine's trace, what was read ahead included), the *active* bytes (the dense
 units it streams plus the chosen experts' share of each experts unit: what a token needs
@@ -238,7 +239,7 @@ def measure_model(name: str, rounds: int, tokens: int) -> dict[str, Any]:
             with load(prepared, trace=True, **options) as engine:
                 got, steps = off_main(lambda engine=engine: decode(engine, ids, tokens, engine))
                 assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True)), label
-                cached, stats = steps[1:], engine.expert_cache or {}
+                cached, stats, guesses = steps[1:], engine.expert_cache or {}, engine.expert_guesses
                 runs[label].append({
                     "token_s": statistics.median(s["seconds"] for s in cached),
                     "prompt_s": steps[0]["seconds"],
@@ -248,11 +249,10 @@ def measure_model(name: str, rounds: int, tokens: int) -> dict[str, Any]:
                     "weights_peak_bytes": engine.last_weights_peak,
                     "kept_units": len(engine.kept_units),
                     "expert_cache_bytes": engine.memory.expert_cache_bytes,
-                    "slots": stats.get("slots", 0), "ahead_slots": stats.get("ahead_slots", 0),
+                    "slots": stats.get("slots", 0), "guessed_layers": guesses["units"],
                     "hit_rate": stats.get("hit_rate", 0.0),
-                    "read_ahead_per_token": stats.get("read_ahead", 0) / (tokens + 1),
-                    "read_ahead_chosen": (stats["read_ahead_hits"] / stats["read_ahead"]
-                                          if stats.get("read_ahead") else None),
+                    "read_ahead_per_token": guesses["read_ahead"] / (tokens + 1),
+                    "read_ahead_chosen": guesses["chosen"] / guesses["read_ahead"] if guesses["read_ahead"] else None,
                 })
             print(name, label, runs[label][-1], flush=True)
     results = {}
@@ -299,11 +299,10 @@ def markdown(data: dict[str, Any]) -> str:
         "dense units streamed plus the chosen experts' share of each experts unit. *× floor*: the token's time "
         "over max(bytes read ÷ the disk's direct-I/O bandwidth (measured in the run), preload's token).",
         "",
-        "*expert cache*: the room the budget leaves for single experts, in slots of one expert; *ahead*: the "
-        "slots for the next MoE layer's guessed experts (at most a token's choices, and never more than half); "
-        "*hit rate*: the lookups served from memory over the whole decode (prompt included; the first pass "
-        "verifies every unit whole and caches nothing); *read ahead*: experts read ahead per token, and the "
-        "share of them their layer chose.",
+        "*expert cache*: the room the budget leaves for single experts, in slots of one expert; *hit rate*: the "
+        "lookups it served over the whole decode (prompt included; the first pass verifies every unit whole and "
+        "caches nothing); *read ahead*: the experts the reader read on a guess per token (into a compact place "
+        "of the layer's experts, before its router chose), and the share of them their layer chose.",
     ]
     for name, model in data["models"].items():
         training = model["training"]
@@ -320,16 +319,16 @@ def markdown(data: dict[str, Any]) -> str:
             f"Disk: {model['direct_io_bandwidth_bps'] / 1e9:.2f} GB/s. *read-ahead ÷ without* (a token's time, "
             f"routed against routed without the read-ahead, paired in each round; rounds' range): {paired}.",
             "",
-            "| configuration | kept units | expert cache (MB) | slots (ahead) | hit rate | read ahead (chosen) | read per token (MB) | active (MB) | read ÷ active | per token (ms) | tokens/s | × floor | weights held (MB) |",
+            "| configuration | kept units | expert cache (MB) | slots | hit rate | read ahead (chosen) | read per token (MB) | active (MB) | read ÷ active | per token (ms) | tokens/s | × floor | weights held (MB) |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for label, r in model["results"].items():
             ratio = "-" if r["read_over_active"] is None else f"{r['read_over_active']:.2f}"
-            ahead = ("-" if not r["ahead_slots"] else
+            ahead = ("-" if not r["guessed_layers"] else
                      f"{r['read_ahead_per_token']:.1f} ({r['read_ahead_chosen']:.0%})" if r["read_ahead_chosen"] is not None
                      else f"{r['read_ahead_per_token']:.1f}")
             lines.append(
-                f"| {label} | {r['kept_units']:.0f} | {mb(r['expert_cache_bytes'])} | {r['slots']:.0f} ({r['ahead_slots']:.0f}) | "
+                f"| {label} | {r['kept_units']:.0f} | {mb(r['expert_cache_bytes'])} | {r['slots']:.0f} | "
                 f"{r['hit_rate']:.0%} | {ahead} | {mb(r['read_per_token_bytes'])} | {mb(r['active_bytes'])} | {ratio} | "
                 f"{r['token_s'] * 1e3:.1f} | {1 / r['token_s']:.1f} | {r['token_s'] / r['floor_s']:.2f} | "
                 f"{mb(r['weights_peak_bytes'])} |"
