@@ -212,6 +212,21 @@ class AnonPeak:
             time.sleep(0.02)
 
 
+def train_step(model: Any, optimizer: Any, schedule: Any, ids: Any, labels: Any, bf16: bool) -> Any:
+    """One optimizer step of a causal language model on ``ids`` (its loss on ``labels``),
+    under bf16 autocast on the CPU when ``bf16``, gradients clipped to norm 1; the loss."""
+    import torch
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = model(ids, labels=labels).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    schedule.step()
+    return loss
+
+
 def off_main(fn: Callable[[], Any]) -> Any:
     """``fn()`` on a fresh thread, its exception re-raised here. A bench's own tensor work
     runs there: a thread that ran PyTorch kernels keeps an OpenMP team until it ends, and

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import direct_read_bandwidth, machine, mb, off_main, progress, write_results  # noqa: E402
+from common import direct_read_bandwidth, machine, mb, off_main, progress, train_step, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "moe_decoding"
 CONFIG = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 8,
@@ -116,13 +116,7 @@ def _train(data: bytes, digest: str, out: Path) -> dict[str, Any]:
         for step in range(1, TRAINING["steps"] + 1):
             starts = torch.randint(0, split - length - 1, (TRAINING["batch"],), generator=gen)
             ids = torch.stack([tokens[s : s + length] for s in starts.tolist()])
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=TRAINING["bf16"]):
-                loss = model(ids, labels=ids).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
+            loss = train_step(model, optimizer, schedule, ids, ids, TRAINING["bf16"])
             if step % 50 == 0:
                 curve.append({"step": step, "loss": loss.item(), "seconds": time.perf_counter() - t0})
                 print(f"moe decoding: training step {step} loss {loss.item():.3f} "

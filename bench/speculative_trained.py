@@ -61,7 +61,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import direct_read_bandwidth, machine, mb, off_main, write_results  # noqa: E402
+from common import direct_read_bandwidth, machine, mb, off_main, train_step, write_results  # noqa: E402
 from speculative import CACHE as SPECULATIVE_CACHE  # noqa: E402
 from speculative import SHARES, measure, table_lines  # noqa: E402
 
@@ -206,13 +206,7 @@ def _steps(name: str, model: Any, settings: dict[str, Any]) -> dict[str, Any]:
     accuracy, step, t0 = 0.0, 0, time.perf_counter()
     while step < settings["max_steps"]:
         ids, labels = batch(gen, settings["batch"])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings["bf16"]):
-            loss = model(ids, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
+        loss = train_step(model, optimizer, schedule, ids, labels, settings["bf16"])
         step += 1
         if step % settings["eval_every"] == 0 or step == settings["max_steps"]:
             accuracy = copy_accuracy(model, held_out)
