@@ -15,9 +15,11 @@ current layer's own experts are read (its experts hook says so), so a guess neve
 delays a read its own layer waits for.
 
 A right guess turns a read on the executing thread into one made while the layers before
-it ran; a wrong one costs a read nobody waited for. Whatever the guess, the output is
-the model's to the bit: a guess decides which bytes are read early, never which experts
-run or what they compute.
+it ran; a wrong one costs a read nobody waited for. So every guess is scored against
+its layer's choice, by rank (a token's first guess, its second, ...), and the reader
+reads a rank ahead only while three in four of its guesses were right
+(:data:`RIGHT_ENOUGH`). Whatever the guess, the output is the model's to the bit: a
+guess decides which bytes are read early, never which experts run or what they compute.
 """
 
 from __future__ import annotations
@@ -215,7 +217,6 @@ def expert_memory(
 
 
 __all__ = [
-    "RIGHT_ENOUGH", "ROUTER_NAMES", "SCORED_FIRST", "ExpertMemory", "Guess", "GuessCount", "Guessed", "expert_memory", "guess", "guessing_routers",
-    "plan_guesses", "router_of",
-    "slot_plan",
+    "RIGHT_ENOUGH", "ROUTER_NAMES", "SCORED_FIRST", "ExpertMemory", "Guess", "GuessCount", "Guessed",
+    "expert_memory", "guess", "guessing_routers", "plan_guesses", "router_of", "slot_plan",
 ]

@@ -180,7 +180,7 @@ class ReadStage:
                         return None
                     room.wait()
                 return i + 1 if run.epoch == run.reader_epoch else i
-            while not self.may_go(run, i, nbytes, nbytes):
+            while i not in run.placed and not self.may_go(run, i, nbytes, nbytes):
                 if ring.cancelled:
                     return None
                 run.reader_waits, run.reader_wants = True, (i, nbytes, nbytes)
