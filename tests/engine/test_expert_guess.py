@@ -5,6 +5,7 @@ and a read that fails is reported and recovered from."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -20,6 +21,24 @@ pytest.importorskip("transformers")
 BUDGET = "60%"
 
 
+@pytest.fixture
+def reader_gets_there(monkeypatch):
+    """On these tiny models a layer computes in microseconds, so whether the reader takes
+    the next layer's place before that layer runs is a race the executing thread often
+    wins (then the layer reads its experts itself: the same tokens). Tests that count
+    reads made on a guess give the reader 20 ms after each MoE layer to get there."""
+    from layerfit.engine.hooks import ExpertsHook
+
+    call = ExpertsHook.__call__
+
+    def slow(self, module, args, kwargs):
+        out = call(self, module, args, kwargs)
+        time.sleep(0.02)
+        return out
+
+    monkeypatch.setattr(ExpertsHook, "__call__", slow)
+
+
 def _generate(engine, reference, ids, tokens=8):
     kwargs = {"max_new_tokens": tokens, "min_new_tokens": tokens, "do_sample": False}
     return engine.generate(ids, **kwargs), reference.generate(ids, **kwargs)
@@ -30,7 +49,7 @@ def _routed(engine) -> list[int]:
 
 
 @pytest.mark.parametrize("budget", ["60%", "35%"])
-def test_guessed_experts_are_read_ahead_and_the_tokens_are_the_models(moe, budget):
+def test_guessed_experts_are_read_ahead_and_the_tokens_are_the_models(moe, budget, reader_gets_there):
     directory, manifest, reference = moe
     ids = torch.tensor([[3, 8, 13, 21]])
     share = float(budget.rstrip("%")) / 100
@@ -77,7 +96,7 @@ def test_each_routed_layer_but_the_first_is_guessed_from_the_router_before_it(mo
             engine.blocks[i].name for i in kept_routers}
 
 
-def test_a_guessed_read_that_fails_is_reported_and_the_next_pass_runs(moe, monkeypatch):
+def test_a_guessed_read_that_fails_is_reported_and_the_next_pass_runs(moe, monkeypatch, reader_gets_there):
     directory, _, reference = moe
     read_range = SegmentReader.read_range
     failures = [1]
