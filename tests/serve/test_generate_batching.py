@@ -194,3 +194,61 @@ def test_concurrent_http_clients_decode_together_and_get_what_they_would_alone(h
     for prompt, text in zip(PROMPTS, texts, strict=True):
         assert text == tokenizer.decode(reference_tokens(hf_folder, prompt, 30), skip_special_tokens=True)
     assert stats["most_in_flight"] >= 2 and stats["steps"] < stats["sequence_steps"]
+
+
+def test_a_failing_sequence_ends_alone_and_the_others_keep_their_tokens(engine: layerfit.engine.Engine, hf_folder: Path):
+    """A pass that fails for one sequence (here: any pass feeding token 63) ends that
+    sequence only; the others run that step alone and get the tokens they get alone."""
+    loop = DecodeLoop("lm", engine, MemoryLedger(10**7), max_waiting=8)
+    run = loop.step.run
+
+    def poisoned(rows: list[Row]) -> tuple:
+        if any(63 in row.feed for row in rows):
+            raise RuntimeError("a sequence this pass cannot take")
+        return run(rows)
+
+    loop.step.run = poisoned  # type: ignore[method-assign]
+    sinks = [Collected() for _ in range(3)]
+    gate = threading.Event()
+
+    class Gate(Collected):  # holds the loop's first step until every sequence waits, so all share it
+        def __call__(self, token, finish, error) -> None:
+            gate.wait(10)
+            super().__call__(token, finish, error)
+
+    sinks[0] = Gate()
+    try:
+        loop.submit(sequence(PROMPTS[0], 12, sinks[0]))
+        loop.submit(sequence([7, 63, 8], 12, sinks[1]))
+        loop.submit(sequence(PROMPTS[2], 12, sinks[2]))
+        gate.set()
+        for sink in sinks:
+            assert sink.done.wait(60)
+        assert isinstance(sinks[1].error, RuntimeError) and sinks[1].tokens == []
+        for prompt, sink in ((PROMPTS[0], sinks[0]), (PROMPTS[2], sinks[2])):
+            assert sink.error is None and sink.tokens == reference_tokens(hf_folder, prompt, 12)
+        assert loop.stats()["in_flight"] == 0
+    finally:
+        loop.close()
+
+
+def test_a_prompt_id_outside_the_vocabulary_never_joins_a_batch(engine: layerfit.engine.Engine):
+    from layerfit.errors import InputError
+
+    loop = DecodeLoop("lm", engine, MemoryLedger(10**7), max_waiting=8)
+    try:
+        for prompt in ([-1], [5, 64], []):
+            with pytest.raises(InputError):
+                loop.submit(sequence(prompt, 4, Collected()))
+        assert loop.stats()["waiting"] == 0
+    finally:
+        loop.close()
+
+
+def test_a_temperature_whose_division_overflows_chooses_the_argmax():
+    from layerfit.schedule.sampling import choose
+
+    logits = torch.randn(64, generator=torch.Generator().manual_seed(0)) * 10
+    for temperature in (1e-300, 1e-45):
+        sampling = Sampling(temperature=temperature, top_p=0.9, top_k=5, seed=1)
+        assert choose(logits, sampling, sampling.generator()) == int(logits.argmax())

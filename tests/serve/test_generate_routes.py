@@ -34,7 +34,7 @@ def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(hf_folder: Path) -> Iterator[ServerThread]:
-    with ServerThread(settings(hf_folder.parent / "repo", memory_budget="4MB")) as running:
+    with ServerThread(settings(hf_folder.parent / "repo", memory_budget="4MB", request_memory="4MB")) as running:
         yield running
 
 
@@ -131,10 +131,18 @@ def test_models_lists_the_language_models_only(client: openai.OpenAI):
 # --- bad input ---------------------------------------------------------------------------
 
 
-def test_unknown_model_and_a_model_that_cannot_generate_are_400_saying_why(client: openai.OpenAI, server: ServerThread):
-    with pytest.raises(openai.BadRequestError, match="'nope' is not in the repository") as caught:
-        client.completions.create(model="nope", prompt=PROMPT)
-    assert (caught.value.type, caught.value.code) == ("invalid_request_error", "invalid_request")
+def test_an_unknown_model_is_404_model_not_found(client: openai.OpenAI, server: ServerThread):
+    for create in (lambda: client.completions.create(model="nope", prompt=PROMPT),
+                   lambda: client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "w1"}])):
+        with pytest.raises(openai.NotFoundError, match="'nope' is not in the repository") as caught:
+            create()
+        assert (caught.value.type, caught.value.code) == ("invalid_request_error", "model_not_found")
+    for route in ("generate", "generate_stream"):
+        r = httpx.post(f"{server.url}/v2/models/nope/{route}", json={"text_input": "w1"})
+        assert r.status_code == 404 and "'nope' is not in the repository" in r.json()["error"], r.text
+
+
+def test_a_model_that_cannot_generate_is_400_saying_why(client: openai.OpenAI, server: ServerThread):
     with pytest.raises(openai.BadRequestError, match="chain.*not prepared from a Hugging Face"):
         client.chat.completions.create(model="chain", messages=[{"role": "user", "content": "w1"}])
     r = httpx.post(f"{server.url}/v2/models/chain/generate", json={"text_input": "w1"})
@@ -182,3 +190,26 @@ def test_a_client_leaving_mid_stream_leaves_the_batch_quietly(
     assert server.built.runtime.ledger.used == 0
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     assert client.completions.create(model="lm", prompt=PROMPT, max_tokens=2, temperature=0).choices[0].text
+
+
+def test_a_bad_id_is_refused_alone_and_the_request_beside_it_finishes(server: ServerThread, hf_folder: Path):
+    # the probe: {"prompt": [-1]} joined the batch of a valid request and failed both (IndexError)
+    prompt = [5, 10, 15]
+    with httpx.stream("POST", f"{server.url}/v1/completions", timeout=60,
+                      json={"model": "lm", "prompt": prompt, "max_tokens": 40, "temperature": 0, "stream": True}) as good:
+        lines = good.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))  # in flight now
+        for bad in ([-1], [64], [5, 2**40]):
+            r = httpx.post(f"{server.url}/v1/completions", json={"model": "lm", "prompt": bad, "max_tokens": 4})
+            assert r.status_code == 400 and "the vocabulary of 'lm' has ids 0-63" in r.json()["error"]["message"], r.text
+        events = [first, *(line for line in lines if line.startswith("data: "))]
+    assert events[-1] == "data: [DONE]", events[-2:]
+    text = "".join(json.loads(e.removeprefix("data: "))["choices"][0]["text"] for e in events[:-1])
+    expected = word_tokenizer().decode(reference_tokens(hf_folder, prompt, 40), skip_special_tokens=True)
+    assert text == expected
+
+
+def test_a_vanishing_temperature_is_greedy_not_nan(client: openai.OpenAI, hf_folder: Path):
+    # the probe: temperature 1e-300 made the probabilities inf/NaN and the request (and its batch) fail
+    done = client.completions.create(model="lm", prompt=PROMPT, max_tokens=8, temperature=1e-300, seed=3)
+    assert done.choices[0].text == expected_text(hf_folder, PROMPT, 8)

@@ -29,6 +29,13 @@ when no sequence is left it drops the kept units (``async`` at the engine's own 
 so an idle model holds no more than its stream's buffers while other work uses the
 budget. The engine is reconfigured on the loop's thread between steps, never under the
 ledger's lock.
+
+**One sequence's failure is its own.** A sequence whose prompt holds an id outside the
+vocabulary is refused at :meth:`~DecodeLoop.submit`, before it can join a batch. If a
+batched pass still fails, each of its sequences is run alone for that step: the ones
+that fail alone end with their error, the others go on with their own logits (the
+model's for them alone, as in any step), and choosing a token that fails ends only
+that sequence.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from typing import Any
 import torch
 
 from layerfit.backports import StrEnum
-from layerfit.errors import GenerationTooLargeError, QueueFullError, ScheduleError
+from layerfit.errors import GenerationTooLargeError, InputError, QueueFullError, ScheduleError
 from layerfit.schedule.batch_step import BatchStep, Layers, Row, kv_bytes_per_token, step_kv_bytes
 from layerfit.schedule.ledger import MemoryLedger
 from layerfit.schedule.sampling import Sampling, choose
@@ -107,6 +114,7 @@ class DecodeLoop:
         self.ledger = ledger
         self.max_waiting = max_waiting
         self.per_token = kv_bytes_per_token(engine.model.config, _dtype(engine.model))
+        self.vocab = _vocab(engine.model)  # token ids a prompt may hold: 0 to vocab - 1
         self.lean_bytes = self.kept_bytes = int(engine.memory.weight_bytes)
         self.kept_budget = kept_budget if kept_budget is not None and kept_budget > self.lean_bytes else None
         if self.kept_budget is not None:  # measure the kept configuration's buffers, then idle lean
@@ -141,8 +149,10 @@ class DecodeLoop:
         return weights + step_kv_bytes([s.positions for s in sequences], self.per_token)
 
     def submit(self, sequence: Sequence) -> Sequence:
-        """Queue ``sequence`` for the next step; refuse one that can never fit the budget
-        (413) or that finds the waiting queue full (429)."""
+        """Queue ``sequence`` for the next step; refuse a prompt that is empty or holds an
+        id outside the vocabulary (it would fail the pass of every sequence beside it), one
+        that can never fit the budget (413) or that finds the waiting queue full (429)."""
+        self.check_prompt(sequence.prompt)
         alone = self.need([sequence], self.lean_bytes)
         if alone > self.ledger.budget:
             raise GenerationTooLargeError(
@@ -164,6 +174,17 @@ class DecodeLoop:
             self._waiting.append(sequence)
             self._condition.notify_all()
         return sequence
+
+    def check_prompt(self, prompt: list[int] | tuple[int, ...]) -> None:
+        """Refuse (:class:`~layerfit.errors.InputError`) an empty prompt or one holding an id
+        outside ``0 .. vocab - 1``."""
+        if not prompt:
+            raise InputError("the prompt holds no tokens")
+        low, high = min(prompt), max(prompt)
+        if low < 0 or (self.vocab is not None and high >= self.vocab):
+            bad = low if low < 0 else high
+            span = f"0-{self.vocab - 1}" if self.vocab is not None else "0 or more"
+            raise InputError(f"the prompt holds token id {bad}; the vocabulary of {self.name!r} has ids {span}")
 
     def cancel(self, sequence: Sequence) -> None:
         """Take ``sequence`` out: a waiting one at once, one in flight at the step's end."""
@@ -230,18 +251,36 @@ class DecodeLoop:
                 weights = self.weight_bytes
             try:
                 self._configure(weights)
+            except BaseException as exc:  # the engine cannot run: every sequence ends with the error
+                self._fail(batch, exc)
+                continue
+            try:
                 self._step(batch)
-                self.kept_steps += weights == self.kept_bytes > self.lean_bytes
-            except BaseException as exc:  # a step failed: its sequences end with the error
-                log.debug("decode step of %s failed: %s", self.name, exc)
-                with self._condition:
-                    for sequence in batch:
-                        sequence.cancelled = True
-                        sequence.cache = None
-                    self._active = [s for s in self._active if s not in batch]
-                    self._admit_locked()  # returns the failed sequences' bytes
+            except BaseException as exc:
+                if len(batch) == 1:
+                    self._fail(batch, exc)
+                    continue
+                # whose fault? each sequence runs this step alone; only those that fail alone end
+                log.debug("decode step of %s failed for %d sequences: %s; running each alone", self.name,
+                          len(batch), exc)
                 for sequence in batch:
-                    _tell(sequence, None, None, exc)
+                    try:
+                        self._step([sequence])
+                    except BaseException as alone:
+                        self._fail([sequence], alone)
+            self.kept_steps += weights == self.kept_bytes > self.lean_bytes
+
+    def _fail(self, batch: list[Sequence], exc: BaseException) -> None:
+        """End ``batch``'s sequences with ``exc``, returning their memory."""
+        log.debug("decode step of %s failed: %s", self.name, exc)
+        with self._condition:
+            for sequence in batch:
+                sequence.cancelled = True
+                sequence.cache = None
+            self._active = [s for s in self._active if s not in batch]
+            self._admit_locked()  # returns the failed sequences' bytes
+        for sequence in batch:
+            _tell(sequence, None, None, exc)
 
     def _configure(self, weight_bytes: int) -> None:
         """Run the engine with the kept weights or lean (between steps, on the loop's thread;
@@ -258,12 +297,17 @@ class DecodeLoop:
         """One pass for ``batch``; each sequence gets its token or leaves."""
         rows = [Row(s.cache, _cached(s), list(s.prompt) if s.cache is None else [s.tokens[-1]]) for s in batch]
         logits, caches = self.step.run(rows)
-        done = []
+        done: list[Sequence] = []
+        failed: list[tuple[Sequence, Exception]] = []
         for sequence, row_logits, cache in zip(batch, logits, caches, strict=True):
             sequence.cache = cache
             if sequence.cancelled:
                 continue
-            token = choose(row_logits, sequence.sampling, sequence.generator)
+            try:
+                token = choose(row_logits, sequence.sampling, sequence.generator)
+            except Exception as exc:  # this sequence's choice (its logits, its settings): it alone ends
+                failed.append((sequence, exc))
+                continue
             sequence.tokens.append(token)
             finish = Finish.STOP if token in sequence.end_tokens else (
                 Finish.LENGTH if len(sequence.tokens) >= sequence.max_tokens else None
@@ -279,9 +323,12 @@ class DecodeLoop:
         with self._condition:
             self.steps += 1
             self.sequence_steps += len(batch)
-            for sequence in done:
+            ended = done + [sequence for sequence, _ in failed]
+            for sequence in ended:
                 sequence.cache = None
-            self._active = [s for s in self._active if s not in done]
+            self._active = [s for s in self._active if s not in ended]
+        for sequence, exc in failed:
+            _tell(sequence, None, None, exc)
 
     def close(self) -> None:
         """Cancel every sequence, end the thread and close the engine."""
@@ -307,6 +354,17 @@ def _tell(sequence: Sequence, token: int | None, finish: Finish | None, error: B
     """Hand a token or the end to the sequence's owner; its failure ends nothing else."""
     with contextlib.suppress(Exception):
         sequence.on_token(token, finish, error)
+
+
+def _vocab(model: Any) -> int | None:
+    """How many token ids the model embeds (its input embedding's rows, else its config's
+    ``vocab_size``; None when neither says)."""
+    with contextlib.suppress(Exception):
+        rows = model.get_input_embeddings().num_embeddings
+        if isinstance(rows, int) and rows > 0:
+            return rows
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    return vocab if isinstance(vocab, int) and vocab > 0 else None
 
 
 def _dtype(model: Any) -> torch.dtype:

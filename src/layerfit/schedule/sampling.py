@@ -7,7 +7,8 @@ steps (its logits are the model's for it alone, within the batch's tolerance: se
 of equal ones, as ``torch.argmax`` and transformers' greedy search choose); otherwise
 transformers' own logits warpers divide by the temperature and cut to the ``top_k``
 largest and to the smallest set whose probability reaches ``top_p``, and one token is
-drawn.
+drawn. A temperature so small that the divided logits overflow (``1e-300``) chooses
+as its limit does, the argmax: never infinities or NaN in the probabilities.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator 
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     scores = TemperatureLogitsWarper(sampling.temperature)(None, logits.float()[None])
+    if not bool(torch.isfinite(scores.amax())) or bool(torch.isnan(scores).any()):
+        # the division overflowed (a temperature near 0): its limit is greedy
+        return int(torch.argmax(logits))
     if 0 < sampling.top_k < scores.shape[-1]:
         scores = TopKLogitsWarper(sampling.top_k)(None, scores)
     if sampling.top_p < 1:

@@ -40,6 +40,7 @@ from layerfit.serve.body import ClientGoneError
 from layerfit.serve.codec import HEADER_LENGTH, parse_body
 from layerfit.serve.dataplane import DataPlane
 from layerfit.serve.errors import status_of
+from layerfit.serve.generate_body import parsed_bytes
 from layerfit.serve.generate_routes import add_generate_routes
 from layerfit.serve.generation_service import GenerationService
 from layerfit.serve.metrics import ServerMetrics
@@ -80,9 +81,17 @@ def answer_error(request: Request, status: int, message: str) -> JSONResponse:
     return error_response(status, message)
 
 
-async def _body_model(request: Request, model: type[BaseModel]) -> Any:
-    """An optional JSON body validated into ``model`` (an empty body means defaults)."""
-    return parse_body(await request.body(), model, empty={})
+async def _body_model(dataplane: DataPlane, request: Request, model: type[BaseModel]) -> Any:
+    """An optional JSON body validated into ``model`` (an empty body means defaults), read
+    like every body: within the deadline, the rate and request memory, with what parsing
+    makes of it reserved first (so a flood of values is refused unparsed)."""
+    with dataplane.requests.account() as reservation:
+        try:
+            body = await dataplane.read_body(request.receive, request.headers.get("content-length"), reservation)
+        except ClientGoneError:
+            raise ClientDisconnect() from None
+        reservation.grow(parsed_bytes(body), "parsing this request", "send a smaller request body")
+        return parse_body(body, model, empty={})
 
 
 def create_app(
@@ -202,17 +211,17 @@ def _repository_routes(app: Any, dataplane: DataPlane) -> None:
 
     @app.post("/v2/repository/index")
     async def repository_index(request: Request) -> JSONResponse:
-        query = await _body_model(request, RepositoryIndexRequest)
+        query = await _body_model(dataplane, request, RepositoryIndexRequest)
         return JSONResponse(dataplane.index(query.ready))
 
     @app.post("/v2/repository/models/{name}/load")
     async def repository_load(name: str, request: Request) -> JSONResponse:
-        await _body_model(request, RepositoryLoadRequest)
+        await _body_model(dataplane, request, RepositoryLoadRequest)
         await dataplane.load(name)
         return JSONResponse({})
 
     @app.post("/v2/repository/models/{name}/unload")
     async def repository_unload(name: str, request: Request) -> JSONResponse:
-        await _body_model(request, RepositoryLoadRequest)
+        await _body_model(dataplane, request, RepositoryLoadRequest)
         await dataplane.unload(name)
         return JSONResponse({})

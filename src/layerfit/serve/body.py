@@ -72,8 +72,8 @@ class RequestMemory:
         self.refused = 0
         self._lock = threading.Lock()
 
-    def reserve(self, nbytes: int, what: str) -> None:
-        """Take ``nbytes`` for ``what`` or raise 413 (never fits) / 429 (not now)."""
+    def reserve(self, nbytes: int, what: str, hint: str = "send binary tensor data, or less") -> None:
+        """Take ``nbytes`` for ``what`` or raise 413 (never fits, saying ``hint``) / 429 (not now)."""
         if nbytes <= 0:
             return
         with self._lock:
@@ -81,7 +81,7 @@ class RequestMemory:
                 self.refused += 1
                 raise PayloadTooLargeError(
                     f"{what} needs {format_bytes(nbytes)}, more than the server's request memory of "
-                    f"{format_bytes(self.capacity)} (--request-memory); send binary tensor data, or less"
+                    f"{format_bytes(self.capacity)} (--request-memory); {hint}"
                 )
             if self.in_use + nbytes > self.capacity:
                 self.refused += 1
@@ -113,8 +113,8 @@ class Reservation:
         self.pool = pool
         self.nbytes = 0
 
-    def grow(self, nbytes: int, what: str) -> None:
-        self.pool.reserve(nbytes, what)
+    def grow(self, nbytes: int, what: str, hint: str = "send binary tensor data, or less") -> None:
+        self.pool.reserve(nbytes, what, hint)
         self.nbytes += nbytes
 
 

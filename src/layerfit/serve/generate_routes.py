@@ -8,10 +8,12 @@ object as server-sent events, one per token with the text that token adds (a las
 with text held back for a stop string, when there is some). Greedy unless a
 ``temperature`` is given.
 
-Everything that can be refused is refused before the first byte of the answer: unknown
-model or one that cannot generate (400), malformed parameters (400 naming the field),
-a prompt past the model's positions or the budget (413), a full queue (429), a server
-shutting down (503). A failure after the stream began arrives as a last event
+Everything that can be refused is refused before the first byte of the answer, and what
+can be refused before the body is read is: an unknown model (404), one that cannot
+generate (400) or is not loaded (503), a server shutting down (503). The body is read and
+parsed within the server's bounds (:mod:`layerfit.serve.generate_body`); then malformed
+parameters (400 naming the field), a prompt past the model's positions or the budget
+(413), a full queue (429). A failure after the stream began arrives as a last event
 ``{"error": "..."}``.
 """
 
@@ -25,9 +27,10 @@ from fastapi import Request
 from starlette.responses import JSONResponse
 
 from layerfit.errors import LayerfitError
-from layerfit.serve.codec import parse_body
 from layerfit.serve.dataplane import DataPlane
+from layerfit.serve.errors import ShuttingDownError
 from layerfit.serve.event_stream import EventStream, event
+from layerfit.serve.generate_body import read_request, text_prompt
 from layerfit.serve.generate_types import DEFAULT_MAX_TOKENS, TritonGenerate
 from layerfit.serve.generation_service import Completion, GenerationService, TextRequest, stops_of
 from layerfit.serve.registry import VERSION
@@ -39,14 +42,20 @@ def add_generate_routes(app: Any, dataplane: DataPlane, service: GenerationServi
     async def start(name: str, version: str | None, request: Request) -> tuple[Completion, contextlib.ExitStack]:
         if version not in (None, "", VERSION):
             dataplane.registry.info(name, version)  # 404 naming the versions
-        body = parse_body(await request.body(), TritonGenerate)
-        model = await service.model(name)
-        fields = body.merged()
-        text = TextRequest(
-            name, service.encode(model, body.text_input), fields.max_tokens or DEFAULT_MAX_TOKENS,
-            fields.sampling(default_temperature=0.0), stops_of(fields.stop),
-        )
-        return service.start_admitted(model, text, dataplane.admit)
+        if dataplane.draining:
+            raise ShuttingDownError("the server is shutting down and accepts no new generation")
+        model = await service.model(name)  # 404 / 400 / 503 before the body is read
+        body, slot, reservation = await read_request(dataplane, request, TritonGenerate)
+        try:
+            fields = body.merged()
+            max_tokens = fields.max_tokens or DEFAULT_MAX_TOKENS
+            sampling = fields.sampling(default_temperature=0.0)
+            prompt = await text_prompt(service, model, reservation, body.text_input, max_tokens)
+            text = TextRequest(name, prompt, max_tokens, sampling, stops_of(fields.stop))
+            return service.start_admitted(model, text, dataplane.admit, slot)
+        except BaseException:
+            slot.close()
+            raise
 
     @app.post("/v2/models/{name}/generate")
     @app.post("/v2/models/{name}/versions/{version}/generate")

@@ -10,15 +10,18 @@ flight together, its weight buffers and KV caches held in the runtime's memory l
 
 A model generates when it was prepared from a Hugging Face folder whose class is a
 decoder-only language model with ``generate`` (a ``…ForCausalLM``) and the folder holds
-its tokenizer. Refusals, each one line: a model that is not in the repository or cannot
-generate (400, saying why), a prompt and ``max_tokens`` past the model's positions or a
-KV cache past the budget (413), a full queue (429).
+its tokenizer. Refusals, each one line: a model that is not in the repository (404,
+``model_not_found`` under ``/v1``) or cannot generate (400, saying why), one whose
+tokenizer does not load (503: the model's folder, not the request, is at fault), a
+prompt holding an id outside the vocabulary (400), a prompt and ``max_tokens`` past the
+model's positions or a KV cache past the budget (413), a full queue (429).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,13 +29,20 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from layerfit.errors import GenerationTooLargeError, JobTimeoutError, LayerfitError
+from layerfit.errors import (
+    GenerationTooLargeError,
+    JobTimeoutError,
+    LayerfitError,
+    ModelNotReadyError,
+)
 from layerfit.schedule.generation import DecodeLoop, Finish
 from layerfit.schedule.generation import Sequence as Decoding
 from layerfit.schedule.sampling import Sampling
-from layerfit.serve.errors import BadRequestError, ShuttingDownError
+from layerfit.serve.errors import BadRequestError, ModelNotFoundError, ShuttingDownError
 from layerfit.serve.text_stream import TextStream
 from layerfit.store.hf_folder import positions_of
+
+log = logging.getLogger("layerfit.serve")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -110,10 +120,13 @@ class GenerationService:
         return [n for n in self.registry.names() if self.registry.is_ready(n) and self.cannot_generate(n) is None]
 
     async def model(self, name: str) -> LanguageModel:
-        """The loop and tokenizer of ``name`` (400: unknown or cannot generate; 503: not
-        loaded), its engine opened on the first request."""
+        """The loop and tokenizer of ``name`` (404: not in the repository, as OpenAI's
+        clients expect; 400: a bad name or a model that cannot generate; 503: not loaded,
+        or its tokenizer does not load), its engine opened on the first request."""
         try:
             self.registry.info(name)
+        except ModelNotFoundError as exc:
+            raise ModelNotFoundError(f"cannot generate with {name!r}: {exc}") from None
         except LayerfitError as exc:
             raise BadRequestError(f"cannot generate with {name!r}: {exc}") from None
         reason = self.cannot_generate(name)
@@ -140,7 +153,7 @@ class GenerationService:
             config = self.runtime.config
             engine = Engine(directory, pipeline="async", direct_io=config.direct_io, verify=config.verify)
             try:
-                tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
+                tokenizer = _tokenizer(AutoTokenizer, name, directory)
                 kept = int(self.runtime.ledger.budget * self.kept_share) or None
                 loop = DecodeLoop(name, engine, self.runtime.ledger, max_waiting=self.max_waiting, kept_budget=kept)
             except BaseException:
@@ -193,19 +206,25 @@ class GenerationService:
         return ids
 
     def check(self, model: LanguageModel, request: TextRequest) -> None:
-        """Refuse token ids outside the vocabulary (400) and a prompt and new tokens past
-        the model's positions (413)."""
-        vocab = getattr(model.loop.engine.model.config, "vocab_size", None)
-        if isinstance(vocab, int) and max(request.prompt) >= vocab:
-            raise BadRequestError(f"the prompt holds token id {max(request.prompt)}; the vocabulary has ids 0-{vocab - 1}")
+        """Refuse a prompt and new tokens past the model's positions (413) and token ids
+        outside the vocabulary, negative ones too (400): before the request joins a batch,
+        whose other sequences its failure would otherwise end."""
+        self.check_length(model, len(request.prompt), request.max_tokens)
+        try:
+            model.loop.check_prompt(request.prompt)
+        except LayerfitError as exc:
+            raise BadRequestError(str(exc)) from None
+
+    def check_length(self, model: LanguageModel, n: int, max_tokens: int) -> None:
+        """Refuse (413) ``n`` prompt tokens and ``max_tokens`` new ones past the model's
+        positions: called on a list of ids before anything is made of it."""
         if model.positions is None:
             return
         field_name, positions = model.positions
-        n = len(request.prompt)
-        if n + request.max_tokens > positions:
+        if n + max_tokens > positions:
             raise GenerationTooLargeError(
-                f"the prompt's {n} tokens and max_tokens {request.max_tokens} make {n + request.max_tokens} "
-                f"positions; model {request.model!r} has {positions} ({field_name})"
+                f"the prompt's {n} tokens and max_tokens {max_tokens} make {n + max_tokens} "
+                f"positions; model {model.loop.name!r} has {positions} ({field_name})"
                 + (f": ask for at most {positions - n} tokens" if n < positions else "")
             )
 
@@ -217,12 +236,14 @@ class GenerationService:
         return Completion(model, request, self.timeout)
 
     def start_admitted(
-        self, model: LanguageModel, request: TextRequest, admit: Callable[[], contextlib.AbstractContextManager]
+        self, model: LanguageModel, request: TextRequest, admit: Callable[[], contextlib.AbstractContextManager],
+        slot: contextlib.ExitStack | None = None,
     ) -> tuple[Completion, contextlib.ExitStack]:
         """:meth:`start` inside the server's admission slot (``admit``, the data plane's),
+        entered into ``slot`` (default: a new one; the request's memory may be in it already),
         which the caller closes when the response has been sent; closed at once if
         starting fails."""
-        slot = contextlib.ExitStack()
+        slot = slot if slot is not None else contextlib.ExitStack()
         slot.enter_context(admit())
         try:
             return self.start(model, request), slot
@@ -295,6 +316,20 @@ class Completion:
         """The whole text (the non-streaming routes)."""
         parts = [delta.text async for delta in self]
         return "".join(parts)
+
+
+def _tokenizer(auto_tokenizer: Any, name: str, directory: Any) -> Any:
+    """The model's tokenizer, never running the folder's code; a tokenizer that does not
+    load is a 503 saying why in one line (logged as one line too, never a traceback)."""
+    try:
+        return auto_tokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
+    except Exception as exc:
+        reason = (str(exc).strip().splitlines() or [""])[0][:300]
+        log.warning("model %r: its tokenizer does not load: %s: %s", name, type(exc).__name__, reason)
+        raise ModelNotReadyError(
+            f"model {name!r} cannot generate: its tokenizer does not load ({type(exc).__name__}: {reason}); "
+            "prepare the model again from a folder whose tokenizer loads"
+        ) from None
 
 
 def _config_of(manifest: Any) -> dict[str, Any]:

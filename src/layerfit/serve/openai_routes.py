@@ -9,7 +9,10 @@ chunk with the finish reason (and, with ``stream_options.include_usage``, one wi
 usage), then ``data: [DONE]``. Sampled at temperature 1 unless told otherwise (the API's
 default); ``seed`` makes it reproducible. The chat route puts the messages through the
 tokenizer's chat template. Errors are OpenAI's shape,
-``{"error": {"message", "type", "param", "code"}}`` (see :mod:`layerfit.serve.app`).
+``{"error": {"message", "type", "param", "code"}}`` (see :mod:`layerfit.serve.app`); a
+model that is not in the repository is 404 ``model_not_found`` (``openai.NotFoundError``).
+Bodies are read, parsed and tokenized within the server's bounds
+(:mod:`layerfit.serve.generate_body`).
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from fastapi import Request
 from starlette.responses import JSONResponse
 
 from layerfit.errors import LayerfitError
-from layerfit.serve.codec import parse_body
+from layerfit.serve.body import Reservation
 from layerfit.serve.dataplane import DataPlane
 from layerfit.serve.event_stream import DONE, EventStream, event
+from layerfit.serve.generate_body import chat_prompt, ids_prompt, read_request, text_prompt
 from layerfit.serve.generate_types import DEFAULT_MAX_TOKENS, ChatRequest, CompletionRequest
 from layerfit.serve.generation_service import (
     Completion,
@@ -48,24 +52,33 @@ def add_openai_routes(app: Any, dataplane: DataPlane, service: GenerationService
         data = [{"id": n, "object": "model", "created": created, "owned_by": OWNER} for n in service.generating_models()]
         return JSONResponse({"object": "list", "data": data})
 
-    async def start(body: CompletionRequest | ChatRequest, limit: int | None) -> tuple[Completion, contextlib.ExitStack]:
-        model = await service.model(body.model)
-        if isinstance(body, ChatRequest):
-            prompt = service.chat(model, [{"role": m.role, "content": m.text()} for m in body.messages])
-        elif isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], str)):
-            prompt = service.encode(model, body.prompt if isinstance(body.prompt, str) else body.prompt[0])
-        else:
-            prompt = tuple(body.prompt)  # token ids
-            if not prompt:
-                raise LayerfitError("prompt: give some text or token ids")
-        text = TextRequest(body.model, prompt, limit or DEFAULT_MAX_TOKENS,
-                           body.sampling(default_temperature=1.0), stops_of(body.stop))
-        return service.start_admitted(model, text, dataplane.admit)
+    async def start(
+        body: CompletionRequest | ChatRequest, limit: int | None, slot: contextlib.ExitStack, reservation: Reservation
+    ) -> tuple[Completion, contextlib.ExitStack]:
+        """The completion of ``body``, admitted into ``slot`` (which holds its request
+        memory, and is closed here if starting fails)."""
+        try:
+            model = await service.model(body.model)
+            max_tokens = limit or DEFAULT_MAX_TOKENS
+            sampling = body.sampling(default_temperature=1.0)
+            if isinstance(body, ChatRequest):
+                messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+                prompt = await chat_prompt(service, model, reservation, messages, max_tokens)
+            elif isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], str)):
+                text = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
+                prompt = await text_prompt(service, model, reservation, str(text), max_tokens)
+            else:
+                prompt = ids_prompt(service, model, body.prompt, max_tokens)  # token ids
+            request = TextRequest(body.model, prompt, max_tokens, sampling, stops_of(body.stop))
+            return service.start_admitted(model, request, dataplane.admit, slot)
+        except BaseException:
+            slot.close()
+            raise
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        body = parse_body(await request.body(), CompletionRequest)
-        completion, slot = await start(body, body.max_tokens)
+        body, slot, reservation = await read_request(dataplane, request, CompletionRequest)
+        completion, slot = await start(body, body.max_tokens, slot, reservation)
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": body.model}
 
@@ -80,8 +93,8 @@ def add_openai_routes(app: Any, dataplane: DataPlane, service: GenerationService
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        body = parse_body(await request.body(), ChatRequest)
-        completion, slot = await start(body, body.limit())
+        body, slot, reservation = await read_request(dataplane, request, ChatRequest)
+        completion, slot = await start(body, body.limit(), slot, reservation)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
         if body.stream:
 
