@@ -194,3 +194,97 @@ def test_the_repository_api_can_be_switched_off(start) -> None:
             response = http.post(path)
             assert response.status_code == 404, path
         assert http.get("/v2/models/chain/ready").status_code == 200
+
+
+# --- the generation routes: the same bounds as /infer ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lm_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A repository of ``lm`` (a tiny Llama with a tokenizer, 64 positions) and ``chain``."""
+    from generate_helpers import make_repository
+
+    return make_repository(tmp_path_factory.mktemp("lm")).parent / "repo"
+
+
+def request_peak(http: httpx.Client) -> float:
+    metrics = http.get("/metrics").text
+    return next(float(line.split()[-1]) for line in metrics.splitlines()
+                if line.startswith('layerfit_request_bytes{kind="peak"}'))
+
+
+MIB3 = 3 * 2**20
+
+
+def generation_floods() -> list[tuple[str, bytes]]:
+    """3 MiB bodies of every shape the probe sent: ids, a text, a prompt list, chat
+    messages, ``text_input``."""
+    ids = b'{"model": "lm", "max_tokens": 1, "prompt": [' + b"7," * (MIB3 // 2) + b"7]}"
+    words = b"w4 " * (MIB3 // 3)
+    chat = b'{"model": "lm", "messages": [' + b",".join([b'{"role": "user", "content": "w1"}'] * (MIB3 // 34)) + b"]}"
+    return [
+        ("/v1/completions", ids),
+        ("/v1/completions", b'{"model": "lm", "prompt": "' + words + b'"}'),
+        ("/v1/completions", b'{"model": "lm", "prompt": ["' + words + b'"]}'),
+        ("/v1/completions", ids.replace(b'"lm"', b'"chain"')),  # no language model by that name
+        ("/v1/chat/completions", chat),
+        ("/v2/models/lm/generate", b'{"text_input": "' + words + b'"}'),
+        ("/v2/models/lm/generate_stream", b'{"text_input": "' + words + b'"}'),
+    ]
+
+
+def test_generation_bodies_are_read_into_request_memory_and_refused_unparsed(lm_repository: Path) -> None:
+    # the probe: 3 MiB of ids (1.5 M values) OOM-killed a server in a 700 MB cgroup; the
+    # body was read and parsed outside --request-memory on every generation route
+    with ServerThread(settings(lm_repository, max_body="4MB", request_memory="8MB")) as server, \
+            httpx.Client(base_url=server.url, timeout=60) as http:
+        for path, body in generation_floods():
+            response = http.post(path, content=body)
+            assert response.status_code == 413, (path, response.text[:300])
+            message = response.json()["error"]
+            message = message["message"] if isinstance(message, dict) else message
+            assert "request memory" in message and "--request-memory" in message, message
+        peak = request_peak(http)
+        assert MIB3 <= peak < MIB3 + 2**20  # the bodies, never what parsing would have made of them
+        # ids that fit the memory but not the model's 64 positions: 413 before any tensor
+        many = http.post("/v1/completions", json={"model": "lm", "prompt": [7] * 1000, "max_tokens": 1})
+        assert many.status_code == 413 and "has 64 (max_position_embeddings)" in many.text
+        assert http.post("/v1/completions", json={"model": "lm", "prompt": [7, 8], "max_tokens": 2}).status_code == 200
+        assert server.built.dataplane.requests.in_use == 0
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v2/models/lm/generate",
+                                  "/v2/models/lm/generate_stream"])
+def test_a_trickling_generation_body_gets_408(lm_repository: Path, path: str) -> None:
+    body = json.dumps({"model": "lm", "prompt": "w1 w2", "text_input": "w1 w2",
+                       "messages": [{"role": "user", "content": "w1"}]}).encode()
+    stop = threading.Event()
+    with ServerThread(settings(lm_repository, body_timeout=20.0, min_body_rate="1kB")) as server:
+        slow = slow_sender(server.url, path, body, 0.5, stop)
+        try:
+            slow["thread"].join(15)
+            assert slow["status"] == 408 and b"--min-body-rate" in slow["body"], slow
+        finally:
+            stop.set()
+
+
+def test_sigterm_with_trickling_generation_clients_stops_within_the_grace(lm_repository: Path) -> None:
+    # the probe: 64 trickling clients held the shutdown 11.4 s past a 1.6 s grace
+    server = ServerThread(settings(lm_repository, shutdown_grace=1.0, body_timeout=120.0, min_body_rate="1",
+                                   queue_limit=64)).start()
+    stop = threading.Event()
+    body = json.dumps({"model": "lm", "prompt": "w1 w2", "text_input": "w1 w2"}).encode()
+    paths = ["/v1/completions", "/v1/chat/completions", "/v2/models/lm/generate", "/v2/models/lm/generate_stream"]
+    slow = [slow_sender(server.url, paths[i % 4], body, 0.5, stop) for i in range(16)]
+    try:
+        time.sleep(1.0)
+        began = time.monotonic()
+        server.stop()
+        took = time.monotonic() - began
+        # uvicorn's own backstop is the grace + 5 s: a drain that waited for it failed
+        assert took < 1.0 + 4.0, f"shutdown took {took:.1f} s with a 1 s grace"
+        for s in slow:
+            s["thread"].join(15)
+            assert s["status"] in (503, None), s
+    finally:
+        stop.set()

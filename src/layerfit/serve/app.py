@@ -39,7 +39,7 @@ from layerfit.errors import LayerfitError
 from layerfit.serve.body import ClientGoneError
 from layerfit.serve.codec import HEADER_LENGTH, parse_body
 from layerfit.serve.dataplane import DataPlane
-from layerfit.serve.errors import status_of
+from layerfit.serve.errors import error_body, status_of
 from layerfit.serve.generate_body import parsed_bytes
 from layerfit.serve.generate_routes import add_generate_routes
 from layerfit.serve.generation_service import GenerationService
@@ -58,27 +58,9 @@ def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-# OpenAI's error ``type`` and ``code`` strings by status (what its clients and tools branch on)
-OPENAI_ERRORS = {
-    400: ("invalid_request_error", "invalid_request"),
-    404: ("invalid_request_error", "model_not_found"),
-    408: ("invalid_request_error", "request_timeout"),
-    413: ("invalid_request_error", "context_length_exceeded"),
-    429: ("rate_limit_error", "rate_limit_exceeded"),
-    503: ("server_error", "server_unavailable"),
-}
-
-
 def answer_error(request: Request, status: int, message: str) -> JSONResponse:
-    """The error in the shape of the API asked: OpenAI's under ``/v1/`` (what its
-    clients read: a ``type`` and a ``code`` string), the Open Inference Protocol's elsewhere."""
-    if request.url.path.startswith("/v1/"):
-        kind, code = OPENAI_ERRORS.get(status, ("invalid_request_error" if status < 500 else "server_error", None))
-        param = message.split("invalid request: ", 1)[1].split(":", 1)[0] if "invalid request: " in message else None
-        return JSONResponse(
-            {"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status
-        )
-    return error_response(status, message)
+    """The error in the shape of the API asked (OpenAI's under ``/v1/``: :func:`error_body`)."""
+    return JSONResponse(error_body(request.url.path, status, message), status_code=status)
 
 
 async def _body_model(dataplane: DataPlane, request: Request, model: type[BaseModel]) -> Any:
@@ -145,7 +127,7 @@ def create_app(
     async def server_metadata() -> JSONResponse:
         return JSONResponse(dataplane.server_metadata())
 
-    document = openapi_document(dataplane.version, repository_api)
+    document = openapi_document(dataplane.version, repository_api, generation=generation is not None)
 
     @app.get("/v2/openapi.json")
     async def openapi() -> JSONResponse:

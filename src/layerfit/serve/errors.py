@@ -11,6 +11,8 @@ the request's fault) a 503, without the server re-wrapping them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from layerfit.errors import (
     CorruptStoreError,
     GenerationTooLargeError,
@@ -58,6 +60,27 @@ class ShuttingDownError(ServeError):
     """The server is draining after SIGTERM and accepts no new inference."""
 
     status_code = 503
+
+
+# OpenAI's error ``type`` and ``code`` strings by status (what its clients and tools branch on)
+OPENAI_ERRORS = {
+    400: ("invalid_request_error", "invalid_request"),
+    404: ("invalid_request_error", "model_not_found"),
+    408: ("invalid_request_error", "request_timeout"),
+    413: ("invalid_request_error", "context_length_exceeded"),
+    429: ("rate_limit_error", "rate_limit_exceeded"),
+    503: ("server_error", "server_unavailable"),
+}
+
+
+def error_body(path: str, status: int, message: str) -> dict[str, Any]:
+    """The error in the shape of the API asked: OpenAI's under ``/v1/`` (what its clients
+    read: a ``type`` and a ``code`` string), the Open Inference Protocol's elsewhere."""
+    if not path.startswith("/v1/"):
+        return {"error": message}
+    kind, code = OPENAI_ERRORS.get(status, ("invalid_request_error" if status < 500 else "server_error", None))
+    param = message.split("invalid request: ", 1)[1].split(":", 1)[0] if "invalid request: " in message else None
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def status_of(exc: BaseException) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from layerfit.serve.errors import PayloadTooLargeError
+from layerfit.serve.errors import PayloadTooLargeError, error_body
 from layerfit.sizes import format_bytes
 
 Scope = MutableMapping[str, Any]
@@ -54,8 +54,8 @@ class BodyLimitMiddleware:
                 # Read and drop a moderately oversized body first: answering while the
                 # client is still sending makes it see a reset instead of the 413.
                 await _drain(receive)
-            response = JSONResponse({"error": str(too_large(self.max_bytes))}, status_code=413,
-                                    headers={"connection": "close"})
+            body = error_body(scope.get("path", ""), 413, str(too_large(self.max_bytes)))
+            response = JSONResponse(body, status_code=413, headers={"connection": "close"})
             await response(scope, receive, send)
             return
         received = 0
