@@ -442,7 +442,8 @@ def _load_input(path: str | None, manifest):
 
 def _check_npy_header(path: str, manifest) -> None:
     """Read a ``.npy`` file's header only, and refuse one that is not an array of the
-    model's input shape and dtype (either byte order) before a byte of its data is read:
+    model's input shape (any size on the axes it was prepared to vary: a text model's
+    batch and length) and dtype (either byte order) before a byte of its data is read:
     a crafted header may declare terabytes, or a dtype that needs pickle. This is the
     one check of an ``.npy`` input's shape and dtype."""
     import numpy as np
@@ -464,13 +465,23 @@ def _check_npy_header(path: str, manifest) -> None:
     except Exception as exc:  # numpy parses the header with tokenize and ast: any of their errors
         raise InputError(f"cannot read input {path}: its .npy header is not valid ({type(exc).__name__}: {exc})") from None
     expected = tuple(manifest.input_shape)
-    if dtype.hasobject or tuple(shape) != expected or str(dtype.newbyteorder("=")) != manifest.input_dtype:
+    # a text model prepared with varying shapes takes any batch and length on its varying
+    # axes (the engine refuses a length past its positions, in one line)
+    varying = set(manifest.variable_shapes.axes_of("")) if manifest.variable_shapes is not None else set()
+    fixed = [i for i in range(len(expected)) if i not in varying]
+    if (
+        dtype.hasobject or len(shape) != len(expected) or any(shape[i] != expected[i] for i in fixed)
+        or str(dtype.newbyteorder("=")) != manifest.input_dtype
+    ):
         hint = ""
-        if str(dtype.newbyteorder("=")) == manifest.input_dtype and len(shape) == len(expected):
-            hint = f" (it was prepared for that shape: prepare it again with --input-shape {','.join(map(str, shape))})"
-        raise InputError(
-            f"input {path} is {dtype} {tuple(shape)}; the model expects {manifest.input_dtype} {expected}{hint}"
-        )
+        if not varying and str(dtype.newbyteorder("=")) == manifest.input_dtype and len(shape) == len(expected):
+            hint = (
+                " (it was prepared with --fixed-shape: prepare it again without it to take other batches and lengths)"
+                if manifest.model["source"] == "hf"  # hf: derives its input: --input-shape is refused there
+                else f" (it was prepared for that shape: prepare it again with --input-shape {','.join(map(str, shape))})"
+            )
+        wanted = "(" + ", ".join("N" if i in varying else str(d) for i, d in enumerate(expected)) + ")"
+        raise InputError(f"input {path} is {dtype} {tuple(shape)}; the model expects {manifest.input_dtype} {wanted}{hint}")
 
 
 def _save_output(path: str, out) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from layerfit.engine.positions import check_positions
 from layerfit.errors import InputError
 from layerfit.store.manifest import DTYPES, Manifest
 
@@ -59,6 +60,7 @@ def call_sizes(call: ForwardCall, name: str, manifest: Manifest) -> dict[str, in
         return None
     args, kwargs = call
     tensors = dict(kwargs) if kwargs else {"": args[0]}
+    check_positions(manifest, tensors, name)  # the engine's own check: one message for both
     return shapes.sizes_of({k: tuple(t.shape) for k, t in tensors.items()}, name)
 
 
