@@ -86,13 +86,18 @@ class Budget:
     @classmethod
     def parse(cls, value: str | int | Budget) -> Budget:
         """The budget ``value`` denotes: a :class:`Budget`, bytes, a size (``24MB``) or a
-        share (``50%``, ``12.5%``); raise BudgetError naming the accepted forms."""
+        share up to 100 % (``50%``, ``12.5%``; 100 % holds every weight, which is what
+        ``preload`` holds, so more means nothing); raise BudgetError naming the accepted
+        forms."""
         if isinstance(value, Budget):
             return value
         if isinstance(value, str) and (match := _SHARE.match(value)):
             share = Decimal(match.group(1))
-            if share > 100_000:
-                raise BudgetError(f"{value.strip()} of the model's weights is not a budget: give a share up to 100%")
+            if share > 100:  # silently the same as 100% would hide a typo (150% for 15%)
+                raise BudgetError(
+                    f"{value.strip()} of the model's weights is more than all of them: 100% already keeps every "
+                    "weight resident (preload); give a share up to 100%"
+                )
             return cls(percent=share)
         try:
             return cls(nbytes=parse_bytes(value))

@@ -134,7 +134,9 @@ BAD = {
     "no tokenizer": (["tiny_llama", "--prompt", PROMPT], "pass --tokenizer FOLDER, or give the prompt as token ids with --ids"),
     "too long": (["tiny_gpt2", "--ids", "5,6,7,8,9,10,11,12,13,14", "--max-new-tokens", "7"], "10 tokens and --max-new-tokens 7 make 17 positions; the model has 16 (n_positions)"),
     "prompt alone too long": (["tiny_gpt2", "--ids", ",".join(["5"] * 17)], "the prompt has 17 tokens; the model has 16 positions"),
-    "no generate": (["cnn", "--ids", "1,2"], "TinyCNN, which has no Hugging Face generate method"),
+    "no generate": (["cnn", "--ids", "1,2"], "(TinyCNN), not a language model (it has no Hugging Face generate method)"),
+    # issue 52: a text prompt on a CNN said "needs a tokenizer"; what the model is comes first
+    "text prompt on a cnn": (["cnn", "--prompt", "hi"], "(TinyCNN), not a language model"),
     "negative tokens": (["tiny_llama", "--ids", "5", "--max-new-tokens", "-1"], "--max-new-tokens must be 1 or more, not -1"),
     "zero temperature": (["tiny_llama", "--ids", "5", "--do-sample", "--temperature", "0"], "--temperature must be above 0"),
     "negative temperature": (["tiny_llama", "--ids", "5", "--do-sample", "--temperature", "-1"], "--temperature must be above 0"),

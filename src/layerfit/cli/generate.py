@@ -15,6 +15,7 @@ token is made, each as one line (:class:`~layerfit.errors.InputError`).
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ from layerfit.errors import InputError
 
 if TYPE_CHECKING:
     from layerfit.engine import Engine
+    from layerfit.store.manifest import Manifest
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 """Files that make a folder one ``AutoTokenizer.from_pretrained`` reads."""
@@ -109,10 +111,17 @@ def generate(
     from layerfit.cli.token_stream import TokenStream
     from layerfit.engine import load
 
-    tokenizer = _load_tokenizer(_tokenizer_folder(directory, tokenizer_dir, need=given_ids is None))
+    manifest = _check_folder(directory)
+    tokenizer_folder = _tokenizer_folder(directory, tokenizer_dir)
+    tokenizer = _load_tokenizer(tokenizer_folder)
     set_compute_threads(threads, "--threads")
     with load(directory, options.config()) as engine:
-        _check_generates(engine, directory)
+        _check_generates(engine, directory, manifest.model["name"])
+        if given_ids is None and tokenizer_folder is None:  # said after what the model is: that comes first
+            raise InputError(
+                f"--prompt needs a tokenizer and {directory} holds none ({' or '.join(TOKENIZER_FILES)}): "
+                "pass --tokenizer FOLDER, or give the prompt as token ids with --ids 1,2,3"
+            )
         prompt_ids = given_ids if given_ids is not None else _encode(tokenizer, prompt or "")
         _check_prompt(engine, prompt_ids, decoding.max_new_tokens)
         # One generation config, the flags set on a copy of the folder's (or the model's):
@@ -150,9 +159,45 @@ def _parse_ids(prompt: str | None, ids: str | None) -> list[int] | None:
     return parsed
 
 
-def _tokenizer_folder(directory: str, given: str | None, need: bool) -> Path | None:
+def _check_folder(directory: str) -> Manifest:
+    """The manifest of ``directory``, once it is known to be a prepared model: one that
+    does not exist, is not a directory, is a Hugging Face folder not yet prepared, or is
+    a zoo model (never a language model) is refused saying so, before anything is said
+    about its tokenizer (which would send the user the wrong way)."""
+    from layerfit.store.hf_folder import CONFIG
+    from layerfit.store.manifest import MANIFEST, read_manifest
+
+    folder = Path(directory)
+    if not folder.exists():
+        raise InputError(
+            f"{directory} does not exist: generate takes the folder of a prepared language model "
+            f"(`layerfit prepare hf:FOLDER -o {directory}`)"
+        )
+    if not folder.is_dir():
+        raise InputError(f"{directory} is not a directory: generate takes the folder of a prepared language model")
+    if not os.path.lexists(folder / MANIFEST) and (folder / CONFIG).is_file():
+        raise InputError(
+            f"{directory} is a Hugging Face model folder, not a prepared model: run `layerfit prepare "
+            f"hf:{directory} -o OUT`, then generate from OUT"
+        )
+    manifest = read_manifest(folder)  # one line for a folder that is not a prepared model
+    if manifest.model["source"] == "zoo":  # the zoo holds the papers' CNNs and ViTs only
+        raise InputError(_not_a_language_model(directory, manifest.model["name"]))
+    return manifest
+
+
+def _not_a_language_model(directory: str, name: str, kind: str | None = None) -> str:
+    held = name if kind is None or kind == name else f"{name} ({kind})"
+    return (
+        f"{directory} holds {held}, not a language model (it has no Hugging Face generate method): "
+        f"generate runs language models; run this one with `layerfit run {directory}`"
+    )
+
+
+def _tokenizer_folder(directory: str, given: str | None) -> Path | None:
     """The folder to read the tokenizer from: ``--tokenizer``'s, else ``directory`` when
-    it holds tokenizer files, else None (an error when the prompt is text)."""
+    it holds tokenizer files, else None (an error, once the model is known to be a
+    language model, when the prompt is text)."""
     if given is not None:
         folder = Path(given)
         if not folder.is_dir() or not _has_tokenizer(folder):  # never a Hub name: nothing is downloaded
@@ -163,11 +208,6 @@ def _tokenizer_folder(directory: str, given: str | None, need: bool) -> Path | N
         return folder
     if _has_tokenizer(Path(directory)):
         return Path(directory)
-    if need:
-        raise InputError(
-            f"--prompt needs a tokenizer and {directory} holds none ({' or '.join(TOKENIZER_FILES)}): "
-            "pass --tokenizer FOLDER, or give the prompt as token ids with --ids 1,2,3"
-        )
     return None
 
 
@@ -195,16 +235,13 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return ids
 
 
-def _check_generates(engine: Engine, directory: str) -> None:
+def _check_generates(engine: Engine, directory: str, name: str) -> None:
     """Refuse a model that has no Hugging Face ``generate`` fed token ids."""
     from transformers import GenerationMixin
 
     model = engine.model
     if not isinstance(model, GenerationMixin):
-        raise InputError(
-            f"{directory} holds {type(model).__name__}, which has no Hugging Face generate method: "
-            f"generate runs language models; run this one with `layerfit run {directory}`"
-        )
+        raise InputError(_not_a_language_model(directory, name, type(model).__name__))
     if getattr(model, "main_input_name", "input_ids") != "input_ids":
         raise InputError(f"{type(model).__name__} generates from {model.main_input_name}, not token ids: generate takes a text prompt")
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -43,7 +44,8 @@ from layerfit.schedule.profile import NetworkProfile, ProfileSet
 from layerfit.schedule.profiler import estimate_profile, measure_profile
 from layerfit.schedule.runtime_config import AUTO_UNITS
 from layerfit.sizes import format_bytes
-from layerfit.store.manifest import Manifest, read_manifest
+from layerfit.store.hf_folder import CONFIG as HF_CONFIG
+from layerfit.store.manifest import MANIFEST, Manifest, read_manifest
 
 if TYPE_CHECKING:
     import torch
@@ -154,17 +156,35 @@ class ModelInfo:
 
 
 def scan(repository: Path) -> list[str]:
-    """Names of the model folders of ``repository``, sorted."""
+    """Names of the model folders of ``repository``, sorted. A prepared model given as
+    the repository itself is refused: its models are its sub-folders, so it would serve
+    none of them and look ready."""
     if not repository.is_dir():
         raise LayerfitError(
             f"model repository {repository} is not a folder: create it and prepare models "
             "into sub-folders (`layerfit prepare MODEL -o REPO/NAME`)"
+        )
+    if os.path.lexists(repository / MANIFEST):
+        raise LayerfitError(
+            f"model repository {repository} is itself a prepared model (it holds {MANIFEST}): a repository is "
+            f"the folder above its models; pass its parent folder, or copy it into a repository folder as "
+            f"REPO/{repository.resolve().name or 'NAME'}"
         )
     return sorted(
         entry.name
         for entry in repository.iterdir()
         if entry.is_dir() and NAME_PATTERN.fullmatch(entry.name)
     )
+
+
+def check_prepared(directory: Path) -> None:
+    """Refuse a Hugging Face folder as published (``config.json``, no manifest) put in
+    the repository, saying how to prepare it: its manifest would only be "missing"."""
+    if not os.path.lexists(directory / MANIFEST) and (directory / HF_CONFIG).is_file():
+        raise LayerfitError(
+            f"{directory} is a Hugging Face model folder, not a prepared model: run `layerfit prepare "
+            f"hf:{directory} -o FOLDER` and put FOLDER in the repository in its place"
+        )
 
 
 def model_directory(repository: Path, name: str) -> Path:
@@ -256,6 +276,7 @@ class ModelRepository:
                 info.loaded, info.reason = False, "loading"
         engine: Engine | None = None
         try:
+            check_prepared(directory)
             layered = self._profile(name, directory, read_manifest(directory))
             units = self._engine_units(layered)
             engine = self._new_engine(directory, units)

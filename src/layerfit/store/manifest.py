@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,10 +312,8 @@ def read_manifest(directory: str | Path) -> Manifest:
     path = Path(directory) / MANIFEST
     if not Path(directory).is_dir():
         raise ManifestError(f"{directory} is not a directory (create one with `layerfit prepare`)")
-    if not path.is_file():
-        raise ManifestError(f"{path} is missing: {directory} is not a prepared model")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(_read_regular(path, directory).decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, or an integer of 5,000 digits
         raise ManifestError(f"{path} is not valid JSON: {str(exc)[:200]}") from None
     except RecursionError:
@@ -337,6 +337,38 @@ def read_manifest(directory: str | Path) -> Manifest:
         raise ManifestError(f"{path} is inconsistent: {exc}; prepare the model again") from None
     check_weights_header(manifest, Path(directory) / manifest.weights_file)
     return manifest
+
+
+def _read_regular(path: Path, directory: str | Path) -> bytes:
+    """The bytes of ``path`` if it is a regular file (or a link to one). It is opened
+    without blocking and checked after opening, so a FIFO of that name (which a blocking
+    open would wait on for a writer forever), a socket, a device or a folder is refused
+    for what it is, not reported missing, and cannot be swapped in between a check and
+    the read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:  # a dangling link too
+        raise ManifestError(f"{path} is missing: {directory} is not a prepared model") from None
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ManifestError(
+            f"{path} is not a regular file but {_file_kind(mode)}: {directory} is not a prepared model "
+            "(`layerfit prepare` writes manifest.json as a regular file)"
+        )
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
+
+
+def _file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words."""
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((name for test, name in kinds if test(mode)), "not a file")
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
