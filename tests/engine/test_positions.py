@@ -89,12 +89,12 @@ def test_a_keyword_models_too_long_input_is_refused(folders) -> None:
 
 
 def test_generate_and_from_pretrained_refuse_a_prompt_past_the_positions(folders, tmp_path: Path) -> None:
-    with layerfit.load(folders["gpt2"]) as engine:
-        with pytest.raises(RequestTooLargeError, match=f"{POSITIONS} positions"):
-            engine.generate(_ids(POSITIONS + 2), max_new_tokens=1)
-    with layerfit.from_pretrained(folders["raw_gpt2"], cache=tmp_path, hf=HFOptions(seq_len=8)) as model:
-        with pytest.raises(RequestTooLargeError, match=f"{POSITIONS} positions"):
-            model(_ids(POSITIONS + 2))
+    too_long = pytest.raises(RequestTooLargeError, match=f"{POSITIONS} positions")
+    with layerfit.load(folders["gpt2"]) as engine, too_long:
+        engine.generate(_ids(POSITIONS + 2), max_new_tokens=1)
+    too_long = pytest.raises(RequestTooLargeError, match=f"{POSITIONS} positions")
+    with layerfit.from_pretrained(folders["raw_gpt2"], cache=tmp_path, hf=HFOptions(seq_len=8)) as model, too_long:
+        model(_ids(POSITIONS + 2))
 
 
 def test_the_runtime_refuses_with_the_engines_message(folders) -> None:
