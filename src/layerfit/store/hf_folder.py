@@ -11,8 +11,20 @@ weight is copied into memory: the kernel pages each in when the capture pass tou
 The class is transformers' own, named by the config (``--class`` picks another head);
 a manifest of such a model names that class, never a user's module, and holds its
 config as data, from which the engine rebuilds its skeleton on the meta device. No code a
-file names is run: the config is read without ``trust_remote_code`` and the class is
-looked up among transformers' model classes only.
+file names is run: the config is read without ``trust_remote_code``, the class is
+looked up among transformers' model classes only, and the attention implementation is
+one of transformers' built-in ones (:data:`BUILT_IN_ATTENTION`), never a Hub kernel.
+
+What the folder holds is data from someone else, checked before it is used:
+
+- every file is opened through :class:`~.mapped_safetensors.FolderFiles`: one that is a
+  link out of the folder is refused unless ``HFOptions.follow_symlinks_out``; the JSON
+  files are read by :func:`layerfit.strict_json.parse` (one line for any breakage) and
+  transformers reads a private copy of exactly the bytes checked;
+- the model the config describes is counted before it is built (:func:`check_size`):
+  one that needs far more parameters than the weights hold, or more than the output's
+  disk (or, converting the dtype, memory) has room for, is refused in one line;
+- copied files keep at most their source's permission bits.
 """
 
 from __future__ import annotations
@@ -20,7 +32,9 @@ from __future__ import annotations
 import contextlib
 import difflib
 import inspect
-import shutil
+import os
+import stat
+import tempfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,10 +44,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from layerfit.errors import CheckpointError, InputError, UnknownModelError
+from layerfit.errors import CheckpointError, InputError, ManifestError, UnknownModelError
+from layerfit.sizes import format_bytes
 from layerfit.store.examples import example_input
-from layerfit.store.manifest import DTYPES
-from layerfit.store.mapped_safetensors import Checkpoint
+from layerfit.store.manifest import BUILT_IN_ATTENTION, DTYPES, check_attention
+from layerfit.store.mapped_safetensors import (
+    FOLLOW_OPTION,
+    Checkpoint,
+    FolderFiles,
+    LinkOutOfFolderError,
+)
+
+__all__ = ["BUILT_IN_ATTENTION", "FOLLOW_OPTION", "LinkOutOfFolderError"]
 
 PREFIX = "hf:"
 CONFIG = "config.json"
@@ -74,6 +96,9 @@ class HFOptions:
     # measure the passes at other batches and lengths so requests may have any shape
     # (:mod:`layerfit.store.shape_samples`: about 12 passes more while preparing)
     variable_shapes: bool = True
+    # read files that are links to places outside the folder (off: such a link is refused,
+    # so a folder cannot make prepare copy, say, the system's password file)
+    follow_symlinks_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,39 +137,103 @@ def quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def read_config(folder: Path) -> Any:
-    """The folder's ``config.json`` as transformers reads it (never running its code)."""
+GGUF = ".gguf"
+MAX_CONFIG_BYTES = 16 * 2**20  # a config.json of a real model is a few kB, a processor's at most a few hundred
+
+
+def gguf_hint(path: Path) -> str | None:
+    """What to do with a GGUF file, or a folder holding one and no ``config.json``
+    (layerfit does not read GGUF); None for anything else."""
+    if path.is_dir() and not (path / CONFIG).is_file():
+        found = sorted(p.name for p in path.glob(f"*{GGUF}"))
+        if not found:
+            return None
+        where, name = path, found[0]
+    elif path.suffix.lower() == GGUF:
+        where, name = path.parent, path.name
+    else:
+        return None
+    return (
+        f"{path} is {'a folder of ' if where == path else ''}GGUF ({name}), which layerfit does not read: convert it "
+        f"to a Hugging Face folder with transformers' GGUF loader (pip install gguf; "
+        f"AutoModelForCausalLM.from_pretrained({str(where)!r}, gguf_file={name!r}).save_pretrained(OUT), and "
+        "AutoTokenizer likewise; dequantized, for the architectures that loader supports), then run "
+        "`layerfit prepare hf:OUT`"
+    )
+
+
+@contextlib.contextmanager
+def checked_copy(files: FolderFiles, names: tuple[str, ...]) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """A private folder holding the folder's JSON files ``names`` (those present) as
+    read and checked once (inside the folder, strict JSON of sane size and depth,
+    built-in attention only), and what each holds: transformers reads these bytes,
+    never the folder's files, which may have changed (or become links) since."""
+    with tempfile.TemporaryDirectory(prefix="layerfit-config-") as tmp:
+        read: dict[str, Any] = {}
+        for name in names:
+            if (files.folder / name).exists() or (files.folder / name).is_symlink():
+                read[name] = files.json(name, MAX_CONFIG_BYTES)
+                _check_attention_fields(read[name], files.folder / name)
+                (Path(tmp) / name).write_text(_json_text(read[name]))
+        yield Path(tmp), read
+
+
+def _json_text(data: Any) -> str:
+    import json
+
+    return json.dumps(data)
+
+
+def _check_attention_fields(data: Any, path: Path) -> None:
+    """Refuse a config (or sub-config) naming an attention implementation that is not
+    built into transformers: with the ``kernels`` package, a Hub name loads code."""
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("attn_implementation", "_attn_implementation") and value is not None:
+                    try:
+                        check_attention(value)
+                    except ValueError as exc:
+                        raise InputError(f"{path}: {exc}") from None
+                stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def read_config(folder: Path, files: FolderFiles | None = None) -> Any:
+    """The folder's ``config.json`` as transformers reads it (never running its code),
+    from the bytes :func:`checked_copy` checked."""
     if not folder.is_dir():
+        hint = gguf_hint(folder)
+        if hint:
+            raise InputError(hint)
         raise InputError(f"{folder} is not a folder: hf: takes a local Hugging Face model folder")
-    if not (folder / CONFIG).is_file():
-        raise InputError(f"{folder} holds no {CONFIG}: it is not a Hugging Face model folder")
+    if not ((folder / CONFIG).exists() or (folder / CONFIG).is_symlink()):
+        raise InputError(gguf_hint(folder) or f"{folder} holds no {CONFIG}: it is not a Hugging Face model folder")
+    files = files or FolderFiles(folder)
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    try:
-        with quiet_transformers():
-            return AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
-    except (ValueError, KeyError, OSError, TypeError) as exc:
-        model_type = _model_type(folder / CONFIG)
-        if model_type is not None and model_type not in CONFIG_MAPPING_NAMES:
-            close = difflib.get_close_matches(model_type, list(CONFIG_MAPPING_NAMES), n=3, cutoff=0.6)
-            raise UnknownModelError(
-                f"{folder}: transformers does not know the architecture {model_type!r}"
-                + (f" (close: {', '.join(close)})" if close else "")
-                + "; layerfit runs no code from the folder (no trust_remote_code)"
-            ) from None
-        raise InputError(f"{folder / CONFIG} cannot be read: {str(exc).splitlines()[0][:200]}") from None
-
-
-def _model_type(path: Path) -> str | None:
-    import json
-
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    value = data.get("model_type") if isinstance(data, dict) else None
-    return value if isinstance(value, str) else None
+    with checked_copy(files, (CONFIG,)) as (copy, read):
+        data = read[CONFIG]
+        if not isinstance(data, dict):
+            raise InputError(f"{folder / CONFIG} does not hold a JSON object")
+        try:
+            with quiet_transformers():
+                return AutoConfig.from_pretrained(str(copy), local_files_only=True, trust_remote_code=False)
+        except (ValueError, KeyError, OSError, TypeError, AttributeError) as exc:
+            model_type = data.get("model_type")
+            if isinstance(model_type, str) and model_type not in CONFIG_MAPPING_NAMES:
+                close = difflib.get_close_matches(model_type, list(CONFIG_MAPPING_NAMES), n=3, cutoff=0.6)
+                raise UnknownModelError(
+                    f"{folder}: transformers does not know the architecture {model_type!r}"
+                    + (f" (close: {', '.join(close)})" if close else "")
+                    + "; layerfit runs no code from the folder (no trust_remote_code)"
+                ) from None
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise InputError(f"{folder / CONFIG} cannot be read: {first.replace(str(copy), str(folder))}") from None
 
 
 def model_class(name: str) -> type[nn.Module]:
@@ -217,14 +306,16 @@ class LoadedModel:
         return {"source": "hf", "name": self.class_name, "kwargs": kwargs}
 
 
-def load_model(folder: Path, options: HFOptions) -> LoadedModel:
+def load_model(folder: Path, options: HFOptions, free_disk: int | None = None) -> LoadedModel:
     """The folder's model as transformers' ``from_pretrained`` builds it, each weight a view
     of its checkpoint file; missing weights are an error naming them, unused checkpoint
-    tensors a warning naming them."""
-    config = read_config(folder)
+    tensors a warning naming them. Before anything is built, :func:`check_size` holds the
+    config's model against the weights present and ``free_disk`` (the output's room)."""
+    files = FolderFiles(folder, options.follow_symlinks_out)
+    config = read_config(folder, files)
     name = class_name_of(config, options.class_name)
     cls = model_class(name)
-    checkpoint = Checkpoint(folder)
+    checkpoint = Checkpoint(folder, options.follow_symlinks_out)
     if options.dtype is not None:
         if options.dtype not in DTYPES or not DTYPES[options.dtype].is_floating_point:
             floats = [n for n, d in DTYPES.items() if d.is_floating_point]
@@ -232,9 +323,13 @@ def load_model(folder: Path, options: HFOptions) -> LoadedModel:
         dtype = DTYPES[options.dtype]
     else:
         dtype = checkpoint.stored_dtype() or torch.float32
+    check_size(folder, config, cls, checkpoint, dtype, free_disk)
+    attention = getattr(config, "_attn_implementation", None)
+    if isinstance(attention, str):
+        _check_flash_fallback(attention)
     state = dict(checkpoint.tensors())
     try:
-        with quiet_transformers():
+        with quiet_transformers(), checked_copy(files, (GENERATION_CONFIG,)) as (settings, _):
             # No name: the weights are the state dict (transformers refuses both). Sizes
             # that do not match are reported, not raised: transformers' error points at a
             # table it logged, which is silenced; the report below names each tensor.
@@ -242,10 +337,10 @@ def load_model(folder: Path, options: HFOptions) -> LoadedModel:
                 None, config=config, state_dict=state, local_files_only=True,
                 output_loading_info=True, ignore_mismatched_sizes=True, **{dtype_keyword(): dtype},
             )
-            if (folder / GENERATION_CONFIG).is_file() and _generates(module):
+            if (settings / GENERATION_CONFIG).is_file() and _generates(module):
                 from transformers import GenerationConfig
 
-                module.generation_config = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
+                module.generation_config = GenerationConfig.from_pretrained(str(settings), local_files_only=True)
     except (RuntimeError, ValueError, KeyError, OSError, TypeError, AttributeError) as exc:
         raise CheckpointError(
             f"transformers cannot build {name} from {folder}: {str(exc).strip().splitlines()[0][:300]}"
@@ -264,6 +359,108 @@ def load_model(folder: Path, options: HFOptions) -> LoadedModel:
     unused = sorted(info.get("unexpected_keys") or ())
     module.eval()
     return LoadedModel(module, name, str(dtype).removeprefix("torch."), checkpoint, unused)
+
+
+SIZE_FACTOR = 2
+"""How many times the elements of the weights present a config's model may have (tied
+tensors stored twice, a head's few extra parameters): a model needing more cannot get its
+weights from the folder, and building it allocates what the folder does not hold."""
+SIZE_SLACK = 2**20  # elements: a tiny model's config may add a small head's worth
+
+
+def config_lower_bound(config: Any) -> tuple[int, str]:
+    """A lower bound of the parameters the config's model has, from its fields alone (no
+    build): a layer holds at least one hidden x hidden matrix and the embedding vocab x
+    hidden, ``(count, how)``; 0 where the config states no such fields."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+
+    def whole(name: str) -> int:
+        value = getattr(text, name, None)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    hidden, layers, vocab = whole("hidden_size"), whole("num_hidden_layers"), whole("vocab_size")
+    how = f"num_hidden_layers {layers:,}, hidden_size {hidden:,}, vocab_size {vocab:,}"
+    return layers * hidden * hidden + vocab * hidden, how
+
+
+def meta_parameters(cls: type[nn.Module], config: Any, dtype: torch.dtype) -> int | None:
+    """The parameters (shared ones once) of ``cls`` built from ``config`` on the meta
+    device: exact, and nothing allocated; None where transformers cannot build it so
+    (its load then says why)."""
+    try:
+        with quiet_transformers(), torch.device("meta"):
+            model = cls._from_config(config, **{dtype_keyword(): dtype})  # type: ignore[attr-defined]
+    except Exception:  # the real build reports the config's fault in its own words
+        return None
+    return sum(p.numel() for p in model.parameters())
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still allocate: MemAvailable, or less where a cgroup's
+    ``memory.max`` leaves less; None where neither can be read."""
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = Path("/sys/fs/cgroup/memory.current").read_text().strip()
+        if limit != "max":
+            found.append(max(int(limit) - int(used), 0))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def check_size(
+    folder: Path, config: Any, cls: type[nn.Module], checkpoint: Checkpoint, dtype: torch.dtype, free_disk: int | None
+) -> None:
+    """Refuse, in one line and before anything is built, a model the config describes
+    that this folder or machine cannot hold. The rule:
+
+    1. its parameters (a lower bound from the config's fields first, then the exact count
+       of a build on the meta device) are at most :data:`SIZE_FACTOR` x the elements of
+       the weights present (+ :data:`SIZE_SLACK`): more cannot come from the folder;
+    2. its weights at the chosen dtype fit ``free_disk``, the output's free space;
+    3. converting the dtype (a copy of every weight in memory), they fit the memory
+       available to the process.
+    """
+    present = checkpoint.elements
+    allowed = SIZE_FACTOR * present + SIZE_SLACK
+    bound, how = config_lower_bound(config)
+    layers = bound and getattr(config.get_text_config() if hasattr(config, "get_text_config") else config,
+                               "num_hidden_layers", 0)
+    stored = f"the weights present hold {present:,} ({format_bytes(checkpoint.nbytes)})"
+    if bound > allowed or (isinstance(layers, int) and layers > max(len(checkpoint.names()), 1)):
+        raise InputError(
+            f"{folder / CONFIG} describes a model of at least {bound:,} parameters ({how}, "
+            f"{len(checkpoint.names()):,} tensors stored); {stored}: the config does not belong to these weights"
+        )
+    exact = meta_parameters(cls, config, dtype)
+    if exact is None:
+        exact = bound
+    elif exact > allowed:
+        raise InputError(
+            f"{folder / CONFIG} describes a model of {exact:,} parameters; {stored}: the config does not belong "
+            "to these weights"
+        )
+    need = exact * dtype.itemsize
+    if free_disk is not None and need > free_disk:
+        raise InputError(
+            f"preparing {folder} writes {format_bytes(need)} of weights and the output's file system has "
+            f"{format_bytes(free_disk)} free: free some space or choose another output folder"
+        )
+    memory = available_memory()
+    if checkpoint.stored_dtype() not in (None, dtype) and memory is not None and need > memory:
+        raise InputError(
+            f"converting {folder}'s weights to {str(dtype).removeprefix('torch.')} holds {format_bytes(need)} in "
+            f"memory and {format_bytes(memory)} is available: prepare without --dtype (as stored), or on a "
+            "machine with more memory"
+        )
 
 
 def derive_example(module: nn.Module, seq_len: int, seed: int) -> Example:
@@ -343,15 +540,29 @@ def positions_of(config: Any, first: str | None = None) -> tuple[str, int] | Non
     return None
 
 
-def copy_files(folder: Path, into: Path) -> tuple[str, ...]:
+def copy_files(folder: Path, into: Path, follow_links_out: bool = False) -> tuple[str, ...]:
     """Copy the folder's config, tokenizer and generation settings into ``into``; the
-    names copied."""
+    names copied. A link inside the folder (a Hub cache's snapshot links to its blobs)
+    gives its content; one out of the folder is refused unless ``follow_links_out``.
+    Each copy gets at most its source's permission bits (and the umask's): a file only
+    its owner may read stays so."""
+    files = FolderFiles(folder, follow_links_out)
     copied = []
     for name in COPIED:
         source = folder / name
-        if source.is_file():  # a link too (a Hub cache's snapshot links to its blobs): its content
-            shutil.copyfile(source, into / name)
-            copied.append(name)
+        if not (source.exists() or source.is_symlink()):
+            continue
+        fd = files.open(name)
+        try:
+            mode = stat.S_IMODE(os.fstat(fd).st_mode) & 0o666  # never executable, never wider
+            with os.fdopen(os.dup(fd), "rb") as src, open(
+                os.open(into / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb"
+            ) as dst:
+                while chunk := src.read(2**20):
+                    dst.write(chunk)
+        finally:
+            os.close(fd)
+        copied.append(name)
     return tuple(copied)
 
 
@@ -374,10 +585,44 @@ def build_model(
         raise InputError(f"the manifest's dtype {dtype!r} is not one layerfit stores: prepare the model again")
     fields = {k: v for k, v in config.items() if k != "model_type"}
     options: dict[str, Any] = {dtype_keyword(): DTYPES[dtype]}
-    if isinstance(attn_implementation, str):
+    _check_attention_fields(config, Path("the manifest's config"))
+    if attn_implementation is not None:
+        try:
+            check_attention(attn_implementation)
+        except ValueError as exc:
+            raise ManifestError(f"the manifest's model: {exc}") from None
+        _check_flash_fallback(attn_implementation)
         options["attn_implementation"] = attn_implementation
-    with quiet_transformers():
-        model = cls._from_config(AutoConfig.for_model(config["model_type"], **fields), **options)
-        if isinstance(generation_config, dict) and _generates(model):
-            model.generation_config = GenerationConfig.from_dict(generation_config)
+    try:
+        with quiet_transformers():
+            model = cls._from_config(AutoConfig.for_model(config["model_type"], **fields), **options)
+            if isinstance(generation_config, dict) and _generates(model):
+                model.generation_config = GenerationConfig.from_dict(generation_config)
+    except Exception as exc:  # transformers' own checks of a config: any of its errors
+        import transformers
+
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise ManifestError(
+            f"transformers {transformers.__version__} cannot build {name} from the manifest's "
+            f"{config['model_type']!r} config ({type(exc).__name__}: {first}): the manifest was edited or written "
+            "with another transformers version; prepare the model again from its Hugging Face folder (prepare hf:FOLDER)"
+        ) from None
     return model
+
+
+def _check_flash_fallback(attention: str) -> None:
+    """Refuse ``flash_attention_N`` where its own package is missing and the ``kernels``
+    package is installed: transformers would then fetch and run a Hub kernel in its place."""
+    import importlib.util
+
+    if not attention.startswith("flash_attention_") or importlib.util.find_spec("kernels") is None:
+        return
+    from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
+
+    version = attention.removeprefix("flash_attention_")
+    entry = FLASH_ATTENTION_COMPATIBILITY_MATRIX.get(int(version)) if version.isdigit() else None
+    if entry is None or not entry["general_availability_check"]():
+        raise InputError(
+            f"attention {attention!r} needs its own package here (transformers would load a Hub kernel in its "
+            "place, which layerfit never does): install it, or prepare the model with the default attention"
+        )

@@ -487,12 +487,37 @@ def _check_tensor(t: TensorLayout, seg: Segment, what: str, places: dict[str, st
         places[place] = t.name
 
 
+BUILT_IN_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3", "flash_attention_4")
+"""The attention implementations a manifest (or a Hugging Face config) may name: those
+built into transformers. Any other name, a Hub kernel's ``org/name`` above all, would
+have transformers (with the ``kernels`` package) download and run that code."""
+
+
+def check_attention(value: object) -> str:
+    """``value`` if it names a built-in attention implementation; a ``ValueError`` (one
+    line, listing them) for anything else."""
+    if not isinstance(value, str) or value not in BUILT_IN_ATTENTION:
+        raise ValueError(
+            f"attention implementation {str(value)[:80]!r} is not one built into transformers "
+            f"({', '.join(BUILT_IN_ATTENTION)}); layerfit never loads a Hub kernel a file names"
+        )
+    return value
+
+
 def _model(value: Any) -> dict[str, Any]:
-    """The manifest's ``model``: its source and name strings, its keyword arguments a mapping."""
+    """The manifest's ``model``: its source and name strings, its keyword arguments a
+    mapping; a Hugging Face model's attention implementation (its own or its config's)
+    a built-in one."""
     if not isinstance(value, dict) or not isinstance(value.get("kwargs", {}), dict):
         raise ValueError("model must be an object with source, name and kwargs")
     _text(value["source"])
     _text(value["name"])
+    kwargs = value.get("kwargs", {}) if value.get("source") == "hf" else {}
+    config = kwargs.get("config")
+    for where in (kwargs, config if isinstance(config, dict) else {}):
+        for key in ("attn_implementation", "_attn_implementation"):
+            if where.get(key) is not None:
+                check_attention(where[key])
     return dict(value)
 
 

@@ -10,21 +10,29 @@ Every header is checked before anything is mapped: a truncated or corrupt file, 
 header whose sizes or offsets lie about the data, an index naming a shard that is not
 there or a tensor its shard does not hold — each is one :class:`CheckpointError` line.
 Nothing is unpickled: only safetensors files are read.
+
+Every file of the folder is opened through :class:`FolderFiles`: a file (or a link) that
+resolves outside the folder is refused unless the caller opts in, and what was opened is
+checked, not the name (a link swapped after the check is caught: the check reads where
+the open file descriptor really is).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import mmap
+import os
+import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from layerfit.errors import CheckpointError
+from layerfit import strict_json
+from layerfit.errors import CheckpointError, InputError
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -45,6 +53,100 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 
 
+FOLLOW_OPTION = "--follow-symlinks-out"
+"""The command-line flag that lets a folder's links point outside it."""
+
+
+class LinkOutOfFolderError(InputError):
+    """A file of a model folder that is a link resolving outside the folder: layerfit
+    would otherwise read (and ``prepare`` copy) whatever it points at, such as a system
+    password file, into a folder others may read."""
+
+
+class FolderFiles:
+    """The files of a model folder, each opened only where it really lies inside the
+    folder (or, for a Hugging Face cache snapshot, in its repository's ``blobs``).
+
+    ``follow_links_out`` opts in to links that lead elsewhere (a folder assembled from
+    links to a shared store); without it such a link is a :class:`LinkOutOfFolderError`
+    naming the file and where it points.
+    """
+
+    def __init__(self, folder: Path, follow_links_out: bool = False) -> None:
+        self.folder = folder
+        self.follow_links_out = follow_links_out
+        root = folder.resolve()
+        self.roots = [root]
+        # The Hub's cache: models--ORG--NAME/snapshots/REV/FILE links to ../../blobs/HASH.
+        repo = root.parent.parent
+        blobs = repo / "blobs"
+        if root.parent.name == "snapshots" and "--" in repo.name and blobs.is_dir() and not blobs.is_symlink():
+            self.roots.append(blobs)
+
+    def open(self, name: str) -> int:
+        """A read-only descriptor of the folder's regular file ``name``: a FIFO or device
+        is refused without waiting on it, a link out of the folder unless opted in."""
+        path = self.folder / name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise InputError(f"{path} is not a regular file")
+            where = self.where(fd, path)
+            if not self.follow_links_out and not any(where.is_relative_to(r) for r in self.roots):
+                raise LinkOutOfFolderError(
+                    f"{path} is a link to {where}, outside the folder: layerfit reads only the folder's own "
+                    f"files (copy that file into the folder, or pass {FOLLOW_OPTION} if you trust where it points)"
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    @staticmethod
+    def where(fd: int, path: Path) -> Path:
+        """Where the open file ``fd`` lies: the kernel's answer (Linux), else ``path`` resolved."""
+        try:
+            return Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            return path.resolve()
+
+    def read(self, name: str, limit: int) -> tuple[bytes, os.stat_result]:
+        """The bytes of the folder's file ``name`` (at most ``limit``: a larger file is an
+        error) and its status (its permission bits bound the copy's)."""
+        fd = self.open(name)
+        try:
+            st = os.fstat(fd)
+            if st.st_size > limit:
+                raise InputError(f"{self.folder / name} is {st.st_size:,} bytes, more than the {limit:,} it may have")
+            chunks, left = [], limit + 1
+            while left > 0:
+                chunk = os.read(fd, min(left, 2**20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+        except OSError as exc:
+            raise InputError(f"cannot read {self.folder / name}: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise InputError(f"{self.folder / name} is more than the {limit:,} bytes it may have")
+        return data, st
+
+    def json(self, name: str, limit: int = 64 * 2**20) -> Any:
+        """The folder's JSON file ``name`` through :func:`layerfit.strict_json.parse`:
+        one line for anything that is not a JSON document of sane depth."""
+        raw, _ = self.read(name, limit)
+        try:
+            return strict_json.parse(raw, str(self.folder / name), limit)
+        except strict_json.JSONTextError as exc:
+            raise InputError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class TensorEntry:
     """One tensor of a safetensors header: where its bytes lie in its file."""
@@ -57,47 +159,58 @@ class TensorEntry:
 
 
 class MappedFile:
-    """One safetensors file: its checked header, and its tensors as views of a mapping."""
+    """One safetensors file of a folder: its checked header, and its tensors as views of
+    a mapping of the very file whose header was checked (opened once)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.entries = read_header(path)
-        self._map: mmap.mmap | None = None
+    def __init__(self, files: FolderFiles, name: str) -> None:
+        self.path = files.folder / name
+        try:
+            fd = files.open(name)
+        except LinkOutOfFolderError:
+            raise
+        except InputError as exc:
+            raise CheckpointError(str(exc)) from None
+        try:
+            st = os.fstat(fd)
+            self.mode = stat.S_IMODE(st.st_mode)
+            with os.fdopen(os.dup(fd), "rb") as fh:
+                self.entries = read_header(self.path, fh, st.st_size)
+            # Private: a model that writes to a weight gets its own page, never the file.
+            self._map = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
 
     def tensor(self, name: str) -> torch.Tensor:
         """``name`` as a view of the file's pages (nothing read until it is touched)."""
         entry = self.entries[name]
         if entry.nbytes == 0:
             return torch.empty(entry.shape, dtype=entry.dtype)
-        if self._map is None:
-            with open(self.path, "rb") as fh:
-                # Private: a model that writes to a weight gets its own page, never the file.
-                self._map = mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         flat = torch.frombuffer(self._map, dtype=entry.dtype, count=math.prod(entry.shape), offset=entry.start)
         return flat.view(entry.shape)
 
 
-def read_header(path: Path) -> dict[str, TensorEntry]:
-    """The tensors of the safetensors file at ``path``, every claim of its header checked
-    against the file: a one-line :class:`CheckpointError` for anything that does not hold."""
+def read_header(path: Path, fh: Any, size: int) -> dict[str, TensorEntry]:
+    """The tensors of the safetensors file ``fh`` of ``size`` bytes (named ``path``), every
+    claim of its header checked against the file: a one-line :class:`CheckpointError` for
+    anything that does not hold."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise CheckpointError(f"{path} is not a safetensors file: it is only {size} bytes long")
-            (length,) = struct.unpack("<Q", head)
-            if length > MAX_HEADER or 8 + length > size:
-                raise CheckpointError(
-                    f"{path} is truncated or not a safetensors file (its header claims {length:,} bytes; "
-                    f"the file has {size:,})"
-                )
-            raw = fh.read(length)
+        head = fh.read(8)
+        if len(head) < 8:
+            raise CheckpointError(f"{path} is not a safetensors file: it is only {size} bytes long")
+        (length,) = struct.unpack("<Q", head)
+        if length > MAX_HEADER or 8 + length > size:
+            raise CheckpointError(
+                f"{path} is truncated or not a safetensors file (its header claims {length:,} bytes; "
+                f"the file has {size:,})"
+            )
+        raw = fh.read(length)
     except OSError as exc:
         raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
-        header = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        header = strict_json.parse(raw, str(path), MAX_HEADER)
+    except strict_json.JSONTextError:
         raise CheckpointError(f"{path} is corrupt: its header is not JSON") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path} is corrupt: its header is not a JSON object")
@@ -153,15 +266,16 @@ def _entry(path: Path, name: str, info: object, data_start: int, data_size: int)
 class Checkpoint:
     """A folder's weights: one ``model.safetensors`` or the shards of its index."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, follow_links_out: bool = False) -> None:
         self.folder = folder
         self.files: list[MappedFile] = []
         self._where: dict[str, MappedFile] = {}
+        source = FolderFiles(folder, follow_links_out)
         index = folder / INDEX
         if index.is_file():
-            shards = _read_index(index)
+            shards = _read_index(source)
             for shard, names in shards.items():
-                mapped = MappedFile(folder / shard)
+                mapped = MappedFile(source, shard)
                 absent = sorted(set(names) - set(mapped.entries))
                 if absent:
                     raise CheckpointError(
@@ -172,7 +286,7 @@ class Checkpoint:
                 for name in names:
                     self._where[name] = mapped
         elif (folder / SINGLE).is_file():
-            mapped = MappedFile(folder / SINGLE)
+            mapped = MappedFile(source, SINGLE)
             self.files.append(mapped)
             self._where = dict.fromkeys(mapped.entries, mapped)
         else:
@@ -198,6 +312,19 @@ class Checkpoint:
             yield name, mapped.tensor(name)
 
     @property
+    def mode(self) -> int:
+        """The permission bits every weights file allows (a prepared copy gets no more)."""
+        bits = 0o7777
+        for mapped in self.files:
+            bits &= mapped.mode
+        return bits
+
+    @property
+    def elements(self) -> int:
+        """How many numbers the weights hold, every tensor counted."""
+        return sum(math.prod(self.entry(n).shape) for n in self._where)
+
+    @property
     def nbytes(self) -> int:
         return sum(self.entry(n).nbytes for n in self._where)
 
@@ -211,13 +338,16 @@ class Checkpoint:
         return max(by_dtype, key=by_dtype.__getitem__) if by_dtype else None
 
 
-def _read_index(index: Path) -> dict[str, list[str]]:
-    """Shard file name → the tensor names ``index`` places in it; every shard a plain
-    file name in the folder that exists."""
+def _read_index(files: FolderFiles) -> dict[str, list[str]]:
+    """Shard file name → the tensor names the folder's index places in it; every shard a
+    plain file name in the folder that exists."""
+    index = files.folder / INDEX
     try:
-        data = json.loads(index.read_text())
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"cannot read {index}: {getattr(exc, 'strerror', None) or exc}") from None
+        data = files.json(INDEX)
+    except LinkOutOfFolderError:
+        raise
+    except InputError as exc:
+        raise CheckpointError(str(exc)) from None
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{index} has no weight_map naming the shards")

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from layerfit.errors import FactoryImportError, UnknownModelError
+from layerfit.errors import FactoryImportError, LayerfitError, UnknownModelError
 from layerfit.extras import MissingExtraError, extra_for
 
 
@@ -59,6 +59,8 @@ class ModelSpec:
         factory = self.factory()
         try:
             module = factory(**self.kwargs)
+        except LayerfitError:  # the factory's own one line (a Hugging Face class says what to do)
+            raise
         except Exception as exc:  # the user's factory may raise anything
             _raise_if_extra_missing(exc)
             raise FactoryImportError(
