@@ -102,18 +102,6 @@ def test_a_full_disk_during_prepare_keeps_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_killed_prepare_leaves_nothing_the_next_one_keeps(tmp_path: Path) -> None:
-    out = tmp_path / "m"
-    stale = tmp_path / ".m.abcd1234.tmp"
-    stale.mkdir()
-    (stale / "weights.safetensors").write_bytes(b"\0" * 100_000)
-    (stale / ".prepare-pid").write_text("999999999")  # a process that does not exist
-    result = cli("prepare", "mobilenet_v1_025", "-o", str(out), "--input-shape", "1,3,32,32")
-    assert result.returncode == 0, result.stderr
-    assert "removed .m.abcd1234.tmp (100.0 kB)" in result.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
-
-
 @pytest.mark.parametrize(
     ("budget", "words"),
     [("1" + "0" * 400 + "MB", ["more bytes than any machine has"]), ("١٢MB", ["cannot read"]),

@@ -61,6 +61,11 @@ def prepare(
         None, "--example", help="a .safetensors file whose tensors are the example call's keyword arguments "
         "(a model of several inputs, such as input_features and decoder_input_ids), instead of --input-shape",
     ),
+    follow_symlinks_out: bool = typer.Option(
+        False, "--follow-symlinks-out",
+        help="hf: read files of the folder that are links to places outside it (by default such a link is "
+        "refused: the folder could make prepare copy any file this user can read)",
+    ),
     force: bool = typer.Option(False, "--force", help="replace an existing directory"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -73,9 +78,12 @@ def prepare(
     hf = None
     if is_hf(model):
         hf = HFOptions(class_name=class_name, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len, dtype=dtype,
-                       variable_shapes=not fixed_shape)
-    elif class_name is not None or seq_len is not None or dtype is not None or fixed_shape:
-        raise InputError("--class, --seq-len, --dtype and --fixed-shape are for a Hugging Face folder (hf:FOLDER)")
+                       variable_shapes=not fixed_shape, follow_symlinks_out=follow_symlinks_out)
+    elif class_name is not None or seq_len is not None or dtype is not None or fixed_shape or follow_symlinks_out:
+        raise InputError(
+            "--class, --seq-len, --dtype, --fixed-shape and --follow-symlinks-out are for a Hugging Face folder "
+            "(hf:FOLDER)"
+        )
     # a bar only where someone watches (stderr a terminal; piped or --json: nothing)
     with progress_bar(f"preparing {model}", transfer=True, disable=as_json) as bar:
         manifest = do_prepare(
@@ -359,11 +367,18 @@ def _activation_info(m) -> dict[str, Any]:
 
 @app.command()
 def verify(directory: str = typer.Argument(..., help="prepared model directory")) -> None:
-    """Read every unit and check its SHA-256 against the manifest."""
+    """Read every unit and check its SHA-256 against the manifest; warn of folders a killed
+    ``prepare`` left beside it."""
+    import warnings
+    from pathlib import Path
+
     from layerfit.store.verify import verify_folder
+    from layerfit.store.writer import stale_temporaries, stale_warning
 
     checked = verify_folder(directory)
     console.print(f"{directory}: {checked.segments} segments verified ({checked.io_mode} I/O)")
+    for stale in stale_temporaries(Path(directory).absolute().parent):
+        warnings.warn(stale_warning(stale), stacklevel=1)
 
 
 def _read_safetensors(path: str, what: str, hint: str) -> dict[str, Any]:

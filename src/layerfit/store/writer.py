@@ -4,18 +4,44 @@ Weights enter from the module itself or from a safetensors checkpoint (never pic
 The directory is written under a temporary name and renamed into place, so a failure
 at any point leaves nothing behind, and an existing directory is replaced only with
 ``force``.
+
+What ``prepare`` does beside the output, and the rules it keeps there:
+
+- one run at a time per output: a lock file ``.OUT.layerfit-lock`` held with ``flock``
+  for the whole write (a second run refuses in one line), and whether ``OUT`` may be
+  replaced is decided again at the rename, under that lock (an ``OUT`` that appeared
+  meanwhile is replaced only with ``force``; the rename itself never replaces);
+- every temporary folder it makes (``.OUT.layerfit-DIGEST.tmp``, and the ``.old`` one an
+  existing output is moved into) holds, written first, a marker with a random token
+  whose digest is the name's: only a folder proven so, owned by this user, is ever
+  removed, found by listing the parent and comparing names as strings (never a glob
+  built from the output's name);
+- SIGTERM, SIGINT or SIGHUP while it writes removes the temporary folder, then the
+  signal takes its usual course; one SIGKILL left is removed by the next ``prepare`` of
+  that output, and reported (with its size and how to remove it) by ``prepare`` of
+  another output in that folder and by ``layerfit verify``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
+import fcntl
 import hashlib
 import json
 import os
+import re
+import secrets
+import shlex
 import shutil
+import signal
+import stat
 import struct
-import tempfile
+import threading
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +50,24 @@ from torch import nn
 
 from layerfit.capture import capture
 from layerfit.capture.graph import ModelGraph
-from layerfit.errors import CheckpointError, InputError, OutputExistsError, OutputPathError
+from layerfit.errors import (
+    CheckpointError,
+    InputError,
+    LayerfitError,
+    OutputExistsError,
+    OutputPathError,
+    UnknownModelError,
+)
 from layerfit.sizes import format_bytes
 from layerfit.store.examples import example_call, example_input  # noqa: F401 (re-exported)
 from layerfit.store.hf_folder import (
+    CONFIG,
     PREFIX,
     Example,
     HFOptions,
     copy_files,
     derive_example,
+    gguf_hint,
     is_hf,
     load_model,
 )
@@ -278,7 +313,7 @@ def prepare(
             raise InputError("a Hugging Face folder brings its weights and derives its input: leave out "
                              "--checkpoint and --input-shape (--seq-len sets the input's length)")
         return _prepare_hf(Path(str(model)[len(PREFIX):]), out, hf or HFOptions(), example, force, seed, progress)
-    spec = resolve(model) if isinstance(model, str) else model
+    spec = _resolve(model) if isinstance(model, str) else model
     _check_output_dir(out, force)
     _check_seed(seed)
     if example is not None:
@@ -303,9 +338,24 @@ def prepare(
             load_checkpoint(module, checkpoint, places, graph.unused)
         fields = {"model": spec.to_dict(), "seed": seed, "input_shape": shape, "input_dtype": input_dtype,
                   "input_keywords": _keywords(example)}
-        return _pack(out, module, graph, fields, progress)
+        return _pack(out, module, graph, fields, progress, force=force)
     finally:
         module.train(was_training)
+
+
+def _resolve(model: str) -> ModelSpec:
+    """The spec ``model`` names; a name that is no model but a path says what it is (a
+    GGUF file, a Hugging Face folder given without ``hf:``)."""
+    try:
+        return resolve(model)
+    except UnknownModelError:
+        path = Path(model)
+        hint = gguf_hint(path)
+        if hint:
+            raise InputError(hint) from None
+        if path.is_dir() and (path / CONFIG).is_file():
+            raise InputError(f"{model} is a Hugging Face model folder: prepare hf:{model}") from None
+        raise
 
 
 def _prepare_hf(
@@ -317,7 +367,7 @@ def _prepare_hf(
     and generation settings are copied beside it."""
     _check_output_dir(out, force)
     _check_seed(seed)
-    loaded = load_model(folder, options)
+    loaded = load_model(folder, options, _free_space(out))
     derived = Example(example, {}) if example is not None else derive_example(loaded.module, options.seq_len, seed)
     shape, input_dtype = _first_tensor(derived.value)
     graph = capture(loaded.module, derived.value)
@@ -338,7 +388,23 @@ def _prepare_hf(
         "input_ranges": tuple((name, low, high) for name, (low, high) in derived.ranges.items()),
         "variable_shapes": variable,
     }
-    return _pack(out, loaded.module, graph, fields, progress, lambda tmp: copy_files(folder, tmp))
+    try:  # the prepared files come from the config and the weights: they get no wider bits
+        mode = loaded.checkpoint.mode & stat.S_IMODE((folder / CONFIG).stat().st_mode)
+    except OSError:
+        mode = 0o600
+    return _pack(out, loaded.module, graph, fields, progress,
+                 lambda tmp: copy_files(folder, tmp, options.follow_symlinks_out), mode, force=force)
+
+
+def _free_space(out: Path) -> int | None:
+    """Free bytes on the file system ``out`` will be written to (its nearest existing folder)."""
+    for folder in (out.absolute().parent, *out.absolute().parent.parents):
+        if folder.is_dir():
+            try:
+                return shutil.disk_usage(folder).free
+            except OSError:
+                return None
+    return None
 
 
 def _check_seed(seed: object) -> None:
@@ -353,44 +419,72 @@ def _pack(
     fields: dict[str, Any],
     progress: Progress | None,
     copy: Callable[[Path], tuple[str, ...]] | None = None,
+    mode: int = 0o666,
+    *,
+    force: bool = False,
 ) -> Manifest:
     """Write ``module``'s weights as ``graph`` places them, and the manifest of ``fields``,
-    into a temporary folder renamed to ``out`` when complete; nothing is kept on failure."""
+    into a temporary folder renamed to ``out`` when complete; nothing is kept on failure
+    or on a signal that stops the process. ``mode`` bounds the written files' permission
+    bits (those of the files they come from). See the module docstring for the lock."""
+    try:
+        with _stopped_by_signals():
+            return _pack_locked(out, module, graph, fields, progress, copy, mode, force)
+    except _Stopped as stopped:
+        signum = stopped.signum
+    raise _signalled(signum)
+
+
+def _pack_locked(
+    out: Path,
+    module: nn.Module,
+    graph: ModelGraph,
+    fields: dict[str, Any],
+    progress: Progress | None,
+    copy: Callable[[Path], tuple[str, ...]] | None,
+    mode: int,
+    force: bool,
+) -> Manifest:
+    """:func:`_pack`'s work, under the output's lock."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temporaries(out)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private to its owner
-        (tmp / OWNER).write_text(str(os.getpid()))
     except OSError as exc:
         raise OutputPathError(f"cannot create {out}: {exc.strerror or exc} (choose another directory)") from exc
-    try:
-        segments = _write_weights(tmp / WEIGHTS, _groups(module, graph), progress)
-        resident = segments[0] if graph.resident else None
-        units = tuple(segments[1:] if graph.resident else segments)
-        files = copy(tmp) if copy is not None else ()
-        manifest = Manifest(
-            **fields,
-            weights_file=WEIGHTS,
-            weights_size=(tmp / WEIGHTS).stat().st_size,
-            resident=resident,
-            units=units,
-            graph=graph,
-            files=files,
-        )
-        (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=1))
-        (tmp / OWNER).unlink()
-        _replace_dir(tmp, out)
-    except OSError as exc:  # disk full, quota, I/O error: one line, and nothing kept
-        shutil.rmtree(tmp, ignore_errors=True)
-        free = shutil.disk_usage(out.parent).free
-        raise OutputPathError(
-            f"cannot write {out}: {exc.strerror or exc} ({format_bytes(free)} free on its file system); "
-            "nothing was kept"
-        ) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with _output_lock(out):
+        _remove_stale_temporaries(out)
+        try:
+            tmp = make_temporary(out, "tmp")
+            os.chmod(tmp, 0o777 & ~current_umask())  # made private to its owner until marked
+        except OSError as exc:
+            raise OutputPathError(f"cannot create {out}: {exc.strerror or exc} (choose another directory)") from exc
+        try:
+            segments = _write_weights(tmp / WEIGHTS, _groups(module, graph), progress)
+            resident = segments[0] if graph.resident else None
+            units = tuple(segments[1:] if graph.resident else segments)
+            files = copy(tmp) if copy is not None else ()
+            manifest = Manifest(
+                **fields,
+                weights_file=WEIGHTS,
+                weights_size=(tmp / WEIGHTS).stat().st_size,
+                resident=resident,
+                units=units,
+                graph=graph,
+                files=files,
+            )
+            (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=1))
+            for name in (WEIGHTS, MANIFEST):
+                os.chmod(tmp / name, 0o666 & ~current_umask() & mode)
+            _replace_dir(tmp, out, force)
+        except OSError as exc:  # disk full, quota, I/O error: one line, and nothing kept
+            shutil.rmtree(tmp, ignore_errors=True)
+            free = shutil.disk_usage(out.parent).free
+            raise OutputPathError(
+                f"cannot write {out}: {exc.strerror or exc} ({format_bytes(free)} free on its file system); "
+                "nothing was kept"
+            ) from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return manifest
 
 
@@ -458,7 +552,7 @@ def _check_output_dir(out: Path, force: bool) -> None:
         entries = set(os.listdir(out))
     except OSError as exc:
         raise OutputExistsError(f"{out} cannot be listed ({exc.strerror or exc}): choose another directory") from exc
-    ours = {MANIFEST, WEIGHTS, *_copied_files(out / MANIFEST)}
+    ours = {MANIFEST, WEIGHTS, MARKER, *_copied_files(out / MANIFEST)}
     if entries and (MANIFEST not in entries or entries - ours):
         foreign = sorted(entries - ours) or [f"no {MANIFEST}"]
         raise OutputExistsError(f"{refuse} (it holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''})")
@@ -473,29 +567,135 @@ def _copied_files(manifest: Path) -> set[str]:
     return {f for f in files if isinstance(f, str) and Path(f).name == f} if isinstance(files, list) else set()
 
 
-OWNER = ".prepare-pid"  # in a temporary folder while prepare writes it: the writer's process id
+MARKER = ".layerfit-prepare"
+"""Written first into every temporary folder ``prepare`` makes: a random token (whose
+digest the folder's name carries), the writer's process id and the output's name."""
+LOCK = ".layerfit-lock"  # ".OUT" + LOCK beside the output: held with flock while prepare writes OUT
+_DIGEST = 16  # hex digits of the token's SHA-256 in a temporary folder's name
+_TAIL = re.compile(rf"\.layerfit-([0-9a-f]{{{_DIGEST}}})\.(tmp|old)")
+_TAIL_LENGTH = len(".layerfit-") + _DIGEST + len(".tmp")
+
+
+class OutputBusyError(OutputExistsError):
+    """Another ``prepare`` is writing the same output now."""
+
+
+class PrepareStoppedError(LayerfitError):
+    """A ``prepare`` stopped by a signal whose handler did not end the process."""
+
+
+@dataclass(frozen=True)
+class Temporary:
+    """A temporary folder proven to be one ``prepare`` made (see :func:`proven_temporary`)."""
+
+    path: Path
+    output: str  # the name of the output it was made for, beside it
+    pid: int  # the process that made it
+
+    @property
+    def size(self) -> int:
+        """Bytes of the files in it (links not followed)."""
+        total = 0
+        for root, _, names in os.walk(self.path):
+            for name in names:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(os.path.join(root, name))
+                    total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+        return total
+
+
+def make_temporary(out: Path, kind: str) -> Path:
+    """A new folder ``.OUT.layerfit-DIGEST.KIND`` beside ``out``, private, whose marker
+    (written before anything else) proves it ours: :func:`proven_temporary` reads it."""
+    while True:
+        token = secrets.token_hex(16)
+        path = out.parent / f".{out.name}.layerfit-{hashlib.sha256(token.encode()).hexdigest()[:_DIGEST]}.{kind}"
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        break
+    try:
+        fd = os.open(path / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"token": token, "pid": os.getpid(), "output": out.name}, fh)
+    except BaseException:  # never leave a folder that cannot be proven ours
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return path
+
+
+def proven_temporary(parent: Path, name: str) -> Temporary | None:
+    """The temporary folder ``name`` in ``parent`` if ``prepare`` made it, else None: a
+    folder (not a link) owned by this user, named ``.OUT.layerfit-DIGEST.tmp|old`` (the
+    fixed tail matched, ``OUT`` taken as a plain string), holding a marker that is a
+    regular file of this user whose token's digest is ``DIGEST`` and whose output is ``OUT``."""
+    match = _TAIL.fullmatch(name[-_TAIL_LENGTH:])
+    if not name.startswith(".") or len(name) <= _TAIL_LENGTH + 1 or match is None:
+        return None
+    output, path = name[1:-_TAIL_LENGTH], parent / name
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            return None
+        fd = os.open(path / MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            mst = os.fstat(fd)
+            if not stat.S_ISREG(mst.st_mode) or mst.st_uid != os.getuid() or mst.st_size > 4096:
+                return None
+            data = json.loads(os.read(fd, 4096))
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    token, pid = data.get("token"), data.get("pid")
+    if not isinstance(token, str) or not isinstance(pid, int) or data.get("output") != output:
+        return None
+    if hashlib.sha256(token.encode()).hexdigest()[:_DIGEST] != match.group(1):
+        return None
+    return Temporary(path, output, pid)
+
+
+def stale_temporaries(parent: Path) -> list[Temporary]:
+    """The temporary folders in ``parent`` that ``prepare`` made and whose writer is gone
+    (killed with SIGKILL, or the machine lost power): only folders proven ours."""
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return []
+    found = (proven_temporary(parent, name) for name in names)
+    return [t for t in found if t is not None and not (t.pid != os.getpid() and _alive(t.pid))]
+
+
+def stale_warning(t: Temporary) -> str:
+    """One line naming a stale temporary folder, its size and how to remove it."""
+    return (
+        f"{t.path} ({format_bytes(t.size)}) was left by a prepare of {t.output} that was killed: remove it with "
+        f"`rm -r {shlex.quote(str(t.path))}`, or prepare {t.output} again"
+    )
 
 
 def _remove_stale_temporaries(out: Path) -> None:
-    """Remove what an interrupted ``prepare`` of ``out`` left beside it (killed with
-    SIGKILL, or the machine lost power): temporary folders whose writer is gone, with a
-    warning naming what was freed. A folder another live process is writing stays."""
-    for stale in sorted(out.parent.glob(f".{out.name}.*.tmp")) + sorted(out.parent.glob(f".{out.name}.*.old")):
-        if not stale.is_dir() or stale.is_symlink():
+    """With ``out``'s lock held: remove the temporary folders an interrupted ``prepare``
+    of ``out`` left (no live writer can own one: it would hold the lock), with a warning
+    naming what was freed; warn of those left for other outputs in the same folder."""
+    try:
+        names = sorted(os.listdir(out.parent))
+    except OSError:
+        return
+    for name in names:
+        t = proven_temporary(out.parent, name)
+        if t is None:
             continue
-        owner = stale / OWNER
-        try:
-            pid = int(owner.read_text())
-        except (OSError, ValueError):
-            pid = None
-        if pid is not None and pid != os.getpid() and _alive(pid):
-            continue
-        size = sum(f.stat().st_size for f in stale.rglob("*") if f.is_file() and not f.is_symlink())
-        shutil.rmtree(stale, ignore_errors=True)
-        warnings.warn(
-            f"removed {stale.name} ({format_bytes(size)}), left in {out.parent} by an interrupted prepare",
-            stacklevel=3,
-        )
+        if t.output == out.name:
+            size = t.size
+            shutil.rmtree(t.path, ignore_errors=True)
+            warnings.warn(f"removed {name} ({format_bytes(size)}), left in {out.parent} by an interrupted prepare",
+                          stacklevel=4)
+        elif t.pid == os.getpid() or not _alive(t.pid):
+            warnings.warn(stale_warning(t), stacklevel=4)
 
 
 def _alive(pid: int) -> bool:
@@ -508,15 +708,132 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Move ``tmp`` to ``out`` atomically, replacing an existing ``out``."""
-    if out.exists():
-        trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+@contextlib.contextmanager
+def _output_lock(out: Path) -> Iterator[None]:
+    """Hold ``.OUT.layerfit-lock`` beside ``out`` (flock, exclusive) for the block; a
+    second ``prepare`` of ``out`` refuses in one line. The file is removed on release."""
+    path = out.parent / f".{out.name}{LOCK}"
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise OutputPathError(f"cannot create {path}: {exc.strerror or exc} (choose another directory)") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise OutputPathError(f"cannot lock {path}: {exc.strerror or exc}") from None
+            raise OutputBusyError(
+                f"another prepare (process {holder}) is writing {out} now: wait for it to finish, or choose "
+                "another directory"
+            ) from None
+        with contextlib.suppress(OSError):  # the holder before us removed it as we opened it: again
+            if os.path.samestat(os.fstat(fd), os.lstat(path)):
+                break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
+
+
+class _Stopped(BaseException):
+    """Raised in the main thread by a signal that stops ``prepare`` while it writes."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """While the block writes: SIGTERM, SIGINT or SIGHUP raises inside it (so its cleanup
+    runs: the temporary folder and the lock are removed), then the handler that was
+    there before gets the signal (the default one ends the process as the signal does).
+    A second signal during the cleanup is ignored. Only in the main thread (where
+    Python runs handlers); elsewhere the block runs as it is. The caller catches
+    :class:`_Stopped` and raises :func:`_signalled` outside its except block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, Any] = {}
+    stopping: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        if not stopping:
+            stopping.append(signum)
+            raise _Stopped(signum)
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        previous.clear()
+
+    for signum in STOP_SIGNALS:
+        with contextlib.suppress(OSError, ValueError):
+            previous[signum] = signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        restore()
+
+
+def _signalled(signum: int) -> PrepareStoppedError:
+    """Give ``signum`` to the handler that was there before ``prepare`` (the default ends
+    the process as the signal does; Python's SIGINT handler raises KeyboardInterrupt);
+    the error to raise where that handler returns. Called outside any except block, so
+    what the handler raises carries nothing of ``prepare``'s."""
+    signal.raise_signal(signum)
+    return PrepareStoppedError(f"prepare was stopped by {signal.Signals(signum).name}: nothing was kept")
+
+
+def _rename_noreplace(src: Path, dst: Path) -> None:
+    """Rename ``src`` to ``dst`` only if ``dst`` does not exist, atomically where the
+    kernel can (renameat2 RENAME_NOREPLACE; a plain rename would replace an empty folder)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is not None:
+        at_fdcwd, noreplace = -100, 1
+        if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), noreplace) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL):
+            raise OSError(err, os.strerror(err), str(dst))
+    if dst.exists() or dst.is_symlink():  # no renameat2 here: checked, then renamed
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst))
+    os.rename(src, dst)
+
+
+def _replace_dir(tmp: Path, out: Path, force: bool) -> None:
+    """Move ``tmp`` to ``out``, with the output's lock held: whether ``out`` may be
+    replaced is checked again here (it may have appeared while ``tmp`` was written), an
+    existing one is moved into a marked ``.old`` folder first, and the rename never
+    replaces what it finds."""
+    _check_output_dir(out, force)
+    trash = None
+    if out.exists() or out.is_symlink():
+        trash = make_temporary(out, "old")
         os.rename(out, trash / "old")
-        os.rename(tmp, out)
+    try:
+        _rename_noreplace(tmp, out)
+    except FileExistsError:
+        raise OutputExistsError(
+            f"{out} appeared while prepare was writing it: it was left as it is and nothing was kept "
+            "(pass --force to replace it)"
+        ) from None
+    with contextlib.suppress(OSError):
+        os.unlink(out / MARKER)
+    if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.rename(tmp, out)
     fd = os.open(out.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
