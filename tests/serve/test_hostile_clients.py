@@ -254,7 +254,7 @@ def test_generation_bodies_are_read_into_request_memory_and_refused_unparsed(lm_
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v2/models/lm/generate",
-                                  "/v2/models/lm/generate_stream"])
+                                  "/v2/models/lm/generate_stream", "/v2/repository/index"])
 def test_a_trickling_generation_body_gets_408(lm_repository: Path, path: str) -> None:
     body = json.dumps({"model": "lm", "prompt": "w1 w2", "text_input": "w1 w2",
                        "messages": [{"role": "user", "content": "w1"}]}).encode()

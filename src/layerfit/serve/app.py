@@ -39,8 +39,8 @@ from layerfit.errors import LayerfitError
 from layerfit.serve.body import ClientGoneError
 from layerfit.serve.codec import HEADER_LENGTH, parse_body
 from layerfit.serve.dataplane import DataPlane
-from layerfit.serve.errors import error_body, status_of
-from layerfit.serve.generate_body import parsed_bytes
+from layerfit.serve.errors import BadRequestError, error_body, status_of
+from layerfit.serve.generate_body import json_values, parsed_bytes
 from layerfit.serve.generate_routes import add_generate_routes
 from layerfit.serve.generation_service import GenerationService
 from layerfit.serve.metrics import ServerMetrics
@@ -51,6 +51,7 @@ from layerfit.serve.types import RepositoryIndexRequest, RepositoryLoadRequest
 
 log = logging.getLogger("layerfit.serve")
 
+REPOSITORY_BODY_VALUES = 64  # the most JSON values a repository route's body may hold
 CLIENT_CLOSED = 499  # nginx's "client closed request": counted in metrics, never a 5xx
 
 
@@ -65,13 +66,19 @@ def answer_error(request: Request, status: int, message: str) -> JSONResponse:
 
 async def _body_model(dataplane: DataPlane, request: Request, model: type[BaseModel]) -> Any:
     """An optional JSON body validated into ``model`` (an empty body means defaults), read
-    like every body: within the deadline, the rate and request memory, with what parsing
-    makes of it reserved first (so a flood of values is refused unparsed)."""
+    like every body: within the deadline, the rate and request memory; these routes take
+    an object of a field or two, so a body of more values is refused unparsed (400)."""
     with dataplane.requests.account() as reservation:
         try:
             body = await dataplane.read_body(request.receive, request.headers.get("content-length"), reservation)
         except ClientGoneError:
             raise ClientDisconnect() from None
+        values = json_values(body)
+        if values > REPOSITORY_BODY_VALUES:
+            raise BadRequestError(
+                f"the request body holds about {values:,} JSON values; this route takes an object of a field or two "
+                "(it is refused before parsing)"
+            )
         reservation.grow(parsed_bytes(body), "parsing this request", "send a smaller request body")
         return parse_body(body, model, empty={})
 

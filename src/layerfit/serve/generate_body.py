@@ -55,10 +55,15 @@ CHAT_TEMPLATE_BYTES = 1024  # and once (a default system prompt, the reply's hea
 HINT = "send a shorter prompt, or start the server with a larger --request-memory"
 
 
+def json_values(body: bytes | bytearray) -> int:
+    """At most how many values ``body`` parses into (one per comma, bracket or brace, and one)."""
+    return body.count(b",") + body.count(b"[") + body.count(b"{") + 1
+
+
 def parsed_bytes(body: bytes | bytearray) -> int:
     """The most that parsing ``body`` into Python values and a validated request holds."""
     objects = body.count(b"{")
-    values = body.count(b",") + body.count(b"[") + objects + 1
+    values = json_values(body)
     return PARSED_BYTES_PER_VALUE * values + PARSED_BYTES_PER_OBJECT * objects + PARSED_BYTES_PER_BYTE * len(body)
 
 
@@ -135,6 +140,7 @@ __all__ = [
     "TOKENIZING_BYTES_PER_BYTE",
     "chat_prompt",
     "ids_prompt",
+    "json_values",
     "parsed_bytes",
     "read_request",
     "text_prompt",
