@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -213,3 +214,35 @@ def test_a_vanishing_temperature_is_greedy_not_nan(client: openai.OpenAI, hf_fol
     # the probe: temperature 1e-300 made the probabilities inf/NaN and the request (and its batch) fail
     done = client.completions.create(model="lm", prompt=PROMPT, max_tokens=8, temperature=1e-300, seed=3)
     assert done.choices[0].text == expected_text(hf_folder, PROMPT, 8)
+
+
+BROKEN_TOKENIZERS = {  # the probe's three, and one that is JSON but not a tokenizer transformers loads
+    "notjson": ("tokenizer_config.json", "{this is not JSON", "tokenizer_config.json is not valid JSON"),
+    "automap": ("tokenizer_config.json", json.dumps({"auto_map": {"AutoTokenizer": ["tok.Mine", None]},
+                                                     "tokenizer_class": "Mine"}), "auto_map"),
+    "nested": ("tokenizer.json", "[" * 100_000, "tokenizer.json is not valid JSON: it nests"),
+    "schema": ("tokenizer.json", json.dumps({"model": {"type": "Nope"}}), "its tokenizer does not load"),
+}
+
+
+def test_a_broken_tokenizer_is_a_503_saying_why_never_a_500_or_a_traceback(
+    hf_folder: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    repo = tmp_path / "repo"
+    for name, (file, text, _) in BROKEN_TOKENIZERS.items():
+        shutil.copytree(hf_folder.parent / "repo" / "lm", repo / name)
+        (repo / name / file).write_text(text)
+    caplog.set_level(logging.WARNING)
+    with ServerThread(settings(repo, request_memory="4MB")) as running:
+        index = {row["name"]: row for row in httpx.post(f"{running.url}/v2/repository/index").json()}
+        for name, (_, _, why) in BROKEN_TOKENIZERS.items():
+            if name != "schema":  # checked when the model loads: it is not served at all
+                assert index[name]["state"] == "UNAVAILABLE" and why in index[name]["reason"], index[name]
+            r = httpx.post(f"{running.url}/v2/models/{name}/generate", json={"text_input": "w1"})
+            assert r.status_code == 503 and why in r.json()["error"], r.text
+            r = httpx.post(f"{running.url}/v1/completions", json={"model": name, "prompt": "w1"})
+            assert r.status_code == 503 and why in r.json()["error"]["message"], r.text
+            assert "\n" not in r.json()["error"]["message"]
+        metrics = httpx.get(f"{running.url}/metrics").text
+    assert 'status="500"' not in metrics
+    assert "Traceback" not in caplog.text and not [r for r in caplog.records if r.exc_info], caplog.text

@@ -23,6 +23,10 @@ it was prepared with) before it counts as READY: a model that cannot answer it â
 whose checksum fails on first read, a forward pass that raises, a run past the timeout â€”
 stays UNAVAILABLE with the reason instead of failing its first client, and with the
 runtime's weight cache the units it read stay cached for the first requests.
+
+A model whose folder holds tokenizer files that cannot be used (not JSON, nested past
+any real tokenizer, a tokenizer mapped to the folder's own code) is not loaded: it stays
+UNAVAILABLE with the reason (:mod:`layerfit.serve.tokenizer_files`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from layerfit.schedule.repository import NAME_PATTERN
 from layerfit.serve.codec import TensorSpec
 from layerfit.serve.datatypes import datatype_of
 from layerfit.serve.errors import BadRequestError, ModelNotFoundError
+from layerfit.serve.tokenizer_files import tokenizer_problem
 from layerfit.sizes import format_bytes
 from layerfit.store import read_manifest
 
@@ -209,7 +214,8 @@ class ModelRegistry:
         return rows
 
     def check_loadable(self, name: str) -> None:
-        """Refuse a model whose weights file is not safetensors (weights are never unpickled)."""
+        """Refuse a model whose weights file is not safetensors (weights are never unpickled)
+        or whose tokenizer files cannot be used."""
         info = self.info(name)
         try:
             manifest = read_manifest(info.directory)
@@ -220,6 +226,9 @@ class ModelRegistry:
                 f"model {name!r} names weights file {manifest.weights_file!r}: layerfit only "
                 "reads safetensors weights (prepare the model again with `layerfit prepare`)"
             )
+        problem = tokenizer_problem(info.directory)
+        if problem is not None:
+            raise BadRequestError(f"model {name!r} has a tokenizer that cannot be used: {problem}")
 
     def load(self, name: str) -> None:
         """Check and (re)load ``name`` in the runtime; a failure is remembered for the index.
