@@ -4,6 +4,7 @@ wrong first, in one line, from the command line and as a ``LayerfitError`` from 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -121,6 +122,9 @@ def test_a_manifest_that_is_not_a_regular_file_says_so_without_blocking(folders,
     words = "a FIFO (named pipe)" if kind == "fifo" else "a folder"
     assert "is not a regular file" in str(caught[0]) and words in str(caught[0]) and "missing" not in str(caught[0])
     one_line(cli("inspect", str(folder), timeout=60), "is not a regular file", words)
+    for load in (layerfit.load, layerfit.from_pretrained):  # the Python API says the same
+        with pytest.raises(ManifestError, match=f"is not a regular file but {re.escape(words)}"):
+            load(folder)
 
 
 # --- a budget above 100 % ---------------------------------------------------------------

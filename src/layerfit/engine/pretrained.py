@@ -123,7 +123,7 @@ def from_pretrained(
     Face folder is prepared first (once, into ``cache`` or :func:`cache_root`), then
     loaded. ``options`` are the engine's (``budget="40%"``, ``pipeline`` ...)."""
     folder = Path(str(path).removeprefix("hf:"))
-    if (folder / MANIFEST).is_file():
+    if os.path.lexists(folder / MANIFEST):  # a manifest that is not a regular file is refused for what it is
         directory = folder
     elif (folder / CONFIG).is_file():
         options_hf = hf or HFOptions()
