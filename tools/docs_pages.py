@@ -5,6 +5,9 @@
   wrote rendered as tables (and, for a few, plots), plus ``docs/benchmarks/index.md``;
 * ``docs/reference/cli.md``: every command of ``layerfit`` with its usage and options, read
   from the click command that typer builds from the command definitions;
+* the endpoint tables of ``docs/reference/http.md``, rendered in place from the server's
+  OpenAPI document (``layerfit.serve.openapi``: the one the fuzzer reads); the page itself
+  is committed, and a test fails when its tables and the document differ;
 * ``docs/img/memory_latency.png``: the README's picture, latency against weight memory for
   ResNet-152 and GPT-2 small, from ``bench/results/auto_pipeline.json`` and
   ``decoding.json``.
@@ -445,6 +448,15 @@ def metrics_reference() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def http_reference(page: Path) -> str:
+    """The HTTP reference page with its endpoint tables rendered from the OpenAPI document
+    of a server with every route (the repository API and generation)."""
+    from layerfit import __version__
+    from layerfit.serve.openapi import openapi_document, render_tables
+
+    return render_tables(page.read_text(), openapi_document(__version__, repository_api=True, generation=True))
+
+
 def gantt(path: Path) -> None:
     """A real read/kernel Gantt chart: mobilenet_v1_025 under async at a tight budget."""
     import subprocess
@@ -466,6 +478,7 @@ def generate() -> dict[Path, bytes]:
     files = bench_pages(DOCS / "benchmarks", DOCS / "benchmarks" / "img")
     files[DOCS / "reference" / "cli.md"] = cli_reference().encode()
     files[DOCS / "reference" / "metrics.md"] = metrics_reference().encode()
+    files[DOCS / "reference" / "http.md"] = http_reference(DOCS / "reference" / "http.md").encode()
     chart = DOCS / "benchmarks" / "img" / "gantt.png"
     chart.parent.mkdir(parents=True, exist_ok=True)
     gantt(chart)

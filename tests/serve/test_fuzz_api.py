@@ -88,3 +88,19 @@ def test_the_document_lists_what_the_server_serves(fuzzed_server: ServerThread) 
                  "/v1/chat/completions", "/v1/models"):
         assert path in document["paths"], path
     assert "messages" in document["components"]["schemas"]["ChatRequest"]["properties"]
+    served = {(method.lower(), route.path) for route in fuzzed_server.built.app.routes
+              for method in getattr(route, "methods", ()) if route.path != "/v2/openapi.json" and method != "HEAD"}
+    described = {(method, path) for path, item in document["paths"].items() for method in item}
+    assert served == described
+
+
+def test_the_http_reference_tables_are_rendered_from_the_document() -> None:
+    """docs/reference/http.md's endpoint tables are the document's (``tools/docs_pages.py``
+    renders them): a route added to the server and not to the document, or the other way
+    round, fails here or in the fuzzer."""
+    from layerfit import __version__
+    from layerfit.serve.openapi import openapi_document, render_tables
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "http.md").read_text()
+    assert page.count("<!-- openapi: ") == 2
+    assert render_tables(page, openapi_document(__version__, generation=True)) == page, "run tools/docs_pages.py"

@@ -13,6 +13,7 @@ HTTP reference page's tables are rendered from this document (``tools/docs_pages
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from layerfit.serve.generate_types import ChatRequest, CompletionRequest, TritonGenerate
@@ -82,7 +83,7 @@ def openapi_document(version: str, repository_api: bool = True, generation: bool
     }}
     health = {"get": {"responses": {"200": _json({"type": "object"}), "default": _ERROR}}}
     infer = {"post": {
-        "summary": "run the model: JSON tensors or binary tensor data in, its outputs out",
+        "summary": "JSON tensors or binary tensor data in, the model's outputs out",
         "parameters": [_NAME],
         "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("InferenceRequest")}}},
         "responses": {"200": _json(_ref("InferenceResponse")), "default": _ERROR},
@@ -95,7 +96,7 @@ def openapi_document(version: str, repository_api: bool = True, generation: bool
     paths: dict[str, Any] = {
         "/v2/health/live": {"get": {**health["get"], "summary": "liveness"}},
         "/v2/health/ready": {"get": {**health["get"], "summary": "readiness (503 while shutting down)"}},
-        "/v2": {"get": {"summary": "server metadata and extensions",
+        "/v2": {"get": {"summary": "server metadata; extensions `binary_tensor_data`, `model_repository`",
                         "responses": {"200": _json(_ref("ServerMetadata")), "default": _ERROR}}},
         "/v2/models/{name}": metadata,
         "/v2/models/{name}/versions/{version}": {"get": {**metadata["get"], "parameters": [_NAME, _VERSION]}},
@@ -103,7 +104,8 @@ def openapi_document(version: str, repository_api: bool = True, generation: bool
         "/v2/models/{name}/versions/{version}/ready": {"get": {**ready["get"], "parameters": [_NAME, _VERSION]}},
         "/v2/models/{name}/infer": infer,
         "/v2/models/{name}/versions/{version}/infer": versioned_infer,
-        "/metrics": {"get": {"summary": "Prometheus text: requests, durations, memory ledger, tasks, queue, RSS",
+        "/metrics": {"get": {"summary": "Prometheus: requests, durations, memory ledger, tasks by type, queue; "
+                                        "the process's RSS beside the ledger",
                              "responses": {
             "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},
             "default": _ERROR,
@@ -171,14 +173,48 @@ def _generation_paths(schemas: dict[str, Any]) -> dict[str, Any]:
     for versioned, parameters in (("", [_NAME]), ("/versions/{version}", [_NAME, _VERSION])):
         base = f"/v2/models/{{name}}{versioned}"
         paths[f"{base}/generate"] = post(
-            "Triton's generate extension: text_input and parameters in, text_output out", "TritonGenerate",
+            "Triton's generate extension: `text_input` and parameters in, `text_output` out", "TritonGenerate",
             {"application/json": {"schema": _ref("GenerateResponse")}}, _ERROR, parameters)
         paths[f"{base}/generate_stream"] = post(
             "the same as server-sent events, one per token", "TritonGenerate", _EVENTS, _ERROR, parameters)
-    paths["/v1/completions"] = post("OpenAI completions, streamed (\"stream\": true) or not", "CompletionRequest",
+    paths["/v1/completions"] = post("OpenAI completions, streamed (`\"stream\": true`) or not", "CompletionRequest",
                                     json_or_events("Completion"), _OPENAI_ERROR)
     paths["/v1/chat/completions"] = post("OpenAI chat completions, through the tokenizer's chat template",
                                          "ChatRequest", json_or_events("ChatCompletion"), _OPENAI_ERROR)
     paths["/v1/models"] = {"get": {"summary": "the models that generate (READY ones)",
                                    "responses": {"200": _json(_ref("ModelList")), "default": _OPENAI_ERROR}}}
     return paths
+
+
+# --- the HTTP reference page's tables, rendered from the document -------------------------
+
+GENERATION_TABLE = "generation"
+INFERENCE_TABLE = "inference"
+_BLOCK = re.compile(r"(<!-- openapi: (\w+) -->\n)(.*?)(<!-- /openapi -->)", re.DOTALL)
+
+
+def endpoint_table(document: dict[str, Any], table: str) -> str:
+    """The Markdown table of ``table``'s endpoints (``inference``: the Open Inference
+    Protocol's and the repository's; ``generation``: the generate extension's and
+    OpenAI's), one row per operation with its summary; a path also served under
+    ``/versions/{version}`` is written once, the version in brackets."""
+    paths = document["paths"]
+    rows = ["| endpoint | |", "|---|---|"]
+    for path, item in paths.items():
+        if "/versions/{version}" in path:
+            continue
+        generating = path.startswith("/v1/") or path.endswith(("/generate", "/generate_stream"))
+        if generating != (table == GENERATION_TABLE):
+            continue
+        versioned = path.replace("/models/{name}", "/models/{name}/versions/{version}", 1)
+        shown = path.replace("/models/{name}", "/models/{name}[/versions/{version}]", 1) if (
+            versioned != path and versioned in paths) else path
+        for method, operation in item.items():
+            rows.append(f"| `{method.upper()} {shown}` | {operation.get('summary', '')} |")
+    return "\n".join(rows) + "\n"
+
+
+def render_tables(page: str, document: dict[str, Any]) -> str:
+    """``page`` with each block between ``<!-- openapi: TABLE -->`` and ``<!-- /openapi -->``
+    rendered from ``document`` (the HTTP reference page: ``tools/docs_pages.py``)."""
+    return _BLOCK.sub(lambda m: m.group(1) + endpoint_table(document, m.group(2)) + m.group(4), page)
