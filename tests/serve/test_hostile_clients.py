@@ -176,7 +176,7 @@ def test_a_deeply_nested_body_is_a_400(start) -> None:
 def test_a_client_leaving_mid_body_is_not_a_server_error(start, caplog: pytest.LogCaptureFixture) -> None:
     server = start()
     parsed = urlparse(server.url)
-    for path in ("/v2/models/chain/infer", "/v2/repository/index"):
+    for path in ("/v2/models/chain/infer", "/v2/repository/index", "/v1/completions", "/v1/chat/completions"):
         with socket.create_connection((parsed.hostname, parsed.port), timeout=10) as sock:
             sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{{\"in".encode())
             time.sleep(0.3)
@@ -288,3 +288,36 @@ def test_sigterm_with_trickling_generation_clients_stops_within_the_grace(lm_rep
             assert s["status"] in (503, None), s
     finally:
         stop.set()
+
+
+def test_sigterm_ends_a_stream_still_decoding_within_the_grace(lm_repository: Path, monkeypatch) -> None:
+    """A completion still decoding when the grace runs out ends with a last error event
+    (the server shut down), its sequence cancelled: the shutdown waits for no decode."""
+    from layerfit.schedule.batch_step import BatchStep
+
+    run = BatchStep.run
+
+    def slow_step(self, rows):  # 0.2 s a step: 60 tokens would take 12 s
+        time.sleep(0.2)
+        return run(self, rows)
+
+    monkeypatch.setattr(BatchStep, "run", slow_step)
+    server = ServerThread(settings(lm_repository, shutdown_grace=1.0, request_memory="4MB")).start()
+    events: list[str] = []
+
+    def read() -> None:
+        with httpx.stream("POST", f"{server.url}/v1/completions", timeout=30,
+                          json={"model": "lm", "prompt": "w1 w2", "max_tokens": 60, "stream": True}) as r:
+            events.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 30
+    while not events and time.monotonic() < deadline:  # decoding now
+        time.sleep(0.05)
+    began = time.monotonic()
+    server.stop()
+    took = time.monotonic() - began
+    reader.join(15)
+    assert took < 1.0 + 4.0, f"shutdown took {took:.1f} s with a 1 s grace"
+    assert events and "shut down" in events[-1], events[-2:]
