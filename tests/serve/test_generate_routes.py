@@ -172,7 +172,9 @@ def test_malformed_openai_parameters_are_400_naming_the_field(server: ServerThre
 def test_malformed_triton_parameters_are_400_naming_the_field(server: ServerThread):
     for body, field in [({"text_input": PROMPT, "parameters": {"top_k": -1}}, "top_k"),
                         ({"text_input": 3}, "text_input"), ({"prompt": PROMPT}, "text_input"),
-                        ({"text_input": PROMPT, "stop": [1]}, "stop")]:
+                        ({"text_input": PROMPT, "stop": [1]}, "stop"),
+                        ({"text_input": PROMPT, "stop": ["w1"] * 5}, "stop: give at most 4"),
+                        ({"text_input": PROMPT, "parameters": {"stop": "w" * 1025}}, "stop: give at most 4")]:
         r = httpx.post(f"{server.url}/v2/models/lm/generate", json=body)
         assert r.status_code == 400 and field in r.json()["error"], (body, r.text)
 

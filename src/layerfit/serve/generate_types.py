@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from layerfit.schedule.sampling import Sampling
 
 DEFAULT_MAX_TOKENS = 16  # the OpenAI completions default; the same for every route
+MAX_STOPS = 4  # stop strings a request may give (OpenAI's limit)
+MAX_STOP_CHARACTERS = 1024  # each: every token's text is searched for the start of one
 
 
 class _Strict(BaseModel):
@@ -32,6 +34,13 @@ class SamplingFields(_Strict):
     top_k: int | None = Field(default=None, ge=0)
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
+
+    @model_validator(mode="after")
+    def _bounded_stops(self) -> SamplingFields:
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARACTERS for s in stops):
+            raise ValueError(f"stop: give at most {MAX_STOPS} strings of at most {MAX_STOP_CHARACTERS} characters each")
+        return self
 
     def sampling(self, default_temperature: float) -> Sampling:
         return Sampling(
