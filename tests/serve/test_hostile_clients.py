@@ -246,6 +246,9 @@ def test_generation_bodies_are_read_into_request_memory_and_refused_unparsed(lm_
             assert "request memory" in message and "--request-memory" in message, message
         peak = request_peak(http)
         assert MIB3 <= peak < MIB3 + 2**20  # the bodies, never what parsing would have made of them
+        over = http.post("/v1/completions", content=b" " * (5 * 2**20))  # past --max-body: refused unread
+        assert over.status_code == 413 and "--max-body" in over.json()["error"]["message"], over.text
+        assert request_peak(http) == peak
         # ids that fit the memory but not the model's 64 positions: 413 before any tensor
         many = http.post("/v1/completions", json={"model": "lm", "prompt": [7] * 1000, "max_tokens": 1})
         assert many.status_code == 413 and "has 64 (max_position_embeddings)" in many.text
