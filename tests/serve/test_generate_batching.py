@@ -196,18 +196,26 @@ def test_concurrent_http_clients_decode_together_and_get_what_they_would_alone(h
     assert stats["most_in_flight"] >= 2 and stats["steps"] < stats["sequence_steps"]
 
 
-def test_a_failing_sequence_ends_alone_and_the_others_keep_their_tokens(engine: layerfit.engine.Engine, hf_folder: Path):
-    """A pass that fails for one sequence (here: any pass feeding token 63) ends that
-    sequence only; the others run that step alone and get the tokens they get alone."""
+@pytest.mark.parametrize("failure", ["in the step", "in the engine's pass"])
+def test_a_failing_sequence_ends_alone_and_the_others_keep_their_tokens(
+    engine: layerfit.engine.Engine, hf_folder: Path, failure: str
+):
+    """A pass that fails for one sequence ends that sequence only; the others run that
+    step alone and get the tokens they get alone. The failure: any step feeding token 63,
+    or (the submit's check lifted) an id the embedding does not have, mid-pass."""
     loop = DecodeLoop("lm", engine, MemoryLedger(10**7), max_waiting=8)
     run = loop.step.run
+    poison, error = ([7, 63, 8], RuntimeError) if failure == "in the step" else ([7, 64, 8], IndexError)
 
     def poisoned(rows: list[Row]) -> tuple:
         if any(63 in row.feed for row in rows):
             raise RuntimeError("a sequence this pass cannot take")
         return run(rows)
 
-    loop.step.run = poisoned  # type: ignore[method-assign]
+    if failure == "in the step":
+        loop.step.run = poisoned  # type: ignore[method-assign]
+    else:
+        loop.check_prompt = lambda prompt: None  # type: ignore[method-assign]
     sinks = [Collected() for _ in range(3)]
     gate = threading.Event()
 
@@ -219,12 +227,12 @@ def test_a_failing_sequence_ends_alone_and_the_others_keep_their_tokens(engine: 
     sinks[0] = Gate()
     try:
         loop.submit(sequence(PROMPTS[0], 12, sinks[0]))
-        loop.submit(sequence([7, 63, 8], 12, sinks[1]))
+        loop.submit(sequence(poison, 12, sinks[1]))
         loop.submit(sequence(PROMPTS[2], 12, sinks[2]))
         gate.set()
         for sink in sinks:
             assert sink.done.wait(60)
-        assert isinstance(sinks[1].error, RuntimeError) and sinks[1].tokens == []
+        assert isinstance(sinks[1].error, error) and sinks[1].tokens == [], sinks[1].error
         for prompt, sink in ((PROMPTS[0], sinks[0]), (PROMPTS[2], sinks[2])):
             assert sink.error is None and sink.tokens == reference_tokens(hf_folder, prompt, 12)
         assert loop.stats()["in_flight"] == 0
