@@ -142,21 +142,24 @@ def test_following_links_out_is_opt_in_and_never_widens_a_mode(folder: Path, sec
     (folder / "merges.txt").write_text("#version: 0.2\n")
     (folder / "merges.txt").chmod(0o640)
     (folder / "model.safetensors").chmod(0o600)
-    out = tmp_path / "out"
+    follow = HFOptions(variable_shapes=False, follow_symlinks_out=True)
     old = os.umask(0o022)
     try:
-        prepare(f"hf:{folder}", out, hf=HFOptions(variable_shapes=False, follow_symlinks_out=True))
+        prepare(f"hf:{folder}", tmp_path / "out", hf=follow)
+        (folder / "model.safetensors").chmod(0o440)
+        prepare(f"hf:{folder}", tmp_path / "read-only", hf=follow)
     finally:
         os.umask(old)
-    assert (out / "vocab.txt").read_text() == secret.read_text()
+    assert (tmp_path / "out" / "vocab.txt").read_text() == secret.read_text()
 
-    def mode(name: str) -> int:
-        return stat.S_IMODE((out / name).stat().st_mode)
+    def mode(name: str, out: str = "out") -> int:
+        return stat.S_IMODE((tmp_path / out / name).stat().st_mode)
 
     assert mode("vocab.txt") == 0o600  # the secret's own bits, not 0o644
     assert mode("merges.txt") == 0o640
     assert mode("config.json") == 0o644
     assert mode("weights.safetensors") == 0o600 and mode("manifest.json") == 0o600  # from the 0600 weights
+    assert mode("weights.safetensors", "read-only") == 0o640  # read as the source; its owner may still write
 
 
 def test_the_copy_never_exceeds_the_umask(folder: Path, tmp_path: Path):

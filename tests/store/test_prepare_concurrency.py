@@ -178,11 +178,13 @@ def test_force_replaces_through_a_marked_old_folder(tmp_path: Path, monkeypatch)
 # --- item 11: signals while prepare writes, and what SIGKILL leaves -----------------------
 
 
-def _prepare_killing_itself(out: Path, signum: int) -> subprocess.CompletedProcess[str]:
+def _prepare_killing_itself(out: Path, signum: int, ignored: bool = False) -> subprocess.CompletedProcess[str]:
     """``prepare`` in a child that sends itself ``signum`` once the weights are written
-    (the temporary folder full, before the rename)."""
+    (the temporary folder full, before the rename); ``ignored``: with ``signum`` ignored."""
     script = textwrap.dedent(f"""
         import os, signal
+        if {ignored}:
+            signal.signal({int(signum)}, signal.SIG_IGN)
         from layerfit.store import writer
         write = writer._write_weights
         def then_signal(*args, **kwargs):
@@ -204,6 +206,13 @@ def test_a_signal_while_prepare_writes_leaves_nothing(tmp_path: Path, signum: in
     if signum == signal.SIGINT:  # Python's own handler had its turn: KeyboardInterrupt, and nothing of ours
         assert "KeyboardInterrupt" in result.stderr and "_Stopped" not in result.stderr, result.stderr[-2000:]
     assert _names(tmp_path) == []  # no temporary folder, no lock file
+
+
+def test_an_ignored_signal_stays_ignored(tmp_path: Path):
+    """Under nohup SIGHUP is ignored: prepare must not start honouring it."""
+    result = _prepare_killing_itself(tmp_path / "m", signal.SIGHUP, ignored=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert _names(tmp_path) == ["m"]
 
 
 def test_what_sigkill_leaves_is_reported_elsewhere_and_removed_by_the_next_prepare(tmp_path: Path, capsys):

@@ -16,8 +16,8 @@ What ``prepare`` does beside the output, and the rules it keeps there:
   whose digest is the name's: only a folder proven so, owned by this user, is ever
   removed, found by listing the parent and comparing names as strings (never a glob
   built from the output's name);
-- SIGTERM, SIGINT or SIGHUP while it writes removes the temporary folder, then the
-  signal takes its usual course; one SIGKILL left is removed by the next ``prepare`` of
+- SIGTERM, SIGINT or SIGHUP (unless ignored) while it writes removes the temporary
+  folder and the lock, then the signal takes its usual course; one SIGKILL left is removed by the next ``prepare`` of
   that output, and reported (with its size and how to remove it) by ``prepare`` of
   another output in that folder and by ``layerfit verify``.
 """
@@ -425,8 +425,9 @@ def _pack(
 ) -> Manifest:
     """Write ``module``'s weights as ``graph`` places them, and the manifest of ``fields``,
     into a temporary folder renamed to ``out`` when complete; nothing is kept on failure
-    or on a signal that stops the process. ``mode`` bounds the written files' permission
-    bits (those of the files they come from). See the module docstring for the lock."""
+    or on a signal that stops the process. ``mode`` bounds who may read the written files
+    (the bits of the files they come from; the owner keeps write). See the module
+    docstring for the lock."""
     try:
         with _stopped_by_signals():
             return _pack_locked(out, module, graph, fields, progress, copy, mode, force)
@@ -472,8 +473,8 @@ def _pack_locked(
                 files=files,
             )
             (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=1))
-            for name in (WEIGHTS, MANIFEST):
-                os.chmod(tmp / name, 0o666 & ~current_umask() & mode)
+            for name in (WEIGHTS, MANIFEST):  # readable by no more users than the sources; the owner may write
+                os.chmod(tmp / name, 0o666 & ~current_umask() & (mode | 0o200))
             _replace_dir(tmp, out, force)
         except OSError as exc:  # disk full, quota, I/O error: one line, and nothing kept
             shutil.rmtree(tmp, ignore_errors=True)
@@ -717,7 +718,7 @@ def _output_lock(out: Path) -> Iterator[None]:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise OutputPathError(f"cannot create {path}: {exc.strerror or exc} (choose another directory)") from None
+            raise OutputPathError(f"cannot create {out}: {exc.strerror or exc} (choose another directory)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -779,6 +780,8 @@ def _stopped_by_signals() -> Iterator[None]:
         previous.clear()
 
     for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) == signal.SIG_IGN:  # ignored (nohup): it stays ignored
+            continue
         with contextlib.suppress(OSError, ValueError):
             previous[signum] = signal.signal(signum, stop)
     try:
