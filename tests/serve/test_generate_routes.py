@@ -248,3 +248,21 @@ def test_a_broken_tokenizer_is_a_503_saying_why_never_a_500_or_a_traceback(
         metrics = httpx.get(f"{running.url}/metrics").text
     assert 'status="500"' not in metrics
     assert "Traceback" not in caplog.text and not [r for r in caplog.records if r.exc_info], caplog.text
+
+
+def test_a_streaming_completion_holds_its_prompt_not_the_work_of_tokenizing_it(server: ServerThread):
+    from layerfit.serve.generate_body import TOKENIZING_BYTES_PER_BYTE
+
+    requests = server.built.dataplane.requests
+    assert requests.in_use == 0
+    text = " ".join(["w5"] * 40)
+    with httpx.stream("POST", f"{server.url}/v1/completions", timeout=60,
+                      json={"model": "lm", "prompt": text, "max_tokens": 20, "stream": True}) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        held = requests.in_use
+        assert 0 < held < TOKENIZING_BYTES_PER_BYTE * len(text)  # its parsed body and its 40 ids
+        assert requests.peak >= TOKENIZING_BYTES_PER_BYTE * len(text)  # reserved while it was tokenized
+        rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+    wait_until(lambda: requests.in_use == 0)

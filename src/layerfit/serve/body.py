@@ -117,6 +117,13 @@ class Reservation:
         self.pool.reserve(nbytes, what, hint)
         self.nbytes += nbytes
 
+    def shrink(self, nbytes: int) -> None:
+        """Return ``nbytes`` (at most what it holds) the request no longer holds: a body
+        dropped once parsed, the work of tokenizing once the ids are made."""
+        nbytes = min(max(nbytes, 0), self.nbytes)
+        self.pool.release(nbytes)
+        self.nbytes -= nbytes
+
 
 async def read_body(
     receive: Receive,

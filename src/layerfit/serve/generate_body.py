@@ -13,7 +13,9 @@ extension and the OpenAI routes.
    characters, byte fallback makes several tokens of one), so it is tokenized within
    memory reserved for it (:func:`tokenizing_bytes`), then its tokens are counted.
 
-The reservation is held until the response has been sent (it is in the request's slot).
+The reservation is held until the response has been sent (it is in the request's slot),
+less what the request no longer holds: the raw body once it is parsed, the work of
+tokenizing once the ids are made (they stay counted, :data:`KEPT_BYTES_PER_TOKEN` each).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ PARSED_BYTES_PER_BYTE = 8
 # BPE making a token of every byte (the Rust encoding, its offsets and alignments, the
 # Python lists of ids and mask), 160 for a word-level one.
 TOKENIZING_BYTES_PER_BYTE = 320
+KEPT_BYTES_PER_TOKEN = 64  # a prompt's id as its request keeps it: an int, its tuple's and the loop's list slots
 CHAT_BYTES_PER_MESSAGE = 64  # what a chat template adds around each message (its role, markers)
 CHAT_TEMPLATE_BYTES = 1024  # and once (a default system prompt, the reply's header)
 
@@ -94,8 +97,11 @@ async def read_request(
             raw = await dataplane.read_body(request.receive, request.headers.get("content-length"), reservation)
         except ClientGoneError:
             raise ClientDisconnect() from None
+        read = reservation.nbytes
         reservation.grow(parsed_bytes(raw), "parsing this request", HINT)
         body = await run_in_threadpool(parse_body, raw, model)
+        del raw
+        reservation.shrink(read)  # the body is dropped; what it was parsed into stays counted
         return body, slot, reservation
     except BaseException:
         slot.close()
@@ -107,8 +113,10 @@ async def text_prompt(
 ) -> tuple[int, ...]:
     """``text``'s token ids, tokenized within request memory reserved for it; 413 past
     the model's positions."""
-    reservation.grow(tokenizing_bytes(text_bytes(text)), "tokenizing this prompt", HINT)
+    work = tokenizing_bytes(text_bytes(text))
+    reservation.grow(work, "tokenizing this prompt", HINT)
     ids = await run_in_threadpool(service.encode, model, text)
+    reservation.shrink(work - KEPT_BYTES_PER_TOKEN * len(ids))
     service.check_length(model, len(ids), max_tokens)
     return ids
 
@@ -120,8 +128,10 @@ async def chat_prompt(
     """The chat's token ids through the model's template, within request memory reserved
     for the rendered text and its tokens; 413 past the model's positions."""
     rendered = CHAT_TEMPLATE_BYTES + sum(text_bytes(m["content"]) + CHAT_BYTES_PER_MESSAGE for m in messages)
-    reservation.grow(4 * rendered + tokenizing_bytes(rendered), "templating and tokenizing these messages", HINT)
+    work = 4 * rendered + tokenizing_bytes(rendered)
+    reservation.grow(work, "templating and tokenizing these messages", HINT)
     ids = await run_in_threadpool(service.chat, model, messages)
+    reservation.shrink(work - KEPT_BYTES_PER_TOKEN * len(ids))
     service.check_length(model, len(ids), max_tokens)
     return ids
 
