@@ -92,6 +92,7 @@ class GenerationService:
         self.max_waiting = max_waiting
         self.kept_share = kept_share  # of the budget, for a decode engine's kept weights
         self._models: dict[str, LanguageModel] = {}
+        self._broken: dict[str, tuple[Any, str]] = {}  # why a model's tokenizer did not load, by its manifest
         self._lock = threading.Lock()
 
     # --- which models generate --------------------------------------------------------
@@ -150,10 +151,17 @@ class GenerationService:
             if current is not None and current.manifest is manifest:
                 return current
             directory = self.registry.info(name).directory
+            broken = self._broken.get(name)
+            if broken is not None and broken[0] is manifest:  # tried once since it was loaded: said once
+                raise ModelNotReadyError(broken[1])
+            try:
+                tokenizer = _tokenizer(AutoTokenizer, name, directory)
+            except ModelNotReadyError as exc:
+                self._broken[name] = (manifest, str(exc))
+                raise
             config = self.runtime.config
             engine = Engine(directory, pipeline="async", direct_io=config.direct_io, verify=config.verify)
             try:
-                tokenizer = _tokenizer(AutoTokenizer, name, directory)
                 kept = int(self.runtime.ledger.budget * self.kept_share) or None
                 loop = DecodeLoop(name, engine, self.runtime.ledger, max_waiting=self.max_waiting, kept_budget=kept)
             except BaseException:
