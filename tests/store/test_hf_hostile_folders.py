@@ -301,7 +301,7 @@ def test_gguf_says_what_will_work(tmp_path: Path, capsys):
 
 
 def test_a_hugging_face_folder_without_hf_prefix_says_so(folder: Path, tmp_path: Path, capsys):
-    _refused(capsys, str(folder), tmp_path / "out", f"{folder} is a Hugging Face model folder: prepare hf:{folder}")
+    _refused(capsys, str(folder), tmp_path / "out", f"{folder} is a Hugging Face model folder: name it hf:{folder} (`layerfit prepare hf:{folder} -o OUT`)")
 
 
 def test_a_skeleton_transformers_cannot_build_is_one_short_line(prepared: Path, tmp_path: Path):

@@ -354,7 +354,9 @@ def _resolve(model: str) -> ModelSpec:
         if hint:
             raise InputError(hint) from None
         if path.is_dir() and (path / CONFIG).is_file():
-            raise InputError(f"{model} is a Hugging Face model folder: prepare hf:{model}") from None
+            raise InputError(
+                f"{model} is a Hugging Face model folder: name it hf:{model} (`layerfit prepare hf:{model} -o OUT`)"
+            ) from None
         raise
 
 
