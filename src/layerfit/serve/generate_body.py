@@ -71,8 +71,9 @@ def parsed_bytes(body: bytes | bytearray) -> int:
 
 
 def text_bytes(text: str) -> int:
-    """At most the UTF-8 bytes of ``text`` (its length when ASCII, known without a scan)."""
-    return len(text) if text.isascii() else 4 * len(text)
+    """The UTF-8 bytes of ``text`` (its length when ASCII, known without a scan; else
+    encoded once, a copy no larger than what parsing its body reserved for it)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def tokenizing_bytes(nbytes: int) -> int:
