@@ -13,7 +13,7 @@ a manifest of such a model names that class, never a user's module, and holds it
 config as data, from which the engine rebuilds its skeleton on the meta device. No code a
 file names is run: the config is read without ``trust_remote_code``, the class is
 looked up among transformers' model classes only, and the attention implementation is
-one of transformers' built-in ones (:data:`BUILT_IN_ATTENTION`), never a Hub kernel.
+one of transformers' built-in ones (:data:`~.manifest.BUILT_IN_ATTENTION`), never a Hub kernel.
 
 What the folder holds is data from someone else, checked before it is used:
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import inspect
+import json
 import os
 import stat
 import tempfile
@@ -47,15 +48,8 @@ from torch import nn
 from layerfit.errors import CheckpointError, InputError, ManifestError, UnknownModelError
 from layerfit.sizes import format_bytes
 from layerfit.store.examples import example_input
-from layerfit.store.manifest import BUILT_IN_ATTENTION, DTYPES, check_attention
-from layerfit.store.mapped_safetensors import (
-    FOLLOW_OPTION,
-    Checkpoint,
-    FolderFiles,
-    LinkOutOfFolderError,
-)
-
-__all__ = ["BUILT_IN_ATTENTION", "FOLLOW_OPTION", "LinkOutOfFolderError"]
+from layerfit.store.manifest import DTYPES, check_attention
+from layerfit.store.mapped_safetensors import Checkpoint, FolderFiles
 
 PREFIX = "hf:"
 CONFIG = "config.json"
@@ -174,14 +168,8 @@ def checked_copy(files: FolderFiles, names: tuple[str, ...]) -> Iterator[tuple[P
             if (files.folder / name).exists() or (files.folder / name).is_symlink():
                 read[name] = files.json(name, MAX_CONFIG_BYTES)
                 _check_attention_fields(read[name], files.folder / name)
-                (Path(tmp) / name).write_text(_json_text(read[name]))
+                (Path(tmp) / name).write_text(json.dumps(read[name]))
         yield Path(tmp), read
-
-
-def _json_text(data: Any) -> str:
-    import json
-
-    return json.dumps(data)
 
 
 def _check_attention_fields(data: Any, path: Path) -> None:
@@ -222,7 +210,9 @@ def read_config(folder: Path, files: FolderFiles | None = None) -> Any:
             raise InputError(f"{folder / CONFIG} does not hold a JSON object")
         try:
             with quiet_transformers():
-                return AutoConfig.from_pretrained(str(copy), local_files_only=True, trust_remote_code=False)
+                config = AutoConfig.from_pretrained(str(copy), local_files_only=True, trust_remote_code=False)
+            config._name_or_path = str(folder)  # the folder, not the private copy, as transformers would say
+            return config
         except (ValueError, KeyError, OSError, TypeError, AttributeError) as exc:
             model_type = data.get("model_type")
             if isinstance(model_type, str) and model_type not in CONFIG_MAPPING_NAMES:

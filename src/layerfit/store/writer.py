@@ -669,7 +669,7 @@ def stale_temporaries(parent: Path) -> list[Temporary]:
     except OSError:
         return []
     found = (proven_temporary(parent, name) for name in names)
-    return [t for t in found if t is not None and not (t.pid != os.getpid() and _alive(t.pid))]
+    return [t for t in found if t is not None and _gone(t.pid)]
 
 
 def stale_warning(t: Temporary) -> str:
@@ -697,8 +697,14 @@ def _remove_stale_temporaries(out: Path) -> None:
             shutil.rmtree(t.path, ignore_errors=True)
             warnings.warn(f"removed {name} ({format_bytes(size)}), left in {out.parent} by an interrupted prepare",
                           stacklevel=4)
-        elif t.pid == os.getpid() or not _alive(t.pid):
+        elif _gone(t.pid):
             warnings.warn(stale_warning(t), stacklevel=4)
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` (a temporary folder's writer) no longer runs; this
+    process's own folders are in use (another thread writes another output)."""
+    return pid != os.getpid() and not _alive(pid)
 
 
 def _alive(pid: int) -> bool:
