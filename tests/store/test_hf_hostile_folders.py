@@ -316,3 +316,32 @@ def test_a_skeleton_transformers_cannot_build_is_one_short_line(prepared: Path, 
     assert "cannot build LlamaForCausalLM from the manifest's 'llama' config (KeyError" in message
     assert "prepare the model again from its Hugging Face folder (prepare hf:FOLDER)" in message
     assert len(message) < 400 and "\n" not in message and "rope" not in message, message
+
+
+def test_flash_attention_is_refused_where_transformers_would_fetch_a_hub_kernel_instead(prepared: Path, monkeypatch):
+    """``flash_attention_2`` is built in, but without its package and with ``kernels``
+    installed transformers loads ``kernels-community/flash-attn2`` in its place."""
+    import importlib.util
+
+    from layerfit.store.hf_folder import build_model
+
+    data = read_manifest(prepared).model
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "kernels" else find_spec(name, *a))
+    with pytest.raises(InputError, match="'flash_attention_2' needs its own package here"):
+        build_model(data["name"], data["kwargs"]["config"], attn_implementation="flash_attention_2")
+    with pytest.raises(ManifestError, match="is not one built into transformers"):
+        build_model(data["name"], data["kwargs"]["config"], attn_implementation="kernels-community/flash-attn2")
+    build_model(data["name"], data["kwargs"]["config"], attn_implementation="sdpa")
+
+
+def test_the_python_api_refuses_links_out_too_and_takes_the_same_opt_in(folder: Path, secret: Path, tmp_path: Path):
+    import layerfit
+    from layerfit.store.mapped_safetensors import LinkOutOfFolderError
+
+    (folder / "vocab.txt").symlink_to(secret)
+    with pytest.raises(LinkOutOfFolderError, match="--follow-symlinks-out"):
+        layerfit.from_pretrained(folder, cache=tmp_path / "cache", hf=FIXED)
+    follow = HFOptions(variable_shapes=False, follow_symlinks_out=True)
+    with layerfit.from_pretrained(folder, cache=tmp_path / "cache", hf=follow) as model:
+        assert (model.directory / "vocab.txt").read_text() == secret.read_text()
