@@ -212,6 +212,13 @@ def test_a_config_of_a_huge_model_is_refused_before_anything_is_built(folder: Pa
     assert elapsed < 60, elapsed  # mostly the interpreter and transformers starting
 
 
+def test_a_config_of_more_layers_than_tensors_stored_is_refused(folder: Path):
+    """Small layers, so the parameter bound alone would let the meta build make 1000 of them."""
+    _edit_config(folder, num_hidden_layers=1000)
+    with pytest.raises(InputError, match="describes 1,000 layers and the weights present hold 21 tensors"):
+        load_model(folder, FIXED)
+
+
 def test_a_config_whose_exact_size_is_too_large_is_refused(folder: Path):
     """No field of the lower bound is off, but the MLP is 10 000 times wider: the count of
     a build on the meta device finds it."""

@@ -358,10 +358,10 @@ weights from the folder, and building it allocates what the folder does not hold
 SIZE_SLACK = 2**20  # elements: a tiny model's config may add a small head's worth
 
 
-def config_lower_bound(config: Any) -> tuple[int, str]:
+def config_lower_bound(config: Any) -> tuple[int, int, str]:
     """A lower bound of the parameters the config's model has, from its fields alone (no
     build): a layer holds at least one hidden x hidden matrix and the embedding vocab x
-    hidden, ``(count, how)``; 0 where the config states no such fields."""
+    hidden; ``(count, layers, how)``, 0 for what the config does not state."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
 
     def whole(name: str) -> int:
@@ -370,7 +370,7 @@ def config_lower_bound(config: Any) -> tuple[int, str]:
 
     hidden, layers, vocab = whole("hidden_size"), whole("num_hidden_layers"), whole("vocab_size")
     how = f"num_hidden_layers {layers:,}, hidden_size {hidden:,}, vocab_size {vocab:,}"
-    return layers * hidden * hidden + vocab * hidden, how
+    return layers * hidden * hidden + vocab * hidden, layers, how
 
 
 def meta_parameters(cls: type[nn.Module], config: Any, dtype: torch.dtype) -> int | None:
@@ -412,23 +412,28 @@ def check_size(
     """Refuse, in one line and before anything is built, a model the config describes
     that this folder or machine cannot hold. The rule:
 
-    1. its parameters (a lower bound from the config's fields first, then the exact count
-       of a build on the meta device) are at most :data:`SIZE_FACTOR` x the elements of
-       the weights present (+ :data:`SIZE_SLACK`): more cannot come from the folder;
+    1. its layers are at most the tensors stored, and its parameters (a lower bound from
+       the config's fields first, then the exact count of a build on the meta device) at
+       most :data:`SIZE_FACTOR` x the elements of the weights present (+ :data:`SIZE_SLACK`):
+       more cannot come from the folder (and the meta build is bounded by the weights);
     2. its weights at the chosen dtype fit ``free_disk``, the output's free space;
     3. converting the dtype (a copy of every weight in memory), they fit the memory
        available to the process.
     """
     present = checkpoint.elements
     allowed = SIZE_FACTOR * present + SIZE_SLACK
-    bound, how = config_lower_bound(config)
-    layers = bound and getattr(config.get_text_config() if hasattr(config, "get_text_config") else config,
-                               "num_hidden_layers", 0)
+    bound, layers, how = config_lower_bound(config)
     stored = f"the weights present hold {present:,} ({format_bytes(checkpoint.nbytes)})"
-    if bound > allowed or (isinstance(layers, int) and layers > max(len(checkpoint.names()), 1)):
+    if bound > allowed:
         raise InputError(
-            f"{folder / CONFIG} describes a model of at least {bound:,} parameters ({how}, "
-            f"{len(checkpoint.names()):,} tensors stored); {stored}: the config does not belong to these weights"
+            f"{folder / CONFIG} describes a model of at least {bound:,} parameters ({how}); {stored}: the config "
+            "does not belong to these weights"
+        )
+    tensors = len(checkpoint.names())
+    if layers > tensors:  # every layer stores at least one tensor
+        raise InputError(
+            f"{folder / CONFIG} describes {layers:,} layers and the weights present hold {tensors:,} tensors: "
+            "the config does not belong to these weights"
         )
     exact = meta_parameters(cls, config, dtype)
     if exact is None:
