@@ -244,14 +244,18 @@ def test_generation_bodies_are_read_into_request_memory_and_refused_unparsed(lm_
             message = response.json()["error"]
             message = message["message"] if isinstance(message, dict) else message
             assert "request memory" in message and "--request-memory" in message, message
+            if path.startswith("/v1/"):  # not the prompt's length: OpenAI clients branch on the code
+                assert response.json()["error"]["code"] == "request_too_large", response.text[:300]
         peak = request_peak(http)
         assert MIB3 <= peak < MIB3 + 2**20  # the bodies, never what parsing would have made of them
         over = http.post("/v1/completions", content=b" " * (5 * 2**20))  # past --max-body: refused unread
         assert over.status_code == 413 and "--max-body" in over.json()["error"]["message"], over.text
+        assert over.json()["error"]["code"] == "request_too_large"
         assert request_peak(http) == peak
         # ids that fit the memory but not the model's 64 positions: 413 before any tensor
         many = http.post("/v1/completions", json={"model": "lm", "prompt": [7] * 1000, "max_tokens": 1})
         assert many.status_code == 413 and "has 64 (max_position_embeddings)" in many.text
+        assert many.json()["error"]["code"] == "context_length_exceeded"
         assert http.post("/v1/completions", json={"model": "lm", "prompt": [7, 8], "max_tokens": 2}).status_code == 200
         assert server.built.dataplane.requests.in_use == 0
 

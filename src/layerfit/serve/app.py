@@ -39,7 +39,7 @@ from layerfit.errors import LayerfitError
 from layerfit.serve.body import ClientGoneError
 from layerfit.serve.codec import HEADER_LENGTH, parse_body
 from layerfit.serve.dataplane import DataPlane
-from layerfit.serve.errors import BadRequestError, error_body, status_of
+from layerfit.serve.errors import BadRequestError, error_body, openai_code, status_of
 from layerfit.serve.generate_body import json_values, parsed_bytes
 from layerfit.serve.generate_routes import add_generate_routes
 from layerfit.serve.generation_service import GenerationService
@@ -59,9 +59,9 @@ def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def answer_error(request: Request, status: int, message: str) -> JSONResponse:
+def answer_error(request: Request, status: int, message: str, code: str | None = None) -> JSONResponse:
     """The error in the shape of the API asked (OpenAI's under ``/v1/``: :func:`error_body`)."""
-    return JSONResponse(error_body(request.url.path, status, message), status_code=status)
+    return JSONResponse(error_body(request.url.path, status, message, code), status_code=status)
 
 
 async def _body_model(dataplane: DataPlane, request: Request, model: type[BaseModel]) -> Any:
@@ -100,7 +100,7 @@ def create_app(
 
     @app.exception_handler(LayerfitError)
     async def _layerfit_error(request: Request, exc: LayerfitError) -> JSONResponse:
-        return answer_error(request, status_of(exc), str(exc))
+        return answer_error(request, status_of(exc), str(exc), openai_code(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -67,18 +67,30 @@ OPENAI_ERRORS = {
     400: ("invalid_request_error", "invalid_request"),
     404: ("invalid_request_error", "model_not_found"),
     408: ("invalid_request_error", "request_timeout"),
-    413: ("invalid_request_error", "context_length_exceeded"),
+    413: ("invalid_request_error", "request_too_large"),
     429: ("rate_limit_error", "rate_limit_exceeded"),
     503: ("server_error", "server_unavailable"),
 }
 
 
-def error_body(path: str, status: int, message: str) -> dict[str, Any]:
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a prompt past the model's positions
+
+
+def openai_code(exc: BaseException) -> str | None:
+    """OpenAI's ``code`` for ``exc`` where its class decides it, not its status alone: a
+    413 is ``context_length_exceeded`` only when the prompt is past the model's positions
+    (a body past ``--max-body`` or ``--request-memory`` is ``request_too_large``)."""
+    return CONTEXT_LENGTH_EXCEEDED if isinstance(exc, GenerationTooLargeError) else None
+
+
+def error_body(path: str, status: int, message: str, code: str | None = None) -> dict[str, Any]:
     """The error in the shape of the API asked: OpenAI's under ``/v1/`` (what its clients
-    read: a ``type`` and a ``code`` string), the Open Inference Protocol's elsewhere."""
+    read: a ``type`` and a ``code`` string, ``code`` when given, else the status's), the
+    Open Inference Protocol's elsewhere."""
     if not path.startswith("/v1/"):
         return {"error": message}
-    kind, code = OPENAI_ERRORS.get(status, ("invalid_request_error" if status < 500 else "server_error", None))
+    kind, by_status = OPENAI_ERRORS.get(status, ("invalid_request_error" if status < 500 else "server_error", None))
+    code = code or by_status
     param = message.split("invalid request: ", 1)[1].split(":", 1)[0] if "invalid request: " in message else None
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
