@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from layerfit.cli import main
 from layerfit.errors import OutputExistsError
-from layerfit.store import prepare, read_manifest, writer
-from layerfit.store.writer import (
+from layerfit.store import output_folder, prepare, read_manifest, writer
+from layerfit.store.output_folder import (
     MARKER,
     OutputBusyError,
     make_temporary,
@@ -106,7 +106,7 @@ def test_a_temporary_is_proven_for_its_own_output_only(tmp_path_factory: pytest.
 
 def test_a_second_prepare_of_the_same_output_refuses_in_one_line(tmp_path: Path, capsys):
     out = tmp_path / "m"
-    with writer._output_lock(out):
+    with output_folder.output_lock(out):
         with pytest.raises(OutputBusyError, match=f"another prepare \\(process {os.getpid()}\\) is writing {out} now"):
             prepare(TINY, out, input_shape=SHAPE)
         assert main(["prepare", TINY, "-o", str(out), "--input-shape", "1,3,8,8"]) == 2
@@ -153,7 +153,7 @@ def test_the_rename_never_replaces_an_empty_folder(tmp_path: Path):
     (tmp_path / "src").mkdir()
     (tmp_path / "dst").mkdir()
     with pytest.raises(FileExistsError):
-        writer._rename_noreplace(tmp_path / "src", tmp_path / "dst")
+        output_folder.rename_noreplace(tmp_path / "src", tmp_path / "dst")
     assert _names(tmp_path) == ["dst", "src"]
 
 
@@ -161,14 +161,14 @@ def test_force_replaces_through_a_marked_old_folder(tmp_path: Path, monkeypatch)
     out = tmp_path / "m"
     prepare(TINY, out, input_shape=SHAPE)
     seen: list[str] = []
-    rmtree = writer.shutil.rmtree
+    rmtree = output_folder.shutil.rmtree
 
     def spy(path, *args, **kwargs):
         seen.append(Path(path).name)
         assert proven_temporary(Path(path).parent, Path(path).name) is not None, path
         return rmtree(path, *args, **kwargs)
 
-    monkeypatch.setattr(writer.shutil, "rmtree", spy)
+    monkeypatch.setattr(output_folder.shutil, "rmtree", spy)
     prepare(TINY, out, input_shape=(1, 3, 16, 16), force=True)
     assert len(seen) == 1 and seen[0].startswith(".m.layerfit-") and seen[0].endswith(".old")
     assert read_manifest(out).input_shape == (1, 3, 16, 16) and _names(tmp_path) == ["m"]
@@ -204,7 +204,7 @@ def test_a_signal_while_prepare_writes_leaves_nothing(tmp_path: Path, signum: in
     result = _prepare_killing_itself(tmp_path / "m", signum)
     assert result.returncode == -signum, (result.returncode, result.stderr[-2000:])  # as the signal ends a process
     if signum == signal.SIGINT:  # Python's own handler had its turn: KeyboardInterrupt, and nothing of ours
-        assert "KeyboardInterrupt" in result.stderr and "_Stopped" not in result.stderr, result.stderr[-2000:]
+        assert "KeyboardInterrupt" in result.stderr and "StoppedBySignal" not in result.stderr, result.stderr[-2000:]
     assert _names(tmp_path) == []  # no temporary folder, no lock file
 
 

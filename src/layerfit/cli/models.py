@@ -372,8 +372,8 @@ def verify(directory: str = typer.Argument(..., help="prepared model directory")
     import warnings
     from pathlib import Path
 
+    from layerfit.store.output_folder import stale_temporaries, stale_warning
     from layerfit.store.verify import verify_folder
-    from layerfit.store.writer import stale_temporaries, stale_warning
 
     checked = verify_folder(directory)
     console.print(f"{directory}: {checked.segments} segments verified ({checked.io_mode} I/O)")
