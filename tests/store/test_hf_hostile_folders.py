@@ -232,9 +232,9 @@ def test_a_config_whose_exact_size_is_too_large_is_refused(folder: Path):
 def test_weights_that_do_not_fit_the_disk_or_memory_are_refused(folder: Path, monkeypatch):
     with pytest.raises(InputError, match="the output's file system has 1.0 kB free"):
         load_model(folder, FIXED, free_disk=1000)
-    from layerfit.store import hf_folder
+    from layerfit.store import model_size
 
-    monkeypatch.setattr(hf_folder, "available_memory", lambda: 1000)
+    monkeypatch.setattr(model_size, "available_memory", lambda: 1000)
     with pytest.raises(InputError, match="converting .* to bfloat16 holds .* in memory and 1.0 kB is available"):
         load_model(folder, HFOptions(variable_shapes=False, dtype="bfloat16"))
     load_model(folder, FIXED)  # as stored: the weights stay mapped, nothing converted
@@ -344,7 +344,7 @@ def test_flash_attention_is_refused_where_transformers_would_fetch_a_hub_kernel_
 
 def test_the_python_api_refuses_links_out_too_and_takes_the_same_opt_in(folder: Path, secret: Path, tmp_path: Path):
     import layerfit
-    from layerfit.store.mapped_safetensors import LinkOutOfFolderError
+    from layerfit.store.folder_files import LinkOutOfFolderError
 
     (folder / "vocab.txt").symlink_to(secret)
     with pytest.raises(LinkOutOfFolderError, match="--follow-symlinks-out"):

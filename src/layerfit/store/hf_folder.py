@@ -17,11 +17,11 @@ one of transformers' built-in ones (:data:`~.manifest.BUILT_IN_ATTENTION`), neve
 
 What the folder holds is data from someone else, checked before it is used:
 
-- every file is opened through :class:`~.mapped_safetensors.FolderFiles`: one that is a
+- every file is opened through :class:`~.folder_files.FolderFiles`: one that is a
   link out of the folder is refused unless ``HFOptions.follow_symlinks_out``; the JSON
   files are read by :func:`layerfit.strict_json.parse` (one line for any breakage) and
   transformers reads a private copy of exactly the bytes checked;
-- the model the config describes is counted before it is built (:func:`check_size`):
+- the model the config describes is counted before it is built (:func:`.model_size.check_size`):
   one that needs far more parameters than the weights hold, or more than the output's
   disk (or, converting the dtype, memory) has room for, is refused in one line;
 - copied files keep at most their source's permission bits.
@@ -36,7 +36,6 @@ import json
 import os
 import stat
 import tempfile
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,13 +45,15 @@ import torch
 from torch import nn
 
 from layerfit.errors import CheckpointError, InputError, ManifestError, UnknownModelError
-from layerfit.sizes import format_bytes
 from layerfit.store.examples import example_input
-from layerfit.store.manifest import DTYPES, check_attention
-from layerfit.store.mapped_safetensors import Checkpoint, FolderFiles
+from layerfit.store.folder_files import FolderFiles
+from layerfit.store.manifest import DTYPES, HF_CONFIG, check_attention
+from layerfit.store.mapped_safetensors import Checkpoint
+from layerfit.store.model_size import check_size
+from layerfit.store.transformers_calls import dtype_keyword, quiet_transformers
 
 PREFIX = "hf:"
-CONFIG = "config.json"
+CONFIG = HF_CONFIG
 GENERATION_CONFIG = "generation_config.json"
 # Small files beside the weights that the prepared folder keeps: the tokenizer (every
 # format transformers reads), the generation config and a processor's settings.
@@ -109,26 +110,6 @@ class Example:
 
 def is_hf(name: object) -> bool:
     return isinstance(name, str) and name.startswith(PREFIX)
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """transformers' own loading chatter (missing/unexpected key reports, progress bars)
-    silenced for the call: layerfit reports what matters in its own words."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 GGUF = ".gguf"
@@ -263,14 +244,6 @@ def class_name_of(config: Any, chosen: str | None) -> str:
     raise InputError(f"the config names no architecture: pass --class, e.g. {config.model_type.title()}ForCausalLM")
 
 
-def dtype_keyword() -> str:
-    """The name transformers' loaders take the dtype by (``torch_dtype`` before 4.56)."""
-    import transformers
-
-    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
-
-
 @dataclass
 class LoadedModel:
     """A folder's model built by transformers with its weights in place."""
@@ -349,113 +322,6 @@ def load_model(folder: Path, options: HFOptions, free_disk: int | None = None) -
     unused = sorted(info.get("unexpected_keys") or ())
     module.eval()
     return LoadedModel(module, name, str(dtype).removeprefix("torch."), checkpoint, unused)
-
-
-SIZE_FACTOR = 2
-"""How many times the elements of the weights present a config's model may have (tied
-tensors stored twice, a head's few extra parameters): a model needing more cannot get its
-weights from the folder, and building it allocates what the folder does not hold."""
-SIZE_SLACK = 2**20  # elements: a tiny model's config may add a small head's worth
-
-
-def config_lower_bound(config: Any) -> tuple[int, int, str]:
-    """A lower bound of the parameters the config's model has, from its fields alone (no
-    build): a layer holds at least one hidden x hidden matrix and the embedding vocab x
-    hidden; ``(count, layers, how)``, 0 for what the config does not state."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-
-    def whole(name: str) -> int:
-        value = getattr(text, name, None)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-    hidden, layers, vocab = whole("hidden_size"), whole("num_hidden_layers"), whole("vocab_size")
-    how = f"num_hidden_layers {layers:,}, hidden_size {hidden:,}, vocab_size {vocab:,}"
-    return layers * hidden * hidden + vocab * hidden, layers, how
-
-
-def meta_parameters(cls: type[nn.Module], config: Any, dtype: torch.dtype) -> int | None:
-    """The parameters (shared ones once) of ``cls`` built from ``config`` on the meta
-    device: exact, and nothing allocated; None where transformers cannot build it so
-    (its load then says why)."""
-    try:
-        with quiet_transformers(), torch.device("meta"):
-            model = cls._from_config(config, **{dtype_keyword(): dtype})  # type: ignore[attr-defined]
-    except Exception:  # the real build reports the config's fault in its own words
-        return None
-    return sum(p.numel() for p in model.parameters())
-
-
-def available_memory() -> int | None:
-    """Bytes this process may still allocate: MemAvailable, or less where a cgroup's
-    ``memory.max`` leaves less; None where neither can be read."""
-    found: list[int] = []
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    found.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = Path("/sys/fs/cgroup/memory.current").read_text().strip()
-        if limit != "max":
-            found.append(max(int(limit) - int(used), 0))
-    except (OSError, ValueError):
-        pass
-    return min(found) if found else None
-
-
-def check_size(
-    folder: Path, config: Any, cls: type[nn.Module], checkpoint: Checkpoint, dtype: torch.dtype, free_disk: int | None
-) -> None:
-    """Refuse, in one line and before anything is built, a model the config describes
-    that this folder or machine cannot hold. The rule:
-
-    1. its layers are at most the tensors stored, and its parameters (a lower bound from
-       the config's fields first, then the exact count of a build on the meta device) at
-       most :data:`SIZE_FACTOR` x the elements of the weights present (+ :data:`SIZE_SLACK`):
-       more cannot come from the folder (and the meta build is bounded by the weights);
-    2. its weights at the chosen dtype fit ``free_disk``, the output's free space;
-    3. converting the dtype (a copy of every weight in memory), they fit the memory
-       available to the process.
-    """
-    present = checkpoint.elements
-    allowed = SIZE_FACTOR * present + SIZE_SLACK
-    bound, layers, how = config_lower_bound(config)
-    stored = f"the weights present hold {present:,} ({format_bytes(checkpoint.nbytes)})"
-    if bound > allowed:
-        raise InputError(
-            f"{folder / CONFIG} describes a model of at least {bound:,} parameters ({how}); {stored}: the config "
-            "does not belong to these weights"
-        )
-    tensors = len(checkpoint.names())
-    if layers > tensors:  # every layer stores at least one tensor
-        raise InputError(
-            f"{folder / CONFIG} describes {layers:,} layers and the weights present hold {tensors:,} tensors: "
-            "the config does not belong to these weights"
-        )
-    exact = meta_parameters(cls, config, dtype)
-    if exact is None:
-        exact = bound
-    elif exact > allowed:
-        raise InputError(
-            f"{folder / CONFIG} describes a model of {exact:,} parameters; {stored}: the config does not belong "
-            "to these weights"
-        )
-    need = exact * dtype.itemsize
-    if free_disk is not None and need > free_disk:
-        raise InputError(
-            f"preparing {folder} writes {format_bytes(need)} of weights and the output's file system has "
-            f"{format_bytes(free_disk)} free: free some space or choose another output folder"
-        )
-    memory = available_memory()
-    if checkpoint.stored_dtype() not in (None, dtype) and memory is not None and need > memory:
-        raise InputError(
-            f"converting {folder}'s weights to {str(dtype).removeprefix('torch.')} holds {format_bytes(need)} in "
-            f"memory and {format_bytes(memory)} is available: prepare without --dtype (as stored), or on a "
-            "machine with more memory"
-        )
 
 
 def derive_example(module: nn.Module, seq_len: int, seed: int) -> Example:

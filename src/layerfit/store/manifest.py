@@ -32,6 +32,7 @@ VERSION = 1  # row-major tensors only: what every layerfit reads
 STRIDED_VERSION = 2  # some tensor has a ``stride``: an older layerfit must refuse it, not bind it row-major
 VERSIONS = (VERSION, STRIDED_VERSION)
 MANIFEST = "manifest.json"
+HF_CONFIG = "config.json"  # a Hugging Face folder's config: kept in a prepared one, alone in one as published
 WEIGHTS = "weights.safetensors"
 ALIGN = 4096  # segment alignment: direct I/O needs block-aligned offsets and lengths
 TENSOR_ALIGN = 64  # tensor alignment inside a segment, as PyTorch's allocator gives
