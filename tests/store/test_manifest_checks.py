@@ -127,3 +127,26 @@ def test_damaged_safetensors_header_fails_verify(tiny: Path, capsys):
         read_manifest(tiny)
     assert main(["verify", str(tiny)]) == 2
     assert "corrupt safetensors header" in capsys.readouterr().err
+
+
+def test_a_raw_hugging_face_folder_says_to_prepare_it(tmp_path: Path, capsys):
+    """run, inspect and layerfit.load on a Hugging Face folder as published (config.json,
+    its weights, no manifest.json) said only "manifest.json is missing: ... is not a
+    prepared model"; they say what it is and the command to run, worded as generate's."""
+    raw = tmp_path / "gpt2-raw"
+    raw.mkdir()
+    (raw / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    (raw / "model.safetensors").write_bytes(b"\0" * 16)
+    hint = f"{raw} is a Hugging Face model folder, not a prepared model: run `layerfit prepare hf:{raw} -o OUT`"
+    with pytest.raises(ManifestError) as refused:
+        read_manifest(raw)
+    assert str(refused.value) == f"{raw / 'manifest.json'} is missing: {hint}"
+    with pytest.raises(ManifestError, match=f"run `layerfit prepare hf:{raw} -o OUT`"):
+        load(raw)
+    for command in (["inspect"], ["run"]):
+        assert main([command[0], str(raw)]) == 2, command
+        err = capsys.readouterr().err.strip()
+        assert hint in err and "\n" not in err and "Traceback" not in err, err
+    (raw / "config.json").unlink()  # a folder of anything else: as before
+    with pytest.raises(ManifestError, match=f"is missing: {raw} is not a prepared model$"):
+        read_manifest(raw)

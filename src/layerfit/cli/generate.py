@@ -15,7 +15,6 @@ token is made, each as one line (:class:`~layerfit.errors.InputError`).
 from __future__ import annotations
 
 import copy
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -164,8 +163,7 @@ def _check_folder(directory: str) -> Manifest:
     does not exist, is not a directory, is a Hugging Face folder not yet prepared, or is
     a zoo model (never a language model) is refused saying so, before anything is said
     about its tokenizer (which would send the user the wrong way)."""
-    from layerfit.store.hf_folder import CONFIG
-    from layerfit.store.manifest import MANIFEST, read_manifest
+    from layerfit.store.manifest import is_unprepared_hf_folder, read_manifest, unprepared_hint
 
     folder = Path(directory)
     if not folder.exists():
@@ -175,11 +173,8 @@ def _check_folder(directory: str) -> Manifest:
         )
     if not folder.is_dir():
         raise InputError(f"{directory} is not a directory: generate takes the folder of a prepared language model")
-    if not os.path.lexists(folder / MANIFEST) and (folder / CONFIG).is_file():
-        raise InputError(
-            f"{directory} is a Hugging Face model folder, not a prepared model: run `layerfit prepare "
-            f"hf:{directory} -o OUT`, then generate from OUT"
-        )
+    if is_unprepared_hf_folder(folder):
+        raise InputError(f"{unprepared_hint(directory)}, then generate from OUT")
     manifest = read_manifest(folder)  # one line for a folder that is not a prepared model
     if manifest.model["source"] == "zoo":  # the zoo holds the papers' CNNs and ViTs only
         raise InputError(_not_a_language_model(directory, manifest.model["name"]))

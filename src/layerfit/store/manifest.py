@@ -340,6 +340,19 @@ def read_manifest(directory: str | Path) -> Manifest:
     return manifest
 
 
+def is_unprepared_hf_folder(directory: str | Path) -> bool:
+    """Whether ``directory`` is a Hugging Face folder as published: a ``config.json`` and
+    no ``manifest.json`` (of any kind: one that is not a regular file is refused for what
+    it is), so ``prepare hf:`` is what to run on it."""
+    return not os.path.lexists(Path(directory) / MANIFEST) and (Path(directory) / HF_CONFIG).is_file()
+
+
+def unprepared_hint(directory: str | Path) -> str:
+    """What to say of a Hugging Face folder given where a prepared model is expected:
+    the one wording of ``run``, ``inspect``, ``layerfit.load`` and ``generate``."""
+    return f"{directory} is a Hugging Face model folder, not a prepared model: run `layerfit prepare hf:{directory} -o OUT`"
+
+
 def _read_regular(path: Path, directory: str | Path) -> bytes:
     """The bytes of ``path`` if it is a regular file (or a link to one). It is opened
     without blocking and checked after opening, so a FIFO of that name (which a blocking
@@ -349,6 +362,8 @@ def _read_regular(path: Path, directory: str | Path) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:  # a dangling link too
+        if is_unprepared_hf_folder(directory):  # "not a prepared model" alone would leave the user there
+            raise ManifestError(f"{path} is missing: {unprepared_hint(directory)}") from None
         raise ManifestError(f"{path} is missing: {directory} is not a prepared model") from None
     try:
         mode = os.fstat(fd).st_mode
