@@ -4,14 +4,22 @@ within a budget, with generate, the model's config, its tokenizer and pipelines.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import layerfit
+from layerfit.engine import pretrained
 from layerfit.errors import InputError
 from layerfit.store import prepare
+from layerfit.store.hf_folder import HFOptions
+from layerfit.store.output_folder import OutputBusyError, output_lock
 
 transformers = pytest.importorskip("transformers")
 
@@ -112,3 +120,63 @@ def test_what_is_not_a_model_folder_is_refused(tmp_path: Path):
     prepare("tinymodels:tiny_cnn", tmp_path / "cnn", input_shape=(1, 3, 8, 8))
     with pytest.raises(InputError, match="not prepared from a Hugging Face folder: use layerfit.load"):
         layerfit.from_pretrained(tmp_path / "cnn")
+
+
+# --- two callers at once: the second waits for the first and uses its folder -------------
+
+
+def test_a_second_caller_waits_for_the_first_and_uses_its_folder(llama_folder: Path):
+    """The second of two callers used to refuse (prepare's lock held: OutputBusyError)."""
+    directory = pretrained.cached_directory(llama_folder, HFOptions())
+    directory.parent.mkdir(parents=True)
+    got: dict[str, object] = {}
+
+    def second() -> None:
+        try:
+            got["model"] = layerfit.from_pretrained(llama_folder)
+        except BaseException as exc:  # reported by the assertion below
+            got["error"] = exc
+
+    with output_lock(directory, lock=pretrained.CACHE_LOCK):  # the first caller, preparing
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        waiter.join(1.0)
+        assert waiter.is_alive() and not got, got  # waiting, neither refused nor preparing
+        prepare("hf:" + str(llama_folder), directory, hf=HFOptions())
+        stamp = (directory / "manifest.json").stat().st_mtime_ns
+    waiter.join(120)
+    assert "error" not in got, got
+    with got["model"] as model:  # type: ignore[attr-defined]
+        assert model.directory == directory
+    assert (directory / "manifest.json").stat().st_mtime_ns == stamp  # used, not prepared again
+    assert sorted(p.name for p in directory.parent.iterdir()) == [directory.name]  # no lock file left
+
+
+def test_the_wait_is_bounded_and_ends_in_one_line(llama_folder: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(pretrained, "CACHE_WAIT", 0.5)
+    directory = pretrained.cached_directory(llama_folder, HFOptions())
+    directory.parent.mkdir(parents=True)
+    with output_lock(directory, lock=pretrained.CACHE_LOCK):
+        started = time.monotonic()
+        with pytest.raises(OutputBusyError) as busy:
+            layerfit.from_pretrained(llama_folder)
+        assert 0.4 < time.monotonic() - started < 10
+    message = str(busy.value)
+    assert f"another process ({os.getpid()}) is still preparing {llama_folder} into {directory}" in message
+    assert "after 0.5 s of waiting: try again once it is done" in message and "\n" not in message
+    assert not directory.exists()
+
+
+def test_two_processes_asking_at_once_prepare_once(llama_folder: Path, cache: Path):
+    script = textwrap.dedent(f"""
+        import layerfit
+        with layerfit.from_pretrained({str(llama_folder)!r}) as model:
+            print(model.directory, (model.directory / "manifest.json").stat().st_mtime_ns)
+    """)
+    runs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    results = [(run.wait(timeout=300), *run.communicate()) for run in runs]
+    assert [code for code, _, _ in results] == [0, 0], [err[-2000:] for _, _, err in results]
+    first, second = (out.split() for _, out, _ in results)
+    assert first == second  # one folder, written once: the second used the first's
+    assert sorted(p.name for p in (cache / "prepared").iterdir()) == [Path(first[0]).name]

@@ -13,6 +13,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -115,6 +117,25 @@ def test_a_second_prepare_of_the_same_output_refuses_in_one_line(tmp_path: Path,
         assert _names(tmp_path) == [".m.layerfit-lock"]
     prepare(TINY, out, input_shape=SHAPE)
     assert _names(tmp_path) == ["m"]  # the lock file goes with its holder
+
+
+def test_a_bounded_wait_gets_the_lock_once_its_holder_lets_go(tmp_path: Path):
+    """What ``layerfit.from_pretrained`` waits with: a blocking flock, given up after
+    ``wait`` seconds in one line naming the holder; the command line never waits."""
+    out = tmp_path / "m"
+    holding = output_folder.output_lock(out)
+    holding.__enter__()
+    threading.Timer(0.3, holding.__exit__, (None, None, None)).start()
+    started = time.monotonic()
+    with output_folder.output_lock(out, wait=60):
+        assert 0.2 < time.monotonic() - started < 30
+        assert _names(tmp_path) == [".m.layerfit-lock"]
+        busy = pytest.raises(OutputBusyError, match=f"another prepare \\(process {os.getpid()}\\) is writing")
+        with busy, output_folder.output_lock(out, wait=0.2):
+            pass
+    assert _names(tmp_path) == []
+    with output_folder.output_lock(out):  # the waiter that gave up let the lock go
+        pass
 
 
 def test_two_processes_preparing_one_output_never_both_succeed(tmp_path: Path):

@@ -2,7 +2,8 @@
 
 PATH is a prepared folder, or a Hugging Face folder as published, which is prepared
 once into a cache folder (named in the result's ``directory``, and prepared again only
-when the folder's files change). The result is a :class:`PretrainedModel`: called like
+when the folder's files change); callers asking for it at once (processes or threads)
+prepare it once: the others wait for the first and use its folder. The result is a :class:`PretrainedModel`: called like
 the model, with ``generate``, the model's ``config``, ``generation_config`` and
 ``tokenizer`` at hand, and the :class:`~layerfit.engine.engine.Engine` that runs it as
 ``engine`` (its budget, memory plan, trace). ``streaming()`` lends the model itself to
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +24,18 @@ from torch import nn
 from layerfit.engine.config import EngineConfig
 from layerfit.engine.engine import Engine
 from layerfit.engine.generation import streamed
-from layerfit.errors import InputError, LayerfitError
+from layerfit.errors import InputError, LayerfitError, OutputPathError
 from layerfit.store.hf_folder import CONFIG, HFOptions
 from layerfit.store.manifest import MANIFEST, read_manifest
+from layerfit.store.output_folder import OutputBusyError, output_lock
 
 CACHE_ENVIRONMENT = "LAYERFIT_CACHE"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+CACHE_LOCK = ".layerfit-cache-lock"
+"""Beside a cache folder (``.NAME`` + this), held while one caller prepares it: others wait."""
+CACHE_WAIT = 30 * 60.0
+"""Seconds a caller waits for another preparing the same cache folder (a large model's
+prepare takes minutes) before it gives up in one line."""
 
 
 def cache_root() -> Path:
@@ -131,9 +139,7 @@ def from_pretrained(
         if cache is not None:
             directory = Path(cache) / directory.name
         if not _usable(directory):
-            from layerfit.store.writer import prepare
-
-            prepare("hf:" + str(folder), directory, hf=options_hf, force=directory.exists(), progress=progress)
+            _prepare_once(folder, directory, options_hf, progress)
     else:
         raise InputError(
             f"{path} is neither a prepared model nor a Hugging Face folder (it holds no {MANIFEST} and no {CONFIG})"
@@ -143,6 +149,41 @@ def from_pretrained(
         engine.close()
         raise InputError(f"{directory} was not prepared from a Hugging Face folder: use layerfit.load for it")
     return PretrainedModel(engine)
+
+
+def _prepare_once(folder: Path, directory: Path, options: HFOptions, progress: Any) -> None:
+    """Prepare ``folder`` into the cache folder ``directory`` unless a complete one is there
+    by now, one caller at a time: a second process (or thread) asking for the same folder
+    waits, at most :data:`CACHE_WAIT` seconds, for the first under the cache's own lock
+    (``.NAME`` + :data:`CACHE_LOCK`, held with a blocking flock), then uses what it
+    prepared. A ``prepare`` of the same folder from elsewhere (the command line) is
+    waited for the same way. Waited too long, one line says who holds it."""
+    from layerfit.store.writer import prepare
+
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputPathError(f"cannot create {directory}: {exc.strerror or exc} (pass another cache)") from None
+    deadline = time.monotonic() + CACHE_WAIT
+    try:
+        with output_lock(directory, wait=CACHE_WAIT, lock=CACHE_LOCK):
+            while not _usable(directory):
+                try:
+                    prepare("hf:" + str(folder), directory, hf=options, force=directory.exists(), progress=progress)
+                except OutputBusyError:  # a prepare not of from_pretrained's writes it now: wait, then look again
+                    with output_lock(directory, wait=max(deadline - time.monotonic(), 0.0)):
+                        pass
+    except OutputBusyError as busy:
+        raise OutputBusyError(
+            f"another process ({busy.holder}) is still preparing {folder} into {directory} after "
+            f"{_duration(CACHE_WAIT)} of waiting: try again once it is done, or pass another cache",
+            busy.holder,
+        ) from None
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` in words: minutes from one minute on."""
+    return f"{seconds / 60:g} minutes" if seconds >= 60 else f"{seconds:g} s"
 
 
 def _usable(directory: Path) -> bool:

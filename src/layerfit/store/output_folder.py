@@ -2,13 +2,16 @@
 is left beside it.
 
 ``prepare`` (:mod:`.writer`) writes a model into a folder beside ``OUT`` and renames it
-into place; this module keeps the rules of everything it does beside the output:
+into place; this module keeps the rules of everything it does beside the output (and
+says how much room the output's file system has, :func:`free_space`):
 
 - **what may be replaced** (:func:`check_output_dir`): a new ``OUT``, or with ``force``
   a prepared model or an empty folder — never a file, a link, the working directory
   or a folder holding anything else, which ``--force`` would otherwise delete;
 - **one run at a time per output** (:func:`output_lock`): a lock file ``.OUT.layerfit-lock``
-  held with ``flock`` for the whole write; a second run refuses in one line;
+  held with ``flock`` for the whole write; a second run refuses in one line (or, given
+  a bounded ``wait``, as ``layerfit.from_pretrained`` does for its cache, waits for the
+  first with a blocking ``flock``, then refuses in one line if it is still held);
 - **the rename decides again** (:func:`replace_dir`): whether ``OUT`` may be replaced is
   checked again under the lock (an ``OUT`` that appeared meanwhile is replaced only with
   ``force``), an existing one is moved into a marked ``.old`` folder first, and the
@@ -43,6 +46,7 @@ import shutil
 import signal
 import stat
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -64,6 +68,10 @@ _TAIL_LENGTH = len(".layerfit-") + _DIGEST + len(".tmp")
 
 class OutputBusyError(OutputExistsError):
     """Another ``prepare`` is writing the same output now."""
+
+    def __init__(self, message: str, holder: str = "?") -> None:
+        super().__init__(message)
+        self.holder = holder  # the process id the lock file names ("?" if unreadable)
 
 
 class PrepareStoppedError(LayerfitError):
@@ -238,26 +246,34 @@ def _alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def output_lock(out: Path) -> Iterator[None]:
-    """Hold ``.OUT.layerfit-lock`` beside ``out`` (flock, exclusive) for the block; a
-    second ``prepare`` of ``out`` refuses in one line. The file is removed on release."""
-    path = out.parent / f".{out.name}{LOCK}"
+def output_lock(out: Path, *, wait: float = 0.0, lock: str = LOCK) -> Iterator[None]:
+    """Hold ``.OUT`` + ``lock`` beside ``out`` (flock, exclusive) for the block; the file is
+    removed on release. Held by another process, it is refused in one line
+    (:class:`OutputBusyError`, naming that process) at once, or with ``wait`` after
+    waiting for it at most ``wait`` seconds (a blocking flock: nothing polls)."""
+    path = out.parent / f".{out.name}{lock}"
+    deadline = time.monotonic() + wait
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise OutputPathError(f"cannot create {out}: {exc.strerror or exc} (choose another directory)") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = _flock_within(fd, deadline - time.monotonic())
         except OSError as exc:
+            os.close(fd)
+            raise OutputPathError(f"cannot lock {path}: {exc.strerror or exc}") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        if not locked:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
             os.close(fd)
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise OutputPathError(f"cannot lock {path}: {exc.strerror or exc}") from None
             raise OutputBusyError(
                 f"another prepare (process {holder}) is writing {out} now: wait for it to finish, or choose "
-                "another directory"
-            ) from None
+                "another directory",
+                holder,
+            )
         with contextlib.suppress(OSError):  # the holder before us removed it as we opened it: again
             if os.path.samestat(os.fstat(fd), os.lstat(path)):
                 break
@@ -270,6 +286,57 @@ def output_lock(out: Path) -> Iterator[None]:
         with contextlib.suppress(OSError):
             os.unlink(path)
         os.close(fd)
+
+
+def _flock_within(fd: int, seconds: float) -> bool:
+    """Lock ``fd`` (flock, exclusive), waiting at most ``seconds`` for its holder; whether
+    it is locked. Another error than the lock being held is raised."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+    return seconds > 0 and _FlockWaiter(fd).within(seconds)
+
+
+class _FlockWaiter:
+    """A blocking flock of ``fd``'s open file (through a duplicate: the lock is the open
+    file's, so ``fd`` holds it too) in a thread of its own, waited for with a timeout.
+    Given up, the thread lets the lock go as soon as it gets it."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = os.dup(fd)
+        self._guard = threading.Lock()
+        self._done = threading.Event()
+        self._given_up = False
+        self._error: OSError | None = None
+        threading.Thread(target=self._lock, name="layerfit-lock-wait", daemon=True).start()
+
+    def _lock(self) -> None:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            self._error = exc
+        with self._guard:
+            if self._given_up and self._error is None:  # nobody waits for it any more
+                with contextlib.suppress(OSError):
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._done.set()
+
+    def within(self, seconds: float) -> bool:
+        """Whether the lock was got within ``seconds`` (an interrupt gives it up too)."""
+        try:
+            self._done.wait(seconds)
+        finally:
+            with self._guard:
+                self._given_up = not self._done.is_set()
+        if self._given_up:
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
 
 
 class StoppedBySignal(BaseException):
