@@ -362,7 +362,7 @@ def generation_cases(args: argparse.Namespace, repository: Path) -> list[dict]:
     cases: list[dict] = []
     server: Server | None = None
     try:
-        for size_mib in args.sizes_mib:
+        for size_mib in (float(v) for v in args.sizes_mib.split(",")):
             for shape in SHAPES:
                 for route in GENERATION_ROUTES:
                     if server is None:
@@ -463,7 +463,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     probe.remove()
     out: dict[str, Any] = {"machine": machine(), "args": vars(args), "cgroup": probe.available,
                            "code": code_version(args.src), "server_module": module}
-    phases = set(args.phases)
+    phases = set(args.phases.split(","))
     # phases 1-3 on one server (SIGTERM ends it)
     server = Server(args, repository) if "infer" in phases else None
     try:
@@ -643,16 +643,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=2.0, help="the servers' --shutdown-grace")
     parser.add_argument("--slow", type=int, default=64)
     parser.add_argument("--duration", type=float, default=20.0)
-    parser.add_argument("--sizes-mib", type=float, nargs="+", default=[3.0, 55.0])
+    parser.add_argument("--sizes-mib", default="3,55", help="body sizes of the generation cases, MiB, comma-separated")
     parser.add_argument("--case-timeout", type=float, default=120.0, help="seconds a generation case may take")
     parser.add_argument("--churn-seconds", type=float, default=600.0)
-    parser.add_argument("--phases", nargs="+", choices=["infer", "generation", "churn"],
-                        default=["infer", "generation", "churn"], help="which phases run (all by default)")
+    parser.add_argument("--phases", default="infer,generation,churn",
+                        help="which phases run, comma-separated: infer, generation, churn (all by default)")
     parser.add_argument("--sigterm-wait", type=float, default=120.0)
     parser.add_argument("--src", default=None, help="run the server from this source tree (PYTHONPATH)")
     parser.add_argument("--compare", default=None, help="an earlier run's name whose figures to show beside")
     parser.add_argument("--name", default="serve_hostile")
     args = parser.parse_args(argv)
+    unknown = set(args.phases.split(",")) - {"infer", "generation", "churn"}
+    if unknown:
+        parser.error(f"--phases: no phase {', '.join(sorted(unknown))} (infer, generation, churn)")
     before = json.loads((RESULTS / f"{args.compare}.json").read_text()) if args.compare else None
     result = run(args)
     text = markdown(result, before)
