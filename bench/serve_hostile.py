@@ -540,13 +540,14 @@ def markdown(r: dict[str, Any], before: dict[str, Any] | None = None) -> str:
         lines += [f"Beside: `{before['args']['name']}` (server at commit {before.get('code', 'unknown')}), "
                   "from the same machine and session; ratios are this run's over that one's.", ""]
     lines += [f"Idle server RSS: {mb(r.get('idle_rss'))} MB.", "",
-              "| flood (/v2 infer) | body MB | answers | server alive | peak RSS MB | cgroup peak MB | OOM kills |",
-              "|---|---:|---|---|---:|---:|---:|"]
+              "| flood (/v2 infer) | run | body MB | answers | server alive | peak RSS MB | cgroup peak MB | OOM kills |",
+              "|---|---|---:|---|---|---:|---:|---:|"]
     for n in (1, 4):
-        f = r.get(f"flood_{n}")
-        if f:
-            lines.append(f"| {n} at once | {f['body_mb']:.1f} | {f['statuses']} | {f['server_alive']} | "
-                         f"{mb(f['vm_hwm'])} | {mb(f['cgroup_peak'])} | {f['oom_kills']} |")
+        for run_ in ([before] if before is not None else []) + [r]:
+            f = run_.get(f"flood_{n}")
+            if f:
+                lines.append(f"| {n} at once | {run_['args']['name']} | {f['body_mb']:.1f} | {f['statuses']} | "
+                             f"{f['server_alive']} | {mb(f['vm_hwm'])} | {mb(f['cgroup_peak'])} | {f['oom_kills']} |")
     lines += ["", "## Generation bodies", "",
               "One body at a time; a server that died is replaced for the next case. 'status' is the answer, or "
               "the error the client saw (the connection dropped when the process was killed).", ""]
