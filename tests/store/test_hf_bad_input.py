@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
+from hf_folders import tiny_llama_folders
 
 from layerfit.cli import main
 
@@ -26,17 +26,7 @@ WEIGHT = "model.layers.1.mlp.down_proj.weight"
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tiny Llama saved as one file and as shards of 40 KB."""
-    transformers.logging.set_verbosity_error()
-    config = transformers.LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    root = tmp_path_factory.mktemp("hf_bad")
-    model.save_pretrained(root / "single")
-    model.save_pretrained(root / "sharded", max_shard_size="40KB")
-    return {"single": root / "single", "sharded": root / "sharded"}
+    return tiny_llama_folders(tmp_path_factory.mktemp("hf_bad"))
 
 
 def _header(path: Path) -> tuple[dict, bytes]:
