@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from layerfit.schedule.repository import check_name
 from layerfit.serve.codec import (
     HEADER_LENGTH,
     TensorSpec,
@@ -21,7 +22,7 @@ from layerfit.serve.codec import (
 )
 from layerfit.serve.datatypes import TORCH_DTYPES, datatype_of, torch_dtype
 from layerfit.serve.errors import BadRequestError, status_of
-from layerfit.serve.registry import check_name, output_names
+from layerfit.serve.registry import output_names
 from layerfit.serve.types import InferenceRequest
 
 SPEC = TensorSpec("input", "FP32", (2, 3))
@@ -234,10 +235,10 @@ def test_request_json_beyond_strict_json_still_reads() -> None:
 
 
 def test_names_and_statuses() -> None:
-    check_name("resnet-18_v1.2")
+    assert check_name("resnet-18_v1.2", BadRequestError) == "resnet-18_v1.2"
     for bad in ("..", "../etc", "a/b", ".", "", "a\\b", "x" * 200, "%2e%2e"):
-        with pytest.raises(BadRequestError, match="invalid model name"):
-            check_name(bad)
+        with pytest.raises(BadRequestError, match="invalid model name"):  # the server's 400
+            check_name(bad, BadRequestError)
     assert output_names(1) == ["output"] and output_names(2) == ["output_0", "output_1"]
     from layerfit.errors import CorruptStoreError, QueueFullError
 

@@ -64,12 +64,18 @@ class ModelState(StrEnum):
     UNAVAILABLE = "UNAVAILABLE"
 
 
-def check_name(name: object) -> str:
-    """``name`` if it is a valid model name; :class:`UnknownModelError` otherwise."""
+def check_name(name: object, error: type[LayerfitError] = UnknownModelError) -> str:
+    """``name`` if it is a valid model name (a plain folder name: no path separators, no
+    ``..``, no oddities); ``error`` otherwise.
+
+    The one rule for model names: the runtime refuses a bad name as an unknown model,
+    the server (``error=BadRequestError``) as a bad request, with the same words.
+    """
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise UnknownModelError(
-            f"invalid model name {name!r}: a model name is one folder name of letters, digits, "
-            "'.', '_' and '-' starting with a letter or digit"
+        raise error(
+            f"invalid model name {name!r}: a model name is the name of a folder in the "
+            "repository (letters, digits, '.', '_', '-', starting with a letter or digit; "
+            "at most 128 characters)"
         )
     return name
 

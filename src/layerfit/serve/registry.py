@@ -42,7 +42,7 @@ from layerfit.errors import (
     ModelOverBudgetError,
     QueueFullError,
 )
-from layerfit.schedule.repository import NAME_PATTERN
+from layerfit.schedule.repository import check_name
 from layerfit.serve.codec import TensorSpec
 from layerfit.serve.datatypes import datatype_of
 from layerfit.serve.errors import BadRequestError, ModelNotFoundError
@@ -108,16 +108,6 @@ def _shape(shape: tuple[int, ...], varying: dict[int, str]) -> tuple[int, ...]:
     return tuple(-1 if axis in varying else size for axis, size in enumerate(shape))
 
 
-def check_name(name: str) -> None:
-    """Refuse names that are not plain folder names (path separators, ``..``, oddities)."""
-    if not NAME_PATTERN.fullmatch(name):
-        raise BadRequestError(
-            f"invalid model name {name!r}: a model name is the name of a folder in the "
-            "repository (letters, digits, '.', '_', '-', starting with a letter or digit; "
-            "at most 128 characters)"
-        )
-
-
 class ModelRegistry:
     """Names, versions, metadata and readiness of the runtime's models."""
 
@@ -135,7 +125,7 @@ class ModelRegistry:
 
     def info(self, name: str, version: str | None = None) -> Any:
         """The runtime's ModelInfo of ``name``: 400 for a bad name, 404 if not in the repository."""
-        check_name(name)
+        check_name(name, BadRequestError)
         info = self.runtime.models.get(name)
         if info is None:
             self.runtime.index()  # rescans the repository: folders added since start count
