@@ -9,14 +9,12 @@ and ``--json`` is strict JSON: a figure that does not exist is ``null``, never `
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from layerfit import strict_json
-from layerfit.cli.app import app, console, renamed_option
+from layerfit.cli.app import app, console, print_json, renamed_option
 from layerfit.cli.runtime_options import RUNTIME_OPTIONS, RuntimeOptions, runtime_options
 from layerfit.engine.openmp import (
     COMPUTE_THREADS_HELP,
@@ -37,11 +35,6 @@ schedule_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(schedule_app, name="schedule")
-
-
-def _print_json(obj: Any) -> None:
-    """Print strict JSON: NaN and infinities (figures that do not exist) become null."""
-    sys.stdout.write(strict_json.dumps(obj) + "\n")
 
 
 def _seconds(value: float | None) -> str:
@@ -109,7 +102,7 @@ def graph_command(
         "image": str(output),
     }
     if as_json:
-        _print_json(info)
+        print_json(info)
     else:
         console.print(
             f"{profile.name} ({profile.source}): {info['tasks']} tasks, {info['edges']} dependencies "
@@ -150,7 +143,7 @@ def profiles_command(
         for p in known.values()
     ]
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
     from layerfit.console import table as new_table
 
@@ -192,7 +185,7 @@ def contention_command(
     if save is not None:
         model.save(save)
     if as_json:
-        _print_json(model.describe())
+        print_json(model.describe())
         return
     console.print(
         f"slowdown beside one other task (torch {model.notes['torch_threads']} threads): "
@@ -227,7 +220,7 @@ def bound_command(
     loaded = load_workload(workload, known)
     bound = response_time_bound(loaded, workers=workers, contention=contention, profiles=known)
     if as_json:
-        _print_json({"workload": loaded.name, **bound.to_dict()})
+        print_json({"workload": loaded.name, **bound.to_dict()})
         return
     console.print(_bound_line(bound, loaded.name), highlight=False)
 
@@ -529,7 +522,7 @@ def _report_run(
         if image is not None:
             data["plot"] = str(image)
         data.update(extra)
-        _print_json(data)
+        print_json(data)
     else:
         _print_run(report, name, budget, workers, simulate, contention, extra, image)
     if plot_error is not None:  # the report is out; now say what failed
