@@ -128,6 +128,16 @@ def parse_budget(text: str | int | Budget, weights_bytes: int) -> int:
     return Budget.parse(text).bytes_for(weights_bytes)
 
 
+def align_up(size: int, alignment: int) -> int:
+    """``size`` rounded up to a multiple of ``alignment`` (a positive number of bytes).
+
+    The one rounding rule of the store's segment and tensor offsets and of the memory
+    planner's tensor sizes; the planner checks a user's alignment first
+    (:func:`layerfit.memory.records.check_alignment`).
+    """
+    return -(-size // alignment) * alignment
+
+
 def format_bytes(n: int | float) -> str:
     """Human-readable size in decimal megabytes, the unit the papers report in."""
     n = float(n)

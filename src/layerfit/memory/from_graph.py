@@ -34,7 +34,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from layerfit.errors import PlanError
-from layerfit.memory.records import DEFAULT_ALIGNMENT, TensorUsageRecord, align_up, check_records
+from layerfit.memory.records import (
+    DEFAULT_ALIGNMENT,
+    TensorUsageRecord,
+    check_alignment,
+    check_records,
+)
+from layerfit.sizes import align_up
 
 if TYPE_CHECKING:
     from layerfit.capture.graph import ModelGraph
@@ -169,6 +175,7 @@ def records_from_graph(
     alignment: int = DEFAULT_ALIGNMENT,
 ) -> GraphRecords:
     """Tensor usage records of ``graph``'s buffers under ``order`` (default: as captured)."""
+    check_alignment(alignment)
     storage = _Storage(graph)
     order = check_order(
         graph, range(len(graph.ops)) if order is None else order, storage.dependencies()

@@ -39,7 +39,13 @@ from layerfit.errors import PlanError
 from layerfit.memory.bounds import offsets_lower_bound
 from layerfit.memory.from_graph import _Storage, records_from_graph
 from layerfit.memory.profiles import operator_profiles
-from layerfit.memory.records import DEFAULT_ALIGNMENT, TensorUsageRecord, align_up, check_time_limit
+from layerfit.memory.records import (
+    DEFAULT_ALIGNMENT,
+    TensorUsageRecord,
+    check_alignment,
+    check_time_limit,
+)
+from layerfit.sizes import align_up
 
 if TYPE_CHECKING:
     from layerfit.capture.graph import ModelGraph
@@ -83,6 +89,7 @@ class _Model:
     """Bitmask form of the graph for fast state transitions."""
 
     def __init__(self, graph: ModelGraph, inplace: bool, alignment: int) -> None:
+        check_alignment(alignment)
         storage = _Storage(graph)
         self.m = len(graph.ops)
         groups = sorted(storage.members)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from layerfit.errors import PlanError
+from layerfit.sizes import align_up
 
 DEFAULT_ALIGNMENT = 64
 MAX_BYTES = 2**63 - 1  # int64: a size, and the sum of all sizes (every plan's total fits)
@@ -59,12 +60,6 @@ def check_time_limit(seconds: Any, name: str = "time_limit") -> float:
     ):
         raise PlanError(f"{name} must be a positive, finite number of seconds, got {seconds!r}")
     return float(seconds)
-
-
-def align_up(size: int, alignment: int = DEFAULT_ALIGNMENT) -> int:
-    """``size`` rounded up to a multiple of ``alignment`` (a power of two, see :func:`check_alignment`)."""
-    check_alignment(alignment)
-    return -(-size // alignment) * alignment
 
 
 @dataclass(frozen=True, order=False)

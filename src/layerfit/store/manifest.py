@@ -63,10 +63,6 @@ SAFETENSORS_DTYPES = {
 }
 
 
-def align_up(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
-
-
 def storage_order(shape: tuple[int, ...], stride: tuple[int, ...]) -> list[int] | None:
     """The dimensions of a tensor from the outermost in memory to the innermost, where
     ``stride`` lays ``shape`` out densely (a permutation of row-major, as channels-last

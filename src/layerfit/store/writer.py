@@ -30,7 +30,7 @@ from torch import nn
 from layerfit.capture import capture
 from layerfit.capture.graph import ModelGraph
 from layerfit.errors import CheckpointError, InputError, OutputPathError, UnknownModelError
-from layerfit.sizes import format_bytes
+from layerfit.sizes import align_up, format_bytes
 from layerfit.store.examples import example_call, example_input  # noqa: F401 (re-exported)
 from layerfit.store.hf_folder import (
     CONFIG,
@@ -53,7 +53,6 @@ from layerfit.store.manifest import (
     Manifest,
     Segment,
     TensorLayout,
-    align_up,
     storage_order,
 )
 from layerfit.store.model_spec import ModelSpec, resolve
