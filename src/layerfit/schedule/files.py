@@ -4,7 +4,8 @@ Every file the commands read goes through :func:`read_text`, so a missing, binar
 directory path is a :class:`~layerfit.errors.ScheduleError` naming the file, never a
 traceback. Every output is checked by :func:`~layerfit.store.outputs.check_output_file`
 *before* any long work (a measurement, a run), because finding out afterwards loses
-that work; it is then written by :func:`write_text` or :func:`save_figure` through a
+that work; it is then written by :func:`write_text` (a figure by
+:func:`~layerfit.store.outputs.save_figure` with ``error=ScheduleError``) through a
 temporary file and a rename, so nothing is half-written, and an existing file is
 replaced only with ``--force`` (a directory never).
 """
@@ -12,10 +13,8 @@ replaced only with ``--force`` (a directory never).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from layerfit.errors import OutputPathError, ScheduleError
-from layerfit.extras import require
 from layerfit.store import outputs
 
 
@@ -44,18 +43,4 @@ def write_text(path: str | Path, text: str) -> Path:
         raise ScheduleError(str(exc)) from None
 
 
-def save_figure(fig: Any, path: str | Path, dpi: int = 130) -> Path:
-    """Save a matplotlib figure to ``path`` (format from its extension) via a temporary
-    file and a rename, and close it."""
-    require("matplotlib")  # the plot extra
-    import matplotlib.pyplot as plt
-
-    try:
-        return outputs.save_figure(fig, path, dpi=dpi, bbox_inches="tight")
-    except OutputPathError as exc:
-        raise ScheduleError(str(exc)) from None
-    finally:
-        plt.close(fig)
-
-
-__all__ = ["read_text", "save_figure", "write_text"]
+__all__ = ["read_text", "write_text"]

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 
 from layerfit.errors import ScheduleError
 from layerfit.extras import require
-from layerfit.schedule.files import save_figure
 from layerfit.schedule.profile import NetworkProfile
 from layerfit.schedule.tasks import Job, NetworkPlan, Pool, Scheme, Task, TaskKind, task_id
+from layerfit.store.outputs import save_figure
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -469,7 +469,7 @@ def draw_graph(graph: nx.DiGraph, path: str | Path, title: str | None = None) ->
     nx.draw_networkx_labels(graph, positions, labels=labels, ax=ax, font_size=6)
     ax.set_title(title or "task graph")
     ax.axis("off")
-    return save_figure(fig, path, dpi=150)
+    return save_figure(fig, path, error=ScheduleError, close=True, dpi=150, bbox_inches="tight")
 
 
 def _short_label(task: Task) -> str:

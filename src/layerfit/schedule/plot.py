@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from layerfit.errors import ScheduleError
 from layerfit.extras import require
-from layerfit.schedule.files import save_figure
 from layerfit.schedule.report import RunReport
+from layerfit.store.outputs import save_figure
 
 _COLOURS = {"INIT": "#9e9e9e", "LOAD": "#4e79a7", "EXEC": "#f28e2b", "UNLOAD": "#76b7b2"}
 
@@ -62,4 +63,4 @@ def plot_run(report: RunReport, path: str | Path, title: str | None = None) -> P
         or f"{report.workload}: {report.policy}, {report.workers} workers, budget {report.budget / mib:.0f} MiB — "
         + ("no job completed" if mean is None else f"mean response {mean:.2f} s")
     )
-    return save_figure(fig, path, dpi=130)
+    return save_figure(fig, path, error=ScheduleError, close=True, dpi=130, bbox_inches="tight")

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from layerfit.errors import OutputExistsError, OutputPathError
+from layerfit.errors import LayerfitError, OutputExistsError, OutputPathError
 from layerfit.extras import require
 
 
@@ -96,16 +96,40 @@ def image_suffixes() -> list[str]:
     return sorted(f".{s}" for s in FigureCanvasAgg.get_supported_filetypes())
 
 
-def save_figure(fig: Any, path: str | Path, **savefig: Any) -> Path:
+def save_figure(
+    fig: Any,
+    path: str | Path,
+    *,
+    error: type[LayerfitError] = OutputPathError,
+    close: bool = False,
+    **savefig: Any,
+) -> Path:
     """Write a matplotlib figure to ``path`` in the format of its extension, atomically
-    (:func:`write_atomic`); an extension matplotlib does not write is an OutputPathError."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in image_suffixes():
-        raise OutputPathError(
-            f"cannot write an image to {path}: end the name with one of {', '.join(image_suffixes())}"
-        )
-    return write_atomic(path, lambda tmp: fig.savefig(tmp, format=suffix[1:], **savefig))
+    (:func:`write_atomic`), with ``savefig``'s keywords (``dpi``, ``bbox_inches``).
+
+    The one figure writer of every layer: an extension matplotlib does not write, or a
+    path that cannot be written, is an OutputPathError, or ``error`` with its message
+    (``ScheduleError``, ``TradeoffError``: the error of the caller's commands). With
+    ``close`` the figure is closed afterwards, written or not (pyplot keeps every figure
+    it made until then).
+    """
+    try:
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix not in image_suffixes():
+            raise OutputPathError(
+                f"cannot write an image to {path}: end the name with one of {', '.join(image_suffixes())}"
+            )
+        return write_atomic(path, lambda tmp: fig.savefig(tmp, format=suffix[1:], **savefig))
+    except OutputPathError as exc:
+        if error is OutputPathError:
+            raise
+        raise error(str(exc)) from None
+    finally:
+        if close:
+            import matplotlib.pyplot as plt
+
+            plt.close(fig)
 
 
 __all__ = ["check_output_file", "current_umask", "image_suffixes", "save_figure", "write_atomic"]

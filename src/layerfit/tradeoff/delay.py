@@ -29,7 +29,7 @@ from typing import Any
 
 from layerfit.engine import Engine
 from layerfit.engine.policies import AUTO
-from layerfit.errors import LayerfitError
+from layerfit.errors import LayerfitError, TradeoffError
 from layerfit.extras import require
 
 
@@ -190,7 +190,7 @@ def plot_delay_curve(curve: DelayCurve, path: str | Path, title: str | None = No
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    from layerfit.tradeoff.figures import save_figure
+    from layerfit.store.outputs import save_figure
 
     mb = [p.budget_bytes / 1e6 for p in curve.points]
     fig = Figure(figsize=(7, 4))
@@ -209,4 +209,4 @@ def plot_delay_curve(curve: DelayCurve, path: str | Path, title: str | None = No
     ax.set_title(title or "minimal-delay search")
     ax.legend()
     fig.tight_layout()
-    return save_figure(fig, path, dpi=120)
+    return save_figure(fig, path, error=TradeoffError, dpi=120)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from layerfit.errors import TradeoffError
 from layerfit.extras import require
 from layerfit.sizes import format_bytes
-from layerfit.tradeoff.figures import save_figure
+from layerfit.store.outputs import save_figure
 from layerfit.tradeoff.parts.search import Evaluation, TradeoffResult
 
 
@@ -64,7 +65,7 @@ def plot_pareto(result: TradeoffResult, path: str | Path) -> Path:
     ax.set_title(f"{result.derived.app.name}: memory vs throughput (chosen: *)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    return save_figure(fig, path, dpi=110)
+    return save_figure(fig, path, error=TradeoffError, dpi=110)
 
 
 def describe(result: TradeoffResult) -> list[str]:
