@@ -398,6 +398,23 @@ class StealMeter:
         }
 
 
+def _direct_pass(path: Path, buffer: Any, size: int | None) -> tuple[int, float]:
+    """One pass reading ``path`` from its start with ``O_DIRECT`` into ``buffer`` (one
+    request of the buffer's length each), up to ``size`` bytes (None: to its end): the
+    bytes read and the seconds it took."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+    try:
+        t0, done = time.perf_counter(), 0
+        while size is None or done < size:
+            got = os.preadv(fd, [buffer], done)
+            if got <= 0:
+                break
+            done += got
+        return done, time.perf_counter() - t0
+    finally:
+        os.close(fd)
+
+
 def direct_read_bandwidth(path: Path, limit: int = 1024 * 2**20, chunks: tuple[int, ...] = (8 * 2**20, 64 * 2**20),
                           repeats: int = 2) -> float:
     """Bytes per second reading ``path`` (its first ``limit`` bytes) with O_DIRECT into a
@@ -414,20 +431,27 @@ def direct_read_bandwidth(path: Path, limit: int = 1024 * 2**20, chunks: tuple[i
         size = min(path.stat().st_size, limit) // chunk * chunk
         passes = []
         for _ in range(repeats):
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
-            try:
-                t0, done = time.perf_counter(), 0
-                while done < size:
-                    got = os.preadv(fd, [buffer], done)
-                    if got <= 0:
-                        break
-                    done += got
-                passes.append(done / (time.perf_counter() - t0))
-            finally:
-                os.close(fd)
+            done, seconds = _direct_pass(path, buffer, size)
+            passes.append(done / seconds)
         buffer.close()
         rates.append(sorted(passes)[len(passes) // 2])
     return max(rates)
+
+
+def direct_read_once(path: Path, chunk: int) -> dict[str, Any]:
+    """Read ``path`` whole with ``O_DIRECT`` in ``chunk``-byte reads into a pre-faulted
+    buffer of the engine's own kind (huge pages where granted), as the engine reads a
+    unit (an unfaulted one halved the rate of 256 MiB reads here), page cache dropped
+    first: one pass, as a row (bench/vs_mmap.py's and bench/pipeline_floor.py's records)."""
+    from layerfit.store.reader import aligned_buffer
+
+    drop_page_cache()
+    buffer = aligned_buffer(chunk)
+    try:
+        total, seconds = _direct_pass(path, buffer, None)
+    finally:
+        buffer.close()
+    return {"file": str(path), "bytes": total, "seconds": seconds, "bytes_per_s": total / seconds, "chunk_bytes": chunk}
 
 
 def launch_server(command: list[str], env: dict[str, str] | None = None, preexec_fn: Any = None,

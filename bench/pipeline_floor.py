@@ -36,12 +36,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, off_main, write_results  # noqa: E402
+from common import direct_read_once, machine, off_main, write_results  # noqa: E402
 from vs_mmap import (  # noqa: E402
     BANDWIDTH_CHUNKS,
     CACHE,
     CNN,
-    direct_read_bandwidth,
     prepared,
     runner,
     streaming_budgets,
@@ -132,9 +131,9 @@ def measure(name: str, steps: int) -> list[dict[str, Any]]:
     compute = [c * preloaded / sum(traced) for c in traced]
     rows = []
     for budget in streaming_budgets(name):
-        before = direct_read_bandwidth(weights, BANDWIDTH_CHUNKS[0])["bytes_per_s"]
+        before = direct_read_once(weights, BANDWIDTH_CHUNKS[0])["bytes_per_s"]
         times, timeline, plan = off_main(lambda budget=budget: traced_steps(work, name, steps, budget))
-        after = direct_read_bandwidth(weights, BANDWIDTH_CHUNKS[0])["bytes_per_s"]
+        after = direct_read_once(weights, BANDWIDTH_CHUNKS[0])["bytes_per_s"]
         rate = max(before, after)
         reads: dict[int, int] = {}
         for e in timeline.events:

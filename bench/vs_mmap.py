@@ -525,28 +525,6 @@ def read_ahead_kb(path: Path) -> int:
     return int((Path("/sys/dev/block") / block_device(path) / "queue" / "read_ahead_kb").read_text())
 
 
-def direct_read_bandwidth(path: Path, chunk: int) -> dict[str, Any]:
-    """Read ``path`` whole with ``O_DIRECT`` in ``chunk``-byte reads into a pre-faulted
-    buffer of the engine's own kind (huge pages where granted), as the engine reads a
-    unit (an unfaulted one halved the rate of 256 MiB reads here), page cache dropped first."""
-    from common import drop_page_cache
-
-    from layerfit.store.reader import aligned_buffer
-
-    drop_page_cache()
-    buffer = aligned_buffer(chunk)
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    try:
-        total, t0 = 0, time.perf_counter()
-        while n := os.preadv(fd, [buffer], total):
-            total += n
-        seconds = time.perf_counter() - t0
-    finally:
-        os.close(fd)
-        buffer.close()
-    return {"file": str(path), "bytes": total, "seconds": seconds, "bytes_per_s": total / seconds, "chunk_bytes": chunk}
-
-
 def child_row(config: str, name: str, work: Path, passes: int, limit: int | None, budget: int | None = None,
               python: Path | str = sys.executable, read_ahead: bool = True) -> dict[str, Any]:
     """One configuration in a fresh child at ``limit``; a child past its time is a row too."""
@@ -584,7 +562,7 @@ def run_model(name: str, info: dict[str, Any], args: argparse.Namespace, llamacp
               for i in range(args.limits)]
     print(f"{name}: weights {format_bytes(info['weights_bytes'])}, footprint {format_bytes(extra)}, limits "
           + ", ".join(format_bytes(x) for x in limits), flush=True)
-    from common import progress
+    from common import direct_read_once, progress
 
     rows = []
     for limit in progress(limits, f"vs mmap {name}: memory limits"):
@@ -595,7 +573,7 @@ def run_model(name: str, info: dict[str, Any], args: argparse.Namespace, llamacp
             while True:
                 # The disk's rate the minute this child runs (its own weights file, the
                 # engine's request size): the bound at that rate says what the reader lost.
-                rate = direct_read_bandwidth(work / "prepared" / "weights.safetensors", BANDWIDTH_CHUNKS[0])
+                rate = direct_read_once(work / "prepared" / "weights.safetensors", BANDWIDTH_CHUNKS[0])
                 layerfit_runs.append({**child_row("layerfit", name, work, passes, limit, budget,
                                                   read_ahead=not args.no_read_ahead),
                                       "bandwidth_before_bytes_per_s": rate["bytes_per_s"]})
@@ -844,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.steps < GENERATED or args.limits < 2 or args.cnn_passes < 1 or args.rounds < 1:
         p.error(f"--steps must be 1..{GENERATED - 1}, --limits at least 2, --cnn-passes and --rounds at least 1")
     sys.path.insert(0, str(BENCH))
-    from common import RESULTS, machine, write_results
+    from common import RESULTS, direct_read_once, machine, write_results
 
     if args.markdown_only:
         data = json.loads((RESULTS / f"{args.output}.json").read_text())
@@ -869,10 +847,10 @@ def main(argv: list[str] | None = None) -> int:
     infos = {name: prepared(name, CACHE / name) for name in names}
     largest = max(names, key=lambda n: infos[n]["weights_bytes"])
     weights_file = CACHE / largest / "prepared" / "weights.safetensors"
-    data["bandwidth"] += [{**direct_read_bandwidth(weights_file, c), "when": "start"} for c in BANDWIDTH_CHUNKS]
+    data["bandwidth"] += [{**direct_read_once(weights_file, c), "when": "start"} for c in BANDWIDTH_CHUNKS]
     for name in names:
         data["models"][name] = run_model(name, infos[name], args, llamacpp)
-    data["bandwidth"] += [{**direct_read_bandwidth(weights_file, c), "when": "end"} for c in BANDWIDTH_CHUNKS]
+    data["bandwidth"] += [{**direct_read_once(weights_file, c), "when": "end"} for c in BANDWIDTH_CHUNKS]
     derive(data)
     data["wall_s"] = time.perf_counter() - t_start
     js, md = write_results(args.output, data, markdown(data))
