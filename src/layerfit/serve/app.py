@@ -91,32 +91,11 @@ def create_app(
     with ``generation``, Triton's generate extension and the OpenAI routes too.
 
     Each route is a closure over the data plane and the settings, so the factory is as
-    long as the API it declares (about 95 lines), one short handler per endpoint."""
+    long as the API it declares, one short handler per endpoint; the error handlers, which
+    close over nothing, are :func:`_error_handlers`."""
     app = FastAPI(title="layerfit", docs_url=None, redoc_url=None, openapi_url=None)
 
-    @app.exception_handler(ClientDisconnect)
-    async def _client_gone(_: Request, exc: ClientDisconnect) -> Response:
-        return Response(status_code=CLIENT_CLOSED)  # the client left mid-body: not a server error
-
-    @app.exception_handler(LayerfitError)
-    async def _layerfit_error(request: Request, exc: LayerfitError) -> JSONResponse:
-        return answer_error(request, status_of(exc), str(exc), openai_code(exc))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        if exc.status_code == 404:
-            message = f"no such endpoint: {message.lower()} (see GET /v2 and the Open Inference Protocol)"
-        return answer_error(request, exc.status_code, message)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return answer_error(request, 400, f"invalid request: {exc.errors()}")
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error")
-        return answer_error(request, 500, f"internal server error: {type(exc).__name__}: {exc}")
+    _error_handlers(app)
 
     # --- health and metadata ------------------------------------------------------
 
@@ -192,6 +171,37 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body)
     app.add_middleware(MetricsMiddleware, observe=metrics.observe_request)
     return app
+
+
+def _error_handlers(app: Any) -> None:
+    """Every failure answered as JSON (``answer_error``: the Open Inference Protocol's
+    ``{"error": …}``, OpenAI's error object on ``/v1/``): layerfit's errors with the status
+    of their class, FastAPI's and Starlette's (unknown endpoint, invalid body) with theirs,
+    anything unexpected a logged 500, a client that left mid-body a bare 499."""
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(_: Request, exc: ClientDisconnect) -> Response:
+        return Response(status_code=CLIENT_CLOSED)  # the client left mid-body: not a server error
+
+    @app.exception_handler(LayerfitError)
+    async def _layerfit_error(request: Request, exc: LayerfitError) -> JSONResponse:
+        return answer_error(request, status_of(exc), str(exc), openai_code(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404:
+            message = f"no such endpoint: {message.lower()} (see GET /v2 and the Open Inference Protocol)"
+        return answer_error(request, exc.status_code, message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return answer_error(request, 400, f"invalid request: {exc.errors()}")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return answer_error(request, 500, f"internal server error: {type(exc).__name__}: {exc}")
 
 
 def _repository_routes(app: Any, dataplane: DataPlane) -> None:
