@@ -133,3 +133,12 @@ def test_plans_serialise_with_every_assignment() -> None:
     offsets = plan_offsets(records, "greedy_by_size").to_dict()
     assert offsets["total"] == 128 and offsets["assignment"]["11"] == 64
     assert offsets["seconds"] >= 0
+
+
+def test_the_public_align_up_keeps_its_default_and_its_check():
+    from layerfit.errors import PlanError
+    from layerfit.memory import align_up
+
+    assert align_up(65) == 128 and align_up(5, 8) == 8 and align_up(0) == 0
+    with pytest.raises(PlanError, match="power of two"):
+        align_up(5, 3)

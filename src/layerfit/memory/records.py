@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from layerfit import sizes
 from layerfit.errors import PlanError
-from layerfit.sizes import align_up
 
 DEFAULT_ALIGNMENT = 64
 MAX_BYTES = 2**63 - 1  # int64: a size, and the sum of all sizes (every plan's total fits)
@@ -60,6 +60,14 @@ def check_time_limit(seconds: Any, name: str = "time_limit") -> float:
     ):
         raise PlanError(f"{name} must be a positive, finite number of seconds, got {seconds!r}")
     return float(seconds)
+
+
+def align_up(size: int, alignment: int = DEFAULT_ALIGNMENT) -> int:
+    """``size`` rounded up to a multiple of ``alignment``, checked to be a power of two:
+    :func:`layerfit.sizes.align_up` as ``layerfit.memory`` exports it (with its default
+    and its check, as before the rule had one home)."""
+    check_alignment(alignment)
+    return sizes.align_up(size, alignment)
 
 
 @dataclass(frozen=True, order=False)
@@ -192,7 +200,7 @@ def make_records(
     out = []
     for position, item in enumerate(items):
         rec = _record_from(item, position)
-        size = align_up(rec.size, alignment) if rec.size > 0 else rec.size
+        size = sizes.align_up(rec.size, alignment) if rec.size > 0 else rec.size
         if size > MAX_BYTES:
             raise PlanError(
                 f"tensor usage record {rec.id}: size {rec.size} rounded up to {alignment} "
