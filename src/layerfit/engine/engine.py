@@ -43,7 +43,7 @@ from layerfit.engine.parts import Part
 from layerfit.engine.pass_state import PassState
 from layerfit.engine.plan import EnginePlan, MemoryPlan, plan
 from layerfit.engine.policies import Policy
-from layerfit.engine.positions import check_positions, named_inputs
+from layerfit.engine.positions import check_call
 from layerfit.engine.ring import RingBuffer
 from layerfit.engine.skeleton import (
     Binding,
@@ -253,7 +253,7 @@ class Engine:
         """The model's own ``generate`` (Hugging Face's), every forward pass it makes
         streamed by this engine; see :mod:`layerfit.engine.generation`. A prompt longer
         than the model's positions is refused before the first pass."""
-        self.check_positions(args, {k: v for k, v in kwargs.items() if k == "input_ids"})
+        check_call(self.manifest, self.model, args, {k: v for k, v in kwargs.items() if k == "input_ids"})
         return generate(self, *args, **kwargs)
 
     def part(self, name: str) -> Part:
@@ -271,17 +271,8 @@ class Engine:
         An input longer than the model's positions is refused here, in one line
         (:class:`~layerfit.errors.RequestTooLargeError`), before the pass begins.
         """
-        self.check_positions(args, kwargs)
+        check_call(self.manifest, self.model, args, kwargs)
         return self.run_pass(source, self.model, args, kwargs)
-
-    def check_positions(self, args: tuple, kwargs: dict) -> None:
-        """Refuse a call (or a prompt) whose token axis passes the model's positions; see
-        :mod:`layerfit.engine.positions`."""
-        main = getattr(self.model, "main_input_name", "input_ids")
-        check_positions(
-            self.manifest, named_inputs(self.manifest, main, args, kwargs), self.manifest.model["name"],
-            getattr(self.model, "config", None),
-        )
 
     @torch.no_grad()
     def run_pass(

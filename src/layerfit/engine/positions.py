@@ -61,6 +61,15 @@ def check_positions(manifest: Manifest, inputs: Mapping[str, Any], model: str, c
         )
 
 
+def check_call(manifest: Manifest, model: Any, args: tuple, kwargs: Mapping[str, Any]) -> None:
+    """:func:`check_positions` for a call of ``model`` (the skeleton an engine runs): its
+    inputs named as the manifest names them, its config's positions where the manifest
+    records none."""
+    main = getattr(model, "main_input_name", "input_ids")
+    check_positions(manifest, named_inputs(manifest, main, args, kwargs), manifest.model["name"],
+                    getattr(model, "config", None))
+
+
 def _limits(manifest: Manifest, config: Any) -> list[tuple[str, int, int]]:
     """``(input name, axis, most positions)`` of each bounded axis."""
     shapes = manifest.variable_shapes
@@ -79,4 +88,4 @@ def _limits(manifest: Manifest, config: Any) -> list[tuple[str, int, int]]:
     return [(main, SEQUENCE_AXIS, stated[1])] if dtype.startswith("int") else []  # token ids, not features
 
 
-__all__ = ["check_positions", "named_inputs"]
+__all__ = ["check_call", "check_positions", "named_inputs"]

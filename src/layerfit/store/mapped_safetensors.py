@@ -16,6 +16,7 @@ Every file of the folder is opened through :class:`~.folder_files.FolderFiles`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 import os
@@ -68,12 +69,8 @@ class MappedFile:
 
     def __init__(self, files: FolderFiles, name: str) -> None:
         self.path = files.folder / name
-        try:
+        with _as_checkpoint_error():
             fd = files.open(name)
-        except LinkOutOfFolderError:
-            raise
-        except InputError as exc:
-            raise CheckpointError(str(exc)) from None
         try:
             st = os.fstat(fd)
             self.mode = stat.S_IMODE(st.st_mode)
@@ -242,16 +239,24 @@ class Checkpoint:
         return max(by_dtype, key=by_dtype.__getitem__) if by_dtype else None
 
 
-def _read_index(files: FolderFiles) -> dict[str, list[str]]:
-    """Shard file name → the tensor names the folder's index places in it; every shard a
-    plain file name in the folder that exists."""
-    index = files.folder / INDEX
+@contextlib.contextmanager
+def _as_checkpoint_error() -> Iterator[None]:
+    """A folder file that cannot be read, as the checkpoint's :class:`CheckpointError`; a
+    link out of the folder stays a :class:`LinkOutOfFolderError` (its own refusal)."""
     try:
-        data = files.json(INDEX)
+        yield
     except LinkOutOfFolderError:
         raise
     except InputError as exc:
         raise CheckpointError(str(exc)) from None
+
+
+def _read_index(files: FolderFiles) -> dict[str, list[str]]:
+    """Shard file name → the tensor names the folder's index places in it; every shard a
+    plain file name in the folder that exists."""
+    index = files.folder / INDEX
+    with _as_checkpoint_error():
+        data = files.json(INDEX)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{index} has no weight_map naming the shards")
