@@ -4,7 +4,7 @@ A text model has a fixed number of positions; an input longer than that fails de
 its forward pass (a size mismatch of the position embeddings, an index out of range)
 with a traceback that names neither the input nor the limit. :func:`check_positions` is
 the one check of it, used by :class:`~layerfit.engine.Engine` (``layerfit run``, the
-Python API) and the runtime's input checks (:mod:`layerfit.schedule.inputs`), so both
+Python API) and the runtime's input checks (:mod:`layerfit.schedule.runtime.inputs`), so both
 refuse such a call with the same one line
 (:class:`~layerfit.errors.RequestTooLargeError`).
 

@@ -3,7 +3,7 @@
 By default the engine supplies units itself: its reader thread reads them, in order,
 into its circular buffer (:mod:`layerfit.engine.ring`). A *unit source* replaces that
 for one inference (:meth:`layerfit.engine.Engine.run_from`): the multi-request
-scheduler (:mod:`layerfit.schedule.runtime`) reads units in load tasks, into memory it
+scheduler (:mod:`layerfit.schedule.runtime.executor`) reads units in load tasks, into memory it
 budgets across many models, and lets a unit execute only when its execute task holds a
 worker slot. The forward pass, the hooks and binding by reference stay the engine's;
 only where the bytes come from and when the kernel may start change.
