@@ -300,7 +300,7 @@ def _auto_plan(m: Manifest, budget: str, stages: int) -> dict[str, Any]:
     made = plan(m, config, model)
     weights, sizes = made.weights, [b.nbytes for b in made.blocks]
     slot, slots, guessed = _expert_slots(made, model)
-    read = [] if weights.policy.name == "preload" else [
+    read = [] if weights.policy.resident else [
         i for i in range(len(sizes)) if i not in weights.kept and i not in weights.gathered
     ]
     return {

@@ -170,7 +170,7 @@ class Engine:
                                       read_ahead=config.expert_prefetch, compact=self.binder.name == "reference")
         self.stream.configure(weights.policy, new.blocks, bindings, weights.kept, tables, self._experts)
         self._hooks = install_hooks(self.stream, self._modules, self.manifest.graph.unused, self._experts.guesses)
-        self._preloaded = weights.policy.name == "preload"
+        self._preloaded = weights.policy.resident
         try:
             if self._preloaded:
                 self.buffers.preload(range(len(new.blocks)), self.units, bindings)
@@ -289,7 +289,7 @@ class Engine:
         what the reader read of it ahead is read for nothing (``last_skipped``). A unit
         source supplies every unit, so a pass it drives runs them all.
         """
-        if source is None and self.policy.name == "external":
+        if source is None and self.policy.external:
             raise LayerfitError(
                 "this engine has pipeline 'external': it runs only with a unit source "
                 "(Engine.run_from); load it with another pipeline to call it directly"
@@ -307,11 +307,11 @@ class Engine:
             if source is not None:
                 run.begin = 0
             run.source = source
-            run.ordered = source is not None or self.policy.name != "preload"
+            run.ordered = source is not None or not self.policy.resident
             self.stream.run = run
             self.binder.reset()
             # Nothing to read ahead when every streamed unit is an embedding read by rows.
-            streaming = source is None and self.policy.name != "preload" and self.buffers.ring is not None
+            streaming = source is None and not self.policy.resident and self.buffers.ring is not None
             threads = self.stream.start_threads(run, ahead) if streaming else []
             if ahead is not None and not streaming:  # (the next streamed pass starts afresh)
                 ahead.join()

@@ -62,7 +62,7 @@ class PreHook(UnitHook):
             stream.binder.bind(stream.bindings[i], buffer, off)
             run.bound[i] = off
             return
-        if stream.policy.name == "preload":
+        if stream.policy.resident:
             run.bound[i] = -1
             run.kernel_start[i] = run.now()
             return
@@ -339,7 +339,7 @@ class PostHook(UnitHook):
             return None
         # An embedding looked up on the host (three stages) ran no device kernel.
         host_lookup = i in run.gathered and stream.device_ring is not None
-        streaming = run.source is None and stream.policy.name != "preload"
+        streaming = run.source is None and not stream.policy.resident
         if streaming and i not in stream.kept and not host_lookup:  # its buffer may be reused once its kernels finished
             stream.device.finish_kernels()
         if stream.trace:

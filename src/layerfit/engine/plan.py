@@ -114,7 +114,7 @@ def plan(manifest: Manifest, config: EngineConfig, model: nn.Module | None = Non
             raise
         raise BudgetError(f"{exc} ({budget} of its {format_bytes(manifest.total_bytes)} of weights)") from None
     routed = {i for i in spent_rows if experts_segment(blocks[i].segments[0])}
-    guessing = model is not None and config.expert_prefetch and config.pipeline == "auto" and weights.policy.name == "async"
+    guessing = model is not None and config.expert_prefetch and config.pipeline == "auto" and weights.policy.runs_ahead
     routers = guessing_routers(model, blocks, routed) - weights.kept if guessing else set()
     if routers:
         # The routers that guess the next MoE layer's experts stay in memory (a few KB

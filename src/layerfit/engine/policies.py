@@ -35,11 +35,28 @@ from layerfit.sizes import format_bytes, format_bytes_exact
 
 @dataclass(frozen=True)
 class Policy:
-    """A named pipeline policy; see the module docstring."""
+    """A named pipeline policy; see the module docstring. What sets the policies apart is
+    data (``units_in_flight`` and the three flags) and the two gates, which the lock-step
+    policies override (:class:`SequentialPolicy`, :class:`SyncPolicy`): the engine asks
+    these, never the name."""
 
     name: str
     description: str
     units_in_flight: int  # minimum number of largest units the buffer must hold (0: all)
+    resident: bool = False  # every unit bound for good at configuration (preload): nothing streams
+    external: bool = False  # a unit source supplies every pass's units: no reader, no buffer
+    runs_ahead: bool = False  # reads run ahead as far as the buffer allows (async), see below
+
+    # ``runs_ahead``: adjacent units coalesce into one read, the reader waits for room for
+    # a batch, the next pass is read ahead between passes, routed experts are guessed a
+    # layer early, ``auto`` keeps units with the room beyond its buffer, and the buffer's
+    # natural size is two of the largest unit (the gates below never hold it back).
+
+    @property
+    def streams(self) -> bool:
+        """Whether the engine's own reader streams units through its buffer (neither
+        preload nor external): only then are embedding tables read by rows."""
+        return not self.resident and not self.external
 
     def minimum_bytes(self, unit_sizes: list[int]) -> int:
         """Smallest buffer this policy runs with."""
@@ -53,21 +70,22 @@ class Policy:
         """Buffer size for ``budget`` (default: the policy's natural size). Preload's need
         of every weight is checked by :func:`~layerfit.engine.weight_plan.plan_weights`,
         which knows the resident tensors and what streaming would need instead."""
-        if self.name == "external":  # the unit source owns the units' memory
+        if self.external:  # the unit source owns the units' memory
             return 0
         total = sum(unit_sizes)
         largest = max(unit_sizes, default=0)
         if budget is None:
-            natural = self.minimum_bytes(unit_sizes) if self.name != "async" else 2 * largest
+            natural = 2 * largest if self.runs_ahead else self.minimum_bytes(unit_sizes)
             return min(natural, total)  # never more than the whole model
         if budget < largest:
             raise BudgetError(
                 f"budget of {format_bytes_exact(budget)} is below the largest unit ({format_bytes(largest)}): "
                 f"the minimum budget is {format_bytes_exact(largest)}"
             )
-        if self.name == "sync" and budget < 2 * largest:
+        if self.units_in_flight > 1 and budget < self.units_in_flight * largest:  # sync's double buffer
             raise BudgetError(
-                f"sync double-buffers and needs 2 x the largest unit = {format_bytes_exact(2 * largest)}; "
+                f"{self.name} double-buffers and needs {self.units_in_flight} x the largest unit = "
+                f"{format_bytes_exact(self.units_in_flight * largest)}; "
                 f"the budget is {format_bytes_exact(budget)}: raise it or use async"
             )
         # Units start on 4096-byte boundaries for direct I/O: a ragged tail is unusable.
@@ -76,34 +94,49 @@ class Policy:
     def read_may_start(self, i: int, kernels_started: int, kernels_done: int, stages: int = 2) -> bool:
         """May unit ``i``'s read begin, given how many kernels started and finished?
 
-        ``stages`` is 2 (read, kernel) or 3 (read, copy, kernel). In the lock-step
-        pipeline unit ``i`` is read in the cycle in which kernel ``i - (stages - 1)``
-        runs (paper Fig. 10b).
+        ``stages`` is 2 (read, kernel) or 3 (read, copy, kernel). Only the buffer holds
+        the reads back here; the lock-step policies override it.
         """
-        if self.name == "sequential":
-            return kernels_done >= i
-        if self.name == "sync":
-            return kernels_started >= i - (stages - 2)
         return True
 
     def copy_may_start(self, j: int, kernels_started: int, kernels_done: int) -> bool:
         """May unit ``j``'s copy begin (three stages), on top of Algorithm 1's constraints
         that its read finished and the device buffer has room for it?"""
-        if self.name == "sequential":
-            return kernels_done >= j
-        if self.name == "sync":
-            return kernels_started >= j
         return True
+
+
+@dataclass(frozen=True)
+class SequentialPolicy(Policy):
+    """Read (and copy) a unit only once the kernel before it finished."""
+
+    def read_may_start(self, i: int, kernels_started: int, kernels_done: int, stages: int = 2) -> bool:
+        return kernels_done >= i
+
+    def copy_may_start(self, j: int, kernels_started: int, kernels_done: int) -> bool:
+        return kernels_done >= j
+
+
+@dataclass(frozen=True)
+class SyncPolicy(Policy):
+    """The lock-step pipeline: unit ``i`` is read in the cycle in which kernel
+    ``i - (stages - 1)`` runs (paper Fig. 10b), and copied once kernel ``j - 1`` started."""
+
+    def read_may_start(self, i: int, kernels_started: int, kernels_done: int, stages: int = 2) -> bool:
+        return kernels_started >= i - (stages - 2)
+
+    def copy_may_start(self, j: int, kernels_started: int, kernels_done: int) -> bool:
+        return kernels_started >= j
 
 
 POLICIES: dict[str, Policy] = {
     p.name: p
     for p in (
-        Policy("preload", "all weights resident (paper: Pre)", 0),
-        Policy("sequential", "read then execute each unit, one buffer (paper: Seq)", 1),
-        Policy("sync", "lock-step read/execute pipeline, double buffers (paper: Sync)", 2),
-        Policy("async", "reads run ahead within a circular buffer (paper: Async)", 1),
-        Policy("external", "units come from a unit source per inference (the scheduler); no buffer", 0),
+        Policy("preload", "all weights resident (paper: Pre)", 0, resident=True),
+        SequentialPolicy("sequential", "read then execute each unit, one buffer (paper: Seq)", 1),
+        SyncPolicy("sync", "lock-step read/execute pipeline, double buffers (paper: Sync)", 2),
+        Policy("async", "reads run ahead within a circular buffer (paper: Async)", 1, runs_ahead=True),
+        Policy("external", "units come from a unit source per inference (the scheduler); no buffer", 0,
+               external=True),
     )
 }
 

@@ -77,7 +77,7 @@ class ReadStage:
         ring, room = stream.ring, stream.room
         # Coalescing and batch-sized wake-ups only where reads may run ahead (async):
         # sequential and sync read each unit as soon as their gate opens, as the paper.
-        chunk = min(stream.coalesce_bytes, ring.capacity // 2) if stream.policy.name == "async" else 0
+        chunk = min(stream.coalesce_bytes, ring.capacity // 2) if stream.policy.runs_ahead else 0
         i = 0
         try:
             with room:

@@ -262,7 +262,7 @@ class UnitStream:
         """Whether the next pass is read ahead after ``run`` (see :meth:`read_next`)."""
         return (
             self.read_ahead_on and self.device_ring is None and self.ring is not None
-            and self.policy.name == "async" and run.begin is not None and run.source is None
+            and self.policy.runs_ahead and run.begin is not None and run.source is None
         )
 
     def _start_read_ahead(self, run: PassState) -> None:

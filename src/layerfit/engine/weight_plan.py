@@ -63,13 +63,13 @@ def plan_weights(
     goes to the expert cache instead of a larger buffer."""
     three = stages == 3
     policy = get_policy(resolve_pipeline(pipeline, resident + sum(unit_sizes), budget))
-    gathered = {} if policy.name in ("preload", "external") or not gatherable else dict(gatherable)
+    gathered = dict(gatherable) if policy.streams and gatherable else {}
     others = [i for i in range(len(unit_sizes)) if i not in gathered]
     sizes = [unit_sizes[i] for i in others]  # what the buffers and the kept units share
     largest = max(sizes, default=0)
     floor = max(gathered.values(), default=0)  # set aside before auto keeps units
     kept: set[int] = set()
-    if pipeline == AUTO and policy.name == "async" and budget is not None:
+    if pipeline == AUTO and policy.runs_ahead and budget is not None:
         room = budget - resident - floor
         weights = None if runs is None else [runs[i] for i in others]
         kept = {others[j] for j in choose_kept_units(sizes, room, buffers=2 if three else 1, runs=weights)}
@@ -129,10 +129,10 @@ def _buffer_sizes(policy: Policy, sizes: list[int], resident: int, budget: int |
     """(read buffer, device buffer) bytes for ``budget``; a clear error below the minimum.
     Three stages split the budget evenly between the two buffers."""
     largest = max(sizes, default=0)
-    if three and policy.name == "external":
+    if three and policy.external:
         raise LayerfitError("pipeline 'external' takes units from a unit source in host memory: it runs with stages=2 on cpu")
-    copies = 2 if three and policy.name != "preload" else 1  # read + device buffer
-    if policy.name == "preload" and budget is not None and budget < resident + sum(sizes):
+    copies = 2 if three and not policy.resident else 1  # read + device buffer
+    if policy.resident and budget is not None and budget < resident + sum(sizes):
         raise BudgetError(
             f"preload keeps every weight resident and needs {format_bytes_exact(resident + sum(sizes))}; "
             f"the budget is {format_bytes_exact(budget)}: raise it, or stream the weights with pipeline "
