@@ -71,8 +71,8 @@ def child(model_dir: Path, mode: str, repeats: int) -> dict[str, Any]:
 
     from layerfit.engine import load, output_digest
     from layerfit.engine.osmem import peak_rss_bytes, reset_peak_rss, rss_bytes, trim_heap
-    from layerfit.schedule.profiler import activation_peak_bytes, estimate_profile
-    from layerfit.schedule.runtime import Runtime
+    from layerfit.schedule.runtime.executor import Runtime
+    from layerfit.schedule.runtime.profiler import activation_peak_bytes, estimate_profile
     from layerfit.store import example_call, read_manifest
 
     manifest = read_manifest(model_dir)

@@ -59,7 +59,7 @@ LONE = "mobilenet_v2"
 
 def repositories() -> dict[str, Path]:
     from layerfit import zoo
-    from layerfit.schedule.thesis_zoo import THESIS_ZOO, prepare_thesis_models
+    from layerfit.schedule.experiments.thesis_zoo import THESIS_ZOO, prepare_thesis_models
 
     thesis = CACHE / "masa-64"
     prepare_thesis_models(thesis, tuple(THESIS_ZOO), resolution=64)
@@ -108,7 +108,7 @@ def child(mode: str, workload: str, repository: Path, edge: Path) -> dict[str, A
     from safetensors.torch import load_file
 
     from layerfit.engine.osmem import rss_bytes
-    from layerfit.schedule.runtime import Job, Runtime
+    from layerfit.schedule.runtime.executor import Job, Runtime
 
     names = model_names(repository)
     inputs = model_inputs(repository)

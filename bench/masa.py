@@ -2,7 +2,7 @@
 
 The thesis's networks are mapped to zoo architectures (AgeNet/GenderNet, AlexNet-style
 FaceNet/SoS/MemNet/SceneNet, VGG-S EmotionNet, GoogLeNet, Tiny-YOLOv2; see
-``layerfit.schedule.thesis_zoo``) and prepared at a small input resolution where the
+``layerfit.schedule.experiments.thesis_zoo``) and prepared at a small input resolution where the
 architecture allows it. Each prepared model is profiled once on this machine with the
 ``/proc/self/statm`` profiler (thesis §5.3): those profiles are what the real executor's
 scheduler is told, what the stochastic workloads' arrival rates are derived from, and
@@ -45,7 +45,7 @@ whole-network baseline, and the targets are also reported against it.
    the budget, this machine having the RAM to absorb it).
 
 4. **Headroom**: a lower bound on the mean response time of each workload that no policy
-   can beat on 2 workers (``layerfit.schedule.bounds``: critical paths, and shortest
+   can beat on 2 workers (``layerfit.schedule.experiments.bounds``: critical paths, and shortest
    remaining work first at the machine's best throughput, with and without the
    contention model), beside the best baseline: where bound / best baseline is above
    0.5, the ≤ 0.5 target is out of reach for every scheduler.
@@ -111,10 +111,10 @@ def child_real(args: argparse.Namespace) -> None:
     each on a fresh runtime after a warm-up job; prints a JSON list, one summary each."""
     from layerfit.engine.osmem import peak_rss_bytes, reset_peak_rss
     from layerfit.schedule.contention import load_contention
+    from layerfit.schedule.experiments.realrun import compare_with_simulator, run_workload
+    from layerfit.schedule.experiments.workload import load_workload
     from layerfit.schedule.profile import load_profiles
-    from layerfit.schedule.realrun import compare_with_simulator, run_workload
-    from layerfit.schedule.runtime import Runtime
-    from layerfit.schedule.workload import load_workload
+    from layerfit.schedule.runtime.executor import Runtime
 
     profiles = load_profiles(args.profiles)
     contention = load_contention(args.contention)
@@ -156,7 +156,7 @@ def child_profile(args: argparse.Namespace) -> None:
     """Profile the prepared models with the statm profiler and measure how their loads and
     executions slow each other; writes a profile set and a contention model."""
     from layerfit.schedule.profile import ProfileSet
-    from layerfit.schedule.profiler import measure_contention, measure_profile
+    from layerfit.schedule.runtime.profiler import measure_contention, measure_profile
 
     names = args.networks.split(",")
     profiles = [measure_profile(Path(args.repository) / n, n, repeats=3) for n in names]
@@ -194,7 +194,10 @@ def budgets(profiles: Any, networks: tuple[str, ...], fractions: tuple[float, ..
 
 def make_workloads(args: argparse.Namespace, profiles: Any, directory: Path) -> dict[str, dict[str, Any]]:
     """The scenarios' workload files (real runs and longer simulator runs)."""
-    from layerfit.schedule.generate import batch_workload, stochastic_workload
+    from layerfit.schedule.experiments.workload_generators import (
+        batch_workload,
+        stochastic_workload,
+    )
 
     directory.mkdir(parents=True, exist_ok=True)
     scenarios: dict[str, dict[str, Any]] = {}
@@ -243,8 +246,8 @@ def simulate_one(
     """One simulated run; ``policy-ungated`` runs a memory-oblivious policy without the budget gate;
     ``contention`` (default none, the thesis's model) makes concurrent tasks slow each other."""
     from layerfit.schedule.contention import NO_CONTENTION
-    from layerfit.schedule.penalty import PagingModel
-    from layerfit.schedule.simulator import simulate
+    from layerfit.schedule.experiments.penalty import PagingModel
+    from layerfit.schedule.experiments.simulator import simulate
 
     gated = not policy.endswith("-ungated")
     report = simulate(
@@ -350,10 +353,10 @@ def targets(
 
 def lower_bounds(scenarios: dict[str, dict[str, Any]], profiles: Any, contention: Any) -> dict[str, Any]:
     """The least mean response any policy could give each workload on 2 workers
-    (``layerfit.schedule.bounds``), without and with the contention model; keyed like
+    (``layerfit.schedule.experiments.bounds``), without and with the contention model; keyed like
     ``real`` (scenario, ``<scenario> rho=1.2``) and ``simulator`` (scenario, label)."""
-    from layerfit.schedule.bounds import response_time_bound
     from layerfit.schedule.contention import NO_CONTENTION
+    from layerfit.schedule.experiments.bounds import response_time_bound
 
     def both(workload: Any) -> dict[str, Any]:
         return {
@@ -448,10 +451,10 @@ def main() -> None:
         return
 
     from layerfit.schedule.contention import load_contention
+    from layerfit.schedule.experiments.thesis_zoo import THESIS_ZOO, prepare_thesis_models
+    from layerfit.schedule.experiments.workload import load_workload
     from layerfit.schedule.policies import policy_names
     from layerfit.schedule.profile import load_profiles
-    from layerfit.schedule.thesis_zoo import THESIS_ZOO, prepare_thesis_models
-    from layerfit.schedule.workload import load_workload
 
     if args.quick:
         args.batch_count, args.sim_count = 3, min(args.sim_count, 20)
@@ -699,7 +702,7 @@ def markdown(data: dict[str, Any], tight: str, loose: str) -> str:
         peak = result.get("unit_buffer_peak_bytes")
         lines.append(f"- × {key}: {fmt(mean_of(result))} s, {'-' if peak is None else f'{peak / 1e6:.1f}'} MB")
     lines += ["", f"## Headroom: the least mean response any policy could reach (tightest budget {tight} ×)", "",
-              "`layerfit.schedule.bounds`: no schedule on 2 workers can have a lower mean response than the "
+              "`layerfit.schedule.experiments.bounds`: no schedule on 2 workers can have a lower mean response than the "
               "bound, whatever the policy and the budget (it counts no memory): each job's critical path, and "
               "the work served by shortest remaining work first at the machine's best throughput (2 tasks at "
               "a time; under the contention model, the best mix of loads and executions). *Best reachable* = "

@@ -103,10 +103,10 @@ def squeeze_cold_pages(cgroup: Path) -> int:
 
 def child(args: argparse.Namespace) -> None:
     """One configuration, warm, then limited to its footprint + the budget; prints JSON."""
+    from layerfit.schedule.experiments.realrun import run_workload, warm_up
+    from layerfit.schedule.experiments.workload import load_workload
     from layerfit.schedule.profile import load_profiles
-    from layerfit.schedule.realrun import run_workload, warm_up
-    from layerfit.schedule.runtime import Runtime
-    from layerfit.schedule.workload import load_workload
+    from layerfit.schedule.runtime.executor import Runtime
 
     config = json.loads(args.config)
     cgroup = own_memory_cgroup()
@@ -217,7 +217,7 @@ def run_one(args: argparse.Namespace, storage: Storage, workload: Path, config: 
 
 def simulated(workload: Any, policy: str, budget: int, profiles: Any) -> float | None:
     """The simulator's mean response for the same run (thesis paging, physical = budget)."""
-    from layerfit.schedule.simulator import simulate
+    from layerfit.schedule.experiments.simulator import simulate
 
     report = simulate(workload, policy.removesuffix("-ungated"), memory=budget, workers=2,
                       profiles=profiles, trace=False, gated=not policy.endswith("-ungated"))
@@ -226,7 +226,7 @@ def simulated(workload: Any, policy: str, budget: int, profiles: Any) -> float |
 
 def profiles_for(args: argparse.Namespace, storage: Storage, repository: Path) -> Path:
     """The statm profiles measured on ``storage`` (``bench/masa.py`` measures the VM's)."""
-    from layerfit.schedule.thesis_zoo import THESIS_ZOO
+    from layerfit.schedule.experiments.thesis_zoo import THESIS_ZOO
 
     path = repository / ("profiles.json" if storage.kind == "vm" else f"profiles-{storage.kind}.json")
     if path.exists() and not args.reprofile:
@@ -273,9 +273,9 @@ def main() -> None:
         child(args)
         return
 
+    from layerfit.schedule.experiments.thesis_zoo import THESIS_ZOO, prepare_thesis_models
+    from layerfit.schedule.experiments.workload import load_workload
     from layerfit.schedule.profile import load_profiles
-    from layerfit.schedule.thesis_zoo import THESIS_ZOO, prepare_thesis_models
-    from layerfit.schedule.workload import load_workload
 
     started = time.perf_counter()
     fractions = tuple(float(f) for f in args.fractions.split(","))

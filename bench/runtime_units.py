@@ -57,7 +57,7 @@ def timed(call: Any, count: int) -> list[float]:
 def measure_model(name: str, args: argparse.Namespace, units: list[str]) -> dict[str, Any]:
     import layerfit
     from layerfit import zoo
-    from layerfit.schedule.runtime import Runtime
+    from layerfit.schedule.runtime.executor import Runtime
     from layerfit.store import example_input, read_manifest
 
     repository = CACHE / name  # a repository of this one model, at its default input size

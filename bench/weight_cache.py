@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import layerfit
     from layerfit import zoo
-    from layerfit.schedule.runtime import Runtime
+    from layerfit.schedule.runtime.executor import Runtime
     from layerfit.store import example_input, read_manifest
 
     names = args.models.split(",")

@@ -1,6 +1,6 @@
 """Which cached units to evict first: the weight cache's order against the usual ones.
 
-The runtime's :class:`~layerfit.schedule.weight_cache.WeightCache` is driven here by
+The runtime's :class:`~layerfit.schedule.runtime.weight_cache.WeightCache` is driven here by
 synthetic request traces — no model runs, no timing: each request streams its model's
 units in order through the real cache and a real :class:`~layerfit.schedule.MemoryLedger`
 (a load reserves its unit, the unload hands it to the cache), one request at a time or
@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, write_results  # noqa: E402
 
 from layerfit.schedule.ledger import MemoryLedger  # noqa: E402
+from layerfit.schedule.runtime.weight_cache import WeightCache  # noqa: E402
 from layerfit.schedule.tasks import Task, TaskKind  # noqa: E402
-from layerfit.schedule.weight_cache import WeightCache  # noqa: E402
 
 UNIT_SIZES = (16, 64, 256, 1024, 2048)  # kB, drawn per unit: norms to large convolutions
 

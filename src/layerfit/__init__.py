@@ -41,7 +41,7 @@ def __getattr__(name: str) -> Any:
 
         return prepare
     if name in ("Runtime", "InferenceJob", "Job"):
-        from layerfit.schedule import runtime
+        from layerfit.schedule.runtime import executor as runtime
 
         return getattr(runtime, name)
     if name == "release_thread_team":

@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 from layerfit.capture import capture
 from layerfit.capture.allocations import PassAllocations
 from layerfit.capture.graph import ModelGraph
-from layerfit.schedule.profiler import activation_estimate_bytes, activation_peak_bytes
+from layerfit.schedule.runtime.profiler import activation_estimate_bytes, activation_peak_bytes
 
 F32 = 4
 

@@ -13,7 +13,7 @@ import pytest
 from layerfit.cli import main
 from layerfit.cli.runtime_options import OPTIONS, runtime_default
 from layerfit.errors import LayerfitError
-from layerfit.schedule.runtime_config import SERVER_OVERRIDES, RuntimeConfig, server_config
+from layerfit.schedule.runtime.config import SERVER_OVERRIDES, RuntimeConfig, server_config
 from layerfit.sizes import parse_bytes
 
 SHARED = ["--workers", "3", "--policy", "masa", "--units", "merge:auto", "--cache-weights",
@@ -24,7 +24,7 @@ SHARED = ["--workers", "3", "--policy", "masa", "--units", "merge:auto", "--cach
 def configs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Run ``serve`` or ``schedule run`` up to the runtime, and return the config it built."""
     pytest.importorskip("fastapi")
-    from layerfit.schedule import realrun
+    from layerfit.schedule.experiments import realrun
     from layerfit.serve import server
 
     built: list[RuntimeConfig] = []

@@ -16,7 +16,7 @@ import tinymodels
 
 import layerfit
 from layerfit.errors import BudgetError, LayerfitError, ManifestError
-from layerfit.schedule.runtime import Runtime
+from layerfit.schedule.runtime.executor import Runtime
 from layerfit.sizes import Budget
 from layerfit.store import prepare, read_manifest
 

@@ -18,7 +18,7 @@ import torch
 
 from layerfit.engine import load
 from layerfit.errors import LayerfitError
-from layerfit.schedule.runtime import Job, Runtime
+from layerfit.schedule.runtime.executor import Job, Runtime
 from layerfit.store import example_input, prepare, read_manifest
 
 # factory in tinymodels -> (input shape, input dtype)

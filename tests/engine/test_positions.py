@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 import layerfit
 from layerfit.errors import LayerfitError, RequestTooLargeError
-from layerfit.schedule.runtime import Runtime
+from layerfit.schedule.runtime.executor import Runtime
 from layerfit.store import prepare
 from layerfit.store.hf_folder import HFOptions
 

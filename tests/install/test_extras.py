@@ -70,7 +70,7 @@ def test_the_exact_solvers_without_their_extra_name_the_install() -> None:
     assert "pip install 'layerfit[plan]'" in result.stdout
 
 
-@pytest.mark.parametrize(("package", "extra"), [("layerfit.serve", "serve"), ("layerfit.schedule.simulator", "schedule"),
+@pytest.mark.parametrize(("package", "extra"), [("layerfit.serve", "serve"), ("layerfit.schedule.experiments.simulator", "schedule"),
                                                 ("layerfit.tradeoff", "tradeoff")])
 def test_importing_a_feature_without_its_extra_raises_a_layerfit_error(package: str, extra: str) -> None:
     result = run_without(

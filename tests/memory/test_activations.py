@@ -6,7 +6,7 @@ from graph_helpers import toy_graph as graph
 
 from layerfit.memory.activations import activation_bytes, activation_records
 from layerfit.memory.from_graph import records_from_graph
-from layerfit.schedule.profiler import activation_peak_bytes
+from layerfit.schedule.runtime.profiler import activation_peak_bytes
 from layerfit.tradeoff.swapnet.partition import planned_arena_bytes
 
 # x -> a (op 0); v = a.view(...) (op 1); b = g(x) (op 2); out = h(v, b) (op 3): a's last

@@ -49,7 +49,7 @@ def reference(name: str, x: torch.Tensor) -> torch.Tensor:
 def largest_task(repo: Path, names: list[str]) -> int:
     """The most memory one task of these prepared models reserves (the smallest budget
     that runs each of them without the progress rule)."""
-    from layerfit.schedule.profiler import estimate_profile
+    from layerfit.schedule.runtime.profiler import estimate_profile
     from layerfit.store import read_manifest
 
     return max(estimate_profile(read_manifest(repo / name), name).largest_task_memory for name in names)

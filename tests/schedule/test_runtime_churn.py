@@ -22,7 +22,7 @@ from runtime_helpers import model_input, runtime_threads
 from layerfit.engine.engine import Engine
 from layerfit.errors import LayerfitError
 from layerfit.schedule.profile import NetworkProfile
-from layerfit.schedule.runtime import Runtime
+from layerfit.schedule.runtime.executor import Runtime
 
 CYCLES = 12
 

@@ -10,9 +10,9 @@ from runtime_helpers import largest_task, prepare_models, runtime_threads
 from layerfit.cli import main
 from layerfit.engine.osmem import is_glibc
 from layerfit.errors import WorkloadError
-from layerfit.schedule.realrun import run_workload
-from layerfit.schedule.runtime import Runtime
-from layerfit.schedule.workload import load_workload
+from layerfit.schedule.experiments.realrun import run_workload
+from layerfit.schedule.experiments.workload import load_workload
+from layerfit.schedule.runtime.executor import Runtime
 
 WORKLOAD = """\
 name: two-models

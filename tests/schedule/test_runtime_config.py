@@ -14,13 +14,13 @@ import pytest
 from runtime_helpers import runtime_threads
 
 from layerfit.errors import LayerfitError, ScheduleError
-from layerfit.schedule.runtime import Runtime
-from layerfit.schedule.runtime_config import (
+from layerfit.schedule.runtime.config import (
     AUTO_UNITS,
     SERVER_OVERRIDES,
     RuntimeConfig,
     server_config,
 )
+from layerfit.schedule.runtime.executor import Runtime
 
 LIBRARY_DEFAULTS = {
     "workers": 2,

@@ -25,16 +25,16 @@ import layerfit
 from layerfit.engine.engine import Engine
 from layerfit.engine.osmem import is_glibc
 from layerfit.errors import LayerfitError, ScheduleError
-from layerfit.schedule import workers as workers_module
 from layerfit.schedule.graph import build_graph
 from layerfit.schedule.policies import POLICIES, policy_names
-from layerfit.schedule.profiler import (
+from layerfit.schedule.runtime import workers as workers_module
+from layerfit.schedule.runtime.executor import Job, Runtime
+from layerfit.schedule.runtime.profiler import (
     StatmSampler,
     activation_peak_bytes,
     estimate_profile,
     measure_profile,
 )
-from layerfit.schedule.runtime import Job, Runtime
 from layerfit.store import read_manifest
 
 
@@ -333,7 +333,7 @@ def test_init_counts_the_captured_pass_and_an_older_manifest_warns(repo, tmp_pat
     manifest = read_manifest(repo / "tiny")
     graph = manifest.graph
     assert graph.pass_peak_bytes > activation_peak_bytes(graph)  # eager batch norm: its own output
-    with caplog.at_level("WARNING", logger="layerfit.schedule.profiler"):
+    with caplog.at_level("WARNING", logger="layerfit.schedule.runtime.profiler"):
         profile = estimate_profile(manifest, "tiny")
     assert profile.init_memory == manifest.resident_bytes + graph.pass_peak_bytes
     assert not caplog.records
@@ -343,7 +343,7 @@ def test_init_counts_the_captured_pass_and_an_older_manifest_warns(repo, tmp_pat
     data = json.loads((older / "manifest.json").read_text())
     del data["graph"]["pass_peak_bytes"]
     (older / "manifest.json").write_text(json.dumps(data))
-    with caplog.at_level("WARNING", logger="layerfit.schedule.profiler"):
+    with caplog.at_level("WARNING", logger="layerfit.schedule.runtime.profiler"):
         profile = estimate_profile(read_manifest(older), "tiny")
     assert profile.init_memory == manifest.resident_bytes + activation_peak_bytes(graph)
     assert "prepare it again" in caplog.text

@@ -27,10 +27,10 @@ from layerfit.errors import (
     ScheduleError,
     UnknownModelError,
 )
-from layerfit.schedule import repository as repository_module
-from layerfit.schedule.network_run import NetworkRun
-from layerfit.schedule.profiler import estimate_profile
-from layerfit.schedule.runtime import Job, Runtime
+from layerfit.schedule.runtime import repository as repository_module
+from layerfit.schedule.runtime.executor import Job, Runtime
+from layerfit.schedule.runtime.network_run import NetworkRun
+from layerfit.schedule.runtime.profiler import estimate_profile
 from layerfit.store import read_manifest
 from layerfit.store.reader import aligned_buffer
 

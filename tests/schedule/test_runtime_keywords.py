@@ -10,10 +10,10 @@ import torch
 
 from layerfit.engine import flat_outputs
 from layerfit.errors import InputError
-from layerfit.schedule.profiler import measure_contention, measure_profile
-from layerfit.schedule.realrun import run_workload
-from layerfit.schedule.runtime import InferenceJob, Runtime
-from layerfit.schedule.workload import load_workload
+from layerfit.schedule.experiments.realrun import run_workload
+from layerfit.schedule.experiments.workload import load_workload
+from layerfit.schedule.runtime.executor import InferenceJob, Runtime
+from layerfit.schedule.runtime.profiler import measure_contention, measure_profile
 from layerfit.store import ModelSpec, example_input, prepare
 
 FEATURES = (1, 8, 32)  # 8 mel bins, 32 frames

@@ -17,9 +17,9 @@ from layerfit.engine.engine import Engine
 from layerfit.errors import ScheduleError
 from layerfit.schedule.ledger import MemoryLedger
 from layerfit.schedule.policies import policy_names
-from layerfit.schedule.runtime import Job, Runtime
+from layerfit.schedule.runtime.executor import Job, Runtime
+from layerfit.schedule.runtime.weight_cache import WeightCache
 from layerfit.schedule.tasks import TaskKind
-from layerfit.schedule.weight_cache import WeightCache
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layerfit.errors import InputError
-from layerfit.schedule.sampling import Sampling, choose
+from layerfit.schedule.decoding.sampling import Sampling, choose
 
 pytest.importorskip("transformers")
 

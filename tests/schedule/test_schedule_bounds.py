@@ -10,12 +10,17 @@ from hypothesis import strategies as st
 from schedule_helpers import net
 
 from layerfit.errors import ScheduleError
-from layerfit.schedule.bounds import capacity, critical_path, response_time_bound, served_jobs
 from layerfit.schedule.contention import ContentionModel
+from layerfit.schedule.experiments.bounds import (
+    capacity,
+    critical_path,
+    response_time_bound,
+    served_jobs,
+)
+from layerfit.schedule.experiments.simulator import simulate
+from layerfit.schedule.experiments.workload import Arrival, Workload
 from layerfit.schedule.policies import policy_names
-from layerfit.schedule.simulator import simulate
 from layerfit.schedule.tasks import Job
-from layerfit.schedule.workload import Arrival, Workload
 
 
 def test_capacity_without_contention_is_one_task_per_worker():

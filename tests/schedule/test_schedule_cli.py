@@ -157,7 +157,7 @@ def test_zoo_cache_never_replaces_a_folder_it_did_not_prepare(tmp_path, capsys):
 
 def test_zoo_cache_replaces_only_its_own_entry_at_another_input(tmp_path, monkeypatch):
     from layerfit.errors import ScheduleError
-    from layerfit.schedule.thesis_zoo import prepare_thesis_models
+    from layerfit.schedule.experiments.thesis_zoo import prepare_thesis_models
 
     cache = tmp_path / "cache"
     prepare_thesis_models(cache, ["googlenet"], resolution=32)

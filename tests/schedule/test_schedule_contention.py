@@ -14,9 +14,9 @@ from test_schedule_simulator import check_run
 
 from layerfit.errors import ScheduleError
 from layerfit.schedule.contention import ContentionModel, load_contention
+from layerfit.schedule.experiments.simulator import simulate
 from layerfit.schedule.policies import policy_names
-from layerfit.schedule.profiler import measure_contention
-from layerfit.schedule.simulator import simulate
+from layerfit.schedule.runtime.profiler import measure_contention
 from layerfit.schedule.tasks import Job, TaskKind
 
 
@@ -184,8 +184,8 @@ def test_measure_contention_on_real_models(tmp_path):
 def test_run_durations_are_decontended_by_the_model():
     """The real run's per-task means; with a model, each run's duration is first turned
     back into work alone: the model's rate integrated over its span."""
+    from layerfit.schedule.experiments.realrun import measured_profiles
     from layerfit.schedule.profile import ProfileSet
-    from layerfit.schedule.realrun import measured_profiles
     from layerfit.schedule.report import RunReport, TaskRecord
 
     profiles = ProfileSet([net("a", [1, 1], load=[9.0, 9.0], execs=[9.0, 9.0])])

@@ -7,10 +7,10 @@ import random
 import pytest
 from schedule_helpers import net
 
+from layerfit.schedule.experiments.optimal import check_schedule, solve_jobs
+from layerfit.schedule.experiments.simulator import simulate
 from layerfit.schedule.graph import build_job_graph
-from layerfit.schedule.optimal import check_schedule, solve_jobs
 from layerfit.schedule.policies import policy_names
-from layerfit.schedule.simulator import simulate
 from layerfit.schedule.tasks import Job
 
 

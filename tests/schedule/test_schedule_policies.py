@@ -6,9 +6,9 @@ import pytest
 from schedule_helpers import net, task
 
 from layerfit.errors import ScheduleError
+from layerfit.schedule.experiments.simulator import simulate
 from layerfit.schedule.graph import network_tasks
 from layerfit.schedule.policies import POLICIES, make_policy, policy_names
-from layerfit.schedule.simulator import simulate
 from layerfit.schedule.tasks import Job, Pool, Scheme
 from layerfit.schedule.tasks import TaskKind as K
 

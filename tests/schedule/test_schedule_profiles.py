@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layerfit.errors import ScheduleError
+from layerfit.schedule.experiments.profile_sets import resolve_network
+from layerfit.schedule.experiments.thesis import MIB, TABLE_6_1, thesis_profiles
 from layerfit.schedule.profile import (
     LayerProfile,
     NetworkProfile,
@@ -16,8 +18,6 @@ from layerfit.schedule.profile import (
     load_profiles,
     profile_from_graph,
 )
-from layerfit.schedule.profile_sets import resolve_network
-from layerfit.schedule.thesis import MIB, TABLE_6_1, thesis_profiles
 
 
 def test_thesis_profiles_match_table_6_1():

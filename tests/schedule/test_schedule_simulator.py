@@ -9,11 +9,11 @@ from schedule_helpers import net
 
 from layerfit.errors import JobRejectedError, ScheduleError
 from layerfit.schedule.dispatch import Dispatcher
+from layerfit.schedule.experiments.penalty import PagingModel
+from layerfit.schedule.experiments.simulator import simulate
 from layerfit.schedule.graph import build_job_graph
 from layerfit.schedule.ledger import MemoryLedger
-from layerfit.schedule.penalty import PagingModel
 from layerfit.schedule.policies import POLICIES, make_policy, policy_names
-from layerfit.schedule.simulator import simulate
 from layerfit.schedule.tasks import Job
 
 
@@ -202,8 +202,8 @@ def test_report_statistics_and_deadlines():
 
 
 def test_masa_beats_bulk_and_deepeye_at_a_tight_budget_on_thesis_small_3():
-    from layerfit.schedule.generate import batch_workload
-    from layerfit.schedule.thesis import MIB
+    from layerfit.schedule.experiments.thesis import MIB
+    from layerfit.schedule.experiments.workload_generators import batch_workload
 
     workload = batch_workload("small-3", 3)
     means = {

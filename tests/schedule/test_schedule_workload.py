@@ -7,14 +7,14 @@ import statistics
 import pytest
 
 from layerfit.errors import LayerfitError, ScheduleError, WorkloadError
-from layerfit.schedule.generate import (
+from layerfit.schedule.experiments.thesis import thesis_profiles
+from layerfit.schedule.experiments.workload import load_workload, parse_workload
+from layerfit.schedule.experiments.workload_generators import (
     BATCH_SCENARIOS,
     batch_workload,
     scenario_workload,
     stochastic_workload,
 )
-from layerfit.schedule.thesis import thesis_profiles
-from layerfit.schedule.workload import load_workload, parse_workload
 
 PROFILES = thesis_profiles()
 

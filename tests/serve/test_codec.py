@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layerfit.schedule.repository import check_name
+from layerfit.schedule.runtime.repository import check_name
 from layerfit.serve.codec import (
     HEADER_LENGTH,
     TensorSpec,

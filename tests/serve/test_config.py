@@ -18,8 +18,8 @@ import torch
 from serve_helpers import child_env, json_body, reference, settings
 
 from layerfit.errors import JobRejectedError, LayerfitError
-from layerfit.schedule import repository as repository_module
-from layerfit.schedule.profiler import estimate_profile
+from layerfit.schedule.runtime import repository as repository_module
+from layerfit.schedule.runtime.profiler import estimate_profile
 from layerfit.serve.errors import status_of
 from layerfit.serve.server import ServerThread
 from layerfit.sizes import format_bytes

@@ -20,10 +20,10 @@ from serve_helpers import settings, wait_until
 
 import layerfit.engine
 from layerfit.errors import GenerationTooLargeError
-from layerfit.schedule.batch_step import BatchStep, Row, kv_bytes_per_token
-from layerfit.schedule.generation import DecodeLoop, Finish, Sequence
+from layerfit.schedule.decoding.batch_step import BatchStep, Row, kv_bytes_per_token
+from layerfit.schedule.decoding.batching import DecodeLoop, Finish, Sequence
+from layerfit.schedule.decoding.sampling import Sampling
 from layerfit.schedule.ledger import MemoryLedger
-from layerfit.schedule.sampling import Sampling
 from layerfit.serve.server import ServerThread
 
 openai = pytest.importorskip("openai")  # the test extra has it; the compatibility legs do not
@@ -254,7 +254,7 @@ def test_a_prompt_id_outside_the_vocabulary_never_joins_a_batch(engine: layerfit
 
 
 def test_a_temperature_whose_division_overflows_chooses_the_argmax():
-    from layerfit.schedule.sampling import choose
+    from layerfit.schedule.decoding.sampling import choose
 
     logits = torch.randn(64, generator=torch.Generator().manual_seed(0)) * 10
     for temperature in (1e-300, 1e-45):

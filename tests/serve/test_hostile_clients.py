@@ -300,7 +300,7 @@ def test_sigterm_with_trickling_generation_clients_stops_within_the_grace(lm_rep
 def test_sigterm_ends_a_stream_still_decoding_within_the_grace(lm_repository: Path, monkeypatch) -> None:
     """A completion still decoding when the grace runs out ends with a last error event
     (the server shut down), its sequence cancelled: the shutdown waits for no decode."""
-    from layerfit.schedule.batch_step import BatchStep
+    from layerfit.schedule.decoding.batch_step import BatchStep
 
     run = BatchStep.run
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from layerfit.errors import LayerfitError
-from layerfit.schedule.runtime_config import RuntimeConfig, server_config
+from layerfit.schedule.runtime.config import RuntimeConfig, server_config
 from layerfit.serve.server import ServeSettings
 
 

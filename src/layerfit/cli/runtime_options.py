@@ -1,12 +1,12 @@
 """The runtime's options, declared once for every command that builds a runtime.
 
-Each option sets one field of :class:`~layerfit.schedule.runtime_config.RuntimeConfig`
+Each option sets one field of :class:`~layerfit.schedule.runtime.config.RuntimeConfig`
 (``--cache-weights`` sets ``cache_weights``) and its default is that field's, so a
 default is stated once, in the config. A command takes the options it needs with
 :func:`runtime_options` (the shared mechanism of :mod:`.config_options`) and gets them as
 one :class:`RuntimeOptions`; a command whose defaults must differ passes them as
 ``overrides`` (``layerfit serve``:
-:data:`~layerfit.schedule.runtime_config.SERVER_OVERRIDES`), in that one place::
+:data:`~layerfit.schedule.runtime.config.SERVER_OVERRIDES`), in that one place::
 
     @app.command("serve")
     @runtime_options("workers", "policy", "units", overrides=SERVER_OVERRIDES)
@@ -29,7 +29,7 @@ from layerfit.cli.config_options import (
     config_options,
     option_default,
 )
-from layerfit.schedule.runtime_config import RuntimeConfig
+from layerfit.schedule.runtime.config import RuntimeConfig
 
 OPTIONS: Mapping[str, Option] = {
     "workers": Option(int, ("--workers",), "worker threads: tasks that run at once", {"min": 1}),

@@ -27,8 +27,8 @@ from layerfit.store.outputs import check_output_file
 
 if TYPE_CHECKING:
     from layerfit.schedule.contention import ContentionModel
+    from layerfit.schedule.experiments.workload import Workload
     from layerfit.schedule.report import RunReport
-    from layerfit.schedule.workload import Workload
 
 schedule_app = typer.Typer(
     help="Schedule many requests over one memory budget (MASA and baselines): graphs, workloads, runs.",
@@ -44,7 +44,7 @@ def _seconds(value: float | None) -> str:
 
 def _network(name: str, profiles: str | None):
     """A profile from a file, the profile set, or a zoo model captured now (estimated)."""
-    from layerfit.schedule.profile_sets import resolve_network, resolve_profiles
+    from layerfit.schedule.experiments.profile_sets import resolve_network, resolve_profiles
 
     path = Path(name)
     if path.suffix in (".json", ".yaml", ".yml") or path.exists():
@@ -121,7 +121,7 @@ def profiles_command(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """List the networks of a profile set: layers, weights, bulk peak, minimum budget, time."""
-    from layerfit.schedule.profile_sets import resolve_profiles
+    from layerfit.schedule.experiments.profile_sets import resolve_profiles
     from layerfit.sizes import format_bytes
 
     if save is not None:
@@ -177,7 +177,7 @@ def contention_command(
 
     The result feeds ``schedule run --simulate --contention FILE``: without it the
     simulator runs every task at its profiled speed however many run at once."""
-    from layerfit.schedule.profiler import measure_contention
+    from layerfit.schedule.runtime.profiler import measure_contention
 
     if save is not None:  # before measuring: a bad path must not lose the measurement
         check_output_file(save, force=force, option="--save")
@@ -210,10 +210,10 @@ def bound_command(
 
     Memory is not counted, so it holds at every budget: a policy at 1.2x the bound can
     gain at most a sixth of its response time, whatever the scheduler."""
-    from layerfit.schedule.bounds import response_time_bound
     from layerfit.schedule.contention import NO_CONTENTION, load_contention
-    from layerfit.schedule.profile_sets import resolve_profiles
-    from layerfit.schedule.workload import load_workload
+    from layerfit.schedule.experiments.bounds import response_time_bound
+    from layerfit.schedule.experiments.profile_sets import resolve_profiles
+    from layerfit.schedule.experiments.workload import load_workload
 
     contention = load_contention(contention_file) if contention_file else NO_CONTENTION
     known = resolve_profiles(profiles) if profiles else None
@@ -260,8 +260,12 @@ def generate_command(
     force: bool = typer.Option(False, "--force"),
 ) -> None:
     """Write a workload file for a thesis scenario (or a custom batch)."""
-    from layerfit.schedule.generate import batch_workload, scenario_workload, stochastic_workload
-    from layerfit.schedule.profile_sets import resolve_profiles
+    from layerfit.schedule.experiments.profile_sets import resolve_profiles
+    from layerfit.schedule.experiments.workload_generators import (
+        batch_workload,
+        scenario_workload,
+        stochastic_workload,
+    )
 
     check_output_file(output, force=force, option="--output")
     known = resolve_profiles(profiles)
@@ -392,7 +396,7 @@ def run_command(
             workload, runtime, memory_budget, physical, oversize, no_paging, profiles, contention
         )
     else:
-        from layerfit.schedule.realrun import real_repository, run_real
+        from layerfit.schedule.experiments.realrun import real_repository, run_real
 
         set_compute_threads(threads, "--threads")  # before the runtime's threads run a kernel
         folder = real_repository(workload, repository, zoo_cache, resolution)
@@ -443,7 +447,7 @@ def _check_run_options(runtime: RuntimeOptions, simulate: bool, threads: int | N
         if threads is not None:
             raise ScheduleError("--threads applies to a real run; the simulator runs no kernels")
     else:
-        from layerfit.schedule.runtime_config import check_runtime_units, freed_memory_mode
+        from layerfit.schedule.runtime.config import check_runtime_units, freed_memory_mode
 
         check_runtime_units(runtime["units"])
         freed_memory_mode(runtime["return_freed_memory"], "--return-freed-memory")
@@ -464,11 +468,11 @@ def _simulated_run(
     contention: ContentionModel,
 ) -> tuple[RunReport, Workload, dict[str, Any]]:
     """``schedule run --simulate``: the report, the workload and the lower bound of the jobs served."""
-    from layerfit.schedule.bounds import response_time_bound, served_jobs
-    from layerfit.schedule.penalty import PagingModel
-    from layerfit.schedule.profile_sets import resolve_profiles
-    from layerfit.schedule.simulator import simulate as run_simulation
-    from layerfit.schedule.workload import load_workload
+    from layerfit.schedule.experiments.bounds import response_time_bound, served_jobs
+    from layerfit.schedule.experiments.penalty import PagingModel
+    from layerfit.schedule.experiments.profile_sets import resolve_profiles
+    from layerfit.schedule.experiments.simulator import simulate as run_simulation
+    from layerfit.schedule.experiments.workload import load_workload
 
     known = resolve_profiles(profiles) if profiles else None
     loaded = load_workload(workload, known)

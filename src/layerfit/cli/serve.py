@@ -10,7 +10,7 @@ from rich.markup import escape
 from layerfit.cli.app import app, console, renamed_option
 from layerfit.cli.runtime_options import RUNTIME_OPTIONS, RuntimeOptions, runtime_options
 from layerfit.engine.openmp import COMPUTE_THREADS_HELP, kernels_on
-from layerfit.schedule.runtime_config import SERVER_OVERRIDES
+from layerfit.schedule.runtime.config import SERVER_OVERRIDES
 
 _DEFAULT_BUDGET = SERVER_OVERRIDES["memory_budget"]
 

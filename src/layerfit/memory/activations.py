@@ -16,7 +16,7 @@ some of them views of others (``TensorRecord.alias_of``: a reshape, a slice, an
 without in-place reuse, since eager PyTorch writes no elementwise module's output over
 its input. :func:`activation_bytes` reduces them to one number: the most bytes live at
 once, or the arena an offsets strategy lays them out in. Every estimate of a network's
-activation memory is this function: the scheduler's (:mod:`layerfit.schedule.profiler`)
+activation memory is this function: the scheduler's (:mod:`layerfit.schedule.runtime.profiler`)
 and SwapNet's reserve (:mod:`layerfit.tradeoff.swapnet.partition`).
 
 The activation planner's own records (:func:`~layerfit.memory.from_graph.records_from_graph`)

@@ -1,4 +1,4 @@
-"""Multi-request, memory-aware scheduling (MASA / EdgeCaffe; DESIGN.md layer 7).
+"""Multi-request, memory-aware scheduling (MASA / EdgeCaffe; the map: ``docs/architecture.md``).
 
 A *job* is one input analysed by several networks. Each network becomes init, load,
 execute and unload tasks with dependencies (:mod:`~layerfit.schedule.graph`); a policy
@@ -7,6 +7,14 @@ execute and unload tasks with dependencies (:mod:`~layerfit.schedule.graph`); a 
 :class:`Dispatcher` ties them together for the discrete-event simulator
 (:func:`simulate`) and the real executor alike. :func:`solve_optimal` gives the exact
 optimum of small instances (CP-SAT).
+
+The package has three rooms above a shared core. The core, at this level: tasks and
+their graphs (:mod:`.tasks`, :mod:`.graph`), network profiles (:mod:`.profile`), the
+dispatcher (:mod:`.dispatch`), the ledger (:mod:`.ledger`), run reports and their
+pictures (:mod:`.report`, :mod:`.plot`), the contention model (:mod:`.contention`), the
+command files (:mod:`.files`) and the policies (:mod:`.policies`). Above it:
+:mod:`.runtime` (the real executor), :mod:`.decoding` (language models' decode loop) and
+:mod:`.experiments` (the thesis's simulator, optimum, bounds and workloads).
 
 Names are loaded on first use so that ``import layerfit.cli.schedule`` stays cheap.
 """
@@ -17,50 +25,50 @@ from layerfit.lazy import lazy_exports
 
 _EXPORTS = {
     "Admission": "ledger",
-    "Arrival": "workload",
+    "Arrival": "experiments.workload",
     "Assignment": "dispatch",
     "ContentionModel": "contention",
     "Dispatcher": "dispatch",
-    "InferenceJob": "runtime",
+    "InferenceJob": "runtime.executor",
     "Job": "tasks",
     "JobResult": "report",
     "JobState": "dispatch",
     "JobStatus": "dispatch",
     "LayerProfile": "profile",
     "MemoryLedger": "ledger",
-    "ModelInfo": "repository",
+    "ModelInfo": "runtime.repository",
     "NetworkProfile": "profile",
-    "OptimalSchedule": "optimal",
+    "OptimalSchedule": "experiments.optimal",
     "POLICIES": "policies",
-    "PagingModel": "penalty",
+    "PagingModel": "experiments.penalty",
     "Policy": "policies",
     "ProfileSet": "profile",
     "RunReport": "report",
-    "Runtime": "runtime",
-    "RuntimeConfig": "runtime_config",
+    "Runtime": "runtime.executor",
+    "RuntimeConfig": "runtime.config",
     "Scheme": "tasks",
     "Task": "tasks",
     "TaskKind": "tasks",
-    "Workload": "workload",
-    "batch_workload": "generate",
+    "Workload": "experiments.workload",
+    "batch_workload": "experiments.workload_generators",
     "build_graph": "graph",
     "build_job_graph": "graph",
     "draw_graph": "graph",
     "load_contention": "contention",
     "load_profiles": "profile",
-    "load_workload": "workload",
+    "load_workload": "experiments.workload",
     "make_policy": "policies",
-    "measure_contention": "profiler",
-    "parse_workload": "workload",
+    "measure_contention": "runtime.profiler",
+    "parse_workload": "experiments.workload",
     "plot_run": "plot",
     "policy_names": "policies",
     "profile_from_graph": "profile",
-    "response_time_bound": "bounds",
-    "simulate": "simulator",
-    "solve_jobs": "optimal",
-    "solve_optimal": "optimal",
-    "stochastic_workload": "generate",
-    "thesis_profiles": "thesis",
+    "response_time_bound": "experiments.bounds",
+    "simulate": "experiments.simulator",
+    "solve_jobs": "experiments.optimal",
+    "solve_optimal": "experiments.optimal",
+    "stochastic_workload": "experiments.workload_generators",
+    "thesis_profiles": "experiments.thesis",
 }
 
 __all__ = sorted(_EXPORTS)

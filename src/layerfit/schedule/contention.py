@@ -19,7 +19,7 @@ on loads is a disk that serves one reader at a time (processor sharing). Init an
 unload tasks are short: they neither slow nor are slowed. All slowdowns 1 (the
 default) is the thesis's model: every task at its profiled speed.
 
-:func:`~layerfit.schedule.profiler.measure_contention` measures the four numbers.
+:func:`~layerfit.schedule.runtime.profiler.measure_contention` measures the four numbers.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ class JobState:
 
 class Reclaimer(Protocol):
     """Memory reserved in the ledger that may be taken back for a task (the runtime's
-    :class:`~layerfit.schedule.weight_cache.WeightCache`): the policy counts it as free."""
+    :class:`~layerfit.schedule.runtime.weight_cache.WeightCache`): the policy counts it as free."""
 
     def reclaimable(self) -> int: ...
 

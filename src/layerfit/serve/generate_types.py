@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from layerfit.schedule.sampling import Sampling
+from layerfit.schedule.decoding.sampling import Sampling
 
 DEFAULT_MAX_TOKENS = 16  # the OpenAI completions default; the same for every route
 MAX_STOPS = 4  # stop strings a request may give (OpenAI's limit)

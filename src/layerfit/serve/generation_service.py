@@ -4,7 +4,7 @@ checks a prompt must pass, and a completion's text as the decode loop makes it.
 The Triton generate routes (:mod:`layerfit.serve.generate_routes`) and the OpenAI ones
 (:mod:`layerfit.serve.openai_routes`) differ only in their JSON; both turn their body
 into a :class:`TextRequest` and read a :class:`Completion`. Below this module, each
-language model has one :class:`~layerfit.schedule.generation.DecodeLoop` (its own
+language model has one :class:`~layerfit.schedule.decoding.batching.DecodeLoop` (its own
 streaming engine, opened on the model's first request) that decodes every request in
 flight together, its weight buffers and KV caches held in the runtime's memory ledger.
 
@@ -35,9 +35,9 @@ from layerfit.errors import (
     LayerfitError,
     ModelNotReadyError,
 )
-from layerfit.schedule.generation import DecodeLoop, Finish
-from layerfit.schedule.generation import Sequence as Decoding
-from layerfit.schedule.sampling import Sampling
+from layerfit.schedule.decoding.batching import DecodeLoop, Finish
+from layerfit.schedule.decoding.batching import Sequence as Decoding
+from layerfit.schedule.decoding.sampling import Sampling
 from layerfit.serve.errors import BadRequestError, ModelNotFoundError, ShuttingDownError
 from layerfit.serve.text_stream import TextStream
 from layerfit.store.hf_folder import positions_of

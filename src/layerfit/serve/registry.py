@@ -42,7 +42,7 @@ from layerfit.errors import (
     ModelOverBudgetError,
     QueueFullError,
 )
-from layerfit.schedule.repository import check_name
+from layerfit.schedule.runtime.repository import check_name
 from layerfit.serve.codec import TensorSpec
 from layerfit.serve.datatypes import datatype_of
 from layerfit.serve.errors import BadRequestError, ModelNotFoundError

@@ -27,7 +27,7 @@ from uvicorn.config import LOG_LEVELS
 
 from layerfit.engine.openmp import check_compute_threads, set_compute_threads
 from layerfit.errors import LayerfitError
-from layerfit.schedule.runtime_config import (
+from layerfit.schedule.runtime.config import (
     RuntimeConfig,
     check_runtime_units,
     freed_memory_mode,
@@ -46,12 +46,12 @@ from layerfit.sizes import parse_bytes
 class ServeSettings:
     """Everything ``layerfit serve`` takes; see the command's help for each option.
 
-    ``runtime`` is the runtime's :class:`~layerfit.schedule.runtime_config.RuntimeConfig`
+    ``runtime`` is the runtime's :class:`~layerfit.schedule.runtime.config.RuntimeConfig`
     (repository, budget, workers, policy, units, weight cache, queue limit, verify, …),
     the rest the server's own. Give it as ``runtime=``, or give its fields as keywords
     beside the server's (``ServeSettings(repository=..., memory_budget="4MB", port=0)``):
     those build it with a server's defaults,
-    :data:`~layerfit.schedule.runtime_config.SERVER_OVERRIDES` over the config's.
+    :data:`~layerfit.schedule.runtime.config.SERVER_OVERRIDES` over the config's.
     """
 
     runtime: RuntimeConfig
@@ -169,7 +169,7 @@ def build(settings: ServeSettings) -> Built:
     (``load_errors``, and UNAVAILABLE in the repository index) while the others serve;
     a budget under which no model can run is refused (:meth:`ModelRegistry.check_budget`).
     """
-    from layerfit.schedule.runtime import Runtime
+    from layerfit.schedule.runtime.executor import Runtime
     from layerfit.serve.app import create_app
 
     settings.validate()

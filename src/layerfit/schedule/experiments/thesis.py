@@ -320,7 +320,7 @@ def _derive(name: str) -> NetworkProfile:
         "assumptions": (
             f"per-layer split derived from the {architecture} architecture; loads at "
             f"{DISK_BYTES_PER_S / MIB:g} MiB/s, compute at {MACS_PER_S:g} MAC/s; memory scaled "
-            "so the bulk peak equals Table 6.1 (see layerfit.schedule.thesis)"
+            "so the bulk peak equals Table 6.1 (see layerfit.schedule.experiments.thesis)"
         ),
     }
     if name in TABLE_7_2_LOAD_MS:

@@ -1,7 +1,7 @@
 """A workload file run by the real executor, and the simulator run on the same workload.
 
-:func:`run_workload` releases a :class:`~layerfit.schedule.workload.Workload`'s
-arrivals into a :class:`~layerfit.schedule.runtime.Runtime` — open workloads at their
+:func:`run_workload` releases a :class:`~layerfit.schedule.experiments.workload.Workload`'s
+arrivals into a :class:`~layerfit.schedule.runtime.executor.Runtime` — open workloads at their
 arrival times (the driver sleeps until each one), closed workloads one after the other
 — and returns the same :class:`~layerfit.schedule.report.RunReport` the simulator
 returns (``executor = "real"``). Network names are model folders of the runtime's
@@ -29,12 +29,12 @@ from typing import Any
 
 from layerfit.errors import LayerfitError
 from layerfit.schedule.contention import NO_CONTENTION, SHARED_KINDS, ContentionModel
+from layerfit.schedule.experiments.workload import Workload
 from layerfit.schedule.profile import NetworkProfile, ProfileSet
 from layerfit.schedule.report import RunReport
-from layerfit.schedule.runtime import InferenceJob, Runtime
-from layerfit.schedule.runtime_config import RuntimeConfig
+from layerfit.schedule.runtime.config import RuntimeConfig
+from layerfit.schedule.runtime.executor import InferenceJob, Runtime
 from layerfit.schedule.tasks import TaskKind
-from layerfit.schedule.workload import Workload
 from layerfit.sizes import parse_bytes
 
 _SHARED = {kind.name for kind in SHARED_KINDS}
@@ -171,7 +171,7 @@ def compare_with_simulator(
     durations the run measured. With a ``contention`` model, also under that model with
     profiled durations, and with the run's durations turned back into work alone by the
     model (the simulator then adds the model's slowdowns to its own schedule)."""
-    from layerfit.schedule.simulator import simulate
+    from layerfit.schedule.experiments.simulator import simulate
 
     out: dict[str, Any] = {"real": _headline(real)}
     measured = measured_profiles(real, profiles)
@@ -218,7 +218,7 @@ def _lower_bounds(
 ) -> dict[str, Any]:
     """The least mean response any policy could give the jobs this run served, with each
     of ``works`` (the profiles; the run's own durations, de-contended by the model)."""
-    from layerfit.schedule.bounds import response_time_bound, served_jobs
+    from layerfit.schedule.experiments.bounds import response_time_bound, served_jobs
 
     mean = _headline(real)["mean_response_s"]
     out: dict[str, Any] = {}
@@ -239,10 +239,10 @@ def real_repository(
 ) -> str | Path:
     """The folder of prepared models a real run of the workload uses: ``repository``, or
     the thesis networks the workload names prepared from the zoo into ``zoo_cache`` at
-    ``resolution`` (:mod:`layerfit.schedule.thesis_zoo`); exactly one of the two."""
+    ``resolution`` (:mod:`layerfit.schedule.experiments.thesis_zoo`); exactly one of the two."""
     from layerfit.errors import ScheduleError
-    from layerfit.schedule.thesis_zoo import THESIS_ZOO, prepare_thesis_models
-    from layerfit.schedule.workload import load_workload
+    from layerfit.schedule.experiments.thesis_zoo import THESIS_ZOO, prepare_thesis_models
+    from layerfit.schedule.experiments.workload import load_workload
 
     if (repository is None) == (zoo_cache is None):
         raise ScheduleError(
@@ -279,7 +279,7 @@ def run_real(
     view of the same run).
     """
     from layerfit.errors import WorkloadError
-    from layerfit.schedule.workload import load_workload
+    from layerfit.schedule.experiments.workload import load_workload
 
     with Runtime(replace(config, trace=True)) as runtime:
         index = runtime.index()

@@ -1,9 +1,9 @@
 """What the rooms of the runtime share: one lock and what it guards.
 
-The :class:`~layerfit.schedule.runtime.Runtime` is split into a model repository
-(:class:`~layerfit.schedule.repository.ModelRepository`), a job front end
-(:class:`~layerfit.schedule.frontend.JobFrontEnd`) and a worker pool
-(:class:`~layerfit.schedule.workers.WorkerPool`). A job's memory, its tasks, its
+The :class:`~layerfit.schedule.runtime.executor.Runtime` is split into a model repository
+(:class:`~layerfit.schedule.runtime.repository.ModelRepository`), a job front end
+(:class:`~layerfit.schedule.runtime.frontend.JobFrontEnd`) and a worker pool
+(:class:`~layerfit.schedule.runtime.workers.WorkerPool`). A job's memory, its tasks, its
 model's engines and its future change together, so the rooms keep the one lock the
 runtime always had: :class:`RuntimeCore` holds it, the conditions on it, the clock, the
 memory ledger, the dispatcher and policy, the weight cache, the unresolved jobs and
@@ -25,13 +25,13 @@ from layerfit.errors import ScheduleError
 from layerfit.schedule.dispatch import Dispatcher
 from layerfit.schedule.ledger import MemoryLedger
 from layerfit.schedule.policies import make_policy
-from layerfit.schedule.weight_cache import WeightCache
+from layerfit.schedule.runtime.weight_cache import WeightCache
 from layerfit.sizes import parse_bytes
 
 if TYPE_CHECKING:
-    from layerfit.schedule.frontend import JobRun
-    from layerfit.schedule.repository import EnginePool
-    from layerfit.schedule.runtime_config import RuntimeConfig
+    from layerfit.schedule.runtime.config import RuntimeConfig
+    from layerfit.schedule.runtime.frontend import JobRun
+    from layerfit.schedule.runtime.repository import EnginePool
     from layerfit.schedule.tasks import Task
 
 Delivery = tuple[Future, bool, Any] | None  # (future, is result, value)

@@ -30,8 +30,8 @@ import random
 from collections.abc import Sequence
 
 from layerfit.errors import ScheduleError
+from layerfit.schedule.experiments.workload import Arrival, Workload
 from layerfit.schedule.profile import ProfileSet
-from layerfit.schedule.workload import Arrival, Workload
 
 ALL_NETWORKS = (
     "agenet",

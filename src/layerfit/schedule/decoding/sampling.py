@@ -3,7 +3,7 @@
 Every sequence of a batch chooses on its own row of logits with its own settings and
 its own random generator, so a seeded request draws the same tokens whoever shares its
 steps (its logits are the model's for it alone, within the batch's tolerance: see
-:mod:`layerfit.schedule.batch_step`). Temperature 0 is greedy (the argmax, the first
+:mod:`layerfit.schedule.decoding.batch_step`). Temperature 0 is greedy (the argmax, the first
 of equal ones, as ``torch.argmax`` and transformers' greedy search choose); otherwise
 transformers' own logits warpers divide by the temperature and cut to the ``top_k``
 largest and to the smallest set whose probability reaches ``top_p``, and one token is

@@ -3,7 +3,7 @@
 The simulated system is the real one with the work replaced by waiting: the same
 :class:`~layerfit.schedule.dispatch.Dispatcher`, policy object and
 :class:`~layerfit.schedule.ledger.MemoryLedger` decide what runs; a task then takes its
-profiled duration times the paging slowdown (:mod:`layerfit.schedule.penalty`) for the
+profiled duration times the paging slowdown (:mod:`layerfit.schedule.experiments.penalty`) for the
 *actual* memory in use. The ledger sees the scheduler's estimates; a second ledger
 (``resident``) follows the actual bytes, so an estimate factor ≠ 1 (thesis §7.6) shows
 up as paging, not as a broken budget.
@@ -25,13 +25,13 @@ from layerfit.errors import ScheduleError
 from layerfit.extras import require
 from layerfit.schedule.contention import NO_CONTENTION, SHARED_KINDS, ContentionModel
 from layerfit.schedule.dispatch import Dispatcher, JobState, Oversize
+from layerfit.schedule.experiments.penalty import PagingModel
+from layerfit.schedule.experiments.workload import Workload
 from layerfit.schedule.ledger import MemoryLedger
-from layerfit.schedule.penalty import PagingModel
 from layerfit.schedule.policies import Policy, make_policy
 from layerfit.schedule.profile import ProfileSet
 from layerfit.schedule.report import JobResult, RunReport, TaskRecord
 from layerfit.schedule.tasks import Job, TaskKind
-from layerfit.schedule.workload import Workload
 from layerfit.sizes import format_bytes
 
 simpy = require("simpy")

@@ -15,7 +15,7 @@ from layerfit.schedule.profile import NetworkProfile, ProfileSet, load_profiles
 def resolve_profiles(spec: str | Path | None) -> ProfileSet:
     """The profile set named by ``spec``: ``None``/``"thesis"`` → built-in thesis set, else a file."""
     if spec is None or str(spec) == "thesis":
-        from layerfit.schedule.thesis import thesis_profiles
+        from layerfit.schedule.experiments.thesis import thesis_profiles
 
         return thesis_profiles()
     return load_profiles(spec)

@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 from layerfit.errors import ScheduleError
 from layerfit.schedule.contention import NO_CONTENTION, ContentionModel
+from layerfit.schedule.experiments.workload import Workload
 from layerfit.schedule.profile import NetworkProfile, ProfileSet
 from layerfit.schedule.tasks import Job, TaskKind
-from layerfit.schedule.workload import Workload
 
 if TYPE_CHECKING:
     from layerfit.schedule.report import RunReport

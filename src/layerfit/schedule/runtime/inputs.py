@@ -4,7 +4,7 @@ The runtime's memory estimates hold for the shape a model was prepared with, so 
 request of another shape or dtype is refused at once with
 :class:`~layerfit.errors.InputError` rather than run out of its budget — but for its
 batch size (a larger batch is admitted by its activations grown in proportion, see
-:meth:`~layerfit.schedule.frontend.JobFrontEnd.submit`), and along
+:meth:`~layerfit.schedule.runtime.frontend.JobFrontEnd.submit`), and along
 the axes a text model's manifest marks as varying (batch, sequence lengths), whose
 activations were measured at several shapes when it was prepared
 (:mod:`layerfit.store.variable_shapes`): :func:`call_sizes` gives the size of each, and

@@ -5,15 +5,15 @@ A :class:`DecodeLoop` owns one engine of the model and one thread. Requests are
 :meth:`~DecodeLoop.submit`-ted as :class:`Sequence`\\ s and wait, in arrival order, until
 their memory fits; at each step boundary the loop admits the waiting ones that fit
 (they feed their prompt in this step's pass: their prefill), runs one
-:class:`~layerfit.schedule.batch_step.BatchStep` for every sequence in flight, gives
-each its next token (its own :mod:`~layerfit.schedule.sampling` settings and random
+:class:`~layerfit.schedule.decoding.batch_step.BatchStep` for every sequence in flight, gives
+each its next token (its own :mod:`~layerfit.schedule.decoding.sampling` settings and random
 generator), and lets the finished, the cancelled and the disconnected leave: their
 cache is dropped and its bytes returned at once.
 
 Memory is the runtime's :class:`~layerfit.schedule.ledger.MemoryLedger`'s: while any
 sequence is in flight the loop *holds* its engine's weight buffers and the KV cache of
 its sequences, each counted at the most it may grow to (prompt plus ``max_tokens``
-positions; :func:`~layerfit.schedule.batch_step.step_kv_bytes`), so admitting a
+positions; :func:`~layerfit.schedule.decoding.batch_step.step_kv_bytes`), so admitting a
 sequence never takes the ledger past the budget. A sequence that could not fit even
 alone is refused at once (:class:`~layerfit.errors.GenerationTooLargeError`, saying
 the bytes); one that fits alone waits for the memory others hold, and the queue of
@@ -53,9 +53,15 @@ import torch
 
 from layerfit.backports import StrEnum
 from layerfit.errors import GenerationTooLargeError, InputError, QueueFullError, ScheduleError
-from layerfit.schedule.batch_step import BatchStep, Layers, Row, kv_bytes_per_token, step_kv_bytes
+from layerfit.schedule.decoding.batch_step import (
+    BatchStep,
+    Layers,
+    Row,
+    kv_bytes_per_token,
+    step_kv_bytes,
+)
+from layerfit.schedule.decoding.sampling import Sampling, choose
 from layerfit.schedule.ledger import MemoryLedger
-from layerfit.schedule.sampling import Sampling, choose
 from layerfit.sizes import format_bytes
 
 log = logging.getLogger("layerfit.generation")

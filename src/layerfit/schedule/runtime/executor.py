@@ -1,9 +1,9 @@
 """The real multi-request executor: prepared models, N workers, one memory budget.
 
 ``Runtime(repository, memory_budget, workers, policy)`` — or ``Runtime(config)`` with a
-:class:`~layerfit.schedule.runtime_config.RuntimeConfig` — serves *jobs* — one input
+:class:`~layerfit.schedule.runtime.config.RuntimeConfig` — serves *jobs* — one input
 analysed by a set of networks (thesis §7.1) — over the prepared models in the
-sub-folders of ``repository`` (:mod:`layerfit.schedule.repository`)::
+sub-folders of ``repository`` (:mod:`layerfit.schedule.runtime.repository`)::
 
     with Runtime("models/", "512MB", workers=2, policy="masa-fair") as rt:
         future = rt.submit(Job(("agenet", "gendernet"), image))
@@ -14,26 +14,26 @@ How a job runs. :meth:`Runtime.submit` turns the job into init/load/execute/unlo
 tasks under the policy's dependency scheme (:class:`~layerfit.schedule.Dispatcher`,
 the same object the simulator drives); ``workers`` threads each take the task the
 policy picks for them, with its memory reserved in the
-:class:`~layerfit.schedule.MemoryLedger`, and run it (:mod:`layerfit.schedule.workers`).
+:class:`~layerfit.schedule.MemoryLedger`, and run it (:mod:`layerfit.schedule.runtime.workers`).
 With ``cache_weights`` an unload hands its unit to the
-:class:`~layerfit.schedule.weight_cache.WeightCache`, so that a later job's load of the
+:class:`~layerfit.schedule.runtime.weight_cache.WeightCache`, so that a later job's load of the
 same unit takes it instead of reading it (evicted whenever a task needs the memory).
 
 Memory estimates per task come from the capture (default) or from the ``/proc/self/statm``
-profiler (``estimates="profile"``, thesis §5.3), see :mod:`layerfit.schedule.profiler`.
+profiler (``estimates="profile"``, thesis §5.3), see :mod:`layerfit.schedule.runtime.profiler`.
 The ledger never exceeds the budget except through the progress rule (when nothing
 runs, the smallest ready task may run alone), counted in ``stats()["progress_rule_fired"]``.
 A job whose largest task cannot fit the budget even alone is rejected
 (:class:`~layerfit.errors.JobRejectedError` with the minimum budget).
 
 The :class:`Runtime` is a facade over three rooms sharing one lock
-(:class:`~layerfit.schedule.runtime_core.RuntimeCore`):
+(:class:`~layerfit.schedule.runtime.core.RuntimeCore`):
 
-- the model repository (:class:`~layerfit.schedule.repository.ModelRepository`): which
+- the model repository (:class:`~layerfit.schedule.runtime.repository.ModelRepository`): which
   models are loaded, in which version, load/unload/reload, availability;
-- the job front end (:class:`~layerfit.schedule.frontend.JobFrontEnd`): submit, futures,
-  timeouts, input checks (:mod:`layerfit.schedule.inputs`);
-- the worker pool (:class:`~layerfit.schedule.workers.WorkerPool`): the threads that execute.
+- the job front end (:class:`~layerfit.schedule.runtime.frontend.JobFrontEnd`): submit, futures,
+  timeouts, input checks (:mod:`layerfit.schedule.runtime.inputs`);
+- the worker pool (:class:`~layerfit.schedule.runtime.workers.WorkerPool`): the threads that execute.
 
 Threads: ``workers`` worker threads, one timer thread (timeouts), one forward thread
 per network in flight. All of them wait on conditions sharing one lock; none polls.
@@ -62,12 +62,10 @@ from layerfit.engine.osmem import (
     return_large_frees_to_os,
 )
 from layerfit.errors import LayerfitError, ScheduleError
-from layerfit.schedule.frontend import InferenceJob, Job, JobFrontEnd
 from layerfit.schedule.ledger import MemoryLedger
 from layerfit.schedule.profile import NetworkProfile, ProfileSet
 from layerfit.schedule.report import RunReport
-from layerfit.schedule.repository import ModelInfo, ModelRepository
-from layerfit.schedule.runtime_config import (  # noqa: F401 - also importable from here, as before
+from layerfit.schedule.runtime.config import (  # noqa: F401 - also importable from here, as before
     AUTO_UNITS,
     ESTIMATES,
     FREED_MEMORY,
@@ -75,27 +73,29 @@ from layerfit.schedule.runtime_config import (  # noqa: F401 - also importable f
     check_runtime_units,
     freed_memory_mode,
 )
-from layerfit.schedule.runtime_core import RuntimeCore, deliver
-from layerfit.schedule.workers import WorkerPool
+from layerfit.schedule.runtime.core import RuntimeCore, deliver
+from layerfit.schedule.runtime.frontend import InferenceJob, Job, JobFrontEnd
+from layerfit.schedule.runtime.repository import ModelInfo, ModelRepository
+from layerfit.schedule.runtime.workers import WorkerPool
 from layerfit.store.trust import trust_factories
 
 if TYPE_CHECKING:  # annotations only: the rooms own these (patch them where they live)
-    from layerfit.schedule.network_run import NetworkRun
-    from layerfit.schedule.repository import EnginePool
+    from layerfit.schedule.runtime.network_run import NetworkRun
+    from layerfit.schedule.runtime.repository import EnginePool
     from layerfit.schedule.tasks import Task
 
 
 class Runtime:
     """Serve jobs over a repository of prepared models within one memory budget.
 
-    Give a :class:`~layerfit.schedule.runtime_config.RuntimeConfig`, or its fields as
+    Give a :class:`~layerfit.schedule.runtime.config.RuntimeConfig`, or its fields as
     arguments — ``Runtime(repository, memory_budget, workers=2, policy="masa-fair",
     queue_limit=..., units=..., ...)`` builds one, so its defaults are the config's
     (see it for every setting). ``profiles`` are precomputed profiles by model name, used
     instead of measuring or estimating them: data for this runtime, not a setting.
     ``config`` is the config it runs with; ``repository``, ``workers``, ``policy`` (its
     name), ``queue_limit``, ``estimates``, ``trace``, ``units``, ``freed_memory`` (the mode
-    in effect) and ``models`` (:class:`~layerfit.schedule.repository.ModelInfo` by name)
+    in effect) and ``models`` (:class:`~layerfit.schedule.runtime.repository.ModelInfo` by name)
     are read as before.
 
     Call :meth:`shutdown` (or use it as a context manager): its threads wait for work
@@ -246,7 +246,7 @@ class Runtime:
     @property
     def ledger(self) -> MemoryLedger:
         """The memory ledger every task reserves in under the runtime's lock; rooms beside
-        the task graph (the decode loops of :mod:`layerfit.schedule.generation`) hold their
+        the task graph (the decode loops of :mod:`layerfit.schedule.decoding.batching`) hold their
         weight buffers and KV caches in it too, and wait on its condition."""
         return self._core.ledger
 

@@ -1,7 +1,7 @@
 """The runtime's job front end: requests in, futures out, each resolved exactly once.
 
 :meth:`JobFrontEnd.submit` checks a job (its networks READY, its input of the prepared
-shape, :mod:`layerfit.schedule.inputs`; the queue not full), turns it into tasks with the
+shape, :mod:`layerfit.schedule.runtime.inputs`; the queue not full), turns it into tasks with the
 dispatcher and hands back a :class:`~concurrent.futures.Future`. The job then resolves
 exactly once, whichever comes first: its last task completes, a task fails, its caller
 cancels the future, its timeout expires (the timer thread, :meth:`JobFrontEnd.run_timer`)
@@ -29,18 +29,18 @@ from layerfit.errors import (
     ScheduleError,
 )
 from layerfit.schedule.dispatch import JobState, JobStatus
-from layerfit.schedule.inputs import ForwardCall, call_sizes, forward_call
 from layerfit.schedule.report import JobResult
-from layerfit.schedule.runtime_core import Delivery, deliver
+from layerfit.schedule.runtime.core import Delivery, deliver
+from layerfit.schedule.runtime.inputs import ForwardCall, call_sizes, forward_call
 from layerfit.schedule.tasks import Job as ScheduledJob
 from layerfit.sizes import format_bytes
 
 if TYPE_CHECKING:
-    from layerfit.schedule.network_run import NetworkRun
     from layerfit.schedule.profile import NetworkProfile
-    from layerfit.schedule.repository import EnginePool, ModelRepository
-    from layerfit.schedule.runtime_config import RuntimeConfig
-    from layerfit.schedule.runtime_core import RuntimeCore
+    from layerfit.schedule.runtime.config import RuntimeConfig
+    from layerfit.schedule.runtime.core import RuntimeCore
+    from layerfit.schedule.runtime.network_run import NetworkRun
+    from layerfit.schedule.runtime.repository import EnginePool, ModelRepository
     from layerfit.store.manifest import Manifest
 
 OUTCOMES = ("submitted", "done", "failed", "rejected", "cancelled", "timed_out")
@@ -124,7 +124,7 @@ class JobFrontEnd:
     # --- submitting ----------------------------------------------------------------------
 
     def submit(self, spec: InferenceJob, unwrap: str | None) -> Future:
-        """Check ``spec`` and queue it; see :meth:`layerfit.schedule.runtime.Runtime.submit`.
+        """Check ``spec`` and queue it; see :meth:`layerfit.schedule.runtime.executor.Runtime.submit`.
         With ``unwrap``, the future resolves to that model's output alone."""
         _check_job(spec)
         profiles, inputs = [], []

@@ -27,9 +27,9 @@ from typing import Any
 
 from layerfit.errors import ScheduleError, WorkloadError
 from layerfit.extras import require
+from layerfit.schedule.experiments.profile_sets import resolve_profiles
 from layerfit.schedule.files import read_text, write_text
 from layerfit.schedule.profile import ProfileSet
-from layerfit.schedule.profile_sets import resolve_profiles
 from layerfit.schedule.tasks import Job
 
 yaml = require("yaml")

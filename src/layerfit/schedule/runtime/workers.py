@@ -6,7 +6,7 @@ reserved in the ledger (:meth:`~layerfit.schedule.dispatch.Dispatcher.assign`), 
 - **init** checks an engine of the model out of its pool (a meta-device skeleton; no
   weights) and starts the network's forward thread, which runs the model's own
   ``forward`` through :meth:`layerfit.engine.Engine.run_from` with a
-  :class:`~layerfit.schedule.network_run.NetworkRun` as its unit source;
+  :class:`~layerfit.schedule.runtime.network_run.NetworkRun` as its unit source;
 - **load** reads one unit through the engine's reader into a buffer of exactly the
   unit's bytes — the bytes the ledger reserved for it — or takes it from the weight cache;
 - **execute** lets the forward thread run that unit and holds the worker until it has,
@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, Any
 
 from layerfit.engine.osmem import trim_heap
 from layerfit.errors import LayerfitError
-from layerfit.schedule.network_run import Abandoned, NetworkRun
 from layerfit.schedule.report import TaskRecord
-from layerfit.schedule.runtime_core import Delivery, deliver
+from layerfit.schedule.runtime.core import Delivery, deliver
+from layerfit.schedule.runtime.network_run import Abandoned, NetworkRun
 from layerfit.schedule.tasks import TaskKind
 
 if TYPE_CHECKING:
-    from layerfit.schedule.frontend import JobFrontEnd
-    from layerfit.schedule.repository import EnginePool
-    from layerfit.schedule.runtime_config import RuntimeConfig
-    from layerfit.schedule.runtime_core import RuntimeCore
+    from layerfit.schedule.runtime.config import RuntimeConfig
+    from layerfit.schedule.runtime.core import RuntimeCore
+    from layerfit.schedule.runtime.frontend import JobFrontEnd
+    from layerfit.schedule.runtime.repository import EnginePool
     from layerfit.schedule.tasks import Task
 
 

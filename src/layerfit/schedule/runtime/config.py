@@ -1,6 +1,6 @@
 """The runtime's settings, typed, each default stated once: :class:`RuntimeConfig`.
 
-:class:`~layerfit.schedule.runtime.Runtime` takes one (or the same fields as keywords,
+:class:`~layerfit.schedule.runtime.executor.Runtime` takes one (or the same fields as keywords,
 which build one); :class:`~layerfit.serve.server.ServeSettings` embeds one, and the
 command line's runtime options (:mod:`layerfit.cli.runtime_options`) set its fields one
 to one. The library's defaults are the thesis's (one stored layer per task, every job
@@ -55,7 +55,7 @@ def check_runtime_units(units: object) -> None:
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    """Every setting of a :class:`~layerfit.schedule.runtime.Runtime`, with its default.
+    """Every setting of a :class:`~layerfit.schedule.runtime.executor.Runtime`, with its default.
 
     ``repository`` is the folder of prepared models (one sub-folder each);
     ``memory_budget`` bytes or a size (``"512MB"``); ``workers`` the threads that run
@@ -89,7 +89,7 @@ class RuntimeConfig:
       and tasks, so less latency per request, at no cost in budget), ``"merge:SIZE"``
       (blocks of at most SIZE bytes; a larger layer stays alone) or ``"blocks:N"``;
     - ``cache_weights`` — keep units loaded by earlier jobs in the budget's spare memory
-      (:class:`~layerfit.schedule.weight_cache.WeightCache`): a later job's load of the
+      (:class:`~layerfit.schedule.runtime.weight_cache.WeightCache`): a later job's load of the
       same unit takes it instead of reading it, and any task that needs the memory evicts
       it first, so the budget holds either way;
     - ``trust_factory`` — modules whose factories the repository's folders may run

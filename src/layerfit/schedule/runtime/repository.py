@@ -41,8 +41,8 @@ from layerfit.errors import (
     UnknownModelError,
 )
 from layerfit.schedule.profile import NetworkProfile, ProfileSet
-from layerfit.schedule.profiler import estimate_profile, measure_profile
-from layerfit.schedule.runtime_config import AUTO_UNITS
+from layerfit.schedule.runtime.config import AUTO_UNITS
+from layerfit.schedule.runtime.profiler import estimate_profile, measure_profile
 from layerfit.sizes import format_bytes
 from layerfit.store.hf_folder import CONFIG as HF_CONFIG
 from layerfit.store.manifest import MANIFEST, Manifest, read_manifest
@@ -50,9 +50,9 @@ from layerfit.store.manifest import MANIFEST, Manifest, read_manifest
 if TYPE_CHECKING:
     import torch
 
-    from layerfit.schedule.frontend import JobRun
-    from layerfit.schedule.runtime_config import RuntimeConfig
-    from layerfit.schedule.runtime_core import RuntimeCore
+    from layerfit.schedule.runtime.config import RuntimeConfig
+    from layerfit.schedule.runtime.core import RuntimeCore
+    from layerfit.schedule.runtime.frontend import JobRun
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -254,7 +254,7 @@ class ModelRepository:
     # --- loading and unloading -----------------------------------------------------------
 
     def load_model(self, name: str, *, within_budget: bool = False) -> ModelInfo:
-        """(Re)load model ``name``; see :meth:`layerfit.schedule.runtime.Runtime.load_model`."""
+        """(Re)load model ``name``; see :meth:`layerfit.schedule.runtime.executor.Runtime.load_model`."""
         directory = model_directory(self.path, name)
         with self._core.lock:
             self._core.refuse_if_closing("it loads no models")
@@ -319,7 +319,7 @@ class ModelRepository:
 
     def mark_unavailable(self, name: str, reason: str) -> None:
         """Take model ``name`` out of service until it is loaded again; see
-        :meth:`layerfit.schedule.runtime.Runtime.mark_unavailable`."""
+        :meth:`layerfit.schedule.runtime.executor.Runtime.mark_unavailable`."""
         with self._core.lock:
             self.take_down_locked(name, reason)
             if self._retiring:
@@ -338,7 +338,7 @@ class ModelRepository:
             self._retiring.append(pool)
 
     def unload_model(self, name: str) -> None:
-        """Stop serving model ``name``; see :meth:`layerfit.schedule.runtime.Runtime.unload_model`."""
+        """Stop serving model ``name``; see :meth:`layerfit.schedule.runtime.executor.Runtime.unload_model`."""
         check_name(name)
         with self._core.lock:
             info = self.models.get(name)
