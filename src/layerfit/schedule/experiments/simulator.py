@@ -134,9 +134,8 @@ def simulate(
     ``contention`` makes concurrent loads and executions slow each other down (default:
     none, every task runs at its profiled speed, as in the thesis).
 
-    The workers, the arrivals and the submission are SimPy processes nested in this
-    function: they share the environment, the dispatcher, the ledgers and the records,
-    which a closure keeps in one place (SimPy's own examples are written so).
+    The workers and the arrivals are SimPy processes of one :class:`_Simulation`, which
+    holds what they share: the environment, the dispatcher, the ledgers and the records.
     """
     jobs, mode, name = _jobs_of(workload, profiles, mode)
     if memory <= 0:
@@ -145,85 +144,100 @@ def simulate(
     if physical <= 0:  # 0 is not "default": it would divide the paging model by zero
         raise ScheduleError(f"physical memory must be positive, got {physical} bytes")
     policy_obj = make_policy(policy, gated=gated)
+    run = _Simulation(policy_obj, memory, physical, workers, paging, contention, trace,
+                      oversize=oversize, estimate_factor=estimate_factor)
+    run.run(jobs, mode)
 
-    env = simpy.Environment()
-    clock = lambda: env.now  # noqa: E731 - the simulated clock
-    ledger = MemoryLedger(memory, clock=clock)
-    resident = MemoryLedger(physical, clock=clock)
-    dispatcher = Dispatcher(
-        policy_obj,
-        ledger,
-        workers,
-        oversize=oversize,
-        estimate_factor=estimate_factor,
-        clock=clock,
-        resident=resident,
+    stalled = run.dispatcher.unresolved()
+    if stalled:  # a scheduling bug, never a user error: say exactly where it stopped
+        raise ScheduleError(
+            f"simulation stalled at t={run.env.now:g} with {len(stalled)} unfinished job(s) "
+            f"(first: {stalled[0].job.id}); policy {policy_obj.name} holds {len(policy_obj)} ready task(s), "
+            f"{format_bytes(run.ledger.free)} free"
+        )
+    return _report(
+        policy_obj, workers, run.ledger, run.resident, run.dispatcher, run.records, run.busy,
+        estimate_factor, paging, contention, name,
     )
-    wakeup = _Wakeup(env)
-    machine = _SharedMachine(env, contention)
-    records: list[TaskRecord] = []
-    busy = [0.0] * workers
-    finished_events: dict[str, simpy.Event] = {}
 
-    def resolved(states: Sequence[JobState]) -> None:
+
+class _Simulation:
+    """One simulated run: N worker processes and the arrivals, on one SimPy environment,
+    sharing one dispatcher, the budget's ledger, the physical memory's ledger, the
+    records and each worker's busy time."""
+
+    def __init__(
+        self, policy: Policy, memory: int, physical: int, workers: int, paging: PagingModel | None,
+        contention: ContentionModel, trace: bool, *, oversize: Oversize, estimate_factor: float,
+    ) -> None:
+        self.env = simpy.Environment()
+        clock = lambda: self.env.now  # noqa: E731 - the simulated clock
+        self.ledger = MemoryLedger(memory, clock=clock)
+        self.resident = MemoryLedger(physical, clock=clock)
+        self.dispatcher = Dispatcher(
+            policy, self.ledger, workers, oversize=oversize, estimate_factor=estimate_factor,
+            clock=clock, resident=self.resident,
+        )
+        self.records: list[TaskRecord] = []
+        self.busy = [0.0] * workers
+        self._physical = physical
+        self._paging = paging
+        self._trace = trace
+        self._wakeup = _Wakeup(self.env)
+        self._machine = _SharedMachine(self.env, contention)
+        self._finished: dict[str, simpy.Event] = {}
+
+    def run(self, jobs: Sequence[Job], mode: str) -> None:
+        for index in range(len(self.busy)):
+            self.env.process(self._worker(index))
+        self.env.process(self._arrivals(jobs, mode))
+        self.env.run()
+
+    def _resolved(self, states: Sequence[JobState]) -> None:
         for state in states:
-            event = finished_events.pop(state.job.id, None)
+            event = self._finished.pop(state.job.id, None)
             if event is not None:
                 event.succeed()
 
-    def worker(index: int):
+    def _worker(self, index: int):
+        env = self.env
         while True:
-            assignment = dispatcher.assign(index)
+            assignment = self.dispatcher.assign(index)
             if assignment is None:
-                yield wakeup.event
+                yield self._wakeup.event
                 continue
             task, admission = assignment
             slowdown = 1.0
-            if paging is not None:
-                slowdown = paging.slowdown(
-                    resident.used / physical, (task.actual_memory or 0) / physical
+            if self._paging is not None:
+                slowdown = self._paging.slowdown(
+                    self.resident.used / self._physical, (task.actual_memory or 0) / self._physical
                 )
             start = env.now
-            yield from machine.run(task.kind, task.duration * slowdown)
-            busy[index] += env.now - start
-            if trace:
-                records.append(TaskRecord.of(task, index, start, env.now, admission, slowdown))
-            resolved(dispatcher.complete(task))
-            wakeup.fire()
+            yield from self._machine.run(task.kind, task.duration * slowdown)
+            self.busy[index] += env.now - start
+            if self._trace:
+                self.records.append(TaskRecord.of(task, index, start, env.now, admission, slowdown))
+            self._resolved(self.dispatcher.complete(task))
+            self._wakeup.fire()
 
-    def submit(job: Job) -> JobState:
-        state = dispatcher.submit(job)
+    def _submit(self, job: Job) -> JobState:
+        state = self.dispatcher.submit(job)
         if not state.resolved:
-            finished_events[job.id] = env.event()
-        wakeup.fire()
+            self._finished[job.id] = self.env.event()
+        self._wakeup.fire()
         return state
 
-    def arrivals():
+    def _arrivals(self, jobs: Sequence[Job], mode: str):
+        env = self.env
         for job in jobs:
             if mode == "open":
                 if job.arrival > env.now:
                     yield env.timeout(job.arrival - env.now)
-                submit(job)
+                self._submit(job)
             else:
-                state = submit(replace(job, arrival=env.now))
+                state = self._submit(replace(job, arrival=env.now))
                 if not state.resolved:
-                    yield finished_events[job.id]
-
-    for index in range(workers):
-        env.process(worker(index))
-    env.process(arrivals())
-    env.run()
-
-    stalled = dispatcher.unresolved()
-    if stalled:  # a scheduling bug, never a user error: say exactly where it stopped
-        raise ScheduleError(
-            f"simulation stalled at t={env.now:g} with {len(stalled)} unfinished job(s) "
-            f"(first: {stalled[0].job.id}); policy {policy_obj.name} holds {len(policy_obj)} ready task(s), "
-            f"{format_bytes(ledger.free)} free"
-        )
-    return _report(
-        policy_obj, workers, ledger, resident, dispatcher, records, busy, estimate_factor, paging, contention, name
-    )
+                    yield self._finished[job.id]
 
 
 def _jobs_of(
