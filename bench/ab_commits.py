@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine, write_results  # noqa: E402
+from reporting import machine, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMING = re.compile(r"(^|/)(latency_s|token_s|prompt_s|median_s|p50_ms|p95_ms|throughput_rps)$")

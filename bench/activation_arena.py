@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine, mb, run_child, write_results  # noqa: E402
+from processes import run_child  # noqa: E402
+from reporting import machine, mb, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache"
 MODELS = ("mobilenet_v1", "mobilenet_v2", "deeplab_v3", "inception_v3", "posenet", "blazeface")

@@ -33,15 +33,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
-    Storage,
-    machine,
-    mb,
-    paired_overhead,
-    prepared_zoo_model,
-    progress,
-    write_results,
-)
+from model_setup import prepared_zoo_model  # noqa: E402
+from reporting import machine, mb, paired_overhead, progress, write_results  # noqa: E402
+from storage import Storage  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "auto_pipeline"
 DEFAULT_MODELS = "blazeface,mobilenet_v2,resnet50,deeplab_v3,resnet152@224"

@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import direct_read_bandwidth, machine, mb, paired_overhead, progress, write_results  # noqa: E402
+from reporting import machine, mb, paired_overhead, progress, write_results  # noqa: E402
+from storage import direct_read_bandwidth  # noqa: E402
 
 from layerfit.store.trust import trust_factories  # noqa: E402
 

@@ -30,7 +30,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine, mb, prepared_zoo_model, progress, run_child, write_results  # noqa: E402
+from model_setup import prepared_zoo_model  # noqa: E402
+from processes import run_child  # noqa: E402
+from reporting import machine, mb, progress, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache"
 MODELS = ["resnet152", "densenet201", "yolov3", "yolov4", "vgg19"]
@@ -78,7 +80,7 @@ def child_interleaved(args: argparse.Namespace) -> None:
     so "vs limit" compares runs made seconds apart. Memory is not measured here
     (every engine is loaded at once); the isolated children measure it.
     """
-    from common import StealMeter, paired_overhead
+    from reporting import StealMeter, paired_overhead
 
     from layerfit.engine import load
     from layerfit.store import example_input, read_manifest

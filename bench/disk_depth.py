@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import block_device, drop_page_cache, machine, write_results  # noqa: E402
+from memory_limits import drop_page_cache  # noqa: E402
+from reporting import machine, write_results  # noqa: E402
+from storage import block_device  # noqa: E402
 
 MIB = 2**20
 CONFIGS = [(1 * MIB, 1), (1 * MIB, 4), (2 * MIB, 1), (4 * MIB, 1), (8 * MIB, 1), (8 * MIB, 2), (8 * MIB, 4),

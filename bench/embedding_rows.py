@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, mb, paired_overhead, write_results  # noqa: E402
+from reporting import machine, mb, paired_overhead, write_results  # noqa: E402
 
 from layerfit.store.trust import trust_factories  # noqa: E402
 

@@ -44,7 +44,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, mb, off_main, prepared_zoo_model, run_child, write_results  # noqa: E402
+from model_setup import prepared_zoo_model  # noqa: E402
+from processes import off_main, run_child  # noqa: E402
+from reporting import machine, mb, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache"
 REFERENCES = CACHE / "freed_memory_references.safetensors"

@@ -36,13 +36,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
-    direct_read_bandwidth,
-    machine,
-    paired_overhead,
-    prepared_zoo_model,
-    write_results,
-)
+from model_setup import prepared_zoo_model  # noqa: E402
+from reporting import machine, paired_overhead, write_results  # noqa: E402
+from storage import direct_read_bandwidth  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "gpu"
 MODELS = ["resnet152", "densenet201", "yolov3", "yolov4", "vgg19"]

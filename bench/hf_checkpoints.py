@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, mb, off_main, progress, run_child, write_results  # noqa: E402
+from processes import off_main, run_child  # noqa: E402
+from reporting import machine, mb, progress, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "hf_checkpoints"
 SHARES = (None, 0.75, 0.5, 0.25)  # None: preloaded

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine, write_results  # noqa: E402
+from reporting import machine, write_results  # noqa: E402
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 LAYERS, WIDTH, PASSES, WARMUP = 256, 16, 200, 20

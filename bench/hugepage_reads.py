@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import block_device, machine, paired_overhead, write_results  # noqa: E402
+from reporting import machine, paired_overhead, write_results  # noqa: E402
+from storage import block_device  # noqa: E402
 
 from layerfit.store.reader import aligned_buffer  # noqa: E402
 

@@ -72,7 +72,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine, run_child, write_results  # noqa: E402
+from processes import run_child  # noqa: E402
+from reporting import machine, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache"
 MAIN = ("masa", "bulk", "deepeye")

@@ -65,8 +65,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import CGROUP_V1, Cgroup, Storage, machine, own_memory_cgroup, write_results  # noqa: E402
 from masa import CACHE, budgets, contention_path, fmt, make_workloads, mean_of, ratio  # noqa: E402
+from memory_limits import CGROUP_V1, Cgroup, own_memory_cgroup  # noqa: E402
+from reporting import machine, write_results  # noqa: E402
+from storage import Storage  # noqa: E402
 
 POLICIES = (
     "masa", "masa-fcfs", "masa-fair", "bulk", "deepeye", "bulk-multi",

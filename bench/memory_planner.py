@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine, write_results  # noqa: E402
+from reporting import machine, write_results  # noqa: E402
 
 from layerfit.memory import (  # noqa: E402
     naive_total,

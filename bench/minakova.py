@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from common import machine, mb, write_results
+from reporting import machine, mb, write_results
 
 from layerfit import zoo
 from layerfit.tradeoff.parts import (

@@ -52,7 +52,10 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import direct_read_bandwidth, machine, mb, off_main, progress, train_step, write_results  # noqa: E402
+from model_setup import train_step  # noqa: E402
+from processes import off_main  # noqa: E402
+from reporting import machine, mb, progress, write_results  # noqa: E402
+from storage import direct_read_bandwidth  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "moe_decoding"
 CONFIG = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 8,

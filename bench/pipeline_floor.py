@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import direct_read_once, machine, off_main, write_results  # noqa: E402
+from processes import off_main  # noqa: E402
+from reporting import machine, write_results  # noqa: E402
+from storage import direct_read_once  # noqa: E402
 from vs_mmap import (  # noqa: E402
     BANDWIDTH_CHUNKS,
     CACHE,

@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import AnonPeak, limited_child, machine, mb, run_child, write_results  # noqa: E402
+from memory_limits import AnonPeak, limited_child  # noqa: E402
+from processes import run_child  # noqa: E402
+from reporting import machine, mb, write_results  # noqa: E402
 
 DEFAULT_MODELS = "vgg16@64,resnet152@224,mobilenet_v2@224"
 

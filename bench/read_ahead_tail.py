@@ -37,7 +37,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, off_main, write_results  # noqa: E402
+from processes import off_main  # noqa: E402
+from reporting import machine, write_results  # noqa: E402
 from vs_mmap import CACHE, PROMPT, build_model, prepared, streaming_budgets  # noqa: E402
 
 # The budgets bench/vs_mmap.py gave each decoder at the limit of its last results where

@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, mb, prepared_zoo_model, write_results  # noqa: E402
+from model_setup import prepared_zoo_model  # noqa: E402
+from reporting import machine, mb, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "runtime_units"
 DEFAULT_MODELS = "mobilenet_v2,resnet50,deeplab_v3,blazeface"

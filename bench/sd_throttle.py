@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SD_CARD, Storage, machine, write_results  # noqa: E402
+from reporting import machine, write_results  # noqa: E402
+from storage import SD_CARD, Storage  # noqa: E402
 
 from layerfit.store.manifest import ALIGN  # noqa: E402
 from layerfit.store.reader import SegmentReader, aligned_buffer  # noqa: E402

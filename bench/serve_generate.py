@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import launch_server, machine, mb, progress, vm_hwm, write_results  # noqa: E402
+from memory_limits import vm_hwm  # noqa: E402
+from processes import launch_server  # noqa: E402
+from reporting import machine, mb, progress, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "serve_generate"
 WORDS = 32000

@@ -61,7 +61,9 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, Cgroup, launch_server, machine, mb, vm_hwm, write_results  # noqa: E402
+from memory_limits import Cgroup, vm_hwm  # noqa: E402
+from processes import launch_server  # noqa: E402
+from reporting import RESULTS, machine, mb, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "serve_hostile"
 MIB = 2**20

@@ -58,7 +58,9 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SD_CARD, Cgroup, Storage, machine, mb, write_results  # noqa: E402
+from memory_limits import Cgroup  # noqa: E402
+from reporting import machine, mb, write_results  # noqa: E402
+from storage import SD_CARD, Storage  # noqa: E402
 
 DEFAULT_MODELS = "mobilenet_v1_025,blazeface,deeplab_v3,mobilenet_v2"
 NUMPY_TYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64": np.int64,

@@ -39,7 +39,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import direct_read_bandwidth, machine, mb, off_main, progress, write_results  # noqa: E402
+from processes import off_main  # noqa: E402
+from reporting import machine, mb, progress, write_results  # noqa: E402
+from storage import direct_read_bandwidth  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "speculative"
 SHARES = (None, 0.75, 0.5, 0.25)
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     draft = off_main(lambda reference=reference: draft_of(reference))
     draft_bytes = sum(t.numel() * t.element_size() for t in draft.state_dict().values())
     # The model's own plain greedy decode of every prompt alone: what each mode must give
-    # (off the main thread, like every tensor op of the bench's: common.off_main).
+    # (off the main thread, like every tensor op of the bench's: processes.off_main).
     expected = off_main(lambda reference=reference: [reference.generate(
         prompts(8)[i:i + 1], max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False) for i in range(8)])
     del reference

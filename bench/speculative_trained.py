@@ -61,9 +61,12 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import direct_read_bandwidth, machine, mb, off_main, train_step, write_results  # noqa: E402
+from model_setup import train_step  # noqa: E402
+from processes import off_main  # noqa: E402
+from reporting import machine, mb, write_results  # noqa: E402
 from speculative import CACHE as SPECULATIVE_CACHE  # noqa: E402
 from speculative import SHARES, measure, table_lines  # noqa: E402
+from storage import direct_read_bandwidth  # noqa: E402
 
 CACHE = SPECULATIVE_CACHE / "trained"
 PAD, SEP, EOS, FIRST = 0, 1, 2, 3  # token ids; passages use FIRST..VOCAB-1
@@ -249,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     from layerfit.store import prepare, read_manifest
 
     transformers.logging.set_verbosity_error()
-    # Every tensor op of the bench's own runs off the main thread (common.off_main): an
+    # Every tensor op of the bench's own runs off the main thread (processes.off_main): an
     # OpenMP team left on it slowed the measured decodes after it, the draft's most
     # (preloaded 148 against 165 tokens/s, plain 95 against 100, paired).
     target_folder, target_record = off_main(lambda: train("target", TARGET, TRAIN_TARGET))

@@ -30,7 +30,7 @@ import torch
 from layerfit import zoo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, mb, paired_overhead, write_results  # noqa: E402
+from reporting import machine, mb, paired_overhead, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "subtree_units"
 SIZES = ("s", "b")

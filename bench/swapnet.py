@@ -45,15 +45,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (  # noqa: E402
-    machine,
-    mb,
-    own_memory_cgroup,
-    prepared_zoo_model,
-    progress,
-    run_child,
-    write_results,
-)
+from memory_limits import own_memory_cgroup  # noqa: E402
+from model_setup import prepared_zoo_model  # noqa: E402
+from processes import run_child  # noqa: E402
+from reporting import machine, mb, progress, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache"
 PROFILE = CACHE / "swapnet-profile.json"

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, mb, prepared_zoo_model, write_results  # noqa: E402
+from model_setup import prepared_zoo_model  # noqa: E402
+from reporting import machine, mb, write_results  # noqa: E402
 
 from layerfit.engine import load  # noqa: E402
 from layerfit.store import example_input, read_manifest  # noqa: E402

@@ -25,7 +25,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine, mb, prepared_zoo_model, run_child, write_results  # noqa: E402
+from model_setup import prepared_zoo_model  # noqa: E402
+from processes import run_child  # noqa: E402
+from reporting import machine, mb, write_results  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache"
 

@@ -519,7 +519,7 @@ BANDWIDTH_CHUNKS = (8 << 20, 256 << 20)  # dd's kind of read, and one as large a
 
 def read_ahead_kb(path: Path) -> int:
     """The read-ahead of the disk holding ``path``, which a page fault on a mapped file reads around."""
-    from common import block_device
+    from storage import block_device
 
     path.mkdir(parents=True, exist_ok=True)
     return int((Path("/sys/dev/block") / block_device(path) / "queue" / "read_ahead_kb").read_text())
@@ -530,7 +530,7 @@ def child_row(config: str, name: str, work: Path, passes: int, limit: int | None
     """One configuration in a fresh child at ``limit``; a child past its time is a row too."""
     import subprocess
 
-    from common import limited_child
+    from memory_limits import limited_child
 
     args = [config, name, str(work), str(passes), *([] if budget is None else [str(budget)]),
             *([] if read_ahead else ["no-read-ahead"])]
@@ -562,7 +562,8 @@ def run_model(name: str, info: dict[str, Any], args: argparse.Namespace, llamacp
               for i in range(args.limits)]
     print(f"{name}: weights {format_bytes(info['weights_bytes'])}, footprint {format_bytes(extra)}, limits "
           + ", ".join(format_bytes(x) for x in limits), flush=True)
-    from common import direct_read_once, progress
+    from reporting import progress
+    from storage import direct_read_once
 
     rows = []
     for limit in progress(limits, f"vs mmap {name}: memory limits"):
@@ -685,7 +686,7 @@ def number(x: float | None) -> str:
 
 def markdown(data: dict[str, Any]) -> str:
     """The results as Markdown: the setting, then one table per model."""
-    from common import mb
+    from reporting import mb
 
     bw = ", ".join(f"{b['bytes_per_s'] / 1e6:.0f} MB/s ({b['chunk_bytes'] >> 20} MiB reads, {b['when']})"
                    for b in data["bandwidth"])
@@ -807,7 +808,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="write the Markdown again from the JSON of an earlier run (its summaries recomputed)")
     args = p.parse_args(argv)
     if args.child:
-        from common import AnonPeak
+        from memory_limits import AnonPeak
 
         sampler = AnonPeak()
         side, rest = args.child[0], args.child[1:]
@@ -822,7 +823,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.steps < GENERATED or args.limits < 2 or args.cnn_passes < 1 or args.rounds < 1:
         p.error(f"--steps must be 1..{GENERATED - 1}, --limits at least 2, --cnn-passes and --rounds at least 1")
     sys.path.insert(0, str(BENCH))
-    from common import RESULTS, direct_read_once, machine, write_results
+    from reporting import RESULTS, machine, write_results
+    from storage import direct_read_once
 
     if args.markdown_only:
         data = json.loads((RESULTS / f"{args.output}.json").read_text())

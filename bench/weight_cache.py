@@ -42,7 +42,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Storage, machine, mb, off_main, prepared_zoo_model, write_results  # noqa: E402
+from model_setup import prepared_zoo_model  # noqa: E402
+from processes import off_main  # noqa: E402
+from reporting import machine, mb, write_results  # noqa: E402
+from storage import Storage  # noqa: E402
 
 CACHE = Path(__file__).parent / ".cache" / "weight_cache"
 DEFAULT_MODELS = "mobilenet_v1_025,blazeface,deeplab_v3,mobilenet_v2"

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, write_results  # noqa: E402
+from reporting import machine, write_results  # noqa: E402
 
 from layerfit.schedule.ledger import MemoryLedger  # noqa: E402
 from layerfit.schedule.runtime.weight_cache import WeightCache  # noqa: E402
