@@ -176,12 +176,12 @@ def buffer_experiment(models: tuple[str, ...], size: int, cache: dict[str, Any])
     rows = []
     for name in models:
         cnn = build_cnns((name,), size, cache)[0]
-        traced, (x,) = cnn.runner.traced, cnn.runner.example
+        (x,) = cnn.runner.example
         with torch.no_grad():
-            reference = traced.module(x)
+            reference = cnn.runner.module(x)
         runs = {}
         for mode in ("none", "all"):
-            executor = PartsExecutor(traced, mode)
+            executor = PartsExecutor(cnn, mode)
             out = executor.run(x)
             t0 = time.perf_counter()
             executor.run(x)
@@ -200,7 +200,7 @@ def buffer_experiment(models: tuple[str, ...], size: int, cache: dict[str, Any])
                 "seconds_parts": runs["all"][1],
             }
         )
-        assert runs["none"][0] == untiled_peak_bytes(traced, [x])
+        assert runs["none"][0] == untiled_peak_bytes(cnn, [x])
     return rows
 
 
@@ -222,20 +222,19 @@ def pipeline_experiment(size: int, frames: int, cache: dict[str, Any], estimator
     """Item 5: MobileNet v2 as a two-stage pipeline on two threads vs sequential, each
     stage whole and each stage with every layer by parts; the cut balances measured time."""
     cnn = build_cnns(("mobilenet_v2",), size, cache)[0]
-    runner = cnn.runner
     times = estimator.layer_times(cnn)
     inputs = [example(size) + k for k in range(frames)]
     rows = []
     for parts, weights in (("none", times.whole), ("all", times.parts)):
         first, _ = split_partitions(cnn, 2, weights=weights)
-        cut = runner.node_range(first.start, first.stop)[1]
-        pipeline = TwoStagePipeline(runner.traced, cut, parts)
+        cut = first.stop
+        pipeline = TwoStagePipeline(cnn, cut, parts)
         report = measure_pipeline(pipeline, inputs, repeats=3)
         alone = stage_seconds(pipeline, inputs[0])
         rows.append(
             {
                 "stages": "whole" if parts == "none" else "all layers by parts",
-                "cut_node": runner.traced.nodes[cut].name,
+                "cut_node": cnn.layers[cut].name,
                 "frames": frames,
                 "stage_seconds": alone,
                 "bound_fps": 1 / max(alone),

@@ -12,7 +12,8 @@ from torch import nn
 
 from layerfit.errors import TradeoffError
 from layerfit.tradeoff.parts.application import Application, Partition, split_partitions
-from layerfit.tradeoff.parts.cnn import CNN, Layer, cnn_from_module
+from layerfit.tradeoff.parts.cnn import CNN, Layer
+from layerfit.tradeoff.parts.kernels import cnn_from_module
 from layerfit.tradeoff.parts.reuse import check_buffers, naive_buffers, reuse_buffers, total_elems
 
 from .single_thread import single_thread  # noqa: F401 (fixture)

@@ -8,7 +8,7 @@ from torch import nn
 
 from layerfit.capture import capture
 from layerfit.errors import TradeoffError
-from layerfit.tradeoff.parts.cnn import cnn_from_graph, cnn_from_module
+from layerfit.tradeoff.parts.kernels import cnn_from_graph, cnn_from_module
 
 from .single_thread import single_thread  # noqa: F401 (fixture)
 

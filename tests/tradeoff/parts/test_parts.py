@@ -19,7 +19,7 @@ from layerfit.tradeoff.parts.executor import (
     describe_tiling,
     untiled_peak_bytes,
 )
-from layerfit.tradeoff.parts.torchgraph import trace_module
+from layerfit.tradeoff.parts.kernels import cnn_from_module
 
 from .single_thread import single_thread  # noqa: F401 (fixture)
 
@@ -103,33 +103,33 @@ def test_tiled_equals_untiled_on_a_mobile_style_net():
     torch.manual_seed(0)
     model = mobile_block_net()
     x = torch.randn(1, 3, 45, 27)
-    traced = trace_module(model, x)
+    cnn = cnn_from_module("net", model, x)
     with torch.no_grad():
         reference = model(x)
-    executor = PartsExecutor(traced, "all")
+    executor = PartsExecutor(cnn, "all")
     close(executor.run(x), reference)
     with same_arithmetic():
         with torch.no_grad():
             exact = model(x)
-        assert torch.equal(PartsExecutor(traced, "all").run(x), exact)
+        assert torch.equal(PartsExecutor(cnn, "all").run(x), exact)
     # buffers: as planned, fully used, and far below whole tensors
     stats = executor.last_stats
     for name, rows in stats.high_water_rows.items():
-        k = executor.members.index(traced.index(name))
+        k = executor.members.index(cnn.index(name))
         assert rows == executor.plan.buffer_rows[k]
-    assert stats.peak_bytes < untiled_peak_bytes(traced, [x]) / 2
+    assert stats.peak_bytes < untiled_peak_bytes(cnn, [x]) / 2
 
 
 def test_untileable_layers_are_marked_and_run_whole():
     model = mobile_block_net()
-    traced = trace_module(model, torch.randn(1, 3, 20, 20))
-    info = {row["name"]: row for row in describe_tiling(traced)}
+    cnn = cnn_from_module("net", model, torch.randn(1, 3, 20, 20))
+    info = {row["name"]: row for row in describe_tiling(cnn)}
     untileable = {row["op"] for row in info.values() if not row["tileable"]}
     assert {"global_pool", "flatten", "fc"} <= untileable
     assert all(row["reason"] for row in info.values() if not row["tileable"])
-    executor = PartsExecutor(traced, "all")
+    executor = PartsExecutor(cnn, "all")
     for k, flag in enumerate(executor.plan.by_parts):
-        if not executor.node(k).tileable:
+        if not cnn.tileable(executor.members[k]):
             assert not flag and executor.plan.phases[k] <= 1
     # the SE gate needs the whole input of its global pooling: that tensor is kept whole
     assert any(r["op"] == "global_pool" for r in info.values())
@@ -139,15 +139,15 @@ def test_partial_tiling_by_names_and_phase_rows():
     torch.manual_seed(1)
     model = mobile_block_net()
     x = torch.randn(1, 3, 33, 19)
-    traced = trace_module(model, x)
+    cnn = cnn_from_module("net", model, x)
     with torch.no_grad():
         reference = model(x)
-    names = [n.name for n in traced.nodes if n.tileable][::2]
+    names = [layer.name for i, layer in enumerate(cnn.layers) if cnn.tileable(i)][::2]
     for phase_rows in (1, 2, 5):
-        close(PartsExecutor(traced, names, phase_rows=phase_rows).run(x), reference)
-    close(PartsExecutor(traced, "none").run(x), reference)
-    with pytest.raises(TradeoffError, match="unknown node"):
-        PartsExecutor(traced, ["nope"])
+        close(PartsExecutor(cnn, names, phase_rows=phase_rows).run(x), reference)
+    close(PartsExecutor(cnn, "none").run(x), reference)
+    with pytest.raises(TradeoffError, match="unknown layer"):
+        PartsExecutor(cnn, ["nope"])
 
 
 def test_rows_no_consumer_reads_are_never_stored():
@@ -155,8 +155,7 @@ def test_rows_no_consumer_reads_are_never_stored():
     one-row buffer suffices."""
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 1, stride=2)).eval()
     x = torch.randn(1, 3, 12, 5)
-    traced = trace_module(model, x)
-    executor = PartsExecutor(traced, "all")
+    executor = PartsExecutor(cnn_from_module("net", model, x), "all")
     with torch.no_grad():
         close(executor.run(x), model(x))
     assert executor.plan.buffer_rows[1] == 1
@@ -165,7 +164,7 @@ def test_rows_no_consumer_reads_are_never_stored():
 
 def test_training_mode_is_refused():
     with pytest.raises(TradeoffError, match="eval"):
-        trace_module(nn.Sequential(nn.Conv2d(1, 1, 3)).train(), torch.randn(1, 1, 5, 5))
+        cnn_from_module("net", nn.Sequential(nn.Conv2d(1, 1, 3)).train(), torch.randn(1, 1, 5, 5))
 
 
 def test_row_buffer_keeps_a_contiguous_window():
@@ -237,15 +236,15 @@ def test_random_chains_tiled_equal_untiled(case, seed):
             model(x)
     except RuntimeError:
         return  # the random chain shrank the input below a kernel: not a valid model
-    traced = trace_module(model, x)
+    cnn = cnn_from_module("chain", model, x)
     if parts == "some":
-        parts = [n.name for n in traced.nodes if n.tileable][1::2]
+        parts = [layer.name for i, layer in enumerate(cnn.layers) if cnn.tileable(i)][1::2]
     with same_arithmetic():
         with torch.no_grad():
             reference = model(x)
-        executor = PartsExecutor(traced, parts, phase_rows=phase_rows)
+        executor = PartsExecutor(cnn, parts, phase_rows=phase_rows)
         out = executor.run(x)
     close(out, reference)
     for name, rows in executor.last_stats.high_water_rows.items():
-        k = executor.members.index(traced.index(name))
+        k = executor.members.index(cnn.index(name))
         assert rows <= executor.plan.buffer_rows[k]

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from layerfit.errors import TradeoffError
+from layerfit.tradeoff.parts.kernels import cnn_from_module
 from layerfit.tradeoff.parts.pipeline import TwoStagePipeline, measure_pipeline
-from layerfit.tradeoff.parts.torchgraph import trace_module
 
 from .single_thread import single_thread  # noqa: F401 (fixture)
 
@@ -36,9 +36,9 @@ def frames(n: int) -> list[torch.Tensor]:
 def test_pipeline_outputs_equal_the_model(parts):
     torch.manual_seed(0)
     model = Net().eval()
-    traced = trace_module(model, frames(1)[0])
-    cut = traced.index("block_1")  # cut inside the residual block: two tensors cross
-    pipeline = TwoStagePipeline(traced, cut, parts)
+    cnn = cnn_from_module("net", model, frames(1)[0])
+    cut = cnn.index("block_1")  # cut inside the residual block: two tensors cross
+    pipeline = TwoStagePipeline(cnn, cut, parts)
     assert len(pipeline.first.stage.outputs) == 2
     inputs = frames(6)
     with torch.no_grad():
@@ -51,8 +51,8 @@ def test_pipeline_outputs_equal_the_model(parts):
 
 def test_measure_pipeline_reports_both_rates():
     model = Net().eval()
-    traced = trace_module(model, frames(1)[0])
-    report = measure_pipeline(TwoStagePipeline(traced, "block_0"), frames(4), repeats=1)
+    cnn = cnn_from_module("net", model, frames(1)[0])
+    report = measure_pipeline(TwoStagePipeline(cnn, "block_0"), frames(4), repeats=1)
     assert report.identical and report.frames == 4
     assert report.sequential_fps > 0 and report.pipelined_fps > 0
     assert report.edge_bytes == 8 * 20 * 20 * 4
@@ -60,9 +60,9 @@ def test_measure_pipeline_reports_both_rates():
 
 def test_errors_in_a_stage_reach_the_caller():
     model = Net().eval()
-    traced = trace_module(model, frames(1)[0])
-    pipeline = TwoStagePipeline(traced, "block_0")
+    cnn = cnn_from_module("net", model, frames(1)[0])
+    pipeline = TwoStagePipeline(cnn, "block_0")
     with pytest.raises(RuntimeError):
         pipeline.run([torch.randn(1, 5, 20, 20)])
     with pytest.raises(TradeoffError, match="cut"):
-        TwoStagePipeline(traced, 0)
+        TwoStagePipeline(cnn, 0)

@@ -9,7 +9,8 @@ from torch import nn
 from layerfit.errors import TradeoffError
 from layerfit.tradeoff.parts.appfile import Constraints
 from layerfit.tradeoff.parts.application import Application, split_partitions
-from layerfit.tradeoff.parts.cnn import CNN, Layer, cnn_from_module
+from layerfit.tradeoff.parts.cnn import CNN, Layer
+from layerfit.tradeoff.parts.kernels import cnn_from_module
 from layerfit.tradeoff.parts.search import GAParams, pareto_front, reduce_buffers
 from layerfit.tradeoff.parts.throughput import (
     AnalyticThroughput,

@@ -4,8 +4,10 @@
   ``M = M^par + M^buf`` (Eq. 1-4) for fp32/fp16; :func:`load_application` reads YAML.
 * :func:`reuse_buffers` - Algorithm 1, buffer reuse across and within CNNs, never between
   partitions that run in parallel.
+* :func:`cnn_from_module` / :func:`cnn_from_graph` - a CNN's layers are the operators of
+  layerfit's capture (:mod:`layerfit.capture`, torch.fx), each with its kernels.
 * :func:`plan_rows` / :class:`PartsExecutor` - processing by parts: minimum row buffers
-  and the phase schedule of a partition, and an executor running a module in row
+  and the phase schedule of a partition, and an executor running a captured CNN in row
   stripes with those buffers.
 * :func:`reduce_buffers` - Algorithm 2, NSGA-II over "this layer processes by parts"
   under memory and throughput constraints.
@@ -22,7 +24,7 @@ from layerfit.tradeoff.parts.application import (
     Partition,
     split_partitions,
 )
-from layerfit.tradeoff.parts.cnn import CNN, Layer, cnn_from_graph, cnn_from_module, cnn_from_traced
+from layerfit.tradeoff.parts.cnn import CNN, Layer
 from layerfit.tradeoff.parts.executor import (
     TOLERANCE,
     PartsExecutor,
@@ -31,6 +33,7 @@ from layerfit.tradeoff.parts.executor import (
     untiled_peak_bytes,
 )
 from layerfit.tradeoff.parts.flow import FlowGraph, FlowNode, RowPlan, format_schedule, plan_rows
+from layerfit.tradeoff.parts.kernels import cnn_from_graph, cnn_from_module
 from layerfit.tradeoff.parts.pipeline import PipelineReport, TwoStagePipeline, measure_pipeline
 from layerfit.tradeoff.parts.reuse import SharedBuffer, naive_buffers, reuse_buffers
 from layerfit.tradeoff.parts.rows import RowMap
@@ -47,7 +50,6 @@ from layerfit.tradeoff.parts.throughput import (
     ProfiledThroughput,
     estimator_for,
 )
-from layerfit.tradeoff.parts.torchgraph import TracedGraph, trace_module
 
 __all__ = [
     "CNN",
@@ -72,14 +74,12 @@ __all__ = [
     "RowMap",
     "RowPlan",
     "SharedBuffer",
-    "TracedGraph",
     "TradeoffResult",
     "TwoStagePipeline",
     "Violation",
     "application_from_dict",
     "cnn_from_graph",
     "cnn_from_module",
-    "cnn_from_traced",
     "estimator_for",
     "format_schedule",
     "load_application",
@@ -90,6 +90,5 @@ __all__ = [
     "reuse_buffers",
     "split_partitions",
     "stage_of",
-    "trace_module",
     "untiled_peak_bytes",
 ]

@@ -39,7 +39,8 @@ from layerfit.tradeoff.parts.application import (
     Partition,
     split_partitions,
 )
-from layerfit.tradeoff.parts.cnn import CNN, cnn_from_module, layers_from_dicts
+from layerfit.tradeoff.parts.cnn import CNN, layers_from_dicts
+from layerfit.tradeoff.parts.kernels import cnn_from_module
 
 # PyYAML comes with the tradeoff extra too: application files are YAML
 yaml = require("yaml", extra="tradeoff")

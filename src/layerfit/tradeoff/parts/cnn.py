@@ -5,9 +5,10 @@ memory-throughput trade-off needs: the operator kind, the hyper-parameters that 
 which input rows an output row reads (kernel, stride, padding, dilation along the
 height), the layers it reads, the shape of the data it produces, its number of
 parameters and its MACs. Layers come from hand-written lists (tests, YAML application
-files) or from a module as layerfit's capture sees it (:func:`cnn_from_module`, which
-keeps what it takes to run the module; :func:`cnn_from_graph`, from a stored capture;
-both through :mod:`layerfit.tradeoff.parts.torchgraph`).
+files) or from a module as layerfit's capture sees it
+(:func:`~layerfit.tradeoff.parts.kernels.cnn_from_module`, which keeps what it takes to
+run the module, and :func:`~layerfit.tradeoff.parts.kernels.cnn_from_graph`, from a
+stored capture).
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ class Layer:
 class CNN:
     """A CNN as a list of layers in topological (execution) order.
 
-    ``runner`` optionally keeps what is needed to execute it for real (a :class:`Runner`),
-    used to measure throughput and to run its partitions.
+    ``runner`` optionally keeps what is needed to execute it for real (a
+    :class:`~layerfit.tradeoff.parts.kernels.Runner`: every layer's kernel and an example
+    input), used to run it by parts, to measure throughput and to run its partitions.
     """
 
     name: str
@@ -159,73 +161,6 @@ class CNN:
         return sum(layer.params for layer in self.layers)
 
 
-@dataclass(frozen=True)
-class Runner:
-    """What it takes to run a CNN for real: its traced graph, an example input, and the
-    traced node of every layer (layers skip constant nodes)."""
-
-    traced: Any
-    example: tuple[Any, ...]
-    layer_nodes: tuple[int, ...]
-
-    def node_range(self, start: int, stop: int) -> tuple[int, int]:
-        """Traced nodes ``[first, stop)`` covering layers ``[start, stop)``."""
-        first = self.layer_nodes[start - 1] + 1 if start > 0 else 0
-        last = self.layer_nodes[stop - 1] + 1 if stop < len(self.layer_nodes) else len(self.traced.nodes)
-        return first, last
-
-
-def cnn_from_traced(name: str, traced: Any, example: tuple[Any, ...] | None = None) -> CNN:
-    """Layers of a :class:`~layerfit.tradeoff.parts.torchgraph.TracedGraph` (constants folded).
-
-    Constants (``get_attr`` nodes) become parameters of the layers that read them rather
-    than layers of their own.
-    """
-    layers: list[Layer] = []
-    const_params: dict[int, int] = {}
-    names: dict[int, str] = {}
-    for i, node in enumerate(traced.nodes):
-        if node.op == "const":
-            const_params[i] = node.numel
-            continue
-        inputs = tuple(names[j] for j in node.inputs if j in names)
-        extra = sum(const_params.pop(j, 0) for j in node.inputs if j in const_params)
-        geometry = node.geometry
-        layers.append(
-            Layer(
-                name=node.name,
-                op=node.op,
-                inputs=inputs,
-                shape=tuple(node.shape) if node.shape is not None else (),
-                kernel=geometry.get("kernel", 1),
-                stride=geometry.get("stride", 1),
-                padding=geometry.get("padding", 0),
-                dilation=geometry.get("dilation", 1),
-                params=sum(math.prod(s) for s in node.params) + extra,
-                macs=node.macs,
-                tileable=node.tileable,
-                reason=node.reason,
-            )
-        )
-        names[i] = node.name
-    runner = None
-    if example is not None:
-        runner = Runner(traced, tuple(example), tuple(i for i in range(len(traced.nodes)) if i in names))
-    return CNN(name, tuple(layers), runner=runner)
-
-
-def cnn_from_module(name: str, module: Any, *example: Any) -> CNN:
-    """Trace ``module`` (in eval mode) at ``example`` and return its layers.
-
-    The traced graph and example are kept as the CNN's runner so throughput can be
-    measured by running it.
-    """
-    from layerfit.tradeoff.parts.torchgraph import trace_module
-
-    traced = trace_module(module, *example)
-    return cnn_from_traced(name, traced, tuple(example))
-
-
 def layer_from_dict(data: Any, where: str, previous: str | None) -> Layer:
     """A :class:`Layer` from an application-file mapping; errors name the field."""
     if not isinstance(data, dict):
@@ -285,16 +220,3 @@ def layers_from_dicts(items: Sequence[Any], where: str) -> tuple[Layer, ...]:
     for i, item in enumerate(items):
         layers.append(layer_from_dict(item, f"{where}[{i}]", layers[-1].name if layers else None))
     return tuple(layers)
-
-
-def cnn_from_graph(name: str, graph: Any, model: Any) -> CNN:
-    """Layers from a :class:`~layerfit.capture.graph.ModelGraph` captured with torch.fx.
-
-    The same layers as :func:`cnn_from_module` gives at the capture's input: the nodes of
-    ``model`` traced by the tracer capture uses, with the shapes the graph recorded
-    (:func:`~layerfit.tradeoff.parts.torchgraph.traced_from_graph`). No runner: nothing
-    here has an example input to run it on.
-    """
-    from layerfit.tradeoff.parts.torchgraph import traced_from_graph
-
-    return cnn_from_traced(name, traced_from_graph(graph, model))

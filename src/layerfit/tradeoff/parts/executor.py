@@ -1,7 +1,7 @@
 """Processing by parts, for real: run a network in horizontal row stripes.
 
-:class:`PartsExecutor` runs a traced module (or a contiguous range of its layers, a
-pipeline stage) following the schedule of :func:`~layerfit.tradeoff.parts.flow.plan_rows`.
+:class:`PartsExecutor` runs a CNN captured from a module (or a contiguous range of its
+layers, a pipeline stage) with the kernels of :mod:`~layerfit.tradeoff.parts.kernels`, following the schedule of :func:`~layerfit.tradeoff.parts.flow.plan_rows`.
 A layer chosen to process by parts produces its output ``phase_rows`` rows at a time
 (one row by default, Table 2) from the few input rows it needs, and the tensor between
 two such layers lives in a :class:`RowBuffer` holding only the rows a consumer may
@@ -31,9 +31,10 @@ from typing import Any
 import torch
 
 from layerfit.errors import TradeoffError
+from layerfit.tradeoff.parts.cnn import CNN, Layer
 from layerfit.tradeoff.parts.flow import FlowGraph, FlowNode, RowPlan, plan_rows
+from layerfit.tradeoff.parts.kernels import Runner, cnn_from_module, substitute
 from layerfit.tradeoff.parts.rows import RowMap
-from layerfit.tradeoff.parts.torchgraph import TracedGraph, TracedNode, substitute, trace_module
 
 # Agreement with the untiled module: |out - ref| <= rtol * |ref| + atol * max(1, max|ref|)
 # with (rtol, atol) below. Observed: a few ulps per layer (<= 1.2e-7 on unit-scale random
@@ -160,84 +161,89 @@ class RunStats:
     phases: int = 0
 
 
-def resolve_parts(traced: TracedGraph, parts: PartsSpec) -> list[bool]:
-    """Per traced node: should it process by parts? (``all``, ``none``, flags or names)."""
+def resolve_parts(cnn: CNN, parts: PartsSpec) -> list[bool]:
+    """Per layer: should it process by parts? (``all``, ``none``, flags or layer names)."""
+    tileable = [cnn.tileable(i) for i in range(len(cnn.layers))]
     if isinstance(parts, str):
         if parts not in ("all", "none"):
-            raise TradeoffError(f"parts must be 'all', 'none', flags or node names, got {parts!r}")
-        return [parts == "all" and node.tileable for node in traced.nodes]
+            raise TradeoffError(f"parts must be 'all', 'none', flags or layer names, got {parts!r}")
+        return [parts == "all" and t for t in tileable]
     items = list(parts)
     if items and all(isinstance(p, bool) for p in items):
-        if len(items) != len(traced.nodes):
-            raise TradeoffError(f"{len(items)} by-parts flags for {len(traced.nodes)} nodes")
-        return [p and node.tileable for p, node in zip(items, traced.nodes, strict=True)]
+        if len(items) != len(tileable):
+            raise TradeoffError(f"{len(items)} by-parts flags for {len(tileable)} layers")
+        return [p and t for p, t in zip(items, tileable, strict=True)]
     names = set(items)
-    unknown = names - {node.name for node in traced.nodes}
+    unknown = names - {layer.name for layer in cnn.layers}
     if unknown:
-        raise TradeoffError(f"unknown node names {sorted(unknown)}")
-    return [node.name in names and node.tileable for node in traced.nodes]
+        raise TradeoffError(f"unknown layer names {sorted(unknown)}")
+    return [layer.name in names and t for layer, t in zip(cnn.layers, tileable, strict=True)]
+
+
+def runner_of(cnn: CNN) -> Runner:
+    """What runs ``cnn``; refused for a CNN given as a layer list."""
+    if cnn.runner is None:
+        raise TradeoffError(
+            f"CNN {cnn.name!r} was given as a layer list, so it cannot be run: use the analytic "
+            "throughput model (--model-throughput) or give it as a zoo model or a module"
+        )
+    return cnn.runner
 
 
 @dataclass(frozen=True)
 class Stage:
-    """A contiguous range of traced nodes with the tensors crossing its boundary."""
+    """A contiguous range of a CNN's layers with the tensors crossing its boundary."""
 
     first: int
     stop: int
-    inputs: tuple[int, ...]  # traced nodes before ``first`` read inside the stage
-    outputs: tuple[int, ...]  # traced nodes of the stage read after it (or results)
+    inputs: tuple[int, ...]  # layers before ``first`` read inside the stage
+    outputs: tuple[int, ...]  # layers of the stage read after it (or results)
 
 
-def stage_of(traced: TracedGraph, first: int, stop: int) -> Stage:
-    """The stage of nodes ``[first, stop)``: which tensors enter and leave it."""
-    if not 0 <= first < stop <= len(traced.nodes):
-        raise TradeoffError(f"invalid node range [{first}, {stop}) of {len(traced.nodes)} nodes")
-    inside = range(first, stop)
+def stage_of(cnn: CNN, first: int, stop: int) -> Stage:
+    """The stage of layers ``[first, stop)``: which tensors enter and leave it."""
+    count = len(cnn.layers)
+    if not 0 <= first < stop <= count:
+        raise TradeoffError(f"invalid layer range [{first}, {stop}) of {count} layers")
     ins: dict[int, None] = {}
-    for n in inside:
-        for i in traced.nodes[n].inputs:
+    for n in range(first, stop):
+        for i in cnn.inputs_of(n):
             if i < first:
                 ins[i] = None
     if first == 0:
-        for p in traced.placeholders:
-            ins.setdefault(p, None)
+        for p, layer in enumerate(cnn.layers):
+            if layer.op == "input":
+                ins.setdefault(p, None)
     outs: dict[int, None] = {}
-    for n in range(stop, len(traced.nodes)):
-        for i in traced.nodes[n].inputs:
+    for n in range(stop, count):
+        for i in cnn.inputs_of(n):
             if first <= i < stop:
                 outs[i] = None
-    for o in traced.outputs:
+    for o in runner_of(cnn).outputs:
         if first <= o < stop:
             outs[o] = None
     return Stage(first, stop, tuple(sorted(ins)), tuple(sorted(outs)))
 
 
-def flow_graph_of(traced: TracedGraph, stage: Stage) -> tuple[FlowGraph, list[int]]:
-    """The FlowGraph of a stage and, per flow node, the traced node it stands for."""
+def flow_graph_of(cnn: CNN, stage: Stage) -> tuple[FlowGraph, list[int]]:
+    """The FlowGraph of a stage and, per flow node, the layer it stands for."""
     members = list(stage.inputs) + [n for n in range(stage.first, stage.stop) if n not in stage.inputs]
     local = {t: k for k, t in enumerate(members)}
     flow_nodes = []
     for k, t in enumerate(members):
-        node = traced.nodes[t]
-        if k < len(stage.inputs) or node.op in ("input", "const"):
-            flow_nodes.append(FlowNode(node.name, (), (), node.rows, node.row_elems, False))
+        layer = cnn.layers[t]
+        if k < len(stage.inputs) or layer.op == "input":
+            flow_nodes.append(FlowNode(layer.name, (), (), layer.rows, layer.row_elems, False))
             continue
-        flow_nodes.append(
-            FlowNode(
-                node.name,
-                tuple(local[i] for i in node.inputs),
-                node.maps,
-                node.rows,
-                node.row_elems,
-                node.tileable,
-            )
-        )
+        inputs = tuple(local[i] for i in cnn.inputs_of(t))
+        flow_nodes.append(FlowNode(layer.name, inputs, cnn.maps(t), layer.rows, layer.row_elems, cnn.tileable(t)))
     outputs = tuple(local[o] for o in stage.outputs)
     return FlowGraph(tuple(flow_nodes), outputs), members
 
 
 class PartsExecutor:
-    """Runs a traced module (or a stage of it) with the chosen layers processing by parts.
+    """Runs a CNN captured from a module (or a stage of it) with the chosen layers
+    processing by parts.
 
     ``parts`` selects the layers: ``"all"`` (every tileable layer), ``"none"`` (plain
     layer-by-layer execution, the untiled reference), per-node flags, or node names.
@@ -246,15 +252,16 @@ class PartsExecutor:
 
     def __init__(
         self,
-        traced: TracedGraph,
+        cnn: CNN,
         parts: PartsSpec = "all",
         phase_rows: int = 1,
         stage: Stage | None = None,
     ) -> None:
-        self.traced = traced
-        self.stage = stage or stage_of(traced, 0, len(traced.nodes))
-        self.flow, self.members = flow_graph_of(traced, self.stage)
-        flags = resolve_parts(traced, parts)
+        self.cnn = cnn
+        self.runner = runner_of(cnn)
+        self.stage = stage or stage_of(cnn, 0, len(cnn.layers))
+        self.flow, self.members = flow_graph_of(cnn, self.stage)
+        flags = resolve_parts(cnn, parts)
         self.plan: RowPlan = plan_rows(self.flow, [flags[t] for t in self.members], phase_rows)
         self._consumers = self.flow.consumers()
         self._is_output = [False] * len(self.members)
@@ -292,25 +299,31 @@ class PartsExecutor:
     def from_module(
         cls, module: torch.nn.Module, example: torch.Tensor, parts: PartsSpec = "all", phase_rows: int = 1
     ) -> PartsExecutor:
-        """Trace ``module`` at ``example``'s shape and build an executor for all of it."""
-        return cls(trace_module(module, example), parts, phase_rows)
+        """Capture ``module`` at ``example``'s shape and build an executor for all of it."""
+        return cls(cnn_from_module(type(module).__name__, module, example), parts, phase_rows)
 
-    def node(self, k: int) -> TracedNode:
-        return self.traced.nodes[self.members[k]]
+    def node(self, k: int) -> Layer:
+        """The layer flow node ``k`` stands for."""
+        return self.cnn.layers[self.members[k]]
+
+    def itemsize(self, k: int) -> int:
+        """Bytes of one element of flow node ``k``'s tensor."""
+        dtype = self.runner.kernels[self.members[k]].dtype
+        return torch.empty((), dtype=dtype).element_size() if dtype is not None else 0
 
     def buffer_bytes(self) -> dict[str, int]:
         """Planned bytes per buffered tensor (row buffers at minimum size, whole tensors full)."""
         result = {}
         for k, flow_node in enumerate(self.flow.nodes):
             node = self.node(k)
-            if self._external(k) or self._is_output[k] or not self._consumers[k] or node.shape is None:
+            if self._external(k) or self._is_output[k] or not self._consumers[k] or not node.shape:
                 continue
             rows = self.plan.buffer_rows[k] if self.plan.by_parts[k] else flow_node.rows
-            result[node.name] = rows * flow_node.row_elems * node.itemsize
+            result[node.name] = rows * flow_node.row_elems * self.itemsize(k)
         return result
 
     def _external(self, k: int) -> bool:
-        return k < len(self.stage.inputs) or self.node(k).op in ("input", "const")
+        return k < len(self.stage.inputs) or self.node(k).op == "input"
 
     def __call__(self, *inputs: Any, out: Sequence[torch.Tensor] | None = None) -> Any:
         return self.run(*inputs, out=out)
@@ -337,9 +350,9 @@ class PartsExecutor:
         stats.node_seconds = {self.node(k).name: t for k, t in timers.items()}
         self.last_stats = stats
         results = {o: state.values[o] for o in self.flow.outputs}
-        if self.stage.first == 0 and self.stage.stop == len(self.traced.nodes):
+        if self.stage.first == 0 and self.stage.stop == len(self.cnn.layers):
             local = {t: k for k, t in enumerate(self.members)}
-            return substitute(self.traced.output_arg, lambda t: results[local[t]])
+            return substitute(self.runner.output_arg, lambda t: results[local[t]])
         return tuple(results[o] for o in self.flow.outputs)
 
 
@@ -359,7 +372,8 @@ class _Run:
         self.flow_nodes = nodes
         self.rows = [node.rows for node in nodes]
         self.releasers = executor._releasers
-        self.traced_nodes = [executor.node(k) for k in range(count)]
+        self.layers = [executor.node(k) for k in range(count)]
+        self.kernels = [executor.runner.kernels[t] for t in executor.members]
         self.values: list[Any] = [None] * count  # whole values (inputs, whole outputs, results)
         self.buffers: list[RowBuffer | None] = [None] * count
         self.produced = [0] * count
@@ -385,7 +399,7 @@ class _Run:
         is_output, reads_of, unique_inputs = executor._is_output, executor._reads, executor._unique_inputs
         values, buffers, produced, held = self.values, self.buffers, self.produced, self.held
         rows_of, oldest, store, whole = self.rows_of, self.oldest, self._store, self._whole
-        stripes = [node.stripe for node in self.traced_nodes]
+        stripes = [kernel.stripe for kernel in self.kernels]
         timers: dict[int, float] = {}
         for step, (k, a, b) in enumerate(plan.steps):
             if k < n_in:
@@ -420,10 +434,8 @@ class _Run:
     def rows_of(self, i: int, lo: int, hi: int) -> Any:
         """Rows ``lo..hi`` of node ``i``'s tensor, from its row buffer or its whole value."""
         if lo > hi:  # a phase reading only padding: an empty stripe of the right shape
-            node = self.traced_nodes[i]
-            shape = node.shape
-            assert shape is not None
-            return torch.empty((shape[0], shape[1], 0, shape[3]), dtype=node.dtype, device=self.device)
+            shape = self.layers[i].shape
+            return torch.empty((shape[0], shape[1], 0, shape[3]), dtype=self.kernels[i].dtype, device=self.device)
         buf = self.buffers[i]
         if buf is not None:
             return buf.view(lo, hi)
@@ -447,13 +459,13 @@ class _Run:
 
     def _whole(self, k: int) -> None:
         """Run node ``k`` whole on whole inputs; hold its result until its last reader."""
-        executor, node = self.executor, self.traced_nodes[k]
+        executor, layer = self.executor, self.layers[k]
         buffers = self.buffers
         args = [
             self.values[i] if buffers[i] is None else self.rows_of(i, 0, self.flow_nodes[i].rows - 1)
             for i in self.flow_nodes[k].inputs
         ]
-        result = node.whole(args)
+        result = self.kernels[k].whole(args)
         if executor._is_output[k] and self.out is not None:
             target = self.out[self.out_slot[k]]
             target.copy_(result)
@@ -461,14 +473,14 @@ class _Run:
         self.values[k] = result
         if executor._keeps[k] and isinstance(result, torch.Tensor):
             self.held[k] = result.numel() * result.element_size()
-            self.stats.buffer_bytes[node.name] = self.held[k]
+            self.stats.buffer_bytes[layer.name] = self.held[k]
             self.ledger.add(self.held[k])
 
     def _store(self, k: int, first: int, rows: torch.Tensor) -> None:
         """Write output rows of node ``k``: into its result tensor or its row buffer."""
         if self.executor._is_output[k]:
             if self.values[k] is None:
-                shape = self.traced_nodes[k].shape
+                shape = self.layers[k].shape
                 self.values[k] = self.out[self.out_slot[k]] if self.out is not None else rows.new_empty(shape)
             self.values[k][:, :, first : first + rows.shape[2]].copy_(rows)
             return
@@ -477,7 +489,7 @@ class _Run:
             buf = RowBuffer(self.executor.plan.buffer_rows[k], rows)
             self.buffers[k] = buf
             self.held[k] = buf.nbytes
-            self.stats.buffer_bytes[self.traced_nodes[k].name] = buf.nbytes
+            self.stats.buffer_bytes[self.layers[k].name] = buf.nbytes
             self.ledger.add(buf.nbytes)
         buf.skip_to(first)  # rows nobody reads may have been skipped
         buf.write(first, rows)
@@ -487,31 +499,31 @@ class _Run:
         self.ledger.remove(self.held[i])
         self.held[i] = 0
         if buf is not None:
-            self.stats.high_water_rows[self.traced_nodes[i].name] = buf.high_water
+            self.stats.high_water_rows[self.layers[i].name] = buf.high_water
             self.buffers[i] = None
         if not self.executor._is_output[i]:
             self.values[i] = None
 
 
-def untiled_peak_bytes(traced: TracedGraph, example: Sequence[torch.Tensor]) -> int:
+def untiled_peak_bytes(cnn: CNN, example: Sequence[torch.Tensor]) -> int:
     """Ledger peak of plain layer-by-layer execution (every tensor whole until last read)."""
-    executor = PartsExecutor(traced, "none")
+    executor = PartsExecutor(cnn, "none")
     executor.run(*example)
     return executor.last_stats.peak_bytes
 
 
-def describe_tiling(traced: TracedGraph) -> list[dict[str, Any]]:
-    """Per node: kind, output shape, whether it can process by parts, and why not."""
+def describe_tiling(cnn: CNN) -> list[dict[str, Any]]:
+    """Per layer: kind, output shape, whether it can process by parts, and why not."""
     return [
         {
-            "name": n.name,
-            "op": n.op,
-            "shape": n.shape,
-            "tileable": n.tileable,
-            "min_height": max((m.min_height for m in n.maps), default=0) if n.tileable else None,
-            "reason": "" if n.tileable else n.reason,
+            "name": layer.name,
+            "op": layer.op,
+            "shape": layer.shape,
+            "tileable": cnn.tileable(i),
+            "min_height": max((m.min_height for m in cnn.maps(i)), default=0) if cnn.tileable(i) else None,
+            "reason": "" if cnn.tileable(i) else cnn.tiling_reason(i),
         }
-        for n in traced.nodes
+        for i, layer in enumerate(cnn.layers)
     ]
 
 

@@ -13,6 +13,7 @@ thread, one after the other) and pipelined, and checks both give identical outpu
 
 from __future__ import annotations
 
+import math
 import queue
 import statistics
 import threading
@@ -24,8 +25,9 @@ from typing import Any
 import torch
 
 from layerfit.errors import TradeoffError
+from layerfit.tradeoff.parts.cnn import CNN
 from layerfit.tradeoff.parts.executor import PartsExecutor, PartsSpec, stage_of
-from layerfit.tradeoff.parts.torchgraph import TracedGraph, substitute
+from layerfit.tradeoff.parts.kernels import substitute
 
 _DONE = object()
 
@@ -36,44 +38,35 @@ class _Failure:
 
 
 class TwoStagePipeline:
-    """Two pipeline stages of one traced CNN, cut before traced node ``cut``.
+    """Two pipeline stages of one CNN captured from a module, cut before layer ``cut``.
 
-    ``parts`` selects by-parts layers for both stages (node names, ``all`` or ``none``).
+    ``parts`` selects by-parts layers for both stages (layer names, ``all`` or ``none``).
     """
 
-    def __init__(self, traced: TracedGraph, cut: int | str, parts: PartsSpec = "none", phase_rows: int = 1) -> None:
-        index = traced.index(cut) if isinstance(cut, str) else cut
-        if not 0 < index < len(traced.nodes):
-            raise TradeoffError(f"cut must be a node index in (0, {len(traced.nodes)}), got {cut!r}")
-        self.traced = traced
-        self.first = PartsExecutor(traced, parts, phase_rows, stage_of(traced, 0, index))
-        self.second = PartsExecutor(traced, parts, phase_rows, stage_of(traced, index, len(traced.nodes)))
+    def __init__(self, cnn: CNN, cut: int | str, parts: PartsSpec = "none", phase_rows: int = 1) -> None:
+        index = cnn.index(cut) if isinstance(cut, str) else cut
+        if not 0 < index < len(cnn.layers):
+            raise TradeoffError(f"cut must be a layer index in (0, {len(cnn.layers)}), got {cut!r}")
+        self.cnn = cnn
+        self.first = PartsExecutor(cnn, parts, phase_rows, stage_of(cnn, 0, index))
+        self.second = PartsExecutor(cnn, parts, phase_rows, stage_of(cnn, index, len(cnn.layers)))
         first_out = self.first.stage.outputs
-        second_in = self.second.stage.inputs
         # The second stage reads the first stage's outputs and possibly the graph inputs.
-        self._from_first = [first_out.index(i) if i in first_out else None for i in second_in]
-        self._from_input = [traced.placeholders.index(i) if i in traced.placeholders else None for i in second_in]
-        self._slot_nodes = [traced.nodes[i] for i in first_out]
-        if any(n.shape is None for n in self._slot_nodes):
+        inputs = [i for i, layer in enumerate(cnn.layers) if layer.op == "input"]
+        self._reads = [(first_out.index(i), None) if i in first_out else (None, inputs.index(i)) for i in self.second.stage.inputs]
+        self._slots = [(cnn.layers[i].shape, self.first.runner.kernels[i].dtype) for i in first_out]
+        if any(not shape for shape, _ in self._slots):
             raise TradeoffError("the cut must only cross tensors (move it past non-tensor values)")
 
     def edge_bytes(self) -> int:
         """Bytes of one slot of the double-buffered edge (the pipeline holds two)."""
-        return sum(n.numel * n.itemsize for n in self._slot_nodes)
+        return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size() for shape, dtype in self._slots)
 
     def _new_slot(self, like: torch.Tensor) -> list[torch.Tensor]:
-        return [like.new_empty(n.shape, dtype=n.dtype) for n in self._slot_nodes]
+        return [like.new_empty(shape, dtype=dtype) for shape, dtype in self._slots]
 
     def _second_inputs(self, frame: Sequence[torch.Tensor], slot: Sequence[torch.Tensor]) -> list[Any]:
-        args = []
-        for k, (f, p) in enumerate(zip(self._from_first, self._from_input, strict=True)):
-            if f is not None:
-                args.append(slot[f])
-            elif p is not None:
-                args.append(frame[p])
-            else:  # a constant produced before the cut
-                args.append(self.traced.nodes[self.second.stage.inputs[k]].whole([]))
-        return args
+        return [slot[f] if f is not None else frame[p] for f, p in self._reads]
 
     def run_sequential(self, frames: Iterable[torch.Tensor | Sequence[torch.Tensor]]) -> list[Any]:
         """Both stages on the calling thread, frame after frame (the reference)."""
@@ -138,7 +131,7 @@ class TwoStagePipeline:
         for i, value in zip(self.first.stage.outputs, slot, strict=True):
             if i not in local:
                 local[i] = value.clone()
-        return substitute(self.traced.output_arg, lambda i: local[i])
+        return substitute(self.first.runner.output_arg, lambda i: local[i])
 
 
 def _as_tuple(frame: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:

@@ -29,9 +29,9 @@ from typing import Protocol
 
 import torch
 
-from layerfit.errors import TradeoffError
 from layerfit.tradeoff.parts.application import Application, DerivedApplication
 from layerfit.tradeoff.parts.cnn import CNN
+from layerfit.tradeoff.parts.executor import PartsExecutor, runner_of, stage_of
 
 
 class ThroughputEstimator(Protocol):
@@ -143,17 +143,15 @@ class ProfiledThroughput:
         return self.cache[cnn.name]
 
     def _measure(self, cnn: CNN) -> LayerTimes:
-        from layerfit.tradeoff.parts.executor import PartsExecutor
-
-        runner = _runner(cnn)
-        executors = {mode: PartsExecutor(runner.traced, mode, self.phase_rows) for mode in ("none", "all")}
+        example = runner_of(cnn).example
+        executors = {mode: PartsExecutor(cnn, mode, self.phase_rows) for mode in ("none", "all")}
         for executor in executors.values():
             for _ in range(self.warmup):
-                executor.run(*runner.example)
+                executor.run(*example)
         samples: dict[str, dict[str, list[float]]] = {mode: {} for mode in executors}
         for _ in range(self.repeats):  # alternate the modes so interference hits both alike
             for mode, executor in executors.items():
-                executor.run(*runner.example, profile=True)
+                executor.run(*example, profile=True)
                 for name, seconds in executor.last_stats.node_seconds.items():
                     samples[mode].setdefault(name, []).append(seconds)
         medians = {mode: {n: statistics.median(v) for n, v in per.items()} for mode, per in samples.items()}
@@ -179,24 +177,18 @@ class MeasuredThroughput:
 
     def stage_seconds(self, app: Application, derived: DerivedApplication, cnn: CNN) -> dict[str, float]:
         """Median seconds per frame of each partition of ``cnn`` under ``derived``."""
-        from layerfit.tradeoff.parts.executor import PartsExecutor, stage_of
-
         offset = app.offsets[cnn.name]
         bits = derived.bits[offset : offset + len(cnn.layers)]
         key = (cnn.name, bits)
         if key in self.cache:
             return self.cache[key]
-        runner = _runner(cnn)
-        names = [layer.name for layer, b in zip(cnn.layers, bits, strict=True) if b]
-        values = dict(zip(runner.traced.placeholders, runner.example, strict=True))
+        placeholders = [i for i, layer in enumerate(cnn.layers) if layer.op == "input"]
+        values = dict(zip(placeholders, runner_of(cnn).example, strict=True))
         result = {}
         for p in app.partitions_of(cnn.name):
-            first, stop = runner.node_range(p.start, p.stop)
-            stage = stage_of(runner.traced, first, stop)
-            executor = PartsExecutor(runner.traced, names, self.phase_rows, stage)
-            inputs = [
-                values[i] if i in values else runner.traced.nodes[i].whole([]) for i in stage.inputs
-            ]
+            stage = stage_of(cnn, p.start, p.stop)
+            executor = PartsExecutor(cnn, list(bits), self.phase_rows, stage)
+            inputs = [values[i] for i in stage.inputs]
             for _ in range(self.warmup):
                 outputs = executor.run(*inputs)
             samples = []
@@ -205,7 +197,7 @@ class MeasuredThroughput:
                 outputs = executor.run(*inputs)
                 samples.append(time.perf_counter() - start)
             result[p.name] = statistics.median(samples)
-            if stop < len(runner.traced.nodes):
+            if p.stop < len(cnn.layers):
                 values.update(zip(stage.outputs, outputs, strict=True))
         self.cache[key] = result
         return result
@@ -215,15 +207,6 @@ class MeasuredThroughput:
         for cnn in app.cnns:
             seconds.update(self.stage_seconds(app, derived, cnn))
         return throughput_of_stages(app, seconds)
-
-
-def _runner(cnn: CNN):
-    if cnn.runner is None:
-        raise TradeoffError(
-            f"CNN {cnn.name!r} was given as a layer list, so it cannot be run to measure its "
-            "throughput: use the analytic model (--model-throughput) or give it as a zoo model"
-        )
-    return cnn.runner
 
 
 def estimator_for(app: Application, model: bool = False, phase_rows: int = 1) -> ThroughputEstimator:

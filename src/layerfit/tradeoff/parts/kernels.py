@@ -1,12 +1,12 @@
-"""A PyTorch module as a list of layers that can (or cannot) run by parts.
+"""How each captured operator runs, whole and in row stripes: the kernels of processing by parts.
 
-The module is seen as layerfit's capture sees it: traced by the shared fx tracer
-(:func:`~layerfit.capture.activations.fx_trace`, so node names are the captured ops'
-names), with the shape and dtype of every tensor from the capture's recorded run
-(:func:`~layerfit.capture.activations.run_fx`) - :func:`trace_module` - or from a
-:class:`~layerfit.capture.graph.ModelGraph` captured earlier - :func:`traced_from_graph`.
-What processing by parts adds to the capture is the classification of every node and
-its kernels:
+A module is seen as layerfit's capture sees it: :func:`~layerfit.capture.capture` (with
+torch.fx) records every operator and the shape and dtype of every tensor, and the
+capture's tracer (:func:`~layerfit.capture.activations.fx_trace`) gives the same
+operators as fx nodes, by name. :func:`cnn_from_module` captures a module,
+:func:`cnn_from_graph` reads a stored capture; :func:`layers_of` reads each operator as a
+:class:`~layerfit.tradeoff.parts.cnn.Layer` - its kind, its geometry along the height,
+whether it can process by parts - and builds the :class:`Kernel` that runs it:
 
 * *window* layers (Conv2d incl. grouped/depthwise/dilated, MaxPool2d, AvgPool2d): output
   row ``o`` reads a window of input rows (Table 2: ``H_min^in = ks``);
@@ -17,12 +17,14 @@ its kernels:
   functions, non-tensor values) has a full-height receptive field as far as we know and
   is marked not tileable: it always runs whole, on whole inputs.
 
-Each tileable node carries a *stripe kernel* that computes output rows ``a..b`` from the
-input rows they read, with the same arithmetic as the module: padding rows are
-materialised only for phases touching the border, so interior phases pass views of
-the edge buffers straight to the operator. Every node also runs whole through its fx
-target. Operators run out of place (``inplace`` flags are dropped) because a stripe is
-a view into a buffer other consumers still read.
+A tileable layer's *stripe kernel* computes output rows ``a..b`` from the input rows
+they read, with the same arithmetic as the module: padding rows are materialised only
+for phases touching the border, so interior phases pass views of the edge buffers
+straight to the operator. Every layer also runs whole through its fx target. Operators
+run out of place (``inplace`` flags are dropped) because a stripe is a view into a
+buffer other consumers still read. Constants (``get_attr`` nodes) are no layers: their
+values are bound into the kernels of the layers reading them, and their elements count
+as the first such layer's parameters.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from __future__ import annotations
 import copy
 import math
 import operator
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,9 +41,11 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from layerfit.capture.activations import fx_trace, run_fx
+from layerfit.capture import capture
+from layerfit.capture.activations import fx_trace
 from layerfit.capture.macs import module_macs
-from layerfit.errors import TradeoffError
+from layerfit.errors import CaptureError, TradeoffError
+from layerfit.tradeoff.parts.cnn import CNN, Layer
 from layerfit.tradeoff.parts.rows import RowMap, window_extent
 
 if TYPE_CHECKING:
@@ -109,103 +113,73 @@ _OUT_OF_PLACE = {
 }
 
 StripeKernel = Callable[[list[Any], int, int], torch.Tensor]
+WholeKernel = Callable[[list[Any]], Any]
 # The shape and dtype of every node whose value is one tensor, by node name.
 NodeValues = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 
-@dataclass
-class TracedNode:
-    """One fx node with its role in processing by parts.
+@dataclass(frozen=True)
+class Kernel:
+    """How one layer runs: ``whole`` computes its value from its inputs' whole values;
+    ``stripe`` (tileable layers) computes output rows ``a..b`` from per-input stripes.
+    Both take the values of the layer's inputs in the order of ``Layer.inputs``."""
 
-    ``op`` is the layer kind (``input``, ``conv``, ``pool``, ``bn``, ``act``, ``add``,
-    ``mul``, ``concat``, ``global_pool``, ``fc``, ``flatten``, ``const``, ``other``);
-    ``inputs`` are indices of the nodes it reads; ``maps`` (one per input) say which rows
-    of that input an output row reads; ``shape`` is the output shape (None when the
-    node's value is not a tensor). ``stripe`` computes output rows ``a..b`` from
-    per-input stripes; ``whole`` computes the full output from full inputs.
-    """
-
-    name: str
-    op: str
-    inputs: tuple[int, ...]
-    maps: tuple[RowMap, ...]
-    shape: tuple[int, ...] | None
-    dtype: torch.dtype | None
-    tileable: bool
-    whole: Callable[[list[Any]], Any]
+    whole: WholeKernel
     stripe: StripeKernel | None = None
-    params: tuple[tuple[int, ...], ...] = ()
-    macs: int = 0
-    reason: str = ""  # why the node cannot be tiled
-    geometry: dict[str, int] = field(default_factory=dict)
+    dtype: torch.dtype | None = None
+
+
+@dataclass(frozen=True)
+class Runner:
+    """What it takes to run a CNN for real: the traced module, the kernel of every layer,
+    how the module's result is assembled (the fx output argument with a :class:`Ref` for
+    each layer's value) and an example input (empty: none to run it on)."""
+
+    module: torch.fx.GraphModule
+    kernels: tuple[Kernel, ...]
+    output_arg: Any
+    example: tuple[Any, ...] = ()
 
     @property
-    def is_spatial(self) -> bool:
-        """True for ``[N, C, H, W]`` tensors, the only ones split into rows."""
-        return self.shape is not None and len(self.shape) == 4
-
-    @property
-    def rows(self) -> int:
-        return self.shape[2] if self.is_spatial else 1
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape) if self.shape is not None else 0
-
-    @property
-    def row_elems(self) -> int:
-        return self.numel // self.rows
-
-    @property
-    def itemsize(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size() if self.dtype is not None else 0
+    def outputs(self) -> tuple[int, ...]:
+        """The layers whose values the module returns."""
+        return tuple(dict.fromkeys(r.index for r in refs(self.output_arg)))
 
 
-@dataclass
-class TracedGraph:
-    """The traced nodes of a module in execution order, and how its result is assembled."""
-
-    module: nn.Module
-    nodes: list[TracedNode]
-    placeholders: list[int]
-    output_arg: Any  # fx output argument with fx Nodes replaced by node indices
-    outputs: tuple[int, ...]
-
-    def index(self, name: str) -> int:
-        for i, node in enumerate(self.nodes):
-            if node.name == name:
-                return i
-        raise TradeoffError(f"no node named {name!r} in the traced graph")
-
-    def consumers(self) -> list[list[int]]:
-        result: list[list[int]] = [[] for _ in self.nodes]
-        for c, node in enumerate(self.nodes):
-            for i in dict.fromkeys(node.inputs):
-                result[i].append(c)
-        return result
+def cnn_from_module(name: str, module: Any, *example: Any) -> CNN:
+    """The layers of ``module`` (in eval mode) captured at ``example``, with their kernels
+    and the example as the CNN's runner, so it can run (by parts) and be timed."""
+    if module.training:
+        trace(module)  # refuses a module in training mode
+    try:
+        graph = capture(module, example[0] if len(example) == 1 else tuple(example), method="fx")
+    except CaptureError as exc:
+        raise TradeoffError(f"cannot capture {type(module).__name__} for processing by parts: {exc}") from exc
+    return cnn_from_graph(name, graph, module, example)
 
 
-def trace_module(module: nn.Module, *example_inputs: torch.Tensor) -> TracedGraph:
-    """Trace ``module`` as capture does, run it once on ``example_inputs`` to record the
-    shape of every tensor, and classify every node for processing by parts.
+def cnn_from_graph(name: str, graph: Any, model: Any, example: tuple[Any, ...] | None = None) -> CNN:
+    """Layers from a :class:`~layerfit.capture.graph.ModelGraph` captured with torch.fx.
 
-    Raises :class:`TradeoffError` if the module is in training mode (batch statistics
-    and dropout depend on the whole tensor) or cannot be traced.
+    Every operator of the graph is a layer, with the shapes the graph recorded and the
+    kind and geometry of the module's fx node of its name
+    (:func:`layers_of`). The CNN has a runner when
+    ``example`` (the input the graph was captured at) is given; otherwise nothing here
+    has an input to run it on.
     """
-    gm = _trace(module)
-    captured = run_fx(gm, example_inputs)
-    values = {name: _value(captured.tensors[tid]) for name, tid in captured.tensor_of.items()}
-    return _build(gm, values)
+    gm, values = graph_values(graph, model)
+    layers, runner = layers_of(gm, values, example or ())
+    return CNN(name, tuple(layers), runner=runner if example is not None else None)
 
 
-def traced_from_graph(graph: ModelGraph, module: nn.Module) -> TracedGraph:
-    """The traced nodes of ``module`` with the shapes and dtypes of ``graph``, a capture of
-    it with torch.fx (the same tracer, so every op is the node of its name).
+def graph_values(graph: ModelGraph, module: nn.Module) -> tuple[torch.fx.GraphModule, NodeValues]:
+    """The fx trace of ``module`` and, from ``graph`` (an fx capture of it, whose ops are
+    that trace's nodes by name), the shape and dtype of every node's value.
 
-    An op's value is taken to be its one output tensor when it has one (the graph does
-    not say whether it came in a tuple); graph inputs are matched to the module's inputs
-    in order. Raises :class:`TradeoffError` for a hooks capture, which does not record
-    the operators between modules (residual adds among them), for a module in training
+    An op's value is its one output tensor when it has one (the graph does not say
+    whether it came in a tuple); graph inputs are matched to the module's inputs in
+    order. Raises :class:`TradeoffError` for a hooks capture, which does not record the
+    operators between modules (residual adds among them), for a module in training
     mode, and for a graph that is not a capture of ``module``.
     """
     if graph.method != "fx":
@@ -213,7 +187,7 @@ def traced_from_graph(graph: ModelGraph, module: nn.Module) -> TracedGraph:
             f"the graph of {graph.model_type} was captured with {graph.method}: processing by "
             "parts needs every operator (residual adds included), which only an fx capture records"
         )
-    gm = _trace(module)
+    gm = trace(module)
     names = {node.name for node in gm.graph.nodes}
     strangers = [op.name for op in graph.ops if op.name not in names]
     if strangers:
@@ -229,11 +203,11 @@ def traced_from_graph(graph: ModelGraph, module: nn.Module) -> TracedGraph:
     for op in graph.ops:
         if len(op.outputs) == 1:
             values[op.name] = _value(tensors[op.outputs[0]])
-    return _build(gm, values)
+    return gm, values
 
 
-def _trace(module: nn.Module) -> torch.fx.GraphModule:
-    """The shared fx trace of ``module``, refused in training mode."""
+def trace(module: nn.Module) -> torch.fx.GraphModule:
+    """The capture's fx trace of ``module``, refused in training mode."""
     if module.training:
         raise TradeoffError("put the model in eval mode (model.eval()) before tracing it for processing by parts")
     try:
@@ -247,52 +221,90 @@ def _value(tensor: TensorRecord) -> tuple[tuple[int, ...], torch.dtype]:
     return tuple(tensor.shape), getattr(torch, tensor.dtype)
 
 
-def _build(gm: torch.fx.GraphModule, values: NodeValues) -> TracedGraph:
-    """Classify the nodes of ``gm`` in order; ``values`` gives the tensors' shapes."""
-    index: dict[torch.fx.Node, int] = {}
-    nodes: list[TracedNode] = []
-    placeholders: list[int] = []
+def layers_of(gm: torch.fx.GraphModule, values: NodeValues, example: tuple[Any, ...] = ()) -> tuple[list[Layer], Runner]:
+    """The layers of ``gm`` in order and what runs them; ``values`` gives the tensors' shapes."""
+    index: dict[torch.fx.Node, Any] = {}  # a layer's Ref, or a constant's value
+    layers: list[Layer] = []
+    kernels: list[Kernel] = []
+    pending: dict[int, int] = {}  # elements of constants no layer has counted yet, by id
     output_arg: Any = None
     for fx_node in gm.graph.nodes:
         if fx_node.op == "output":
-            output_arg = torch.fx.node.map_arg(fx_node.args[0], lambda n: _Ref(index[n]))
-            continue
-        node = _classify(gm, fx_node, index, nodes, values)
-        index[fx_node] = len(nodes)
-        if fx_node.op == "placeholder":
-            placeholders.append(len(nodes))
-        nodes.append(node)
-    outputs = tuple(dict.fromkeys(r.index for r in _refs(output_arg)))
-    return TracedGraph(module=gm, nodes=nodes, placeholders=placeholders, output_arg=output_arg, outputs=outputs)
+            output_arg = torch.fx.node.map_arg(fx_node.args[0], lambda n: index[n])
+        elif fx_node.op == "get_attr":
+            value = _fetch_attr(gm, str(fx_node.target))
+            index[fx_node] = value
+            if isinstance(value, torch.Tensor):
+                pending[id(value)] = value.numel()
+        else:
+            layer, kernel = _classify(gm, fx_node, index, layers, values, pending)
+            index[fx_node] = Ref(len(layers))
+            layers.append(layer)
+            kernels.append(kernel)
+    return layers, Runner(gm, tuple(kernels), output_arg, tuple(example))
 
 
 @dataclass(frozen=True)
-class _Ref:
-    """Placeholder for "the value of node ``index``" inside reconstructed arguments."""
+class Ref:
+    """Placeholder for "the value of layer ``index``" inside reconstructed arguments."""
 
     index: int
 
 
 @dataclass(frozen=True)
+class _Rows:
+    """A constant with the output's height inside a stripe kernel's arguments: a phase
+    reads its rows ``a..b``."""
+
+    value: torch.Tensor
+
+
+@dataclass(frozen=True)
 class _Site:
-    """What every node builder needs: name, inputs, output shape and dtype, whole runner."""
+    """What every layer builder needs: name, inputs (layer indices), the shapes of the
+    layers so far, output shape and dtype, the whole runner, and the tensors of
+    constants read (with the parameter elements first counted here)."""
 
     name: str
     inputs: tuple[int, ...]
-    nodes: list[TracedNode]
+    layers: list[Layer]
     shape: tuple[int, ...] | None
     dtype: torch.dtype | None
-    run: Callable[[list[Any]], Any]
+    run: WholeKernel
+    constants: tuple[torch.Tensor, ...] = ()
+    const_params: int = 0
 
-    def unpack(self) -> tuple[str, tuple[int, ...], list[TracedNode], tuple[int, ...] | None, torch.dtype | None, Callable[[list[Any]], Any]]:
-        return self.name, self.inputs, self.nodes, self.shape, self.dtype, self.run
+    def layer(self, op: str, tileable: bool, reason: str = "", params: int = 0, macs: int = 0, **geometry: int) -> Layer:
+        return Layer(
+            name=self.name,
+            op=op,
+            inputs=tuple(self.layers[i].name for i in self.inputs),
+            shape=tuple(self.shape) if self.shape is not None else (),
+            params=params + self.const_params,
+            macs=macs,
+            tileable=tileable,
+            reason=reason,
+            **geometry,
+        )
+
+    def kernel(self, stripe: StripeKernel | None = None) -> Kernel:
+        return Kernel(self.run, stripe, self.dtype)
+
+    def spatial_input(self) -> Layer | None:
+        if len(self.inputs) != 1 or not self.layers[self.inputs[0]].is_spatial:
+            return None
+        return self.layers[self.inputs[0]]
+
+    @property
+    def is_spatial(self) -> bool:
+        return self.shape is not None and len(self.shape) == 4
 
 
-def _refs(arg: Any) -> list[_Ref]:
-    found: list[_Ref] = []
+def refs(arg: Any) -> list[Ref]:
+    found: list[Ref] = []
 
     def visit(a: Any) -> None:
-        if isinstance(a, _Ref):
+        if isinstance(a, Ref):
             found.append(a)
         elif isinstance(a, (list, tuple)):
             for x in a:
@@ -306,8 +318,8 @@ def _refs(arg: Any) -> list[_Ref]:
 
 
 def substitute(arg: Any, values: Callable[[int], Any]) -> Any:
-    """Replace every :class:`_Ref` in a nested argument by ``values(index)``."""
-    if isinstance(arg, _Ref):
+    """Replace every :class:`Ref` in a nested argument by ``values(index)``."""
+    if isinstance(arg, Ref):
         return values(arg.index)
     if isinstance(arg, tuple):
         return tuple(substitute(a, values) for a in arg)
@@ -316,6 +328,17 @@ def substitute(arg: Any, values: Callable[[int], Any]) -> Any:
     if isinstance(arg, dict):
         return {k: substitute(v, values) for k, v in arg.items()}
     return arg
+
+
+def _constants(arg: Any) -> list[torch.Tensor]:
+    """The constant tensors (values of ``get_attr`` nodes) in a nested argument."""
+    if isinstance(arg, torch.Tensor):
+        return [arg]
+    if isinstance(arg, (list, tuple)):
+        return [t for a in arg for t in _constants(a)]
+    if isinstance(arg, dict):
+        return [t for a in arg.values() for t in _constants(a)]
+    return []
 
 
 def _pair(value: Any) -> tuple[int, int]:
@@ -327,24 +350,23 @@ def _pair(value: Any) -> tuple[int, int]:
 def _classify(
     gm: torch.fx.GraphModule,
     fx_node: torch.fx.Node,
-    index: dict[torch.fx.Node, int],
-    nodes: list[TracedNode],
+    index: dict[torch.fx.Node, Any],
+    layers: list[Layer],
     values: NodeValues,
-) -> TracedNode:
-    """The traced node of ``fx_node``: its kind, row maps, whole runner and stripe kernel."""
+    pending: dict[int, int],
+) -> tuple[Layer, Kernel]:
+    """The layer of ``fx_node``: its kind, geometry, whole runner and stripe kernel."""
     name = fx_node.name
     shape, dtype = values.get(name, (None, None))
     if fx_node.op == "placeholder":
-        return TracedNode(name, "input", (), (), shape, dtype, False, _fail_run(name), reason="graph input")
-    if fx_node.op == "get_attr":
-        value = _fetch_attr(gm, str(fx_node.target))
-        if isinstance(value, torch.Tensor):
-            shape, dtype = tuple(value.shape), value.dtype
-        return TracedNode(name, "const", (), (), shape, dtype, False, lambda _v, value=value: value, reason="constant")
-    args = torch.fx.node.map_arg(fx_node.args, lambda n: _Ref(index[n]))
-    kwargs = torch.fx.node.map_arg(fx_node.kwargs, lambda n: _Ref(index[n]))
-    inputs = tuple(dict.fromkeys(r.index for r in _refs((args, kwargs))))
-    site = _Site(name, inputs, nodes, shape, dtype, _whole_runner(gm, fx_node, args, kwargs))
+        site = _Site(name, (), layers, shape, dtype, _fail_run(name))
+        return site.layer("input", False, "graph input"), site.kernel()
+    args = torch.fx.node.map_arg(fx_node.args, lambda n: index[n])
+    kwargs = torch.fx.node.map_arg(fx_node.kwargs, lambda n: index[n])
+    inputs = tuple(dict.fromkeys(r.index for r in refs((args, kwargs))))
+    constants = tuple(_constants((args, kwargs)))
+    counted = sum(pending.pop(id(t), 0) for t in constants)
+    site = _Site(name, inputs, layers, shape, dtype, _whole_runner(gm, fx_node, args, kwargs), constants, counted)
     if fx_node.op == "call_module":
         return _module_node(site, gm.get_submodule(str(fx_node.target)))
     if fx_node.op == "call_function":
@@ -354,12 +376,9 @@ def _classify(
     raise TradeoffError(f"unsupported fx node {fx_node.op} {fx_node.target}")
 
 
-def _module_node(site: _Site, mod: nn.Module) -> TracedNode:
+def _module_node(site: _Site, mod: nn.Module) -> tuple[Layer, Kernel]:
     """A ``call_module`` node: a window, pointwise or whole layer by the module's type."""
-    shape = site.shape
-    params = tuple(tuple(p.shape) for p in mod.parameters(recurse=False)) + tuple(
-        tuple(b.shape) for b in mod.buffers(recurse=False)
-    )
+    params = sum(p.numel() for p in mod.parameters(recurse=False)) + sum(b.numel() for b in mod.buffers(recurse=False))
     if isinstance(mod, nn.Conv2d):
         return _conv_node(site, mod, params)
     if isinstance(mod, nn.MaxPool2d):
@@ -369,7 +388,7 @@ def _module_node(site: _Site, mod: nn.Module) -> TracedNode:
     if isinstance(mod, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
         return _untileable(site, "global_pool", "adaptive pooling reads the full height")
     if isinstance(mod, nn.Linear):
-        macs = _macs(mod, shape)
+        macs = _macs(mod, site.shape)
         return _untileable(site, "fc", "fully connected reads the full input", params=params, macs=macs)
     if isinstance(mod, nn.Flatten):
         return _untileable(site, "flatten", "flatten mixes rows")
@@ -384,7 +403,7 @@ _ADDS = (operator.add, operator.iadd, torch.add, operator.sub, operator.isub, to
 _MULS = (operator.mul, operator.imul, torch.mul, operator.truediv, operator.itruediv, torch.div)
 
 
-def _function_node(site: _Site, target: Any, args: Any, kwargs: Any) -> TracedNode:
+def _function_node(site: _Site, target: Any, args: Any, kwargs: Any) -> tuple[Layer, Kernel]:
     """A ``call_function`` node: elementwise functions and channel concatenation are
     pointwise; everything else runs whole."""
     if target in POINTWISE_FUNCTIONS:
@@ -394,7 +413,7 @@ def _function_node(site: _Site, target: Any, args: Any, kwargs: Any) -> TracedNo
         return _pointwise_call(site, op, lambda a, k, func=func: func(*a, **k), args, kw)
     if target is torch.cat:
         dim = kwargs.get("dim", args[1] if len(args) > 1 else 0)
-        if site.shape is not None and len(site.shape) == 4 and dim in (1, -3):
+        if site.is_spatial and dim in (1, -3):
             return _pointwise_call(site, "concat", lambda a, k: torch.cat(*a, **k), args, kwargs)
         return _untileable(site, "other", f"concatenation along dim {dim} mixes rows")
     if target in (torch.flatten,):
@@ -404,7 +423,7 @@ def _function_node(site: _Site, target: Any, args: Any, kwargs: Any) -> TracedNo
     return _untileable(site, "other", f"function {getattr(target, '__name__', target)} is not known to work by parts")
 
 
-def _method_node(site: _Site, method: str, args: Any, kwargs: Any) -> TracedNode:
+def _method_node(site: _Site, method: str, args: Any, kwargs: Any) -> tuple[Layer, Kernel]:
     """A ``call_method`` node: elementwise tensor methods are pointwise; reshapes and
     means run whole."""
     if method in POINTWISE_METHODS:
@@ -432,17 +451,16 @@ def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:
     return value
 
 
-def _fail_run(name: str) -> Callable[[list[Any]], Any]:
+def _fail_run(name: str) -> WholeKernel:
     def run(_values: list[Any]) -> Any:
         raise TradeoffError(f"graph input {name!r} has no value")
 
     return run
 
 
-def _whole_runner(gm: torch.fx.GraphModule, fx_node: torch.fx.Node, args: Any, kwargs: Any) -> Callable[[list[Any]], Any]:
-    """Run the fx node on whole values, out of place. ``values`` are indexed like ``inputs``."""
-    refs = list(dict.fromkeys(r.index for r in _refs((args, kwargs))))
-    slot = {idx: k for k, idx in enumerate(refs)}
+def _whole_runner(gm: torch.fx.GraphModule, fx_node: torch.fx.Node, args: Any, kwargs: Any) -> WholeKernel:
+    """Run the fx node on whole values, out of place. ``values`` are indexed like its inputs."""
+    slot = {idx: k for k, idx in enumerate(dict.fromkeys(r.index for r in refs((args, kwargs))))}
     kwargs = {k: v for k, v in kwargs.items() if k != "inplace"} if isinstance(kwargs, dict) else kwargs
     if fx_node.op == "call_module":
         target: Any = _out_of_place_module(gm.get_submodule(str(fx_node.target)))
@@ -470,12 +488,6 @@ def _out_of_place_module(mod: nn.Module) -> nn.Module:
         mod = copy.copy(mod)
         mod.inplace = False
     return mod
-
-
-def _spatial_input(nodes: list[TracedNode], inputs: Sequence[int]) -> TracedNode | None:
-    if len(inputs) != 1 or not nodes[inputs[0]].is_spatial:
-        return None
-    return nodes[inputs[0]]
 
 
 def assemble(view: torch.Tensor, top: int, bottom: int, value: float) -> torch.Tensor:
@@ -507,14 +519,12 @@ def _window_stripe(rmap: RowMap, fill: float, op: Callable[[torch.Tensor], torch
     return stripe
 
 
-def _conv_node(site: _Site, mod: nn.Conv2d, params: tuple[tuple[int, ...], ...]) -> TracedNode:
-    name, inputs, nodes, shape, dtype, run = site.unpack()
-    src = _spatial_input(nodes, inputs)
+def _conv_node(site: _Site, mod: nn.Conv2d, params: int) -> tuple[Layer, Kernel]:
+    src = site.spatial_input()
     kh, kw = mod.kernel_size
     sh, sw = mod.stride
     dh, dw = mod.dilation
-    macs = _macs(mod, shape)
-    common = dict(params=params, macs=macs, geometry=dict(kernel=kh, stride=sh, dilation=dh))
+    common = dict(params=params, macs=_macs(mod, site.shape), kernel=kh, stride=sh, dilation=dh)
     if isinstance(mod.padding, str):
         if mod.padding == "valid":
             ph = pw = 0
@@ -527,35 +537,33 @@ def _conv_node(site: _Site, mod: nn.Conv2d, params: tuple[tuple[int, ...], ...])
         ph, pw = mod.padding
     if mod.padding_mode != "zeros":
         return _untileable(site, "conv", f"padding mode {mod.padding_mode!r}", **common)
-    if src is None or shape is None or len(shape) != 4:
+    if src is None or not site.is_spatial:
         return _untileable(site, "conv", "input is not [N, C, H, W]", **common)
-    common["geometry"]["padding"] = ph
     rmap = RowMap("window", src.rows, window_extent(kh, dh), sh, ph)
     weight, bias, groups = mod.weight, mod.bias, mod.groups
 
     def op(x: torch.Tensor) -> torch.Tensor:
         return F.conv2d(x, weight, bias, (sh, sw), (0, pw), (dh, dw), groups)
 
-    return TracedNode(name, "conv", inputs, (rmap,), shape, dtype, True, run, _window_stripe(rmap, 0.0, op), **common)
+    return site.layer("conv", True, padding=ph, **common), site.kernel(_window_stripe(rmap, 0.0, op))
 
 
-def _maxpool_node(site: _Site, mod: nn.MaxPool2d) -> TracedNode:
-    name, inputs, nodes, shape, dtype, run = site.unpack()
-    src = _spatial_input(nodes, inputs)
+def _maxpool_node(site: _Site, mod: nn.MaxPool2d) -> tuple[Layer, Kernel]:
+    src = site.spatial_input()
     kh, kw = _pair(mod.kernel_size)
     sh, sw = _pair(mod.stride if mod.stride is not None else mod.kernel_size)
     ph, pw = _pair(mod.padding)
     dh, dw = _pair(mod.dilation)
     geometry = dict(kernel=kh, stride=sh, padding=ph, dilation=dh)
-    if src is None or mod.return_indices or shape is None or len(shape) != 4:
-        return _untileable(site, "pool", "pooling with indices or non-4D input", geometry=geometry)
+    if src is None or mod.return_indices or not site.is_spatial:
+        return _untileable(site, "pool", "pooling with indices or non-4D input", **geometry)
     rmap = RowMap("window", src.rows, window_extent(kh, dh), sh, ph)
     ceil = mod.ceil_mode
 
     def op(x: torch.Tensor) -> torch.Tensor:
         return F.max_pool2d(x, (kh, kw), (sh, sw), (0, pw), (dh, dw), ceil)
 
-    return TracedNode(name, "pool", inputs, (rmap,), shape, dtype, True, run, _window_stripe(rmap, -math.inf, op), geometry=geometry)
+    return site.layer("pool", True, **geometry), site.kernel(_window_stripe(rmap, -math.inf, op))
 
 
 def avgpool_divisors(
@@ -572,15 +580,15 @@ def avgpool_divisors(
     return result
 
 
-def _avgpool_node(site: _Site, mod: nn.AvgPool2d) -> TracedNode:
-    name, inputs, nodes, shape, dtype, run = site.unpack()
-    src = _spatial_input(nodes, inputs)
+def _avgpool_node(site: _Site, mod: nn.AvgPool2d) -> tuple[Layer, Kernel]:
+    src = site.spatial_input()
     kh, kw = _pair(mod.kernel_size)
     sh, sw = _pair(mod.stride if mod.stride is not None else mod.kernel_size)
     ph, pw = _pair(mod.padding)
     geometry = dict(kernel=kh, stride=sh, padding=ph, dilation=1)
-    if src is None or shape is None or len(shape) != 4:
-        return _untileable(site, "pool", "non-4D input", geometry=geometry)
+    if src is None or site.shape is None or not site.is_spatial:
+        return _untileable(site, "pool", "non-4D input", **geometry)
+    shape = site.shape
     rmap = RowMap("window", src.rows, kh, sh, ph)
     ceil = mod.ceil_mode
     override = mod.divisor_override
@@ -589,7 +597,7 @@ def _avgpool_node(site: _Site, mod: nn.AvgPool2d) -> TracedNode:
     else:
         dh = avgpool_divisors(src.rows, shape[2], kh, sh, ph, mod.count_include_pad)
         dwv = avgpool_divisors(src.shape[3], shape[3], kw, sw, pw, mod.count_include_pad)
-        divisors = torch.tensor([[a * b for b in dwv] for a in dh], dtype=dtype)
+        divisors = torch.tensor([[a * b for b in dwv] for a in dh], dtype=site.dtype)
 
     def op(x: torch.Tensor) -> torch.Tensor:
         return F.avg_pool2d(x, (kh, kw), (sh, sw), (0, pw), ceil, True, 1)
@@ -602,22 +610,18 @@ def _avgpool_node(site: _Site, mod: nn.AvgPool2d) -> TracedNode:
             return sums / override
         return sums / divisors[a : b + 1]
 
-    return TracedNode(name, "pool", inputs, (rmap,), shape, dtype, True, run, stripe, geometry=geometry)
+    return site.layer("pool", True, **geometry), site.kernel(stripe)
 
 
-def _untileable(site: _Site, op: str, reason: str, **extra: Any) -> TracedNode:
-    name, inputs, nodes, shape, dtype, run = site.unpack()
-    maps = tuple(RowMap("all", nodes[i].rows) for i in inputs)
-    return TracedNode(name, op, inputs, maps, shape, dtype, False, run, reason=reason, **extra)
+def _untileable(site: _Site, op: str, reason: str, **extra: Any) -> tuple[Layer, Kernel]:
+    return site.layer(op, False, reason, **extra), site.kernel()
 
 
-def _pointwise_module(site: _Site, op: str, mod: nn.Module, params: tuple[tuple[int, ...], ...]) -> TracedNode:
-    name, inputs, nodes, shape, dtype, run = site.unpack()
-    src = _spatial_input(nodes, inputs)
-    if src is None or shape is None or len(shape) != 4 or src.rows != shape[2]:
+def _pointwise_module(site: _Site, op: str, mod: nn.Module, params: int) -> tuple[Layer, Kernel]:
+    src = site.spatial_input()
+    if src is None or site.shape is None or not site.is_spatial or src.rows != site.shape[2]:
         return _untileable(site, op, "input is not [N, C, H, W]", params=params)
     mod = _out_of_place_module(mod)
-    rmap = RowMap.identity(src.rows)
     forward = mod.forward  # the module's own arithmetic, without the hook machinery per phase
     if isinstance(mod, nn.BatchNorm2d) and mod.running_mean is not None:
         # what F.batch_norm calls in eval mode, minus its Python-level checks
@@ -631,36 +635,59 @@ def _pointwise_module(site: _Site, op: str, mod: nn.Module, params: tuple[tuple[
         def stripe(values: list[Any], a: int, b: int) -> torch.Tensor:
             return forward(values[0])
 
-    return TracedNode(name, op, inputs, (rmap,), shape, dtype, True, run, stripe, params=params, geometry=dict(kernel=1, stride=1, padding=0, dilation=1))
+    return site.layer(op, True, params=params), site.kernel(stripe)
 
 
 def _pointwise_call(
     site: _Site, op: str, call: Callable[[Any, Any], torch.Tensor], args: Any, kwargs: Any
-) -> TracedNode:
-    name, inputs, nodes, shape, dtype, run = site.unpack()
-    """Elementwise function of several inputs: identity maps, or broadcast for 1-row inputs."""
-    if shape is None or len(shape) != 4:
+) -> tuple[Layer, Kernel]:
+    """Elementwise function of several inputs: identity maps, or broadcast for 1-row inputs
+    (constants with the output's height are read by rows too)."""
+    if site.shape is None or not site.is_spatial:
         return _untileable(site, op, "output is not [N, C, H, W]")
-    maps = []
-    for i in inputs:
-        src = nodes[i]
-        if not src.is_spatial:
-            if src.shape is None or src.numel <= 1 or len(src.shape) <= 1:
-                maps.append(RowMap("broadcast", 1))  # scalars and tiny constants
-                continue
+    rows = site.shape[2]
+    shapes = [site.layers[i].shape for i in site.inputs] + [tuple(t.shape) for t in site.constants]
+    for shape in shapes:
+        spatial = len(shape) == 4
+        if not spatial and len(shape) > 1 and math.prod(shape) > 1:
             return _untileable(site, op, "broadcast of a non-4D tensor")
-        if src.rows == shape[2]:
-            maps.append(RowMap.identity(src.rows))
-        elif src.rows == 1:
-            maps.append(RowMap("broadcast", 1))
-        else:
+        if spatial and shape[2] not in (rows, 1):
             return _untileable(site, op, "inputs of different heights")
-    slot = {idx: k for k, idx in enumerate(inputs)}
+    slot = {idx: k for k, idx in enumerate(site.inputs)}
+    by_rows = {id(t) for t in site.constants if t.dim() == 4 and t.shape[2] == rows and rows > 1}
+    if by_rows:  # a constant read by rows: each phase narrows it to its rows
+        args, kwargs = _bind_rows(args, by_rows), _bind_rows(kwargs, by_rows)
 
     def stripe(values: list[Any], a: int, b: int) -> torch.Tensor:
         def get(i: int) -> Any:
             return values[slot[i]]
 
+        if by_rows:
+            return call(_narrowed(substitute(args, get), a, b), _narrowed(substitute(kwargs, get), a, b))
         return call(substitute(args, get), substitute(kwargs, get))
 
-    return TracedNode(name, op, tuple(inputs), tuple(maps), shape, dtype, True, run, stripe, geometry=dict(kernel=1, stride=1, padding=0, dilation=1))
+    return site.layer(op, True), site.kernel(stripe)
+
+
+def _bind_rows(arg: Any, by_rows: set[int]) -> Any:
+    """``arg`` with each constant of ``by_rows`` (by id) wrapped as :class:`_Rows`."""
+    if isinstance(arg, torch.Tensor) and id(arg) in by_rows:
+        return _Rows(arg)
+    if isinstance(arg, (list, tuple)):
+        return [_bind_rows(a, by_rows) for a in arg] if isinstance(arg, list) else tuple(_bind_rows(a, by_rows) for a in arg)
+    if isinstance(arg, dict):
+        return {k: _bind_rows(v, by_rows) for k, v in arg.items()}
+    return arg
+
+
+def _narrowed(arg: Any, a: int, b: int) -> Any:
+    """``arg`` with rows ``a..b`` of every :class:`_Rows` constant in place of it."""
+    if isinstance(arg, _Rows):
+        return arg.value.narrow(2, a, b - a + 1)
+    if isinstance(arg, list):
+        return [_narrowed(x, a, b) for x in arg]
+    if isinstance(arg, tuple):
+        return tuple(_narrowed(x, a, b) for x in arg)
+    if isinstance(arg, dict):
+        return {k: _narrowed(v, a, b) for k, v in arg.items()}
+    return arg
