@@ -54,11 +54,9 @@ def configs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 def test_the_same_options_give_the_same_config(configs) -> None:
     config, _ = configs
     served, ran = config("serve", *SHARED), config("schedule", *SHARED)
-    # schedule run has no --queue-limit (a server's: 429 beyond it); it reads the budget as bytes
-    assert served == dataclasses.replace(
-        ran, memory_budget="1MB", queue_limit=SERVER_OVERRIDES["queue_limit"]
-    )
-    assert parse_bytes(served.memory_budget) == ran.memory_budget
+    # schedule run has no --queue-limit (a server's: 429 beyond it); both read --budget into bytes
+    assert served == dataclasses.replace(ran, queue_limit=SERVER_OVERRIDES["queue_limit"])
+    assert served.memory_budget == ran.memory_budget == parse_bytes("1MB")
 
 
 def test_defaults_are_runtime_configs_and_a_servers_overrides(configs) -> None:

@@ -11,6 +11,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from runtime_helpers import runtime_threads
 
 from layerfit.errors import LayerfitError, ScheduleError
@@ -21,6 +23,7 @@ from layerfit.schedule.runtime.config import (
     server_config,
 )
 from layerfit.schedule.runtime.executor import Runtime
+from layerfit.sizes import MAX_BYTES
 
 LIBRARY_DEFAULTS = {
     "workers": 2,
@@ -43,7 +46,7 @@ LIBRARY_DEFAULTS = {
 def test_the_defaults_are_the_theses_and_stated_once() -> None:
     config = RuntimeConfig("models", "1MB")
     assert {f.name: getattr(config, f.name) for f in dataclasses.fields(config)} == {
-        "repository": "models", "memory_budget": "1MB", **LIBRARY_DEFAULTS
+        "repository": "models", "memory_budget": 1_000_000, **LIBRARY_DEFAULTS
     }
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.workers = 3  # type: ignore[misc]
@@ -86,9 +89,55 @@ def test_validate_names_the_keyword(change: dict, message: str) -> None:
         config.validate()
 
 
-def test_validate_refuses_a_budget_that_is_no_size() -> None:
-    with pytest.raises(LayerfitError, match="cannot read"):
-        RuntimeConfig("models", "lots").validate()
+def test_the_budget_is_read_once_into_bytes_when_the_config_is_made() -> None:
+    config = RuntimeConfig("models", "1.5MiB")
+    assert config.memory_budget == 1_572_864 and type(config.memory_budget) is int
+    assert config == RuntimeConfig("models", 1_572_864)
+    assert dataclasses.replace(config, workers=3).memory_budget == 1_572_864
+    assert server_config("models").memory_budget == 512_000_000  # SERVER_OVERRIDES' "512MB"
+
+
+@pytest.mark.parametrize("budget", ["lots", "50%", "-1", True, -1, None])
+def test_a_budget_that_is_no_size_is_refused_naming_the_keyword(budget: object) -> None:
+    with pytest.raises(LayerfitError, match="^memory_budget: ") as info:
+        RuntimeConfig("models", budget)  # type: ignore[arg-type]
+    assert "\n" not in str(info.value)
+
+
+@given(nbytes=st.integers(0, MAX_BYTES), unit=st.sampled_from(["B", "kB", "MB", "GB", "KiB", "MiB", "GiB"]))
+def test_a_budget_in_any_unit_is_the_bytes_it_denotes(nbytes: int, unit: str) -> None:
+    """The budget is read once and exactly: a size's text and its bytes make equal configs,
+    and reading the bytes again (replace, a second config from it) changes nothing."""
+    scale = {"B": 1, "kB": 1000, "MB": 1000**2, "GB": 1000**3, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}[unit]
+    whole = nbytes // scale
+    config = RuntimeConfig("models", f"{whole}{unit}")
+    assert config.memory_budget == whole * scale
+    assert config == RuntimeConfig("models", whole * scale) == RuntimeConfig("models", config.memory_budget)
+    assert dataclasses.replace(config, units="merge:auto").memory_budget == config.memory_budget
+
+
+def test_validate_names_each_setting_as_the_caller_spells_it() -> None:
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    for change, named in (
+        ({"workers": 0}, "need at least one worker, got 0 (--workers)"),
+        ({"queue_limit": 0}, "--queue-limit must be a positive whole number, got 0"),
+        ({"verify": "sometimes"}, "--verify must be one of"),
+        ({"units": "merge:lots"}, "--units: unit granularity 'merge:lots'"),
+        ({"units": 3}, "--units must be layers"),
+        ({"return_freed_memory": "often"}, "--return-freed-memory must be one of"),
+        ({"memory_budget": 0}, "a memory budget must be positive, got 0 bytes (--memory-budget)"),
+        ({"estimate_factor": 0}, "--estimate-factor must be"),
+        ({"estimates": "guess"}, "--estimates must be one of"),
+    ):
+        config = dataclasses.replace(RuntimeConfig("models", "1MB"), **change)
+        with pytest.raises(ScheduleError) as info:
+            config.validate(flag)
+        assert named in str(info.value), str(info.value)
+        with pytest.raises(ScheduleError) as info:
+            config.validate()
+        assert "--" not in str(info.value), str(info.value)
 
 
 def test_the_runtime_takes_a_config_or_builds_one_from_keywords(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from layerfit.cli.config_options import (
     config_options,
     option_default,
 )
-from layerfit.schedule.runtime.config import RuntimeConfig
+from layerfit.schedule.runtime.config import RuntimeConfig, size_setting
 
 OPTIONS: Mapping[str, Option] = {
     "workers": Option(int, ("--workers",), "worker threads: tasks that run at once", {"min": 1}),
@@ -82,9 +82,12 @@ class RuntimeOptions(ConfigOptions):
 
     def config(self, repository: str | Path, memory_budget: int | str, **settings: Any) -> RuntimeConfig:
         """The :class:`RuntimeConfig` of these options, with ``settings`` (other fields
-        the command sets itself) over them and the command's overrides under them."""
+        the command sets itself) over them and the command's overrides under them.
+        ``memory_budget`` is ``--budget``'s text (or bytes), read here, once, so that a
+        size that is no size is refused naming the flag."""
         merged = {**self.overrides, **self.values, **settings}
-        return RuntimeConfig(**{**merged, "repository": repository, "memory_budget": memory_budget})
+        budget = size_setting(memory_budget, "--budget")
+        return RuntimeConfig(**{**merged, "repository": repository, "memory_budget": budget})
 
 
 def runtime_default(name: str, overrides: Mapping[str, Any] | None = None) -> Any:

@@ -35,7 +35,6 @@ from layerfit.schedule.report import RunReport
 from layerfit.schedule.runtime.config import RuntimeConfig
 from layerfit.schedule.runtime.executor import InferenceJob, Runtime
 from layerfit.schedule.tasks import TaskKind
-from layerfit.sizes import parse_bytes
 
 _SHARED = {kind.name for kind in SHARED_KINDS}
 
@@ -295,7 +294,7 @@ def run_real(
         profiles = runtime.profile_set()
     if compare:
         extra["simulator_comparison"] = compare_with_simulator(
-            report, workload, profiles, memory=parse_bytes(config.memory_budget), workers=config.workers,
+            report, workload, profiles, memory=config.memory_budget, workers=config.workers,
             estimate_factor=config.estimate_factor, contention=contention,
         )
     return report, workload, extra

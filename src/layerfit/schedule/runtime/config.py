@@ -13,13 +13,14 @@ knows which command runs): the checks that need the engine import it when they r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from layerfit.errors import LayerfitError, ScheduleError
+from layerfit.errors import BudgetError, LayerfitError, ScheduleError
+from layerfit.sizes import parse_bytes
 
 ESTIMATES = ("capture", "profile")
 AUTO_UNITS = "merge:auto"  # merge layers as far as the model's minimum budget allows
@@ -38,11 +39,12 @@ def freed_memory_mode(value: object, option: str = "return_freed_memory") -> str
     return str(value)
 
 
-def check_runtime_units(units: object) -> None:
+def check_runtime_units(units: object, option: str | None = None) -> None:
     """Raise if ``units`` is no granularity the runtime takes: the engine's (``layers``,
-    ``blocks:N``, ``merge:SIZE``) or ``merge:auto`` (before any model is opened)."""
+    ``blocks:N``, ``merge:SIZE``) or ``merge:auto`` (before any model is opened); the
+    error names ``option`` (a keyword or a flag) when given."""
     if not isinstance(units, str):
-        raise ScheduleError(f"units must be layers, merge:auto, merge:SIZE or blocks:N, got {units!r}")
+        raise ScheduleError(f"{option or 'units'} must be layers, merge:auto, merge:SIZE or blocks:N, got {units!r}")
     if units == AUTO_UNITS:
         return
     from layerfit.engine.units import check_units_spec  # imports PyTorch
@@ -50,7 +52,24 @@ def check_runtime_units(units: object) -> None:
     try:
         check_units_spec(units)
     except LayerfitError as exc:
-        raise ScheduleError(f"{exc}; the runtime also takes {AUTO_UNITS}") from exc
+        named = f"{option}: " if option else ""
+        raise ScheduleError(f"{named}{exc}; the runtime also takes {AUTO_UNITS}") from exc
+
+
+def size_setting(value: object, option: str) -> int:
+    """``value`` in bytes: a number of bytes, or a size's text (``"512MB"``, read by
+    :func:`~layerfit.sizes.parse_bytes`). Where a setting's text enters, it is read by
+    this, once, and below that the setting is bytes; a refusal names ``option`` (the
+    keyword, or the flag a command line spells it by)."""
+    try:
+        return parse_bytes(value)  # type: ignore[arg-type]  # anything else is refused
+    except BudgetError as exc:
+        raise BudgetError(f"{option}: {exc}") from None
+
+
+def keyword(name: str) -> str:
+    """A setting's name as the Python API spells it: its keyword (``validate``'s default)."""
+    return name
 
 
 @dataclass(frozen=True)
@@ -58,7 +77,9 @@ class RuntimeConfig:
     """Every setting of a :class:`~layerfit.schedule.runtime.executor.Runtime`, with its default.
 
     ``repository`` is the folder of prepared models (one sub-folder each);
-    ``memory_budget`` bytes or a size (``"512MB"``); ``workers`` the threads that run
+    ``memory_budget`` the budget in bytes (given as bytes or as a size, ``"512MB"``,
+    which creating the config reads, once: below it the budget is bytes, never text;
+    text that is no size is refused then); ``workers`` the threads that run
     tasks; ``policy`` any of :func:`layerfit.schedule.policy_names` (``masa-fair``, the
     one that never goes over a budget every model fits alone in; ``masa`` is the thesis's
     Algorithm 1). The rest are keyword-only:
@@ -99,12 +120,12 @@ class RuntimeConfig:
       again) or ``"never"``; a unit that fails makes its model UNAVAILABLE until it is
       loaded again.
 
-    Creating one checks nothing, so that a caller can check it naming its own options
+    Creating one checks nothing else, so that a caller can check it naming its own options
     (``layerfit serve`` names flags): :meth:`validate` does, and the runtime calls it.
     """
 
     repository: str | Path
-    memory_budget: int | str
+    memory_budget: int  # bytes (the constructor also takes a size's text)
     workers: int = 2
     policy: str = "masa-fair"
     _: KW_ONLY
@@ -121,36 +142,44 @@ class RuntimeConfig:
     trust_factory: Iterable[str] | str = ()
     verify: str = "first"
 
-    def validate(self) -> None:
-        """Raise :class:`~layerfit.errors.ScheduleError` (or the size parser's error for the
-        budget) for the first setting that cannot work, naming its keyword."""
+    def __post_init__(self) -> None:
+        # the one place the Python API's budget text ("2GB") becomes bytes; a command line
+        # reads its flag's text first (naming the flag), and bytes pass through unchanged
+        object.__setattr__(self, "memory_budget", size_setting(self.memory_budget, "memory_budget"))
+
+    def validate(self, name: Callable[[str], str] = keyword) -> None:
+        """Raise :class:`~layerfit.errors.ScheduleError` for the first setting that cannot
+        work, naming it as ``name`` spells a field: its keyword, or (``layerfit serve``)
+        its flag. Each rule of the runtime's settings is here, once."""
         from layerfit.schedule.graph import check_estimate_factor
         from layerfit.schedule.policies import make_policy
-        from layerfit.sizes import parse_bytes
         from layerfit.store.verify import VERIFY_MODES  # imports PyTorch
 
         if self.verify not in VERIFY_MODES:
-            raise ScheduleError(f"verify must be one of {', '.join(VERIFY_MODES)}, not {self.verify!r}")
+            raise ScheduleError(f"{name('verify')} must be one of {', '.join(VERIFY_MODES)}, not {self.verify!r}")
         workers, queue_limit = self.workers, self.queue_limit
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ScheduleError(f"need at least one worker, got {workers!r}")
+            raise ScheduleError(f"need at least one worker, got {workers!r} ({name('workers')})")
         if queue_limit is not None and (
             isinstance(queue_limit, bool) or not isinstance(queue_limit, int) or queue_limit < 1
         ):
-            raise ScheduleError(f"queue_limit must be a positive whole number, got {queue_limit!r}")
+            raise ScheduleError(f"{name('queue_limit')} must be a positive whole number, got {queue_limit!r}")
         if self.estimates not in ESTIMATES:
-            raise ScheduleError(f"estimates must be one of {', '.join(ESTIMATES)}, got {self.estimates!r}")
+            raise ScheduleError(
+                f"{name('estimates')} must be one of {', '.join(ESTIMATES)}, got {self.estimates!r}"
+            )
         if not isinstance(self.policy, str):
-            raise ScheduleError(f"policy must be a policy's name, got {self.policy!r}")
-        check_runtime_units(self.units)
+            raise ScheduleError(f"{name('policy')} must be a policy's name, got {self.policy!r}")
+        check_runtime_units(self.units, name("units"))
         if not isinstance(self.cache_weights, bool):
-            raise ScheduleError(f"cache_weights must be True or False, got {self.cache_weights!r}")
-        freed_memory_mode(self.return_freed_memory)
-        budget = parse_bytes(self.memory_budget)
-        if budget <= 0:  # as the ledger says it
-            raise ScheduleError(f"a memory budget must be positive, got {budget} bytes")
+            raise ScheduleError(f"{name('cache_weights')} must be True or False, got {self.cache_weights!r}")
+        freed_memory_mode(self.return_freed_memory, name("return_freed_memory"))
+        if self.memory_budget <= 0:  # as the ledger says it
+            raise ScheduleError(
+                f"a memory budget must be positive, got {self.memory_budget} bytes ({name('memory_budget')})"
+            )
         make_policy(self.policy, gated=self.gated)
-        check_estimate_factor(self.estimate_factor)
+        check_estimate_factor(self.estimate_factor, name("estimate_factor"))
 
 
 #: What a server (``layerfit serve``, :class:`~layerfit.serve.server.ServeSettings`)
@@ -187,5 +216,7 @@ __all__ = [
     "RuntimeConfig",
     "check_runtime_units",
     "freed_memory_mode",
+    "keyword",
     "server_config",
+    "size_setting",
 ]

@@ -26,7 +26,6 @@ from layerfit.schedule.dispatch import Dispatcher
 from layerfit.schedule.ledger import MemoryLedger
 from layerfit.schedule.policies import make_policy
 from layerfit.schedule.runtime.weight_cache import WeightCache
-from layerfit.sizes import parse_bytes
 
 if TYPE_CHECKING:
     from layerfit.schedule.runtime.config import RuntimeConfig
@@ -50,8 +49,7 @@ class RuntimeCore:
     ) -> None:
         self.lock = threading.RLock()
         self._t0 = time.monotonic()
-        budget = parse_bytes(config.memory_budget)
-        self.ledger = MemoryLedger(budget, clock=self.clock, record=config.trace, lock=self.lock)
+        self.ledger = MemoryLedger(config.memory_budget, clock=self.clock, record=config.trace, lock=self.lock)
         self.work = self.ledger.condition  # notified by every ledger and dispatcher change
         self.timer = threading.Condition(self.lock)  # notified when a job's expiry may have changed
         self.policy = make_policy(config.policy, gated=config.gated)
