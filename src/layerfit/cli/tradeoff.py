@@ -70,7 +70,7 @@ def tradeoff_parts(
             progress=lambda done, total: bar.update(completed=done, total=total),
         )
     if plot_path is not None:
-        from layerfit.tradeoff.parts.report import plot_pareto
+        from layerfit.cli.parts_search import plot_pareto
 
         lines.append(f"plot written to {plot_pareto(result, plot_path)}")
     if json_output:

@@ -127,14 +127,6 @@ class RowPlan:
         """Number of phases each node runs (the paper's ``Phi``)."""
         return self.phase_counts
 
-    def buffer_elems(self, node: int) -> int:
-        """Elements of node ``node``'s minimum buffer."""
-        return self.buffer_rows[node] * self.graph.nodes[node].row_elems
-
-    def total_buffer_elems(self) -> int:
-        """Sum of all minimum buffers (no reuse between them)."""
-        return sum(self.buffer_elems(n) for n in range(len(self.graph.nodes)))
-
 
 def phase_range(node: FlowNode, by_parts: bool, phase_rows: int, k: int) -> tuple[int, int]:
     """Output rows ``[a, b]`` produced by phase ``k`` of ``node``."""

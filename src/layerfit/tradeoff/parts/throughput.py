@@ -73,15 +73,17 @@ def throughput_of_stages(app: Application, seconds: dict[str, float]) -> dict[st
 @dataclass
 class AnalyticThroughput:
     """Delay model: a layer costs ``layer_overhead_s + macs / macs_per_s``; by parts it
-    costs ``phases * phase_overhead_s + macs / macs_per_s`` instead."""
+    costs ``phases * phase_overhead_s + macs / macs_per_s`` instead, a phase producing
+    ``phase_rows`` rows."""
 
     macs_per_s: float = 2e10
     layer_overhead_s: float = 20e-6
     phase_overhead_s: float = 25e-6
     elementwise_per_s: float = 1e9  # elements per second for layers without MACs
+    phase_rows: int = 1
 
-    def layer_times(self, cnn: CNN, phase_rows: int = 1) -> LayerTimes:
-        whole, parts = [], []
+    def layer_times(self, cnn: CNN) -> LayerTimes:
+        whole, parts, phase_rows = [], [], self.phase_rows
         for i, layer in enumerate(cnn.layers):
             work = layer.macs / self.macs_per_s if layer.macs else layer.elems / self.elementwise_per_s
             whole.append(self.layer_overhead_s + work)
@@ -212,19 +214,8 @@ class MeasuredThroughput:
 def estimator_for(app: Application, model: bool = False, phase_rows: int = 1) -> ThroughputEstimator:
     """Profiled measurement when every CNN can run, else (or if ``model``) the delay model."""
     if model or any(c.runner is None for c in app.cnns):
-        return _AnalyticRows(phase_rows=phase_rows)
+        return AnalyticThroughput(phase_rows=phase_rows)
     return ProfiledThroughput(phase_rows=phase_rows)
-
-
-@dataclass
-class _AnalyticRows(AnalyticThroughput):
-    """The delay model with by-parts layers producing ``phase_rows`` rows per phase."""
-
-    phase_rows: int = 1
-
-    def throughput(self, app: Application, derived: DerivedApplication) -> dict[str, float]:
-        times = {c.name: self.layer_times(c, self.phase_rows) for c in app.cnns}
-        return throughput_of_stages(app, stage_seconds(app, derived, times))
 
 
 __all__: Sequence[str] = [
