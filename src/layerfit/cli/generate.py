@@ -1,6 +1,14 @@
 """``layerfit generate DIR --prompt TEXT``: a language model's own ``generate`` (Hugging
 Face's) on a prepared folder, every forward pass streamed within the weight budget.
 
+Transformers' ``generate`` stays here, beside the runtime's decode loop that serves the
+server and :meth:`~layerfit.schedule.runtime.executor.Runtime.generate`: the command
+promises the model's own tokens bit for bit, with every processor the folder's generation
+config may name, sampling from the global seed, and encoder-decoders (why, in
+:mod:`layerfit.schedule.decoding.rules`). Which models generate, the tokenizer files and
+how they are read, and the prompt's checks (vocabulary, positions) are that module's
+rules, the loop's too.
+
 The prompt is text read by a tokenizer (``--tokenizer FOLDER``, else the prepared folder's
 own tokenizer files) or token ids (``--ids``, no tokenizer needed). The new tokens are
 printed on stdout as they are made (text, or ids without a tokenizer) and a summary on
@@ -26,13 +34,11 @@ from layerfit.cli.engine_options import ENGINE_OPTIONS, EngineOptions, engine_op
 from layerfit.console import make_console
 from layerfit.engine.openmp import COMPUTE_THREADS_HELP, kernels_on, set_compute_threads
 from layerfit.errors import InputError
+from layerfit.schedule.decoding.rules import TOKENIZER_FILES, Refusal, has_tokenizer, refusal
 
 if TYPE_CHECKING:
     from layerfit.engine import Engine
     from layerfit.store.manifest import Manifest
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-"""Files that make a folder one ``AutoTokenizer.from_pretrained`` reads."""
 
 GENERATION_CONFIG = "generation_config.json"
 
@@ -115,7 +121,7 @@ def generate(
     tokenizer = _load_tokenizer(tokenizer_folder)
     set_compute_threads(threads, "--threads")
     with load(directory, options.config()) as engine:
-        _check_generates(engine, directory, manifest.model["name"])
+        _check_generates(engine, directory, manifest)
         if given_ids is None and tokenizer_folder is None:  # said after what the model is: that comes first
             raise InputError(
                 f"--prompt needs a tokenizer and {directory} holds none ({' or '.join(TOKENIZER_FILES)}): "
@@ -176,7 +182,7 @@ def _check_folder(directory: str) -> Manifest:
     if is_unprepared_hf_folder(folder):
         raise InputError(f"{unprepared_hint(directory)}, then generate from OUT")
     manifest = read_manifest(folder)  # one line for a folder that is not a prepared model
-    if manifest.model["source"] == "zoo":  # the zoo holds the papers' CNNs and ViTs only
+    if refusal(manifest, batched=False) is Refusal.NOT_HUGGING_FACE:  # the zoo: the papers' CNNs and ViTs
         raise InputError(_not_a_language_model(directory, manifest.model["name"]))
     return manifest
 
@@ -195,19 +201,15 @@ def _tokenizer_folder(directory: str, given: str | None) -> Path | None:
     language model, when the prompt is text)."""
     if given is not None:
         folder = Path(given)
-        if not folder.is_dir() or not _has_tokenizer(folder):  # never a Hub name: nothing is downloaded
+        if not folder.is_dir() or not has_tokenizer(folder):  # never a Hub name: nothing is downloaded
             raise InputError(
                 f"--tokenizer {given} is not a folder of tokenizer files ({' or '.join(TOKENIZER_FILES)}): "
                 "give the folder a tokenizer was saved to (save_pretrained)"
             )
         return folder
-    if _has_tokenizer(Path(directory)):
+    if has_tokenizer(Path(directory)):
         return Path(directory)
     return None
-
-
-def _has_tokenizer(folder: Path) -> bool:
-    return any((folder / name).is_file() for name in TOKENIZER_FILES)
 
 
 def _load_tokenizer(folder: Path | None) -> Any | None:
@@ -215,10 +217,10 @@ def _load_tokenizer(folder: Path | None) -> Any | None:
     no code the folder names (``trust_remote_code`` stays off)."""
     if folder is None:
         return None
-    from transformers import AutoTokenizer
+    from layerfit.schedule.decoding.rules import read_tokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+        return read_tokenizer(folder)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise InputError(f"cannot read a tokenizer from {folder}: {_one_line(exc)}") from None
 
@@ -230,48 +232,25 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return ids
 
 
-def _check_generates(engine: Engine, directory: str, name: str) -> None:
-    """Refuse a model that has no Hugging Face ``generate`` fed token ids."""
-    from transformers import GenerationMixin
-
+def _check_generates(engine: Engine, directory: str, manifest: Manifest) -> None:
+    """Refuse a model that has no Hugging Face ``generate`` fed token ids (the rule of
+    :func:`~layerfit.schedule.decoding.rules.refusal`, asked of the skeleton)."""
     model = engine.model
-    if not isinstance(model, GenerationMixin):
-        raise InputError(_not_a_language_model(directory, name, type(model).__name__))
-    if getattr(model, "main_input_name", "input_ids") != "input_ids":
+    kind = refusal(manifest, model, batched=False)
+    if kind is Refusal.NOT_TOKEN_IDS:
         raise InputError(f"{type(model).__name__} generates from {model.main_input_name}, not token ids: generate takes a text prompt")
+    if kind is not None:
+        raise InputError(_not_a_language_model(directory, manifest.model["name"], type(model).__name__))
 
 
 def _check_prompt(engine: Engine, prompt_ids: list[int], max_new_tokens: int) -> None:
     """Refuse ids outside the vocabulary, and a prompt and new tokens beyond the model's
-    positions (an encoder-decoder's prompt and new tokens each within its own)."""
-    from layerfit.store.hf_folder import positions_of
+    positions (an encoder-decoder's prompt and new tokens each within its own): the
+    loop's rules (:mod:`layerfit.schedule.decoding.rules`)."""
+    from layerfit.schedule.decoding.rules import check_positions, check_prompt_ids, vocab_of
 
-    config = engine.model.config
-    vocab = getattr(config, "vocab_size", None)
-    if isinstance(vocab, int) and max(prompt_ids) >= vocab:
-        raise InputError(f"the prompt holds token id {max(prompt_ids)}; the model's vocabulary has ids 0-{vocab - 1}")
-    n = len(prompt_ids)
-    if getattr(config, "is_encoder_decoder", False):
-        source, target = positions_of(config, "max_source_positions"), positions_of(config, "max_target_positions")
-        if source is not None and n > source[1]:
-            raise InputError(f"the prompt has {n} tokens; the model's encoder has {source[1]} positions ({source[0]})")
-        if target is not None and max_new_tokens + 1 > target[1]:
-            raise InputError(
-                f"--max-new-tokens {max_new_tokens} and the decoder's start token need {max_new_tokens + 1} "
-                f"positions; the model's decoder has {target[1]} ({target[0]})"
-            )
-        return
-    limit = positions_of(config)
-    if limit is None:
-        return
-    field, positions = limit
-    if n > positions:
-        raise InputError(f"the prompt has {n} tokens; the model has {positions} positions ({field})")
-    if n + max_new_tokens > positions:
-        raise InputError(
-            f"the prompt's {n} tokens and --max-new-tokens {max_new_tokens} make {n + max_new_tokens} positions; "
-            f"the model has {positions} ({field}): ask for at most {positions - n} new tokens"
-        )
+    check_prompt_ids(prompt_ids, vocab_of(engine.model), "the model's vocabulary")
+    check_positions(engine.model.config, len(prompt_ids), max_new_tokens, tokens="--max-new-tokens")
 
 
 def _generation_config(directory: str) -> Any | None:

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from layerfit.errors import LayerfitError
 from layerfit.store.manifest import DTYPES
@@ -57,6 +58,16 @@ def step_kv_bytes(lengths: list[int], per_token: int) -> int:
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
 
 
+class StepEngine(Protocol):
+    """What a step needs of an engine (a :class:`~layerfit.Engine`): the skeleton it
+    streams, and a call like the model's that streams the units for it."""
+
+    @property
+    def model(self) -> nn.Module: ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
 @dataclass
 class Row:
     """One sequence's part of a step: its cache so far (None before its prefill) and the
@@ -70,7 +81,7 @@ class Row:
 class BatchStep:
     """Runs steps of a causal language model through ``engine`` (called like the model)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: StepEngine) -> None:
         self.engine = engine
         model = engine.model
         self.config = model.config
@@ -134,4 +145,4 @@ def _padded(rows: list[Row], past: int) -> list[tuple[torch.Tensor, torch.Tensor
     return layers
 
 
-__all__ = ["BatchStep", "Row", "kv_bytes_per_token", "step_kv_bytes"]
+__all__ = ["BatchStep", "Row", "StepEngine", "kv_bytes_per_token", "step_kv_bytes"]

@@ -47,19 +47,27 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 import torch
+from torch import nn
 
 from layerfit.backports import StrEnum
-from layerfit.errors import GenerationTooLargeError, InputError, QueueFullError, ScheduleError
+from layerfit.errors import (
+    GenerationTooLargeError,
+    ModelNotReadyError,
+    QueueFullError,
+    ScheduleError,
+)
 from layerfit.schedule.decoding.batch_step import (
     BatchStep,
     Layers,
     Row,
+    StepEngine,
     kv_bytes_per_token,
     step_kv_bytes,
 )
+from layerfit.schedule.decoding.rules import check_prompt_ids, vocab_of
 from layerfit.schedule.decoding.sampling import Sampling, choose
 from layerfit.schedule.ledger import MemoryLedger
 from layerfit.sizes import format_bytes
@@ -106,13 +114,34 @@ class Sequence:
         self.cancelled = True
 
 
+class WeightBuffers(Protocol):
+    """An engine's memory as the loop counts it: the bytes of its weight buffers."""
+
+    @property
+    def weight_bytes(self) -> int: ...
+
+
+class DecodeEngine(StepEngine, Protocol):
+    """What the loop needs of an engine (a streaming :class:`~layerfit.Engine`): a step's
+    call and skeleton, its weight buffers' bytes, a new budget and pipeline between
+    steps, and closing."""
+
+    @property
+    def memory(self) -> WeightBuffers: ...
+
+    def reconfigure(self, *, budget: int | None = None, pipeline: str | None = None) -> float: ...
+
+    def close(self) -> None: ...
+
+
 class DecodeLoop:
     """The decode loop of one model: ``engine`` (a streaming :class:`~layerfit.Engine`
     of a causal language model), its memory held in ``ledger``, at most ``max_waiting``
     sequences waiting for memory."""
 
     def __init__(
-        self, name: str, engine: Any, ledger: MemoryLedger, *, max_waiting: int, kept_budget: int | None = None
+        self, name: str, engine: DecodeEngine, ledger: MemoryLedger, *, max_waiting: int,
+        kept_budget: int | None = None,
     ) -> None:
         self.name = name
         self.engine = engine
@@ -120,7 +149,7 @@ class DecodeLoop:
         self.ledger = ledger
         self.max_waiting = max_waiting
         self.per_token = kv_bytes_per_token(engine.model.config, _dtype(engine.model))
-        self.vocab = _vocab(engine.model)  # token ids a prompt may hold: 0 to vocab - 1
+        self.vocab = vocab_of(engine.model)  # token ids a prompt may hold: 0 to vocab - 1
         self.lean_bytes = self.kept_bytes = int(engine.memory.weight_bytes)
         self.kept_budget = kept_budget if kept_budget is not None and kept_budget > self.lean_bytes else None
         if self.kept_budget is not None:  # measure the kept configuration's buffers, then idle lean
@@ -136,7 +165,9 @@ class DecodeLoop:
         self._waiting: deque[Sequence] = deque()
         self._active: list[Sequence] = []
         self._ids = itertools.count(1)
-        self._closing = False
+        self._closing = False  # close(): every sequence ends now
+        self._retiring = False  # retire(): no new sequence; the loop ends after the last
+        self._engine_closed = False
         self.steps = 0  # engine passes
         self.sequence_steps = 0  # tokens made, summed over the sequences of each pass
         self.most_in_flight = 0
@@ -170,6 +201,8 @@ class DecodeLoop:
         with self._condition:
             if self._closing:
                 raise ScheduleError(f"the decode loop of {self.name!r} is shut down")
+            if self._retiring:
+                raise ModelNotReadyError(f"model {self.name!r} was unloaded or replaced: send the request again")
             if len(self._waiting) >= self.max_waiting:
                 raise QueueFullError(
                     f"{len(self._waiting)} generation requests of {self.name!r} already wait for memory "
@@ -183,14 +216,8 @@ class DecodeLoop:
 
     def check_prompt(self, prompt: list[int] | tuple[int, ...]) -> None:
         """Refuse (:class:`~layerfit.errors.InputError`) an empty prompt or one holding an id
-        outside ``0 .. vocab - 1``."""
-        if not prompt:
-            raise InputError("the prompt holds no tokens")
-        low, high = min(prompt), max(prompt)
-        if low < 0 or (self.vocab is not None and high >= self.vocab):
-            bad = low if low < 0 else high
-            span = f"0-{self.vocab - 1}" if self.vocab is not None else "0 or more"
-            raise InputError(f"the prompt holds token id {bad}; the vocabulary of {self.name!r} has ids {span}")
+        outside ``0 .. vocab - 1`` (:func:`~layerfit.schedule.decoding.rules.check_prompt_ids`)."""
+        check_prompt_ids(prompt, self.vocab, f"the vocabulary of {self.name!r}")
 
     def cancel(self, sequence: Sequence) -> None:
         """Take ``sequence`` out: a waiting one at once, one in flight at the step's end."""
@@ -248,11 +275,11 @@ class DecodeLoop:
                         self.ledger.release(self._key)  # and only then their bytes
             with self._condition:
                 batch = self._admit_locked()
-                while not batch and not self._closing:
+                while not batch and not self._closing and not (self._retiring and not self._waiting):
                     self._condition.wait()
                     batch = self._admit_locked()
-                if self._closing and not batch:
-                    return
+                if not batch:  # closed, or retired with nothing left to decode
+                    break
                 self.most_in_flight = max(self.most_in_flight, len(batch))
                 weights = self.weight_bytes
             try:
@@ -275,6 +302,8 @@ class DecodeLoop:
                     except BaseException as alone:
                         self._fail([sequence], alone)
             self.kept_steps += weights == self.kept_bytes > self.lean_bytes
+        if not self._closing:  # retired: the last sequence has ended, so the loop closes itself
+            self._shut()
 
     def _fail(self, batch: list[Sequence], exc: BaseException) -> None:
         """End ``batch``'s sequences with ``exc``, returning their memory."""
@@ -336,6 +365,18 @@ class DecodeLoop:
         for sequence, exc in failed:
             _tell(sequence, None, None, exc)
 
+    def retire(self) -> None:
+        """Take no new sequence; the ones submitted decode to their end, then the loop
+        returns its memory and closes its engine (its model was unloaded or replaced)."""
+        with self._condition:
+            self._retiring = True
+            self._condition.notify_all()
+
+    @property
+    def retired(self) -> bool:
+        """Whether :meth:`retire` or :meth:`close` was called."""
+        return self._retiring or self._closing
+
     def close(self) -> None:
         """Cancel every sequence, end the thread and close the engine."""
         with self._condition:
@@ -343,10 +384,18 @@ class DecodeLoop:
             for sequence in [*self._waiting, *self._active]:
                 sequence.cancel()
             self._condition.notify_all()
-        self._thread.join()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        self._shut()
+
+    def _shut(self) -> None:
+        """Return the memory the loop holds and close the engine (once)."""
         with self._condition:
             self._admit_locked()
             self.ledger.release(self._key)
+            if self._engine_closed:
+                return
+            self._engine_closed = True
         self.engine.close()
 
 
@@ -362,21 +411,10 @@ def _tell(sequence: Sequence, token: int | None, finish: Finish | None, error: B
         sequence.on_token(token, finish, error)
 
 
-def _vocab(model: Any) -> int | None:
-    """How many token ids the model embeds (its input embedding's rows, else its config's
-    ``vocab_size``; None when neither says)."""
-    with contextlib.suppress(Exception):
-        rows = model.get_input_embeddings().num_embeddings
-        if isinstance(rows, int) and rows > 0:
-            return rows
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    return vocab if isinstance(vocab, int) and vocab > 0 else None
-
-
-def _dtype(model: Any) -> torch.dtype:
+def _dtype(model: nn.Module) -> torch.dtype:
     """The dtype the model's cache is kept in: its first floating-point parameter's (the
     skeleton's tensors carry their dtype without their bytes)."""
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
-__all__ = ["DecodeLoop", "Finish", "Sequence"]
+__all__ = ["DecodeEngine", "DecodeLoop", "Finish", "Sequence", "WeightBuffers"]
