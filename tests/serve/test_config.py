@@ -145,6 +145,11 @@ def test_budget_no_model_fits_refuses_to_start(repository: Path) -> None:
         (("--units", "chunks"), "--units: unknown unit granularity 'chunks'"),
         (("--return-freed-memory", "often"), "--return-freed-memory must be one of after-pass, eagerly"),
         (("--threads", "0"), "--threads must be a whole number of threads, 1 or more, not 0"),
+        # a size is read once, where its text enters, and a refusal names its flag
+        (("--budget", "lots"), "--budget: cannot read 'lots' as a size"),
+        (("--budget", "0"), "a memory budget must be positive, got 0 bytes (--budget)"),
+        (("--max-body", "64 parsecs"), "--max-body: cannot read '64 parsecs' as a size"),
+        (("--min-body-rate", "50%"), "--min-body-rate: 50% is a share"),
     ],
 )
 def test_cli_exits_2_with_one_line(repository: Path, args: tuple[str, ...], expected: str) -> None:

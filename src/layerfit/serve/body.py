@@ -50,9 +50,9 @@ class ClientGoneError(Exception):
 class BodyLimits:
     """How much, how long and how slowly a request body may come."""
 
-    max_bytes: int
+    max_bytes: int  # --max-body
     timeout: float  # seconds for the whole body
-    min_rate: float  # bytes per second, measured from one second after the first byte was awaited
+    min_rate: int  # bytes per second, measured from one second after the first byte was awaited
 
     def check(self, received: int, elapsed: float) -> None:
         if elapsed > 1.0 and received < self.min_rate * (elapsed - 1.0):
@@ -142,7 +142,7 @@ async def read_body(
     if the client disconnects.
     """
     if declared is not None and declared > limits.max_bytes:
-        raise _too_large(limits.max_bytes)
+        raise too_large(limits.max_bytes)
     if declared is not None:
         reservation.grow(declared, "this request's body")
     buffer = bytearray(declared) if declared is not None else None
@@ -173,7 +173,7 @@ async def read_body(
             chunk = message.get("body", b"")
             if chunk:
                 if received + len(chunk) > limits.max_bytes:
-                    raise _too_large(limits.max_bytes)
+                    raise too_large(limits.max_bytes)
                 if buffer is not None:
                     buffer[received : received + len(chunk)] = chunk  # HTTP/1.1 stops at Content-Length
                 else:
@@ -187,7 +187,9 @@ async def read_body(
         stop.cancel()
 
 
-def _too_large(limit: int) -> PayloadTooLargeError:
+def too_large(limit: int) -> PayloadTooLargeError:
+    """The 413 of a body past ``--max-body`` (``limit`` bytes): the data plane's reader and
+    the body limit middleware (:mod:`.middleware`) both answer it."""
     return PayloadTooLargeError(
         f"request body exceeds the server's limit of {format_bytes(limit)} ({limit} bytes); "
         "send a smaller tensor or start the server with a larger --max-body"

@@ -26,7 +26,7 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from starlette.concurrency import run_in_threadpool
@@ -44,12 +44,21 @@ SERVER_NAME = "layerfit"
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
 
 
+class InferenceRuntime(Protocol):
+    """What the data plane asks of the runtime (:class:`~layerfit.Runtime` is one): run one
+    model on one input, and stop."""
+
+    def infer(self, model: str, x: Any, *, timeout: float | None = None) -> concurrent.futures.Future: ...
+
+    def shutdown(self, wait: bool = True, cancel_pending: bool = False) -> None: ...
+
+
 class DataPlane:
     """Health, metadata, inference and repository operations over one runtime."""
 
     def __init__(
         self,
-        runtime: Any,
+        runtime: InferenceRuntime,
         registry: ModelRegistry,
         *,
         timeout: float,

@@ -17,21 +17,14 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from layerfit.serve.errors import PayloadTooLargeError, error_body
-from layerfit.sizes import format_bytes
+from layerfit.serve.body import too_large
+from layerfit.serve.errors import error_body
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-def too_large(limit: int) -> PayloadTooLargeError:
-    return PayloadTooLargeError(
-        f"request body exceeds the server's limit of {format_bytes(limit)} ({limit} bytes); "
-        "send a smaller tensor or start the server with a larger --max-body"
-    )
 
 
 class BodyLimitMiddleware:

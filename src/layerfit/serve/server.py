@@ -27,19 +27,24 @@ from uvicorn.config import LOG_LEVELS
 
 from layerfit.engine.openmp import check_compute_threads, set_compute_threads
 from layerfit.errors import LayerfitError
-from layerfit.schedule.runtime.config import (
-    RuntimeConfig,
-    check_runtime_units,
-    freed_memory_mode,
-    server_config,
-)
+from layerfit.schedule.runtime.config import RuntimeConfig, server_config, size_setting
 from layerfit.serve.body import BodyLimits, RequestMemory
 from layerfit.serve.dataplane import DataPlane
 from layerfit.serve.generation_service import GenerationService
 from layerfit.serve.integrity import Reverifier
 from layerfit.serve.metrics import ServerMetrics
 from layerfit.serve.registry import ModelRegistry
-from layerfit.sizes import parse_bytes
+from layerfit.sizes import format_bytes, parse_bytes
+
+
+def flag(name: str) -> str:
+    """How ``layerfit serve`` spells setting ``name`` (a field of :class:`ServeSettings` or
+    of its runtime's config): the flag each message of theirs names."""
+    return "--budget" if name == "memory_budget" else "--" + name.replace("_", "-")
+
+
+SIZES = ("max_body", "request_memory", "min_body_rate")
+""":class:`ServeSettings`' byte quantities, read from text once, when the settings are made."""
 
 
 @dataclass(init=False)
@@ -52,6 +57,11 @@ class ServeSettings:
     beside the server's (``ServeSettings(repository=..., memory_budget="4MB", port=0)``):
     those build it with a server's defaults,
     :data:`~layerfit.schedule.runtime.config.SERVER_OVERRIDES` over the config's.
+
+    ``max_body``, ``request_memory`` and ``min_body_rate`` (bytes per second) are bytes,
+    given as bytes or as sizes (``"64MB"``): making the settings reads them, once, and a
+    size that is no size is refused then, naming its flag; :meth:`validate` checks the
+    rest.
     """
 
     runtime: RuntimeConfig
@@ -59,10 +69,10 @@ class ServeSettings:
     threads: int | None = None
     host: str = "127.0.0.1"
     port: int = 8000
-    max_body: str | int = "64MB"
-    request_memory: str | int | None = None  # None: twice max_body
+    max_body: int = parse_bytes("64MB")
+    request_memory: int | None = None  # None: twice max_body (request_memory_bytes)
     body_timeout: float = 30.0
-    min_body_rate: str | int = "16kB"  # per second
+    min_body_rate: int = parse_bytes("16kB")  # bytes per second
     repository_api: bool = True
     timeout: float = 60.0
     shutdown_grace: float = 30.0
@@ -91,14 +101,23 @@ class ServeSettings:
             raise TypeError("give the runtime's settings as runtime=RuntimeConfig(...) or as keywords, not both")
         self.runtime = runtime
         for name in own & set(options):  # the others keep the class's defaults
-            setattr(self, name, options[name])
+            value = options[name]
+            if name in SIZES and value is not None:  # the one place their text is read
+                value = size_setting(value, flag(name))
+            setattr(self, name, value)
+
+    @property
+    def request_memory_bytes(self) -> int:
+        """What all requests' bodies and their decoding may hold at once: ``request_memory``,
+        else twice ``max_body``."""
+        return 2 * self.max_body if self.request_memory is None else self.request_memory
 
     def validate(self) -> None:
-        """Refuse settings that cannot work, with the option to change, before anything loads."""
+        """Refuse settings that cannot work, with the option to change, before anything loads:
+        the runtime's (:meth:`RuntimeConfig.validate`, naming flags), then the server's own."""
         runtime = self.runtime
-        if runtime.workers < 1:
-            raise LayerfitError(f"--workers must be at least 1, not {runtime.workers}")
-        if runtime.queue_limit is None or runtime.queue_limit < 1:  # the data plane's limit too
+        runtime.validate(flag)
+        if runtime.queue_limit is None:  # a server always has one: the data plane's limit too
             raise LayerfitError(f"--queue-limit must be at least 1, not {runtime.queue_limit}")
         if not (self.timeout > 0 and math.isfinite(self.timeout)):
             raise LayerfitError(f"--timeout must be a positive, finite number of seconds, not {self.timeout}")
@@ -118,29 +137,19 @@ class ServeSettings:
                 f"--generation-weights must be a share of the budget from 0 up to (not including) 1, "
                 f"not {self.generation_weights}"
             )
-        if parse_bytes(self.max_body) < 1:
+        if self.max_body < 1:
             raise LayerfitError("--max-body must be at least one byte")
-        if self.request_memory is not None and parse_bytes(self.request_memory) < parse_bytes(self.max_body):
+        if self.request_memory_bytes < self.max_body:
             raise LayerfitError(
-                f"--request-memory ({self.request_memory}) must be at least --max-body ({self.max_body}): "
-                "a body of the largest size allowed must fit"
+                f"--request-memory ({format_bytes(self.request_memory_bytes)}) must be at least --max-body "
+                f"({format_bytes(self.max_body)}): a body of the largest size allowed must fit"
             )
         if not (self.body_timeout > 0 and math.isfinite(self.body_timeout)):
             raise LayerfitError(f"--body-timeout must be a positive, finite number of seconds, not {self.body_timeout}")
-        parse_bytes(self.min_body_rate)
-        from layerfit.store.verify import VERIFY_MODES
-
-        if runtime.verify not in VERIFY_MODES:
-            raise LayerfitError(f"--verify must be one of {', '.join(VERIFY_MODES)}, not {runtime.verify!r}")
         if not (self.reverify_every >= 0 and math.isfinite(self.reverify_every)):
             raise LayerfitError(
                 f"--reverify-every must be a finite number of seconds, 0 or more (0: never), not {self.reverify_every}"
             )
-        try:
-            check_runtime_units(runtime.units)
-        except LayerfitError as exc:
-            raise LayerfitError(f"--units: {exc}") from exc
-        freed_memory_mode(runtime.return_freed_memory, "--return-freed-memory")
         check_compute_threads(self.threads, "--threads")
         if not Path(runtime.repository).is_dir():
             raise LayerfitError(
@@ -185,14 +194,11 @@ def build(settings: ServeSettings) -> Built:
         load_errors = registry.load_all() if settings.load_models else {}
         registry.check_budget()
         metrics = ServerMetrics()
-        max_body = parse_bytes(settings.max_body)
         dataplane = DataPlane(
             runtime, registry, timeout=settings.timeout,
             max_inflight=config.queue_limit, metrics=metrics,
-            body=BodyLimits(max_body, settings.body_timeout, float(parse_bytes(settings.min_body_rate))),
-            request_memory=RequestMemory(
-                parse_bytes(settings.request_memory) if settings.request_memory is not None else 2 * max_body
-            ),
+            body=BodyLimits(settings.max_body, settings.body_timeout, settings.min_body_rate),
+            request_memory=RequestMemory(settings.request_memory_bytes),
         )
         metrics.attach(runtime, lambda: dataplane.inflight, dataplane.requests)
         generation = GenerationService(
@@ -200,7 +206,7 @@ def build(settings: ServeSettings) -> Built:
             kept_share=settings.generation_weights,
         )
         dataplane.generation = generation
-        app = create_app(dataplane, metrics, max_body=max_body, repository_api=settings.repository_api,
+        app = create_app(dataplane, metrics, max_body=settings.max_body, repository_api=settings.repository_api,
                          generation=generation)
     except BaseException:
         runtime.shutdown(wait=True, cancel_pending=True)
