@@ -34,7 +34,7 @@ from typing import Literal
 
 from layerfit.errors import TradeoffError
 from layerfit.tradeoff.parts.cnn import CNN
-from layerfit.tradeoff.parts.flow import FlowGraph, FlowNode, RowPlan, plan_rows
+from layerfit.tradeoff.parts.flow import RowPlan, plan_rows
 from layerfit.tradeoff.parts.reuse import (
     ReuseOrder,
     SharedBuffer,
@@ -42,7 +42,6 @@ from layerfit.tradeoff.parts.reuse import (
     reuse_buffers,
     total_elems,
 )
-from layerfit.tradeoff.parts.rows import RowMap
 
 Precision = Literal["fp32", "fp16"]
 BYTES_PER_ELEMENT: dict[str, int] = {"fp32": 4, "fp16": 2}
@@ -428,17 +427,11 @@ class _PartitionPlanner:
     def _by_rows(self, parts: tuple[bool, ...], phase_rows: int) -> _Timing:
         """The row analysis' schedule: a by-parts layer runs once per phase."""
         cnn, local, members = self.cnn, self.local, self.members
-        nodes = [FlowNode(cnn.layers[g].name, (), (), cnn.layers[g].rows, cnn.layers[g].row_elems, False) for g in self.ext]
-        for i in self.inside:
-            layer = cnn.layers[i]
-            maps = cnn.maps(i) if cnn.tileable(i) else tuple(RowMap("all", cnn.layers[j].rows) for j in cnn.inputs_of(i))
-            nodes.append(
-                FlowNode(layer.name, tuple(local[j] for j in cnn.inputs_of(i)), maps, layer.rows, layer.row_elems, cnn.tileable(i))
-            )
         schedule = self.app.schedules[self.p.name]
         order = tuple(range(len(self.ext))) + tuple(local[i] for step in schedule for i in step)
-        outputs = tuple(local[i] for i in self.inside if self.remote[i] or not self.consumers[i])
-        row_plan = plan_rows(FlowGraph(tuple(nodes), outputs, order), (False,) * len(self.ext) + parts, phase_rows)
+        outputs = [i for i in self.inside if self.remote[i] or not self.consumers[i]]
+        graph = cnn.flow_graph(members, len(self.ext), outputs, order)
+        row_plan = plan_rows(graph, (False,) * len(self.ext) + parts, phase_rows)
         counts = row_plan.phases
         return _Timing(
             steps=tuple((cnn.layers[members[n]].name,) for n, _, _ in row_plan.steps),

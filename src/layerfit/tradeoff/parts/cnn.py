@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from layerfit.errors import TradeoffError
+from layerfit.tradeoff.parts.flow import FlowGraph, FlowNode
 from layerfit.tradeoff.parts.rows import RowMap, window_extent
 
 # Operators that can process data by parts (Table 2): windows and row-wise operators.
@@ -128,6 +129,23 @@ class CNN:
 
     def tiling_reason(self, i: int) -> str:
         return self._maps[i][2]
+
+    def flow_graph(
+        self, members: Sequence[int], external: int, outputs: Sequence[int], order: Sequence[int] | None = None
+    ) -> FlowGraph:
+        """The row analysis' graph of layers ``members`` (in order): the first ``external``
+        are produced elsewhere (nodes without inputs, never by parts); ``outputs`` leave
+        the graph; ``order`` (of member positions) is the order whole layers run in."""
+        local = {g: k for k, g in enumerate(members)}
+        nodes = []
+        for k, g in enumerate(members):
+            layer = self.layers[g]
+            if k < external:
+                nodes.append(FlowNode(layer.name, (), (), layer.rows, layer.row_elems, False))
+            else:
+                inputs = tuple(local[j] for j in self._inputs[g])
+                nodes.append(FlowNode(layer.name, inputs, self.maps(g), layer.rows, layer.row_elems, self.tileable(g)))
+        return FlowGraph(tuple(nodes), tuple(local[o] for o in outputs), None if order is None else tuple(order))
 
     def _row_maps(self, i: int) -> tuple[tuple[RowMap, ...], bool, str]:
         layer = self.layers[i]

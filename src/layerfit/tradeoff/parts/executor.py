@@ -32,7 +32,7 @@ import torch
 
 from layerfit.errors import TradeoffError
 from layerfit.tradeoff.parts.cnn import CNN, Layer
-from layerfit.tradeoff.parts.flow import FlowGraph, FlowNode, RowPlan, plan_rows
+from layerfit.tradeoff.parts.flow import FlowGraph, RowPlan, plan_rows
 from layerfit.tradeoff.parts.kernels import Runner, cnn_from_module, substitute
 from layerfit.tradeoff.parts.rows import RowMap
 
@@ -226,19 +226,10 @@ def stage_of(cnn: CNN, first: int, stop: int) -> Stage:
 
 
 def flow_graph_of(cnn: CNN, stage: Stage) -> tuple[FlowGraph, list[int]]:
-    """The FlowGraph of a stage and, per flow node, the layer it stands for."""
+    """The FlowGraph of a stage and, per flow node, the layer it stands for (the stage's
+    inputs first: graph inputs, or the layers of earlier stages it reads)."""
     members = list(stage.inputs) + [n for n in range(stage.first, stage.stop) if n not in stage.inputs]
-    local = {t: k for k, t in enumerate(members)}
-    flow_nodes = []
-    for k, t in enumerate(members):
-        layer = cnn.layers[t]
-        if k < len(stage.inputs) or layer.op == "input":
-            flow_nodes.append(FlowNode(layer.name, (), (), layer.rows, layer.row_elems, False))
-            continue
-        inputs = tuple(local[i] for i in cnn.inputs_of(t))
-        flow_nodes.append(FlowNode(layer.name, inputs, cnn.maps(t), layer.rows, layer.row_elems, cnn.tileable(t)))
-    outputs = tuple(local[o] for o in stage.outputs)
-    return FlowGraph(tuple(flow_nodes), outputs), members
+    return cnn.flow_graph(members, len(stage.inputs), stage.outputs), members
 
 
 class PartsExecutor:
