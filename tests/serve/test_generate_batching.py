@@ -189,7 +189,7 @@ def test_concurrent_http_clients_decode_together_and_get_what_they_would_alone(h
             thread.start()
         for thread in threads:
             thread.join(60)
-        stats = server.built.dataplane.generation.stats("lm")
+        stats = server.built.runtime.decoding_stats("lm")
         assert server.built.runtime.stats()["peak_bytes"] <= server.built.runtime.ledger.budget
     for prompt, text in zip(PROMPTS, texts, strict=True):
         assert text == tokenizer.decode(reference_tokens(hf_folder, prompt, 30), skip_special_tokens=True)

@@ -50,7 +50,7 @@ def expected_text(hf_folder: Path, prompt: str, n: int) -> str:
 
 
 def loop_stats(server: ServerThread) -> dict[str, int]:
-    return server.built.dataplane.generation.stats("lm")
+    return server.built.runtime.decoding_stats("lm")
 
 
 def test_triton_generate_gives_transformers_greedy_text(server: ServerThread, hf_folder: Path):

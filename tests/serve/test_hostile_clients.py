@@ -261,7 +261,7 @@ def test_generation_bodies_are_read_into_request_memory_and_refused_unparsed(lm_
         assert request_peak(http) == peak
         # ids that fit the memory but not the model's 64 positions: 413 before any tensor
         many = http.post("/v1/completions", json={"model": "lm", "prompt": [7] * 1000, "max_tokens": 1})
-        assert many.status_code == 413 and "has 64 (max_position_embeddings)" in many.text
+        assert many.status_code == 413 and "has 64 positions (max_position_embeddings)" in many.text
         assert many.json()["error"]["code"] == "context_length_exceeded"
         assert http.post("/v1/completions", json={"model": "lm", "prompt": [7, 8], "max_tokens": 2}).status_code == 200
         assert server.built.dataplane.requests.in_use == 0

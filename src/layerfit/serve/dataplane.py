@@ -31,9 +31,8 @@ from typing import Any, Protocol
 import torch
 from starlette.concurrency import run_in_threadpool
 
-from layerfit.engine import flat_outputs
-from layerfit.engine.openmp import without_thread_team
 from layerfit.errors import JobTimeoutError, LayerfitError
+from layerfit.schedule.runtime.compute import flat_outputs, without_thread_team
 from layerfit.serve.body import BodyLimits, RequestMemory, Reservation, read_body
 from layerfit.serve.codec import decode_input, decoding_bytes, encode_response, parse_request
 from layerfit.serve.errors import BadRequestError, ServerBusyError, ShuttingDownError
@@ -82,7 +81,6 @@ class DataPlane:
         self.requests = request_memory  # what request bodies and their decoding may hold
         self.stopping = asyncio.Event()  # set on SIGTERM: bodies still arriving are not read
         self.abandoned = asyncio.Event()  # set when the grace ends: waiting requests get 503
-        self.generation: Any = None  # the GenerationService, whose decode loops stop with the server
 
     # --- health and metadata ------------------------------------------------------
 
@@ -150,15 +148,12 @@ class DataPlane:
         self.begin_drain()
         if not await self.wait_idle(grace):
             # the grace is over: queued work is cancelled and every request still waiting
-            # is answered 503 now; a forward pass under way ends in the background
+            # is answered 503 now (streams still decoding end with a 503 event: the runtime
+            # closes its decode loops); a forward pass under way ends in the background
             await run_in_threadpool(self.runtime.shutdown, wait=False, cancel_pending=True)
             self.abandoned.set()
-            if self.generation is not None:  # streams still decoding end with a 503 event
-                await run_in_threadpool(self.generation.close)
             await self.wait_idle(5.0)
-        if self.generation is not None:
-            await run_in_threadpool(self.generation.close)
-        await run_in_threadpool(self.runtime.shutdown, wait=True)
+        await run_in_threadpool(self.runtime.shutdown, wait=True)  # and closes its decode loops
 
     # --- inference -------------------------------------------------------------------
 

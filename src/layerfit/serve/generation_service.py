@@ -1,50 +1,42 @@
-"""Text generation for the HTTP routes: which models generate, prompts to tokens, the
-checks a prompt must pass, and a completion's text as the decode loop makes it.
+"""Text generation for the HTTP routes: requests in, a completion's text out, as the
+runtime's decode loop makes it.
 
 The Triton generate routes (:mod:`layerfit.serve.generate_routes`) and the OpenAI ones
 (:mod:`layerfit.serve.openai_routes`) differ only in their JSON; both turn their body
-into a :class:`TextRequest` and read a :class:`Completion`. Below this module, each
-language model has one :class:`~layerfit.schedule.decoding.batching.DecodeLoop` (its own
-streaming engine, opened on the model's first request) that decodes every request in
-flight together, its weight buffers and KV caches held in the runtime's memory ledger.
+into a :class:`TextRequest` and read a :class:`Completion`. The runtime owns decoding
+(:mod:`layerfit.schedule.runtime.decoders`): each language model's one decode loop (its
+own streaming engine, opened on the model's first request, retired with its model's
+version) decodes every request in flight together, its weight buffers and KV caches held
+in the runtime's memory ledger; which models generate and which prompts they take are
+the rules of :mod:`layerfit.schedule.decoding.rules`, the command line's too. This module
+only speaks HTTP's terms to it.
 
-A model generates when it was prepared from a Hugging Face folder whose class is a
-decoder-only language model with ``generate`` (a ``…ForCausalLM``) and the folder holds
-its tokenizer. Refusals, each one line: a model that is not in the repository (404,
-``model_not_found`` under ``/v1``) or cannot generate (400, saying why), one whose
-tokenizer does not load (503: the model's folder, not the request, is at fault), a
-prompt holding an id outside the vocabulary (400), a prompt and ``max_tokens`` past the
-model's positions or a KV cache past the budget (413), a full queue (429).
+Refusals, each one line: a model that is not in the repository (404, ``model_not_found``
+under ``/v1``) or cannot generate (400, saying why), one whose tokenizer does not load
+(503: the model's folder, not the request, is at fault), a prompt holding an id outside
+the vocabulary (400), a prompt and ``max_tokens`` past the model's positions or a KV
+cache past the budget (413), a full queue (429).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import threading
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
-from layerfit.errors import (
-    GenerationTooLargeError,
-    JobTimeoutError,
-    LayerfitError,
-    ModelNotReadyError,
-)
-from layerfit.schedule.decoding.batching import DecodeLoop, Finish
-from layerfit.schedule.decoding.batching import Sequence as Decoding
+from layerfit.errors import InputError, JobTimeoutError, LayerfitError
+from layerfit.schedule.decoding.batching import Finish
 from layerfit.schedule.decoding.sampling import Sampling
+from layerfit.schedule.runtime.decoders import LanguageModel
 from layerfit.serve.errors import BadRequestError, ModelNotFoundError, ShuttingDownError
+from layerfit.serve.registry import ModelRegistry
 from layerfit.serve.text_stream import TextStream
-from layerfit.store.hf_folder import positions_of
 
-log = logging.getLogger("layerfit.serve")
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -69,31 +61,32 @@ class Delta:
     finish: str | None = None
 
 
-@dataclass
-class LanguageModel:
-    """A generating model's loop, tokenizer and positions (None: the config states none)."""
+class DecodingRuntime(Protocol):
+    """What the generation routes ask of the runtime (:class:`~layerfit.Runtime` is one):
+    its rule for which models generate, their decode loops, and the loops' counters."""
 
-    loop: DecodeLoop
-    tokenizer: Any
-    positions: tuple[str, int] | None
-    end_tokens: frozenset[int]
-    manifest: Any = field(repr=False, default=None)
+    def cannot_generate(self, name: str) -> str | None: ...
+
+    def decoder(self, name: str) -> LanguageModel: ...
+
+    def decoding_stats(self, name: str) -> dict[str, int]: ...
+
+
+def _bad_request(call: Callable[[], T]) -> T:
+    """``call()``, a refusal of the request's own (:class:`~layerfit.errors.InputError`) a 400."""
+    try:
+        return call()
+    except InputError as exc:
+        raise BadRequestError(str(exc)) from None
 
 
 class GenerationService:
-    """The language models of a server's runtime and their completions."""
+    """The language models of a server's runtime and their completions, in HTTP's terms."""
 
-    def __init__(
-        self, runtime: Any, registry: Any, *, timeout: float, max_waiting: int, kept_share: float = 0.0
-    ) -> None:
+    def __init__(self, runtime: DecodingRuntime, registry: ModelRegistry, *, timeout: float) -> None:
         self.runtime = runtime
         self.registry = registry
         self.timeout = timeout  # the longest wait for one token
-        self.max_waiting = max_waiting
-        self.kept_share = kept_share  # of the budget, for a decode engine's kept weights
-        self._models: dict[str, LanguageModel] = {}
-        self._broken: dict[str, tuple[Any, str]] = {}  # why a model's tokenizer did not load, by its manifest
-        self._lock = threading.Lock()
 
     # --- which models generate --------------------------------------------------------
 
@@ -101,29 +94,19 @@ class GenerationService:
         """Why model ``name`` cannot generate text, or None when it can (it may still be
         loading: readiness is checked when a request comes)."""
         try:
-            manifest = self.registry.manifest(name)
+            self.registry.manifest(name)  # a bad name, an unknown model, an unreadable manifest
+            return self.runtime.cannot_generate(name)
         except LayerfitError as exc:
             return str(exc)
-        model = manifest.model
-        config = _config_of(manifest)
-        if model.get("source") != "hf":
-            return f"model {name!r} was not prepared from a Hugging Face language model (it is {model.get('name')!r})"
-        if config.get("is_encoder_decoder") or not str(model.get("name", "")).endswith("ForCausalLM"):
-            return (f"model {name!r} is a {model.get('name')}: the server generates with decoder-only "
-                    "language models (a …ForCausalLM class)")
-        info = self.registry.info(name)
-        if not any((info.directory / f).is_file() for f in TOKENIZER_FILES):
-            return f"model {name!r} has no tokenizer in its folder (prepare it from a folder that holds one)"
-        return None
 
     def generating_models(self) -> list[str]:
         """The READY models that generate text."""
         return [n for n in self.registry.names() if self.registry.is_ready(n) and self.cannot_generate(n) is None]
 
     async def model(self, name: str) -> LanguageModel:
-        """The loop and tokenizer of ``name`` (404: not in the repository, as OpenAI's
+        """The runtime's decoder of ``name`` (404: not in the repository, as OpenAI's
         clients expect; 400: a bad name or a model that cannot generate; 503: not loaded,
-        or its tokenizer does not load), its engine opened on the first request."""
+        or its tokenizer does not load), its loop opened on the first request."""
         try:
             self.registry.info(name)
         except ModelNotFoundError as exc:
@@ -134,113 +117,31 @@ class GenerationService:
         if reason is not None:
             raise BadRequestError(f"cannot generate with {name!r}: {reason}")
         self.registry.require_ready(name)
-        manifest = self.registry.manifest(name)
-        current = self._models.get(name)
-        if current is not None and current.manifest is manifest:
-            return current
-        return await run_in_threadpool(self._open, name, manifest)
-
-    def _open(self, name: str, manifest: Any) -> LanguageModel:
-        """Open the model's engine, loop and tokenizer (a model reloaded since: anew)."""
-        from transformers import AutoTokenizer
-
-        from layerfit.engine import Engine
-
-        with self._lock:
-            current = self._models.get(name)
-            if current is not None and current.manifest is manifest:
-                return current
-            directory = self.registry.info(name).directory
-            broken = self._broken.get(name)
-            if broken is not None and broken[0] is manifest:  # tried once since it was loaded: said once
-                raise ModelNotReadyError(broken[1])
-            try:
-                tokenizer = _tokenizer(AutoTokenizer, name, directory)
-            except ModelNotReadyError as exc:
-                self._broken[name] = (manifest, str(exc))
-                raise
-            config = self.runtime.config
-            engine = Engine(directory, pipeline="async", direct_io=config.direct_io, verify=config.verify)
-            try:
-                kept = int(self.runtime.ledger.budget * self.kept_share) or None
-                loop = DecodeLoop(name, engine, self.runtime.ledger, max_waiting=self.max_waiting, kept_budget=kept)
-            except BaseException:
-                engine.close()
-                raise
-            model_config = engine.model.config
-            ends = getattr(model_config, "eos_token_id", None)
-            ends = ends if isinstance(ends, list) else [ends]
-            end_tokens = frozenset(int(e) for e in [*ends, tokenizer.eos_token_id] if e is not None)
-            self._models[name] = LanguageModel(loop, tokenizer, positions_of(model_config), end_tokens, manifest)
-            if current is not None:
-                current.loop.close()
-            return self._models[name]
+        return await run_in_threadpool(_bad_request, lambda: self.runtime.decoder(name))
 
     def stats(self, name: str) -> dict[str, int]:
         """Model ``name``'s decode loop: steps, tokens, sequences in flight and waiting,
         bytes held (all 0 before its first request)."""
-        model = self._models.get(name)
-        return dict.fromkeys(DecodeLoop.STATS, 0) if model is None else model.loop.stats()
-
-    def close(self) -> None:
-        """Close every loop (the server stops): their sequences end, their memory returns."""
-        with self._lock:
-            models, self._models = list(self._models.values()), {}
-        for model in models:
-            model.loop.close()
+        return self.runtime.decoding_stats(name)
 
     # --- prompts ------------------------------------------------------------------------
 
     def encode(self, model: LanguageModel, text: str) -> tuple[int, ...]:
-        ids = tuple(int(i) for i in model.tokenizer(text)["input_ids"])
-        if not ids:
-            raise BadRequestError("the prompt makes no tokens: give some text")
-        return ids
+        return _bad_request(lambda: model.encode(text))
 
     def chat(self, model: LanguageModel, messages: list[dict[str, str]]) -> tuple[int, ...]:
         """The chat's token ids through the tokenizer's chat template, ready for the reply."""
-        tokenizer = model.tokenizer
-        if not getattr(tokenizer, "chat_template", None):
-            raise BadRequestError(
-                f"model {model.loop.name!r} has no chat template in its tokenizer: use /v1/completions with a prompt"
-            )
-        try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        except Exception as exc:  # the template's own error (a jinja exception): the messages' fault
-            raise BadRequestError(f"the model's chat template refused the messages: {exc}") from None
-        ids = tuple(int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"])
-        if not ids:
-            raise BadRequestError("the messages make no tokens")
-        return ids
-
-    def check(self, model: LanguageModel, request: TextRequest) -> None:
-        """Refuse a prompt and new tokens past the model's positions (413) and token ids
-        outside the vocabulary, negative ones too (400): before the request joins a batch,
-        whose other sequences its failure would otherwise end."""
-        self.check_length(model, len(request.prompt), request.max_tokens)
-        try:
-            model.loop.check_prompt(request.prompt)
-        except LayerfitError as exc:
-            raise BadRequestError(str(exc)) from None
+        return _bad_request(lambda: model.chat(messages))
 
     def check_length(self, model: LanguageModel, n: int, max_tokens: int) -> None:
         """Refuse (413) ``n`` prompt tokens and ``max_tokens`` new ones past the model's
         positions: called on a list of ids before anything is made of it."""
-        if model.positions is None:
-            return
-        field_name, positions = model.positions
-        if n + max_tokens > positions:
-            raise GenerationTooLargeError(
-                f"the prompt's {n} tokens and max_tokens {max_tokens} make {n + max_tokens} "
-                f"positions; model {model.loop.name!r} has {positions} ({field_name})"
-                + (f": ask for at most {positions - n} tokens" if n < positions else "")
-            )
+        model.check_length(n, max_tokens)
 
     # --- completions ---------------------------------------------------------------------
 
     def start(self, model: LanguageModel, request: TextRequest) -> Completion:
-        """Submit ``request`` to the model's loop (413/429 at once); read the result."""
-        self.check(model, request)
+        """Submit ``request`` to the model's loop (400/413/429 at once); read the result."""
         return Completion(model, request, self.timeout)
 
     def start_admitted(
@@ -279,8 +180,8 @@ class Completion:
             with contextlib.suppress(RuntimeError):  # the event loop closed: nobody reads
                 loop.call_soon_threadsafe(self._queue.put_nowait, (token, finish, error))
 
-        self._sequence = model.loop.submit(
-            Decoding(list(request.prompt), request.max_tokens, request.sampling, model.end_tokens, on_token)
+        self._sequence = _bad_request(
+            lambda: model.submit(request.prompt, request.max_tokens, request.sampling, on_token)
         )
 
     @property
@@ -326,28 +227,6 @@ class Completion:
         return "".join(parts)
 
 
-def _tokenizer(auto_tokenizer: Any, name: str, directory: Any) -> Any:
-    """The model's tokenizer, never running the folder's code; a tokenizer that does not
-    load is a 503 saying why in one line (logged as one line too, never a traceback)."""
-    try:
-        return auto_tokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
-    except Exception as exc:
-        reason = (str(exc).strip().splitlines() or [""])[0][:300]
-        log.warning("model %r: its tokenizer does not load: %s: %s", name, type(exc).__name__, reason)
-        raise ModelNotReadyError(
-            f"model {name!r} cannot generate: its tokenizer does not load ({type(exc).__name__}: {reason}); "
-            "prepare the model again from a folder whose tokenizer loads"
-        ) from None
-
-
-def _config_of(manifest: Any) -> dict[str, Any]:
-    """The Hugging Face config a manifest recorded (empty when it recorded none)."""
-    kwargs = manifest.model.get("kwargs")
-    if isinstance(kwargs, dict) and isinstance(kwargs.get("config"), dict):
-        return kwargs["config"]
-    return {}
-
-
 def stops_of(value: str | Sequence[str] | None) -> tuple[str, ...]:
     """A ``stop`` parameter (one string or several) as a tuple."""
     if value is None:
@@ -355,4 +234,4 @@ def stops_of(value: str | Sequence[str] | None) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
 
-__all__ = ["Completion", "Delta", "GenerationService", "LanguageModel", "TextRequest", "stops_of"]
+__all__ = ["Completion", "DecodingRuntime", "Delta", "GenerationService", "LanguageModel", "TextRequest", "stops_of"]

@@ -12,18 +12,32 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
 
 from layerfit.errors import LayerfitError
 from layerfit.store.verify import verify_folder
 
+if TYPE_CHECKING:
+    from layerfit.schedule.runtime.repository import ModelInfo
+
 log = logging.getLogger("layerfit.serve")
+
+
+class VerifiedRuntime(Protocol):
+    """What re-verification asks of the runtime (:class:`~layerfit.Runtime` is one): its
+    models, and taking one out of service."""
+
+    @property
+    def models(self) -> Mapping[str, ModelInfo]: ...
+
+    def mark_unavailable(self, name: str, reason: str) -> None: ...
 
 
 class Reverifier:
     """Re-hashes the runtime's READY models every ``interval`` seconds on its own thread."""
 
-    def __init__(self, runtime: Any, interval: float) -> None:
+    def __init__(self, runtime: VerifiedRuntime, interval: float) -> None:
         self.runtime = runtime
         self.interval = interval
         self.failures = 0

@@ -32,8 +32,11 @@ UNAVAILABLE with the reason (:mod:`layerfit.serve.tokenizer_files`).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from layerfit.errors import (
     JobTimeoutError,
@@ -49,6 +52,10 @@ from layerfit.serve.errors import BadRequestError, ModelNotFoundError
 from layerfit.serve.tokenizer_files import tokenizer_problem
 from layerfit.sizes import format_bytes
 from layerfit.store import read_manifest
+
+if TYPE_CHECKING:
+    from layerfit.schedule.runtime.repository import ModelInfo
+    from layerfit.store.manifest import Manifest
 
 VERSION = "1"
 PLATFORM = "layerfit"
@@ -108,10 +115,33 @@ def _shape(shape: tuple[int, ...], varying: dict[int, str]) -> tuple[int, ...]:
     return tuple(-1 if axis in varying else size for axis, size in enumerate(shape))
 
 
+class ModelRuntime(Protocol):
+    """What the registry asks of the runtime (:class:`~layerfit.Runtime` is one): its
+    repository's models and their index, its budget, loading and unloading, and a
+    warm-up request."""
+
+    repository: Path
+
+    @property
+    def models(self) -> Mapping[str, ModelInfo]: ...
+
+    def index(self) -> list[dict[str, str]]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def load_model(self, name: str, *, within_budget: bool = False) -> ModelInfo: ...
+
+    def unload_model(self, name: str) -> None: ...
+
+    def example_input(self, name: str, seed: int | None = None) -> Any: ...
+
+    def infer(self, model: str, x: Any, *, timeout: float | None = None) -> Future: ...
+
+
 class ModelRegistry:
     """Names, versions, metadata and readiness of the runtime's models."""
 
-    def __init__(self, runtime: Any, *, warm_up: bool = False, warm_up_timeout: float = 60.0) -> None:
+    def __init__(self, runtime: ModelRuntime, *, warm_up: bool = False, warm_up_timeout: float = 60.0) -> None:
         self.runtime = runtime
         self.warm_up = warm_up
         self.warm_up_timeout = warm_up_timeout
@@ -123,7 +153,7 @@ class ModelRegistry:
     def names(self) -> list[str]:
         return sorted(self.runtime.models)
 
-    def info(self, name: str, version: str | None = None) -> Any:
+    def info(self, name: str, version: str | None = None) -> ModelInfo:
         """The runtime's ModelInfo of ``name``: 400 for a bad name, 404 if not in the repository."""
         check_name(name, BadRequestError)
         info = self.runtime.models.get(name)
@@ -140,7 +170,7 @@ class ModelRegistry:
             raise ModelNotFoundError(f"model {name!r} has no version {version!r} (its only version is {VERSION})")
         return info
 
-    def manifest(self, name: str) -> Any:
+    def manifest(self, name: str) -> Manifest:
         """The manifest of ``name``: the runtime's once loaded, else read from its folder.
 
         Reading a manifest is JSON only (no weights), so metadata of a model that is not

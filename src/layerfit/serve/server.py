@@ -20,13 +20,13 @@ import socket
 import threading
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from uvicorn.config import LOG_LEVELS
 
-from layerfit.engine.openmp import check_compute_threads, set_compute_threads
 from layerfit.errors import LayerfitError
+from layerfit.schedule.runtime.compute import check_compute_threads, set_compute_threads
 from layerfit.schedule.runtime.config import RuntimeConfig, server_config, size_setting
 from layerfit.serve.body import BodyLimits, RequestMemory
 from layerfit.serve.dataplane import DataPlane
@@ -35,6 +35,9 @@ from layerfit.serve.integrity import Reverifier
 from layerfit.serve.metrics import ServerMetrics
 from layerfit.serve.registry import ModelRegistry
 from layerfit.sizes import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from layerfit.schedule.runtime.executor import Runtime
 
 
 def flag(name: str) -> str:
@@ -160,9 +163,9 @@ class ServeSettings:
 
 @dataclass
 class Built:
-    """The wired layers of one server."""
+    """The wired layers of one server (``runtime``: the one :func:`build` made)."""
 
-    runtime: Any
+    runtime: Runtime
     registry: ModelRegistry
     dataplane: DataPlane
     metrics: ServerMetrics
@@ -201,11 +204,10 @@ def build(settings: ServeSettings) -> Built:
             request_memory=RequestMemory(settings.request_memory_bytes),
         )
         metrics.attach(runtime, lambda: dataplane.inflight, dataplane.requests)
-        generation = GenerationService(
-            runtime, registry, timeout=settings.timeout, max_waiting=config.queue_limit,
-            kept_share=settings.generation_weights,
-        )
-        dataplane.generation = generation
+        # the runtime owns the decode loops (their engines, KV caches and closing); the
+        # routes only speak HTTP to it
+        runtime.configure_decoding(max_waiting=config.queue_limit, kept_share=settings.generation_weights)
+        generation = GenerationService(runtime, registry, timeout=settings.timeout)
         app = create_app(dataplane, metrics, max_body=settings.max_body, repository_api=settings.repository_api,
                          generation=generation)
     except BaseException:

@@ -74,12 +74,15 @@ from layerfit.schedule.runtime.config import (  # noqa: F401 - also importable f
     freed_memory_mode,
 )
 from layerfit.schedule.runtime.core import RuntimeCore, deliver
+from layerfit.schedule.runtime.decoders import Decoders, LanguageModel, generate_tokens
 from layerfit.schedule.runtime.frontend import InferenceJob, Job, JobFrontEnd
 from layerfit.schedule.runtime.repository import ModelInfo, ModelRepository
 from layerfit.schedule.runtime.workers import WorkerPool
 from layerfit.store.trust import trust_factories
 
 if TYPE_CHECKING:  # annotations only: the rooms own these (patch them where they live)
+    from layerfit.schedule.decoding.batching import DecodeEngine
+    from layerfit.schedule.decoding.sampling import Sampling
     from layerfit.schedule.runtime.network_run import NetworkRun
     from layerfit.schedule.runtime.repository import EnginePool
     from layerfit.schedule.tasks import Task
@@ -131,6 +134,7 @@ class Runtime:
         self.policy = core.policy.name
         self._repo = ModelRepository(core, config, profiles)
         self.models: dict[str, ModelInfo] = self._repo.models
+        self._decoders = Decoders(self.models, core.ledger, self._decode_engine, max_waiting=config.queue_limit)
         # every setting and the repository are valid; before any model loads, since only
         # later allocations follow the fixed thresholds
         self.freed_memory = _set_freed_memory(freed_memory_mode(config.return_freed_memory))
@@ -197,18 +201,22 @@ class Runtime:
         :class:`~layerfit.errors.ModelOverBudgetError` (carrying ``min_budget``) is
         raised — what a server wants, whose clients must not see a model it cannot run.
         """
-        return self._repo.load_model(name, within_budget=within_budget)
+        info = self._repo.load_model(name, within_budget=within_budget)
+        self._decoders.retire(name, info.manifest)  # a loop of the version replaced ends
+        return info
 
     def mark_unavailable(self, name: str, reason: str) -> None:
         """Take model ``name`` out of service (UNAVAILABLE, ``reason``) until it is loaded
         again, as when its weights fail verification: new jobs naming it are refused,
         jobs already accepted end, and its engines close when the last of them ends."""
         self._repo.mark_unavailable(name, reason)
+        self._decoders.retire(name)
 
     def unload_model(self, name: str) -> None:
         """Stop serving model ``name``: new jobs naming it are refused; jobs already accepted
         (running or queued) finish, and its engines close when the last of them ends."""
         self._repo.unload_model(name)
+        self._decoders.retire(name)
 
     def required_budget(self, name: str) -> int:
         """The least memory budget under which jobs of model ``name`` are not rejected:
@@ -240,6 +248,52 @@ class Runtime:
     def infer(self, model: str, x: Any, *, timeout: float | None = None) -> Future:
         """One network on one input; the future resolves to that model's output."""
         return self._front.submit(InferenceJob((model,), x, timeout=timeout), unwrap=model)
+
+    # --- decoding (schedule/runtime/decoders.py) --------------------------------------
+
+    def configure_decoding(self, *, max_waiting: int | None = None, kept_share: float | None = None) -> None:
+        """The decode loops opened from now on: at most ``max_waiting`` sequences of a model
+        waiting for memory (default: the queue limit), ``kept_share`` of the budget for the
+        weights a loop's engine keeps while it decodes (default 0: every unit streamed)."""
+        self._decoders.configure(max_waiting=max_waiting, kept_share=kept_share)
+
+    def cannot_generate(self, name: str) -> str | None:
+        """Why model ``name`` cannot generate text (one line), or None when it can
+        (:func:`~layerfit.schedule.decoding.rules.refusal`)."""
+        return self._decoders.cannot_generate(name)
+
+    def decoder(self, name: str) -> LanguageModel:
+        """The decode loop, tokenizer and prompt checks of READY language model ``name``,
+        opened on first use; it decodes every sequence of the model in flight together,
+        its KV caches held in :attr:`ledger`, and retires with its model's version."""
+        return self._decoders.decoder(name)
+
+    def generate(self, name: str, prompt: list[int] | tuple[int, ...] | str, max_tokens: int = 16,
+                 sampling: Sampling | None = None, *, timeout: float | None = None) -> list[int]:
+        """The new token ids of ``prompt`` (token ids, or text for the model's tokenizer),
+        at most ``max_tokens``, greedy unless ``sampling`` says otherwise; decoded beside
+        every other sequence of the model (blocks; the end token is not included)."""
+        from layerfit.schedule.decoding.sampling import Sampling
+
+        model = self.decoder(name)
+        ids = model.encode(prompt) if isinstance(prompt, str) else prompt
+        return generate_tokens(model, ids, max_tokens, sampling or Sampling(), timeout)[0]
+
+    def decoding_stats(self, name: str) -> dict[str, int]:
+        """Model ``name``'s decode loop: steps, tokens, sequences in flight and waiting,
+        bytes held (all 0 before its first request)."""
+        return self._decoders.stats(name)
+
+    def stop_decoding(self) -> None:
+        """Close every decode loop now: sequences in flight end cancelled, their memory
+        returns; loops open again on the next request (until :meth:`shutdown`)."""
+        self._decoders.close()
+
+    def _decode_engine(self, directory: Path) -> DecodeEngine:
+        """A decode loop's own engine: the whole model, streamed (``async``)."""
+        from layerfit.engine.engine import Engine
+
+        return Engine(directory, pipeline="async", direct_io=self.config.direct_io, verify=self.config.verify)
 
     # --- memory held outside tasks ----------------------------------------------------
 
@@ -370,6 +424,7 @@ class Runtime:
         if cancel_pending:
             for future in futures:
                 future.cancel()
+            self._decoders.close(final=True)
         me = threading.current_thread()
         with core.lock:
             own = me in self._threads or self._worker_pool.runs_on(me)
@@ -380,6 +435,7 @@ class Runtime:
             forward = list(self._worker_pool.forward_threads)
         for thread in [*self._threads, *forward]:
             thread.join()
+        self._decoders.close(final=True)  # sequences still decoding end cancelled
         with core.lock:
             self._repo.close_all_locked()
 
