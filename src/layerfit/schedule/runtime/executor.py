@@ -26,14 +26,16 @@ runs, the smallest ready task may run alone), counted in ``stats()["progress_rul
 A job whose largest task cannot fit the budget even alone is rejected
 (:class:`~layerfit.errors.JobRejectedError` with the minimum budget).
 
-The :class:`Runtime` is a facade over three rooms sharing one lock
+The :class:`Runtime` is a facade over four rooms sharing one lock
 (:class:`~layerfit.schedule.runtime.core.RuntimeCore`):
 
 - the model repository (:class:`~layerfit.schedule.runtime.repository.ModelRepository`): which
   models are loaded, in which version, load/unload/reload, availability;
 - the job front end (:class:`~layerfit.schedule.runtime.frontend.JobFrontEnd`): submit, futures,
   timeouts, input checks (:mod:`layerfit.schedule.runtime.inputs`);
-- the worker pool (:class:`~layerfit.schedule.runtime.workers.WorkerPool`): the threads that execute.
+- the worker pool (:class:`~layerfit.schedule.runtime.workers.WorkerPool`): the threads that execute;
+- decoding (:class:`~layerfit.schedule.runtime.decoders.Decoders`): each language model's
+  decode loop, its KV caches in the same ledger (:meth:`Runtime.decoder`, :meth:`Runtime.generate`).
 
 Threads: ``workers`` worker threads, one timer thread (timeouts), one forward thread
 per network in flight. All of them wait on conditions sharing one lock; none polls.
