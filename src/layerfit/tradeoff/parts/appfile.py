@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from layerfit.tradeoff.parts.application import (
     Partition,
     split_partitions,
 )
-from layerfit.tradeoff.parts.cnn import CNN, layers_from_dicts
+from layerfit.tradeoff.parts.cnn import CNN, LAYER_OPS, Layer
 from layerfit.tradeoff.parts.kernels import cnn_from_module
 
 # PyYAML comes with the tradeoff extra too: application files are YAML
@@ -222,6 +223,67 @@ def _partitions(cnn: CNN, spec: Any, where: str) -> list[Partition]:
             bounds.append(index)
         result.append(Partition(f"{cnn.name}.p{k}", cnn.name, bounds[0], bounds[1] + 1))
     return result
+
+
+def layer_from_dict(data: Any, where: str, previous: str | None) -> Layer:
+    """A :class:`Layer` from an application-file mapping; errors name the field."""
+    if not isinstance(data, dict):
+        raise TradeoffError(f"{where}: expected a mapping with name, op, shape, got {type(data).__name__}")
+    known = {"name", "op", "inputs", "shape", "kernel", "stride", "padding", "dilation", "params", "macs", "tileable"}
+    unknown = set(data) - known
+    if unknown:
+        raise TradeoffError(f"{where}: unknown field(s) {sorted(unknown)} (known: {sorted(known)})")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise TradeoffError(f"{where}.name: expected a non-empty string, got {name!r}")
+    op = data.get("op")
+    if op not in LAYER_OPS:
+        raise TradeoffError(f"{where}.op: expected one of {sorted(LAYER_OPS)}, got {op!r}")
+    inputs = data.get("inputs", [previous] if previous is not None and op != "input" else [])
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not isinstance(inputs, list) or not all(isinstance(x, str) for x in inputs):
+        raise TradeoffError(f"{where}.inputs: expected a list of layer names, got {inputs!r}")
+    shape = data.get("shape")
+    if not isinstance(shape, list) or not shape or not all(_is_pos_int(s) for s in shape):
+        raise TradeoffError(f"{where}.shape: expected a list of positive integers, got {shape!r}")
+    ints = {}
+    for key, default, minimum in (("kernel", 1, 1), ("stride", 1, 1), ("padding", 0, 0), ("dilation", 1, 1), ("macs", 0, 0)):
+        value = data.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise TradeoffError(f"{where}.{key}: expected an integer >= {minimum}, got {value!r}")
+        ints[key] = value
+    params = data.get("params", 0)
+    params = _param_count(params, f"{where}.params")
+    tileable = data.get("tileable")
+    if tileable is not None and not isinstance(tileable, bool):
+        raise TradeoffError(f"{where}.tileable: expected true or false, got {tileable!r}")
+    return Layer(name=name, op=op, inputs=tuple(inputs), shape=tuple(shape), params=params, tileable=tileable, **ints)
+
+
+def _is_pos_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _param_count(value: Any, where: str) -> int:
+    """Parameters as a count or as a list of tensor shapes (``[[8, 3, 5, 5], [8]]``)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, list) and all(
+        isinstance(s, list) and all(_is_pos_int(d) for d in s) for s in value
+    ):
+        return sum(math.prod(s) for s in value)
+    raise TradeoffError(f"{where}: expected a count or a list of tensor shapes, got {value!r}")
+
+
+def layers_from_dicts(items: Sequence[Any], where: str) -> tuple[Layer, ...]:
+    """Layers from a list of mappings; each layer reads the previous one unless told."""
+    if not isinstance(items, list) or not items:
+        raise TradeoffError(f"{where}: expected a non-empty list of layers")
+    layers: list[Layer] = []
+    for i, item in enumerate(items):
+        layers.append(layer_from_dict(item, f"{where}[{i}]", layers[-1].name if layers else None))
+    return tuple(layers)
 
 
 def _constraints(data: Any, cnn_names: set[str]) -> Constraints:
