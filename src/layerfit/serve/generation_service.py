@@ -69,6 +69,8 @@ class DecodingRuntime(Protocol):
 
     def decoder(self, name: str) -> LanguageModel: ...
 
+    def open_decoder(self, name: str) -> LanguageModel | None: ...
+
     def decoding_stats(self, name: str) -> dict[str, int]: ...
 
 
@@ -117,7 +119,8 @@ class GenerationService:
         if reason is not None:
             raise BadRequestError(f"cannot generate with {name!r}: {reason}")
         self.registry.require_ready(name)
-        return await run_in_threadpool(_bad_request, lambda: self.runtime.decoder(name))
+        model = self.runtime.open_decoder(name)  # open already: no thread needed
+        return model if model is not None else await run_in_threadpool(_bad_request, lambda: self.runtime.decoder(name))
 
     def stats(self, name: str) -> dict[str, int]:
         """Model ``name``'s decode loop: steps, tokens, sequences in flight and waiting,

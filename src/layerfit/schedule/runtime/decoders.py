@@ -167,6 +167,14 @@ class Decoders:
 
     # --- the loops -----------------------------------------------------------------------
 
+    def current(self, name: str) -> LanguageModel | None:
+        """The loop of model ``name`` if it is open for the version READY now, else None;
+        never blocks (a request's fast path: no lock, no thread)."""
+        model, info = self._open.get(name), self._models.get(name)
+        if model is None or info is None or not info.loaded or model.manifest is not info.manifest:
+            return None
+        return None if model.loop.retired else model
+
     def decoder(self, name: str) -> LanguageModel:
         """The open loop of READY model ``name`` (opened now on its first request, or anew
         for a version loaded since); :class:`~layerfit.errors.ModelNotReadyError` when it

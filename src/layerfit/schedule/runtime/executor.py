@@ -270,6 +270,11 @@ class Runtime:
         its KV caches held in :attr:`ledger`, and retires with its model's version."""
         return self._decoders.decoder(name)
 
+    def open_decoder(self, name: str) -> LanguageModel | None:
+        """:meth:`decoder` if it is open for the version of ``name`` READY now, else None
+        (never blocks: a request's fast path)."""
+        return self._decoders.current(name)
+
     def generate(self, name: str, prompt: list[int] | tuple[int, ...] | str, max_tokens: int = 16,
                  sampling: Sampling | None = None, *, timeout: float | None = None) -> list[int]:
         """The new token ids of ``prompt`` (token ids, or text for the model's tokenizer),
