@@ -130,28 +130,13 @@ class RowBuffer:
 
 
 @dataclass
-class Ledger:
-    """Bytes of edge buffers alive, and the peak over a run."""
-
-    live: int = 0
-    peak: int = 0
-
-    def add(self, nbytes: int) -> None:
-        self.live += nbytes
-        self.peak = max(self.peak, self.live)
-
-    def remove(self, nbytes: int) -> None:
-        self.live -= nbytes
-
-
-@dataclass
 class RunStats:
-    """What one run held and did.
+    """What one run held and did: its ledger of edge buffers.
 
-    ``peak_bytes``: ledger peak of edge buffers; ``buffer_bytes``: bytes allocated per
-    buffered tensor (row buffers at capacity, whole tensors at full size);
-    ``high_water_rows``: most rows each row buffer held; ``node_seconds``: time spent in
-    each node's phases (filled when profiling).
+    ``live_bytes``: bytes of edge buffers alive now; ``peak_bytes``: the most alive at
+    once; ``buffer_bytes``: bytes allocated per buffered tensor (row buffers at capacity,
+    whole tensors at full size); ``high_water_rows``: most rows each row buffer held;
+    ``node_seconds``: time spent in each node's phases (filled when profiling).
     """
 
     peak_bytes: int = 0
@@ -159,6 +144,16 @@ class RunStats:
     high_water_rows: dict[str, int] = field(default_factory=dict)
     node_seconds: dict[str, float] = field(default_factory=dict)
     phases: int = 0
+    live_bytes: int = 0
+
+    def hold(self, name: str, nbytes: int) -> None:
+        """The buffer of tensor ``name`` (``nbytes``) is allocated."""
+        self.buffer_bytes[name] = nbytes
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def free(self, nbytes: int) -> None:
+        self.live_bytes -= nbytes
 
 
 def resolve_parts(cnn: CNN, parts: PartsSpec) -> list[bool]:
@@ -336,7 +331,6 @@ class PartsExecutor:
         state = _Run(self, inputs, out)
         timers = state.execute(n_in, profile)
         stats = state.stats
-        stats.peak_bytes = state.ledger.peak
         stats.phases = len(self.plan.steps)
         stats.node_seconds = {self.node(k).name: t for k, t in timers.items()}
         self.last_stats = stats
@@ -349,7 +343,7 @@ class PartsExecutor:
 
 class _Run:
     """The state of one :meth:`PartsExecutor.run`: every node's whole value or row buffer,
-    the rows it has produced, and the ledger of the bytes its buffers hold.
+    the rows it has produced, and the bytes its buffers hold (``stats``, the ledger).
 
     :meth:`oldest` and the reads in :meth:`execute` are ``phase_reads`` and
     ``release_point`` of :mod:`~layerfit.tradeoff.parts.flow` unrolled over the
@@ -369,7 +363,6 @@ class _Run:
         self.buffers: list[RowBuffer | None] = [None] * count
         self.produced = [0] * count
         self.held = [0] * count  # bytes counted in the ledger for this tensor
-        self.ledger = Ledger()
         self.stats = RunStats()
         self.out = out
         self.out_slot = {o: j for j, o in enumerate(executor.flow.outputs)}
@@ -464,8 +457,7 @@ class _Run:
         self.values[k] = result
         if executor._keeps[k] and isinstance(result, torch.Tensor):
             self.held[k] = result.numel() * result.element_size()
-            self.stats.buffer_bytes[layer.name] = self.held[k]
-            self.ledger.add(self.held[k])
+            self.stats.hold(layer.name, self.held[k])
 
     def _store(self, k: int, first: int, rows: torch.Tensor) -> None:
         """Write output rows of node ``k``: into its result tensor or its row buffer."""
@@ -480,14 +472,13 @@ class _Run:
             buf = RowBuffer(self.executor.plan.buffer_rows[k], rows)
             self.buffers[k] = buf
             self.held[k] = buf.nbytes
-            self.stats.buffer_bytes[self.layers[k].name] = buf.nbytes
-            self.ledger.add(buf.nbytes)
+            self.stats.hold(self.layers[k].name, buf.nbytes)
         buf.skip_to(first)  # rows nobody reads may have been skipped
         buf.write(first, rows)
 
     def _free(self, i: int, buf: RowBuffer | None) -> None:
         """Node ``i``'s tensor was read for the last time: its bytes leave the ledger."""
-        self.ledger.remove(self.held[i])
+        self.stats.free(self.held[i])
         self.held[i] = 0
         if buf is not None:
             self.stats.high_water_rows[self.layers[i].name] = buf.high_water
@@ -520,7 +511,6 @@ def describe_tiling(cnn: CNN) -> list[dict[str, Any]]:
 
 __all__ = [
     "TOLERANCE",
-    "Ledger",
     "PartsExecutor",
     "RowBuffer",
     "RowMap",
