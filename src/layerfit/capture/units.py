@@ -333,39 +333,69 @@ class UnitRecorder:
         """Classify every tensor: ``(units in execution order, resident, unused names)``.
 
         ``written`` maps ``id`` of each tensor the forward pass wrote to how
-        (:attr:`StateGuard.written`): those stay resident. One classification pass
-        (about 105 lines): its rules share the maps of places built at its start, and
-        read in the order they apply.
+        (:attr:`StateGuard.written`): those stay resident. First each module's tensors
+        are sorted into streamed, resident and unused (:meth:`_classify`), then subtrees
+        that let resident tensors stream become one unit (:meth:`_merge_subtrees`), then
+        the streamed modules become units in the order they first ran (:meth:`_units`).
         """
         written = written or {}
-        canonical = self.canonical
+        streamed, resident, rescuable, unused = self._classify(written)
+        merged = self._merge_subtrees(streamed, resident, rescuable)
+        units = self._units(streamed, merged)
+        # A tensor counted unused above may also be bound by a module that does run.
+        used = {r.name for r in resident.values()} | {p.name for u in units for p in u.params}
+        unused = sorted(set(unused) - used)
+        return units, list(resident.values()), unused
+
+    def _spec(self, p: _Place) -> ParamSpec:
+        """How the manifest describes the tensor at ``p`` (named by its first qualified name)."""
+        t = p.tensor
+        return ParamSpec(
+            name=self.canonical[id(t)],
+            attr=p.attr,
+            kind=p.kind,
+            dtype=dtype_name(t.dtype),
+            shape=tuple(t.shape),
+            nbytes=t.numel() * t.element_size(),
+        )
+
+    def _used_outside(self, p: _Place, written: dict[int, str]) -> str | None:
+        """Why the tensor at ``p`` is used while its module is not running (None if it is not):
+        the forward pass writes it, an op outside reads it, or a view of it escapes."""
+        if id(p.tensor) in written:
+            return f"the forward pass writes it ({written[id(p.tensor)]})"
+        if id(p.tensor) in self.outside:
+            return f"read outside its module's forward (by {self.outside[id(p.tensor)]})"
+        if id(p.tensor) in self.escaped:
+            return "a view of it leaves its module's forward"
+        return None
+
+    def _module_reason(self, st: _CallStats) -> str | None:
+        """Why every tensor a module owns stays resident (None if nothing about the module
+        keeps them): it never runs, it has owning children, or it runs several times."""
+        reason = "its module never runs" if st.calls == 0 else None
+        if st.children_owning:
+            reason = "owned by a module whose children also own tensors"
+        elif st.calls > 1:
+            reason = f"module runs {st.calls} times per forward pass"
+        return reason
+
+    def _classify(
+        self, written: dict[int, str]
+    ) -> tuple[dict[str, list[_Place]], dict[int, ResidentTensor], dict[int, _Place], list[str]]:
+        """Each module's tensors sorted: ``(streamed places by module, resident tensors by
+        id, rescuable places by id, unused names)``.
+
+        A tensor stays resident if several modules bind it, if it is used while its module
+        is not running (:meth:`_used_outside`), or for its module (:meth:`_module_reason`);
+        resident only for where it is used, it is *rescuable* (:meth:`_merge_subtrees` may
+        still stream it). A module that never runs has its tensors unused unless an op reads
+        them outside, which keeps them resident.
+        """
         places_of: dict[int, list[_Place]] = defaultdict(list)
         for st in self.stats.values():
             for place in st.places:
                 places_of[id(place.tensor)].append(place)
-
-        def place_str(p: _Place) -> str:
-            return f"{p.module}.{p.attr}" if p.module else p.attr
-
-        def spec(p: _Place) -> ParamSpec:
-            t = p.tensor
-            return ParamSpec(
-                name=canonical[id(t)],
-                attr=p.attr,
-                kind=p.kind,
-                dtype=dtype_name(t.dtype),
-                shape=tuple(t.shape),
-                nbytes=t.numel() * t.element_size(),
-            )
-
-        def used_outside(p: _Place) -> str | None:
-            if id(p.tensor) in written:
-                return f"the forward pass writes it ({written[id(p.tensor)]})"
-            if id(p.tensor) in self.outside:
-                return f"read outside its module's forward (by {self.outside[id(p.tensor)]})"
-            if id(p.tensor) in self.escaped:
-                return "a view of it leaves its module's forward"
-            return None
 
         def needed(q: _Place) -> bool:
             return self.stats[q.module].calls > 0 or id(q.tensor) in self.outside
@@ -377,46 +407,37 @@ class UnitRecorder:
         for name, st in self.stats.items():
             if not st.places:
                 continue
-            reason = None
             if st.calls == 0:
-                unused.extend(canonical[id(p.tensor)] for p in st.places if id(p.tensor) not in self.outside)
+                unused.extend(self.canonical[id(p.tensor)] for p in st.places if id(p.tensor) not in self.outside)
                 if not any(id(p.tensor) in self.outside for p in st.places):
                     continue
-                reason = "its module never runs"
-            if st.children_owning:
-                reason = "owned by a module whose children also own tensors"
-            elif st.calls > 1:
-                reason = f"module runs {st.calls} times per forward pass"
+            reason = self._module_reason(st)
             keep: list[_Place] = []
             for p in st.places:
                 if st.calls == 0 and id(p.tensor) not in self.outside:
                     continue  # unused
                 shared = len({pl.module for pl in places_of[id(p.tensor)]}) > 1
-                why = "shared by several modules" if shared else used_outside(p) or reason
+                why = "shared by several modules" if shared else self._used_outside(p, written) or reason
                 if why is None:
                     keep.append(p)
                 elif id(p.tensor) not in resident:
                     if not shared and id(p.tensor) not in written:
                         rescuable[id(p.tensor)] = p
-                    s = spec(p)
-                    resident[id(p.tensor)] = ResidentTensor(
-                        name=s.name,
-                        kind=s.kind,
-                        dtype=s.dtype,
-                        shape=s.shape,
-                        nbytes=s.nbytes,
-                        places=tuple(place_str(q) for q in places_of[id(p.tensor)] if needed(q)),
-                        reason=why,
-                    )
+                    places = tuple(_place_name(q) for q in places_of[id(p.tensor)] if needed(q))
+                    resident[id(p.tensor)] = _resident(self._spec(p), places, why)
             if keep:
                 streamed[name] = keep
-        merged = self._merge_subtrees(streamed, resident, rescuable)
+        return streamed, resident, rescuable, unused
+
+    def _units(self, streamed: dict[str, list[_Place]], merged: set[str]) -> list[UnitInfo]:
+        """The streamed modules as units, in the order they first ran; a merged subtree's
+        unit binds each tensor at its path below the unit and counts the subtree's MACs."""
         units: list[UnitInfo] = []
         for index, name in enumerate(sorted(streamed, key=lambda n: self.stats[n].first_call)):
             st = self.stats[name]
             specs = []
             for p in streamed[name]:
-                s = spec(p)
+                s = self._spec(p)
                 if p.module != name:  # a merged subtree's tensor, bound at its path below the unit
                     s = replace(s, attr=p.module[len(name) + 1 if name else 0 :] + "." + p.attr)
                 specs.append(s)
@@ -435,10 +456,7 @@ class UnitRecorder:
                     output_shapes=st.output_shapes,
                 )
             )
-        # A tensor counted unused above may also be bound by a module that does run.
-        used = {r.name for r in resident.values()} | {p.name for u in units for p in u.params}
-        unused = sorted(set(unused) - used)
-        return units, list(resident.values()), unused
+        return units
 
     def _subtree(self, root: str) -> list[str]:
         """``root`` and every module below it, by qualified name."""
@@ -530,3 +548,15 @@ def _named_state(model: nn.Module):
                 continue
             seen.add(id(tensor))
             yield (f"{name}.{attr}" if name else attr), tensor
+
+
+def _place_name(p: _Place) -> str:
+    """``module.attr`` (just ``attr`` on the root module)."""
+    return f"{p.module}.{p.attr}" if p.module else p.attr
+
+
+def _resident(s: ParamSpec, places: tuple[str, ...], reason: str) -> ResidentTensor:
+    """The manifest's entry for a resident tensor described by ``s``, bound at ``places``."""
+    return ResidentTensor(
+        name=s.name, kind=s.kind, dtype=s.dtype, shape=s.shape, nbytes=s.nbytes, places=places, reason=reason,
+    )
