@@ -30,6 +30,11 @@ so an idle model holds no more than its stream's buffers while other work uses t
 budget. The engine is reconfigured on the loop's thread between steps, never under the
 ledger's lock.
 
+**Retiring.** The runtime owns the loops (:mod:`layerfit.schedule.runtime.decoders`): when
+a model is unloaded or replaced its loop is :meth:`~DecodeLoop.retire`-d — it takes no new
+sequence, decodes the ones it has to their end, then returns its memory and closes its
+engine on its own thread; :meth:`~DecodeLoop.close` ends every sequence at once.
+
 **One sequence's failure is its own.** A sequence whose prompt holds an id outside the
 vocabulary is refused at :meth:`~DecodeLoop.submit`, before it can join a batch. If a
 batched pass still fails, each of its sequences is run alone for that step: the ones
