@@ -257,25 +257,9 @@ class PartsExecutor:
         self._build_tables()
 
     def _build_tables(self) -> None:
-        """Per node, what a phase reads and who releases what: phase_reads and
-        release_point unrolled so the per-phase bookkeeping stays cheap."""
-        by_parts = self.plan.by_parts
+        """Per node, its inputs and whether the executor holds its tensor in a buffer (what
+        a phase reads and who releases what are the plan's own tables)."""
         nodes = self.flow.nodes
-        # reads[k]: (input, code, extent, stride, pad, in_rows); code 1 window, 2 whole value
-        self._reads: list[list[tuple[int, int, int, int, int, int]]] = []
-        for node in nodes:
-            reads = []
-            for i, m in zip(node.inputs, node.maps, strict=True):
-                code = 2 if (m.kind == "broadcast" or nodes[i].rows == 1) else 1
-                reads.append((i, code, m.extent, m.stride, m.pad_top, m.in_rows))
-            self._reads.append(reads)
-        # releasers[i]: (consumer, by parts?, stride, pad, in_rows, first reading row)
-        self._releasers: list[list[tuple[int, bool, int, int, int, int]]] = [[] for _ in nodes]
-        for c, node in enumerate(nodes):
-            for i, m in zip(node.inputs, node.maps, strict=True):
-                window = by_parts[c] and m.kind == "window"
-                skip = -(-(m.pad_top - m.extent + 1) // m.stride)
-                self._releasers[i].append((c, window, m.stride, m.pad_top, m.in_rows, skip))
         self._unique_inputs = [tuple(dict.fromkeys(node.inputs)) for node in nodes]
         self._keeps = [
             not self._external(k) and not self._is_output[k] and bool(self._consumers[k]) for k in range(len(nodes))
@@ -356,7 +340,7 @@ class _Run:
         count = len(nodes)
         self.flow_nodes = nodes
         self.rows = [node.rows for node in nodes]
-        self.releasers = executor._releasers
+        self.readers = executor.plan.readers
         self.layers = [executor.node(k) for k in range(count)]
         self.kernels = [executor.runner.kernels[t] for t in executor.members]
         self.values: list[Any] = [None] * count  # whole values (inputs, whole outputs, results)
@@ -380,7 +364,7 @@ class _Run:
         executor = self.executor
         plan = executor.plan
         by_parts, last_read = plan.by_parts, plan.last_read
-        is_output, reads_of, unique_inputs = executor._is_output, executor._reads, executor._unique_inputs
+        is_output, reads_of, unique_inputs = executor._is_output, plan.slots, executor._unique_inputs
         values, buffers, produced, held = self.values, self.buffers, self.produced, self.held
         rows_of, oldest, store, whole = self.rows_of, self.oldest, self._store, self._whole
         stripes = [kernel.stripe for kernel in self.kernels]
@@ -393,8 +377,8 @@ class _Run:
                 whole(k)
             elif is_output[k] or b >= oldest(k):
                 args = []
-                for i, code, extent, stride, pad, in_rows in reads_of[k]:
-                    if code == 2:
+                for i, code, extent, stride, pad, in_rows, _ in reads_of[k]:
+                    if code != 1:  # a broadcast row (a by-parts layer reads no input whole)
                         args.append(values[i] if buffers[i] is None else rows_of(i, 0, 0))
                         continue
                     lo = a * stride - pad
@@ -430,11 +414,11 @@ class _Run:
         the next rows are gaps no consumer reads; very large when all are done)."""
         produced, rows = self.produced, self.rows
         low = 1 << 62
-        for c, window, stride, pad, _, skip in self.releasers[i]:
+        for c, (_, code, _, stride, pad, _, skip) in self.readers[i]:
             pc = produced[c]
             if pc >= rows[c]:
                 continue  # done: reads nothing more
-            if not window:
+            if code != 1:  # read whole (or a broadcast row): everything until done
                 return 0
             row = (pc if pc > skip else skip) * stride - pad
             if row < low:

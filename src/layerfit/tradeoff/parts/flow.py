@@ -99,6 +99,11 @@ class FlowGraph:
         return result
 
 
+# Per input slot of a node: (input, code, extent, stride, pad_top, in_rows, first reading
+# row); code 1 = read a window by parts, 0 = read every row at once, 2 = broadcast row 0.
+Slot = tuple[int, int, int, int, int, int, int]
+
+
 @dataclass(frozen=True)
 class RowPlan:
     """The schedule and minimum buffers of one partition under one choice of by-parts layers.
@@ -108,7 +113,8 @@ class RowPlan:
     holding node ``n``'s tensor for the consumers inside the partition (0 when none);
     ``edge_rows[(n, c)]`` the same for the single edge from ``n`` to consumer ``c``.
     ``first_step``/``last_step`` bound the phases of each node and ``last_read`` is the
-    last step at which a consumer reads its tensor (-1 when none does).
+    last step at which a consumer reads its tensor (-1 when none does). ``slots`` and
+    ``readers`` are the simulation's tables of reads, which the executor runs on too.
     """
 
     graph: FlowGraph
@@ -121,6 +127,9 @@ class RowPlan:
     last_step: tuple[int, ...] = field(repr=False)
     last_read: tuple[int, ...] = field(repr=False)
     phase_counts: tuple[int, ...] = field(repr=False, default=())
+    # what each node's phase reads (:data:`Slot` per input) and who reads each node
+    slots: tuple[tuple[Slot, ...], ...] = field(repr=False, default=())
+    readers: tuple[tuple[tuple[int, Slot], ...], ...] = field(repr=False, default=())
 
     @property
     def phases(self) -> tuple[int, ...]:
@@ -216,9 +225,6 @@ def plan_rows(graph: FlowGraph, parts: Sequence[bool], phase_rows: int = 1) -> R
     return simulation.plan(consumers)
 
 
-# Per input slot of a node: (input, code, extent, stride, pad_top, in_rows, first reading
-# row); code 1 = read a window by parts, 0 = read every row at once, 2 = broadcast row 0.
-_Slot = tuple[int, int, int, int, int, int, int]
 
 
 class _Simulation:
@@ -245,7 +251,7 @@ class _Simulation:
         self.last_step = [-1] * count
         self.last_read = [-1] * count
         self.steps: list[tuple[int, int, int]] = []
-        self.slots: list[list[_Slot]] = []
+        self.slots: list[list[Slot]] = []
         for n, node in enumerate(nodes):
             info = []
             for i, m in zip(node.inputs, node.maps, strict=True):
@@ -253,7 +259,7 @@ class _Simulation:
                 skip = -(-(m.pad_top - m.extent + 1) // m.stride)
                 info.append((i, code, m.extent, m.stride, m.pad_top, m.in_rows, skip))
             self.slots.append(info)
-        self.readers: list[list[tuple[int, _Slot]]] = [[] for _ in nodes]
+        self.readers: list[list[tuple[int, Slot]]] = [[] for _ in nodes]
         for c in range(count):
             for info in self.slots[c]:
                 self.readers[info[0]].append((c, info))
@@ -341,6 +347,8 @@ class _Simulation:
             last_step=tuple(self.last_step),
             last_read=tuple(self.last_read),
             phase_counts=tuple(self.next_phase),
+            slots=tuple(tuple(s) for s in self.slots),
+            readers=tuple(tuple(r) for r in self.readers),
         )
 
 
