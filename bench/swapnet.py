@@ -41,6 +41,7 @@ import statistics
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -220,64 +221,114 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(result, default=str))
 
 
+def run_concurrently(
+    calls: list[Any], repeats: int, warmup: int, after_each: Any = None
+) -> tuple[list[list[float]], list[Any]]:
+    """Call each of ``calls`` ``warmup + repeats`` times, all at once, one thread each.
+
+    The threads warm up, meet at a barrier and then time each call: returns every
+    thread's latencies and last output. ``after_each(i)`` runs after each timed call of
+    thread ``i`` (outside the timing). A thread's error is raised here, after the others
+    stop.
+    """
+    import torch
+
+    latencies: list[list[float]] = [[] for _ in calls]
+    outputs: list[Any] = [None] * len(calls)
+    barrier = threading.Barrier(len(calls))
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            with torch.no_grad():  # grad mode is per thread
+                for _ in range(warmup):
+                    calls[i]()
+                barrier.wait()
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    outputs[i] = calls[i]()
+                    latencies[i].append(time.perf_counter() - t0)
+                    if after_each is not None:
+                        after_each(i)
+        except BaseException as exc:  # re-raised in the caller's thread
+            barrier.abort()
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,), name=f"swapnet-bench-{i}") for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
+    if real or errors:
+        raise (real or errors)[0]
+    return latencies, outputs
+
+
 def child_scenario(args: argparse.Namespace) -> dict[str, Any]:
     from layerfit.engine import output_digest
-    from layerfit.store import example_input
+    from layerfit.store import example_input, read_manifest
 
     dirs = [Path(d) for d in args.dirs.split(",")]
     for d in dirs:
-        from layerfit.store import read_manifest
-
         _drop_page_cache(d / read_manifest(d).weights_file)
     fp = Footprint()
     if args.config == "scenario-dinf":
         loaded = [load_direct(d) for d in dirs]
-        models = [(mdl, (example_input(m.input_shape, m.input_dtype, m.seed),)) for mdl, m, _ in loaded]
+        calls = [partial(mdl, example_input(m.input_shape, m.input_dtype, m.seed)) for mdl, m, _ in loaded]
         names = [m.model["name"] for _, m, _ in loaded]
-        latencies: list[list[float]] = [[] for _ in models]
-        outs: list[Any] = [None] * len(models)
-        barrier = threading.Barrier(len(models))
-
-        def work(i: int) -> None:
-            model, x = models[i]
-            import torch
-
-            with torch.no_grad():
-                model(*x)
-                barrier.wait()
-                for _ in range(args.repeats):
-                    t0 = time.perf_counter()
-                    outs[i] = model(*x)
-                    latencies[i].append(time.perf_counter() - t0)
-
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(models))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        latencies, outs = run_concurrently(calls, args.repeats, 1)
         rows = [{"name": n, "latency_s": statistics.median(lat), "latencies_s": lat,
                  "output_sha256": output_digest(o)} for n, lat, o in zip(names, latencies, outs, strict=True)]
         return {"config": args.config, "models": rows, **fp.report()}
-    from layerfit.tradeoff.swapnet.multi import ModelTask, MultiRunner
+    return {"config": args.config, **scenario_swapnet(dirs, float(args.fraction), args), **fp.report()}
+
+
+def scenario_swapnet(dirs: list[Path], fraction: float, args: argparse.Namespace) -> dict[str, Any]:
+    """The models within ``fraction`` of their demand, split by Eq. 1, run concurrently as SwapNet."""
+    import contextlib
+
+    from layerfit.engine import output_digest
+    from layerfit.store import example_call
+    from layerfit.tradeoff.swapnet.budget_split import (
+        model_names,
+        performance_score,
+        split_between_models,
+    )
+    from layerfit.tradeoff.swapnet.model import SwapNet
     from layerfit.tradeoff.swapnet.partition import SwapNetPlan
     from layerfit.tradeoff.swapnet.profile import load_profile
 
     prof = load_profile(args.profile)
     plans = [SwapNetPlan.build(d, prof) for d in dirs]
     demand = sum(p.demand for p in plans)
-    total = int(float(args.fraction) * demand)
-    with MultiRunner([ModelTask(d) for d in dirs], total, plans=plans) as runner:
-        allocation = runner.allocation()
-        runs = runner.run(iterations=args.repeats, warmup=1)
-    rows = []
-    for run, alloc in zip(runs, allocation, strict=True):
-        row = run.to_dict()
-        row.update({"demand_bytes": alloc["demand_bytes"], "minimum_budget_bytes": alloc["minimum_budget_bytes"],
-                    "performance_score": alloc["performance_score"], "predicted_s": alloc["predicted_s"],
-                    "output_sha256": output_digest(run.output)})
-        rows.append(row)
-    return {"config": args.config, "total_budget_bytes": total, "total_demand_bytes": demand,
-            "models": rows, **fp.report()}
+    total = int(fraction * demand)
+    budgets = split_between_models(total, plans)
+    with contextlib.ExitStack() as stack:
+        models = [stack.enter_context(SwapNet(p.directory, b, plan=p)) for p, b in zip(plans, budgets, strict=True)]
+        weights_peak, accounted_peak = [0] * len(models), [0] * len(models)
+
+        def peaks(i: int) -> None:
+            weights_peak[i] = max(weights_peak[i], models[i].engine.last_weights_peak)
+            accounted_peak[i] = max(accounted_peak[i], models[i].accounted_peak_bytes)
+
+        calls = []
+        for model, plan in zip(models, plans, strict=True):
+            x, kwargs = example_call(plan.manifest)
+            calls.append(partial(model, *x, **kwargs))
+        latencies, outputs = run_concurrently(calls, args.repeats, 1, after_each=peaks)
+        rows = []
+        for i, (name, model, plan) in enumerate(zip(model_names(plans), models, plans, strict=True)):
+            d = model.decision
+            rows.append({
+                "name": name, "budget_bytes": d.budget, "blocks": d.choice.blocks, "points": list(d.points),
+                "latency_s": statistics.median(latencies[i]), "latencies_s": latencies[i],
+                "weights_peak_bytes": weights_peak[i], "accounted_peak_bytes": accounted_peak[i],
+                "demand_bytes": plan.demand, "minimum_budget_bytes": plan.minimum_budget,
+                "performance_score": performance_score(plan.costs.direct_s, plan.demand),
+                "predicted_s": d.choice.predicted_s, "output_sha256": output_digest(outputs[i]),
+            })
+    return {"total_budget_bytes": total, "total_demand_bytes": demand, "models": rows}
 
 
 def child_adapt(args: argparse.Namespace) -> dict[str, Any]:

@@ -7,6 +7,7 @@ the budget counts it (weights ledger + reserve).
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,8 @@ import torch
 from layerfit.cli import main
 from layerfit.errors import BudgetError, LayerfitError, PartitionError, ProfileError, ProfileWarning
 from layerfit.store import ModelSpec, example_input, prepare
-from layerfit.tradeoff.swapnet.model import SwapNet
-from layerfit.tradeoff.swapnet.multi import ModelTask, MultiRunner
+from layerfit.tradeoff.swapnet.budget_split import model_names, split_between_models
+from layerfit.tradeoff.swapnet.model import SwapNet, set_budgets
 from layerfit.tradeoff.swapnet.partition import SwapNetPlan
 from layerfit.tradeoff.swapnet.profile import (
     device_fingerprint,
@@ -206,52 +207,70 @@ def test_adaptation_respects_the_budget_before_and_after(chain: Path, profile):
 # --- several models ----------------------------------------------------------------------
 
 
-def test_multi_runs_models_concurrently_within_the_split(chain: Path, tiny: Path, profile):
+def run_concurrently(calls) -> list:
+    """Each call once, all at once, one thread each; their outputs (a thread's error raised here)."""
+    outputs, errors = [None] * len(calls), []
+    barrier = threading.Barrier(len(calls))
+
+    def work(i: int) -> None:
+        try:
+            barrier.wait()
+            outputs[i] = calls[i]()
+        except BaseException as exc:
+            barrier.abort()
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return outputs
+
+
+def test_several_models_run_concurrently_within_the_eq1_split(chain: Path, tiny: Path, profile):
     (xc, yc), (xt, yt) = chain_reference(), tiny_reference()
-    tasks = [ModelTask(chain, urgency=2.0), ModelTask(tiny, cpus=(0,))]
-    plans = [SwapNetPlan.build(t.directory, profile) for t in tasks]
+    plans = [SwapNetPlan.build(chain, profile), SwapNetPlan.build(tiny, profile)]
+    urgencies = [2.0, 1.0]
     total = sum(p.minimum_budget for p in plans) + 3 * 4096
-    with MultiRunner(tasks, total, profile=profile) as runner:
-        assert sum(runner.budgets) == total
-        for budget, plan in zip(runner.budgets, plans, strict=True):
-            assert plan.minimum_budget <= budget <= plan.demand
-        runs = runner.run(iterations=2, warmup=0, inputs=[(xc,), (xt,)])
-        assert torch.equal(runs[0].output, yc) and torch.equal(runs[1].output, yt)
-        for run in runs:
-            assert len(run.latencies_s) == 2 and run.accounted_peak_bytes <= run.budget
+    budgets = split_between_models(total, plans, urgencies)
+    assert sum(budgets) == total
+    for budget, plan in zip(budgets, plans, strict=True):
+        assert plan.minimum_budget <= budget <= plan.demand
+    assert split_between_models(None, plans) == [p.demand for p in plans]
+    with SwapNet(chain, budgets[0], plan=plans[0]) as c, SwapNet(tiny, budgets[1], plan=plans[1]) as t:
+        for _ in range(2):
+            yc2, yt2 = run_concurrently([lambda: c(xc), lambda: t(xt)])
+            assert torch.equal(yc2, yc) and torch.equal(yt2, yt)
+            assert c.accounted_peak_bytes <= budgets[0] and t.accounted_peak_bytes <= budgets[1]
         # a larger total: demands that fit are given in full
-        runner.set_total_budget(sum(p.demand for p in plans))
-        assert runner.budgets == [p.demand for p in plans]
-        runs = runner.run(iterations=1, warmup=0, inputs=[(xc,), (xt,)])
-        assert torch.equal(runs[0].output, yc) and torch.equal(runs[1].output, yt)
-        # a total below the minimums is refused and nothing changes
-        with pytest.raises(BudgetError):
-            runner.set_total_budget(total // 2)
-        assert runner.budgets == [p.demand for p in plans]
+        budgets = split_between_models(sum(p.demand for p in plans), plans, urgencies)
+        assert budgets == [p.demand for p in plans]
+        set_budgets([c, t], budgets)
+        assert [c.budget, t.budget] == budgets
+        yc2, yt2 = run_concurrently([lambda: c(xc), lambda: t(xt)])
+        assert torch.equal(yc2, yc) and torch.equal(yt2, yt)
+        # a total below the minimums is refused; budgets one model cannot run within
+        # leave every model as it was
+        with pytest.raises(BudgetError, match="below the sum of the models' minimum budgets"):
+            split_between_models(total // 2, plans, urgencies)
+        decisions = [c.decision, t.decision]
+        with pytest.raises(PartitionError):
+            set_budgets([c, t], [plans[0].minimum_budget, plans[1].minimum_budget - 1])
+        assert [c.decision, t.decision] == decisions
 
 
-def test_multi_refuses_bad_tasks_and_runs_before_touching_a_model(chain: Path, tiny: Path, profile):
-    for bad in ({"urgency": 0}, {"urgency": -1.0}, {"urgency": float("nan")}, {"urgency": "high"}):
+def test_the_split_refuses_bad_urgencies_and_names_replicas(chain: Path, tiny: Path, profile):
+    plans = [SwapNetPlan.build(chain, profile), SwapNetPlan.build(tiny, profile)]
+    total = sum(p.minimum_budget for p in plans)
+    for bad in (0, -1.0, float("nan"), "high"):
         with pytest.raises(LayerfitError, match="urgency .* finite number above 0"):
-            ModelTask(chain, **bad)
-    for cpus in ((), (10_000,), (-1,), ("0",)):
-        with pytest.raises(LayerfitError, match="cpus .* CPUs this process may use"):
-            ModelTask(chain, cpus=cpus)
-    (xc, yc), (xt, yt) = chain_reference(), tiny_reference()
-    runner = MultiRunner([ModelTask(chain), ModelTask(tiny)], None, profile=profile)
-    with runner:
-        for kwargs, message in (
-            ({"iterations": 0}, "iterations must be at least 1"),
-            ({"warmup": -1}, "warmup at least 0"),
-            ({"inputs": [(xc,)]}, "1 inputs for 2 models"),
-        ):
-            with pytest.raises(LayerfitError, match=message):
-                runner.run(**kwargs)
-        # a bare tensor is the model's one input, not a tuple of its rows
-        runs = runner.run(iterations=1, warmup=0, inputs=[xc, xt])
-        assert torch.equal(runs[0].output, yc) and torch.equal(runs[1].output, yt)
-    with pytest.raises(LayerfitError, match="closed"):
-        runner.run()
+            split_between_models(total, plans, [1.0, bad])
+    with pytest.raises(LayerfitError, match="1 urgencies for 2 models"):
+        split_between_models(total, plans, [1.0])
+    assert model_names([plans[0], plans[1], plans[0]]) == [f"{plans[0].name}#1", plans[1].name, f"{plans[0].name}#2"]
 
 
 # --- command line ------------------------------------------------------------------------
@@ -333,8 +352,10 @@ def test_malformed_profile_names_the_file_and_field(chain: Path, profile_file: P
 
 def test_a_model_prepared_from_keyword_arguments_is_profiled_partitioned_and_run(chain: Path, tmp_path: Path):
     # Whisper's forward takes features and decoder ids: profiling, the partition's measured
-    # latency and the multi-model runner call it with the keywords it was prepared from.
+    # latency and a SwapNet run beside another model call it with the keywords it was
+    # prepared from.
     from layerfit.engine import flat_outputs
+    from layerfit.store import example_call
     from layerfit.tradeoff.swapnet.model import partition_report
 
     example = {"input_features": example_input((1, 8, 32), seed=6), "decoder_input_ids": torch.tensor([[0, 5, 7]])}
@@ -348,15 +369,16 @@ def test_a_model_prepared_from_keyword_arguments_is_profiled_partitioned_and_run
         model = tinymodels.tiny_whisper()
         expected = [flat_outputs(model(**call)) for call in (dict(example), manifest_call(manifest))]
     (xc, yc) = chain_reference()
-    tasks = [ModelTask(tmp_path / "whisper"), ModelTask(chain)]
-    with MultiRunner(tasks, plan.minimum_budget + SwapNetPlan.build(chain, profile).minimum_budget,
-                     profile=profile) as runner:
-        runs = runner.run(iterations=1, warmup=0, inputs=[example, (xc,)])  # a dict: keyword arguments
-        assert all(torch.equal(a, b) for a, b in zip(flat_outputs(runs[0].output), expected[0], strict=True))
-        assert torch.equal(runs[1].output, yc)
-        runs = runner.run(iterations=1, warmup=0)  # by default, each model's example call
-        assert all(torch.equal(a, b) for a, b in zip(flat_outputs(runs[0].output), expected[1], strict=True))
-        assert all(run.accounted_peak_bytes <= run.budget for run in runs)
+    chain_plan = SwapNetPlan.build(chain, profile)
+    budgets = split_between_models(plan.minimum_budget + chain_plan.minimum_budget, [plan, chain_plan])
+    with SwapNet(tmp_path / "whisper", budgets[0], plan=plan) as w, SwapNet(chain, budgets[1], plan=chain_plan) as c:
+        out, yc2 = run_concurrently([lambda: w(**example), lambda: c(xc)])  # keyword arguments
+        assert all(torch.equal(a, b) for a, b in zip(flat_outputs(out), expected[0], strict=True))
+        assert torch.equal(yc2, yc)
+        args, kwargs = example_call(plan.manifest)  # the keyword arguments it was prepared from
+        out = w(*args, **kwargs)
+        assert all(torch.equal(a, b) for a, b in zip(flat_outputs(out), expected[1], strict=True))
+        assert w.accounted_peak_bytes <= budgets[0] and c.accounted_peak_bytes <= budgets[1]
 
 
 def manifest_call(manifest) -> dict[str, torch.Tensor]:

@@ -7,19 +7,27 @@
   reserve, the exact dynamic program and the lookup tables (:class:`SwapNetPlan`).
 * :mod:`.model` - a prepared model run by block swapping, re-partitioned without
   reloading when its budget changes (:class:`SwapNet`).
-* :mod:`.budget_split` - one memory budget split between several models (Eq. 1).
-* :mod:`.multi` - several models running concurrently within one total budget
-  (:class:`MultiRunner`).
+* :mod:`.budget_split` - one memory budget split between several models (Eq. 1,
+  :func:`split_between_models`); each runs as a :class:`SwapNet` within its share and
+  :func:`set_budgets` re-partitions them together when the total changes. Running them
+  concurrently and timing them is the paper's evaluation (``bench/swapnet.py``), not a
+  second runtime: :class:`layerfit.Runtime` is the one that serves several models
+  within one budget (its scheduler shares the budget task by task, not by a fixed split).
 """
 
-from layerfit.tradeoff.swapnet.budget_split import equation_1, performance_score, split_budget
+from layerfit.tradeoff.swapnet.budget_split import (
+    equation_1,
+    performance_score,
+    split_between_models,
+    split_budget,
+)
 from layerfit.tradeoff.swapnet.model import (
     Adaptation,
     SwapNet,
     partition_report,
+    set_budgets,
     swapnet_engine_config,
 )
-from layerfit.tradeoff.swapnet.multi import ModelRun, ModelTask, MultiRunner
 from layerfit.tradeoff.swapnet.partition import Decision, SwapNetPlan, optimal_partition
 from layerfit.tradeoff.swapnet.profile import (
     DeviceProfile,
@@ -34,9 +42,6 @@ __all__ = [
     "Adaptation",
     "Decision",
     "DeviceProfile",
-    "ModelRun",
-    "ModelTask",
-    "MultiRunner",
     "SwapNet",
     "SwapNetPlan",
     "equation_1",
@@ -48,6 +53,8 @@ __all__ = [
     "performance_score",
     "profile_for",
     "profile_models",
+    "set_budgets",
+    "split_between_models",
     "split_budget",
     "swapnet_engine_config",
 ]

@@ -15,14 +15,25 @@ applies ``t = M`` and this is Eq. 1 exactly; otherwise what a clamped model does
 take, or must be given, is shared by the others in Eq. 1's proportions.
 
 Allocations are whole bytes and sum to exactly ``M`` whenever demand exceeds it.
+
+:func:`split_between_models` applies this to prepared models' SwapNet plans (demand,
+minimum budget, predicted direct latency, an urgency each); each model then runs as a
+:class:`~layerfit.tradeoff.swapnet.model.SwapNet` within its share, and
+:func:`~layerfit.tradeoff.swapnet.model.set_budgets` re-partitions them all when the
+total changes.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from layerfit.errors import BudgetError
+from layerfit.errors import BudgetError, LayerfitError
 from layerfit.sizes import format_bytes
+
+if TYPE_CHECKING:
+    from layerfit.tradeoff.swapnet.partition import SwapNetPlan
 
 
 def performance_score(latency_s: float, memory_bytes: int, urgency: float = 1.0) -> float:
@@ -95,3 +106,46 @@ def split_budget(
         alloc[i] += step
         rest -= step
     return alloc
+
+
+def model_names(plans: Sequence[SwapNetPlan]) -> list[str]:
+    """Each plan's model name; replicas of one model are told apart as ``name#1``, ``name#2``."""
+    names = [p.name for p in plans]
+    seen: dict[str, int] = {}
+    out = []
+    for nm in names:
+        seen[nm] = seen.get(nm, 0) + 1
+        out.append(nm if names.count(nm) == 1 else f"{nm}#{seen[nm]}")
+    return out
+
+
+def check_urgency(urgency: Any, model: object) -> float:
+    """``urgency`` as a float, if it is a finite number above zero; else LayerfitError
+    naming ``model``."""
+    try:
+        value = float(urgency)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise LayerfitError(f"urgency of {model} must be a finite number above 0, got {urgency!r}")
+    return value
+
+
+def split_between_models(
+    total: int | None, plans: Sequence[SwapNetPlan], urgencies: Sequence[float] | None = None
+) -> list[int]:
+    """Each model's budget out of ``total`` bytes by Eq. 1 (its demand when ``total`` is None).
+
+    ``urgencies`` (default 1 each) scale each model's performance score
+    ``u * predicted direct latency / demand``; a total below the sum of the models'
+    minimum budgets raises :class:`~layerfit.errors.BudgetError` naming each.
+    """
+    urgencies = [1.0] * len(plans) if urgencies is None else list(urgencies)
+    if len(urgencies) != len(plans):
+        raise LayerfitError(f"{len(urgencies)} urgencies for {len(plans)} models")
+    urgencies = [check_urgency(u, p.directory) for u, p in zip(urgencies, plans, strict=True)]
+    demands = [p.demand for p in plans]
+    if total is None:
+        return demands
+    scores = [performance_score(p.costs.direct_s, p.demand, u) for p, u in zip(plans, urgencies, strict=True)]
+    return split_budget(total, demands, scores, [p.minimum_budget for p in plans], model_names(plans))

@@ -17,12 +17,14 @@ partition keeps running.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from layerfit.engine import Engine, load
 from layerfit.engine.config import EngineConfig
+from layerfit.errors import LayerfitError
 from layerfit.tradeoff.swapnet.partition import Decision, SwapNetPlan
 from layerfit.tradeoff.swapnet.profile import DeviceProfile, profile_for
 
@@ -112,6 +114,19 @@ class SwapNet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def set_budgets(models: Sequence[SwapNet], budgets: Sequence[int | str]) -> list[Adaptation]:
+    """Re-partition several models for new budgets (between inferences), all or none.
+
+    Every model's new decision is checked before any engine changes, so budgets that
+    one model cannot run within leave every model as it was (PartitionError).
+    """
+    if len(budgets) != len(models):
+        raise LayerfitError(f"{len(budgets)} budgets for {len(models)} models")
+    for model, budget in zip(models, budgets, strict=True):
+        model.plan.choose(budget)  # raises before any model is touched
+    return [model.set_budget(budget) for model, budget in zip(models, budgets, strict=True)]
 
 
 def swapnet_engine_config(
