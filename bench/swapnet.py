@@ -378,8 +378,9 @@ def prepare_model(name: str, resolution: int) -> Path:
     return prepared_zoo_model(name, resolution, CACHE)
 
 
-def _child(config: str, repeats: int, **kw: str) -> dict[str, Any]:
-    args = ["--config", config, "--repeats", str(repeats), "--profile", str(PROFILE)]
+def _child(config: str, options: argparse.Namespace, **kw: str) -> dict[str, Any]:
+    """Run one configuration in its own child, with the run's repeats and profile file."""
+    args = ["--config", config, "--repeats", str(options.repeats), "--profile", str(options.profile)]
     for k, v in kw.items():
         args += [f"--{k}", str(v)]
     t0 = time.perf_counter()
@@ -421,7 +422,7 @@ def main() -> None:
         dirs[name] = prepare_model(name, args.resolution or RESOLUTION[name])
         print(f"prepared {name}: {time.perf_counter() - t0:.0f}s", flush=True)
     print("profile", flush=True)
-    profile = _child("profile", args.repeats, dirs=",".join(str(d) for d in dirs.values()))
+    profile = _child("profile", args, dirs=",".join(str(d) for d in dirs.values()))
     if "error" in profile:
         raise SystemExit(f"profiling failed: {profile['error']}")
 
@@ -434,15 +435,15 @@ def main() -> None:
         row: dict[str, Any] = {"model": name, "resolution": read_manifest(dirs[name]).input_shape[-1],
                                "weights_bytes": size, "configs": {}}
         for config in ("dinf", "preload"):
-            row["configs"][config] = _child(config, args.repeats, dir=dirs[name])
+            row["configs"][config] = _child(config, args, dir=dirs[name])
         ratios = sorted({r[name] for r in RATIOS.values() if name in r}) if not args.quick else [0.6]
         for ratio in ratios:
-            row["configs"][f"swapnet@{ratio:.3f}"] = _child("swapnet", args.repeats, dir=dirs[name],
+            row["configs"][f"swapnet@{ratio:.3f}"] = _child("swapnet", args, dir=dirs[name],
                                                               budget=int(ratio * size))
         ablation_ratio = RATIOS["self-driving"].get(name, ratios[0]) if not args.quick else 0.6
         row["ablation_ratio"] = ablation_ratio
         for config in ABLATIONS:
-            row["configs"][f"{config}@{ablation_ratio:.3f}"] = _child(config, args.repeats, dir=dirs[name],
+            row["configs"][f"{config}@{ablation_ratio:.3f}"] = _child(config, args, dir=dirs[name],
                                                                      budget=int(ablation_ratio * size))
         models[name] = row
 
@@ -457,13 +458,13 @@ def main() -> None:
         joined = ",".join(str(dirs[m]) for m in members)
         scenarios[sname] = {
             "fraction": fraction,
-            "direct": _child("scenario-dinf", args.repeats, dirs=joined),
-            "swapnet": _child("scenario-swapnet", args.repeats, dirs=joined, fraction=fraction),
+            "direct": _child("scenario-dinf", args, dirs=joined),
+            "swapnet": _child("scenario-swapnet", args, dirs=joined, fraction=fraction),
         }
     adaptation = None
     if "resnet101" in dirs:
         print("adaptation", flush=True)
-        adaptation = _child("adapt", args.repeats, dir=dirs["resnet101"])
+        adaptation = _child("adapt", args, dir=dirs["resnet101"])
     data = {"benchmark": "swapnet", "machine": machine(), "profile": profile, "models": models,
             "scenarios": scenarios, "adaptation": adaptation, "seconds": time.perf_counter() - started,
             "args": {k: v for k, v in vars(args).items() if k not in ("child", "dir", "dirs", "config", "budget", "fraction")}}
