@@ -248,3 +248,31 @@ def test_random_chains_tiled_equal_untiled(case, seed):
     for name, rows in executor.last_stats.high_water_rows.items():
         k = executor.members.index(cnn.index(name))
         assert rows <= executor.plan.buffer_rows[k]
+
+
+class Constants(nn.Module):
+    """Buffers read by functional code: fx ``get_attr`` nodes, no layers of their own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.register_buffer("gate", torch.rand(1, 4, 1, 1))  # broadcast over rows
+        self.register_buffer("bias", torch.rand(1, 4, 10, 7))  # read row by row
+        self.head = nn.Conv2d(4, 2, 3, stride=2, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.conv(x) * self.gate + self.bias))
+
+
+def test_constants_are_bound_into_the_kernels_that_read_them():
+    model = Constants().eval()
+    x = torch.randn(1, 3, 10, 7)
+    cnn = cnn_from_module("net", model, x)
+    assert all(layer.op != "const" for layer in cnn.layers)
+    ops = {layer.name: i for i, layer in enumerate(cnn.layers)}
+    assert cnn.tileable(ops["mul"]) and cnn.tileable(ops["add"])
+    assert cnn.layers[ops["mul"]].params == 4 and cnn.layers[ops["add"]].params == 4 * 10 * 7
+    with torch.no_grad():
+        reference = model(x)
+    for phase_rows in (1, 3):
+        close(PartsExecutor(cnn, "all", phase_rows=phase_rows).run(x), reference)
