@@ -19,10 +19,12 @@ def stage(sizes: list[int], kept: set[int], gathered: set[int] = frozenset(), ri
     """A read stage over units of ``sizes`` bytes, async on two stages (only what its
     wake-up predicate looks at)."""
     blocks = [SimpleNamespace(nbytes=n) for n in sizes]
-    return ReadStage(SimpleNamespace(
+    reader = ReadStage(SimpleNamespace(
         blocks=blocks, kept=frozenset(kept), gathered=dict.fromkeys(gathered), ring=ring,
         policy=POLICIES["async"], device=SimpleNamespace(stages=2),
     ))
+    reader.begin_pass(len(sizes), None)
+    return reader
 
 
 def test_a_unit_between_kept_units_waits_for_its_own_room_only():
@@ -40,9 +42,9 @@ def test_a_unit_between_kept_units_waits_for_its_own_room_only():
     ring = RingBuffer(2 * chunk)
     reader = stage(sizes, kept={0, 1, 3, 4, 6, 7}, ring=ring)
     run.started = run.done = 3
-    run.ready[2], run.ready[5] = ring.allocate_locked(3 * MB), ring.allocate_locked(3 * MB)
+    reader.output.ready[2], reader.output.ready[5] = ring.allocate_locked(3 * MB), ring.allocate_locked(3 * MB)
     assert not reader.may_go(run, 8, reader._batch(run, 8, chunk))
-    ring.release_locked(run.ready[2])
+    ring.release_locked(reader.output.ready[2])
     assert reader.may_go(run, 8, reader._batch(run, 8, chunk))
     assert not reader.may_go(run, 8, chunk)  # what it waited for before: room it never gets
 
@@ -61,7 +63,7 @@ def test_a_batch_stops_at_rows_an_expected_skip_or_a_unit_read_ahead():
     assert reader._batch(run, 0, 8 * MB) == 2 * MB
     run.expect_skipped = {5}
     assert reader._batch(run, 3, 8 * MB) == 2 * MB
-    run.ready[7] = 0
+    reader.output.ready[7] = 0
     assert reader._batch(run, 6, 8 * MB) == MB
 
 

@@ -3,8 +3,14 @@
 The copy thread moves each unit the reader has read into the device buffer, in order,
 as Algorithm 1's copy constraints allow (the unit was read, its policy's gate is open,
 it has room in the device buffer), and gives the read buffer back once the copy is
-complete. It works on the :class:`~layerfit.engine.stream.UnitStream`'s pass state,
-under its lock.
+complete. It works under the :class:`~layerfit.engine.stream.UnitStream`'s lock and
+waits on its ``copyable`` condition.
+
+The stage owns where each unit copied lies in the device buffer (``on_device``, its
+output, which the kernels read) and the unit it waits for; it takes its input from the
+reader's output (``ReadStage.ready``) and gives the read buffer back through the
+reader (:meth:`~layerfit.engine.reader.ReadUnits.release_skipped`). The kernels give back what
+they skip through :meth:`CopyStage.give_back`.
 """
 
 from __future__ import annotations
@@ -26,6 +32,14 @@ class CopyStage:
 
     def __init__(self, stream: UnitStream) -> None:
         self.stream = stream
+        self.begin_pass(0)
+
+    def begin_pass(self, nblocks: int) -> None:
+        """A pass of ``nblocks`` units begins (before its threads start)."""
+        self.on_device: list[int | None] = [None] * nblocks  # device buffer offset per unit (its output)
+        self.waits: int | None = None  # the unit it waits to copy
+        self.read_for_nothing = 0  # bytes it copied that no kernel used
+        self.events: list[Event] = []  # its copies, when tracing
 
     def may_go(self, run: PassState, j: int) -> bool:
         """The copy thread's wake-up predicate for unit ``j`` (lock held): Algorithm 1's
@@ -36,10 +50,11 @@ class CopyStage:
         stream = self.stream
         if any(g < j for g in run.gathered):
             return False
+        ready = stream.reader.output.ready
         if j < run.done:  # skipped: once the reader read it or passed it over
-            return run.ready[j] is not None or j in run.not_read
+            return ready[j] is not None or j in stream.reader.not_read
         return (
-            run.ready[j] is not None
+            ready[j] is not None
             and stream.policy.copy_may_start(j, run.started, run.done)
             and stream.device_ring.fits(stream.blocks[j].nbytes)
         )
@@ -47,7 +62,7 @@ class CopyStage:
     def wake(self, run: PassState) -> None:
         """Wake the copy thread if what it waits for has happened (lock held)."""
         stream = self.stream
-        j = run.copier_waits
+        j = self.waits
         if j is not None and (stream.device_ring.cancelled or self.may_go(run, j)):
             stream.copyable.notify()
 
@@ -74,10 +89,8 @@ class CopyStage:
         except Cancelled:
             return
         except BaseException as exc:  # handed to the executing thread, which raises it
-            with cond:
-                name = stream.blocks[j].name or "<root>"
-                run.error = (j, LayerfitError(f"copying unit {j} ({name}) to {stream.device.torch_device} failed: {exc}"))
-                stream.ready.notify()
+            name = stream.blocks[j].name or "<root>"
+            stream.fail(run, j, LayerfitError(f"copying unit {j} ({name}) to {stream.device.torch_device} failed: {exc}"))
 
     def _copy(self, run: PassState, j: int) -> bool:
         """Copy unit ``j`` once it may go (or give back what was read of it if the
@@ -86,19 +99,16 @@ class CopyStage:
         host, dev, cond, blk = stream.ring, stream.device_ring, stream.copyable, stream.blocks[j]
         with cond:
             while not dev.cancelled and not self.may_go(run, j):
-                run.copier_waits = j
+                self.waits = j
                 cond.wait()
-            run.copier_waits = None
+            self.waits = None
             if dev.cancelled:
                 return False
             if j < run.done:  # the kernels skipped it: give back what was read, in order
-                if run.ready[j] is not None:
-                    host.release_locked(run.ready[j])
-                    run.ready[j] = None
-                    run.read_for_nothing += blk.nbytes
+                if stream.reader.output.release_skipped(j):
                     self._read_buffer_freed(run, j)
                 return True
-            src = run.ready[j]
+            src = stream.reader.output.ready[j]
             dst = dev.allocate_locked(blk.nbytes)
         t0 = time.perf_counter()
         stream.device.copy(dev.bytes[dst : dst + blk.nbytes], host.bytes[src : src + blk.nbytes])
@@ -107,12 +117,12 @@ class CopyStage:
             host.release_locked(src)
             if j < run.done:  # skipped while it was copied: the oldest on the device
                 dev.release_locked(dst)
-                run.read_for_nothing += blk.nbytes
+                self.read_for_nothing += blk.nbytes
                 self._read_buffer_freed(run, j)
                 return True
-            run.on_device[j] = dst
+            self.on_device[j] = dst
             if stream.trace:
-                run.events.append(Event(j, blk.name, "copy", t0 - run.t0, t1 - run.t0, blk.nbytes))
+                self.events.append(Event(j, blk.name, "copy", t0 - run.t0, t1 - run.t0, blk.nbytes))
             self._read_buffer_freed(run, j)
         return True
 
@@ -123,7 +133,18 @@ class CopyStage:
         stream = self.stream
         if run.main_waits == j or not stream.ring.in_use:
             stream.ready.notify()
-        stream.wake_reader(run)
+        stream.reader.wake(run)
+
+    def give_back(self, units: range) -> None:
+        """The kernels skipped ``units`` (lock held): what was copied of them goes back,
+        the oldest bytes in the device buffer, copied for nothing. A copy under way is
+        given back by the copy thread when it ends, and what was read by it, in order."""
+        dev, blocks, on_device = self.stream.device_ring, self.stream.blocks, self.on_device
+        for k in units:
+            if on_device[k] is not None:
+                dev.release_locked(on_device[k])
+                on_device[k] = None
+                self.read_for_nothing += blocks[k].nbytes
 
 
 __all__ = ["CopyStage"]

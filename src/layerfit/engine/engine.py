@@ -5,8 +5,8 @@ builds the model's skeleton (every weight on device meta), reads the resident te
 and configures itself from a :class:`~layerfit.engine.config.EngineConfig`: the pure
 plan (:mod:`layerfit.engine.plan`) says what it holds and streams, the buffers
 (:mod:`layerfit.engine.buffers`) hold it, the stream (:mod:`layerfit.engine.stream`)
-runs the reader and copy threads, and hooks (:mod:`layerfit.engine.hooks`) tie the
-model's own ``forward`` to the stream. A pass of a part of the model
+runs a pass's stages (reader, copier, kernels) and hooks (:mod:`layerfit.engine.hooks`)
+tie the model's own ``forward`` to the kernel stage. A pass of a part of the model
 (:mod:`layerfit.engine.parts`) and Hugging Face's ``generate``
 (:mod:`layerfit.engine.generation`) run through :meth:`Engine.run_pass`.
 
@@ -51,7 +51,6 @@ from layerfit.engine.skeleton import (
     build_skeleton,
     report_device,
     segment_bindings,
-    unbind,
 )
 from layerfit.engine.source import UnitSource
 from layerfit.engine.stream import OTHER_PATH, UnitStream
@@ -224,21 +223,13 @@ class Engine:
             )
 
     def _release_configuration(self, keep_ring: bool = False) -> None:
-        self.stream.drop_read_ahead()  # the buffer takes its next shape
+        self.stream.unconfigure(unbind_all=self._preloaded)  # its read-ahead stopped, nothing bound
+        self._preloaded = False
         self._experts.close()
         self._experts = ExpertMemory()
-        self.stream.expert_cache = None
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        bindings = self.stream.bindings
-        if self._preloaded:
-            for unit in bindings:
-                unbind(unit)
-            self._preloaded = False
-        for i in self.stream.kept:
-            unbind(bindings[i])
-        self.stream.kept, self.stream.gathered = frozenset(), {}
         self.buffers.release_kept()
         if not keep_ring:
             self.buffers.close()
@@ -303,18 +294,11 @@ class Engine:
             self.reader.check_unchanged()
             ahead = self.stream.read_ahead.take()  # read for this pass after the last one
             self.pass_thread = threading.get_ident()
-            run = PassState(len(self.blocks), units)
-            if source is not None:
-                run.begin = 0
-            run.source = source
-            run.ordered = source is not None or not self.policy.resident
-            self.stream.run = run
+            run = PassState(len(self.blocks), units, source, ordered=source is not None or not self.policy.resident)
             self.binder.reset()
             # Nothing to read ahead when every streamed unit is an embedding read by rows.
             streaming = source is None and not self.policy.resident and self.buffers.ring is not None
-            threads = self.stream.start_threads(run, ahead) if streaming else []
-            if ahead is not None and not streaming:  # (the next streamed pass starts afresh)
-                ahead.join()
+            threads = self.stream.begin_pass(run, ahead, streaming)
             try:
                 out = self._forward(forward, args, kwargs)
                 if run.done != run.units.stop and source is not None:
@@ -328,7 +312,8 @@ class Engine:
                 check_output(out, self.buffers.streamed_addresses())
             finally:
                 end = time.perf_counter()
-                self._end_pass(run, threads, streaming)
+                self.stream.end_pass(run, threads, streaming)
+                self.pass_thread = None
             self._account(run, end)
             if streaming:
                 self.stream.read_next(run)  # while the caller works until the next pass
@@ -348,35 +333,23 @@ class Engine:
         self.device.finish_kernels()  # latency counts the kernels, not their launch
         return out
 
-    def _end_pass(self, run: PassState, threads: list[threading.Thread], streaming: bool) -> None:
-        """Stop the pass's threads and unbind whatever it left bound."""
-        if streaming:
-            self.stream.stop_threads(run, threads)
-        elif run.source is not None:
-            for i in list(run.bound):
-                self.binder.unbind(self.stream.bindings[i])
-            run.bound.clear()
-        for i in list(run.gathered):
-            self.stream.end_gather(run, i)
-        self.stream.run = None
-        self.pass_thread = None
-
     def _account(self, run: PassState, end: float) -> None:
         """What the pass held and skipped, and its timeline when tracing."""
         memory = self.memory
+        events, skipped, read_for_nothing, read_ahead = self.stream.outcome()
         if self.config.trace:
             self.last_timeline = Timeline(
                 self.policy.name,
                 memory.weight_bytes,
-                sorted(run.events, key=lambda e: (e.start, e.stage)),
+                sorted(events, key=lambda e: (e.start, e.stage)),
                 self.buffers.occupancy(run.t0, memory.kept_bytes),
                 end - run.t0,
             )
         rings = [r.peak for r in self.buffers.streaming_rings]
         cached = self._experts.cache.capacity if self._experts.cache is not None else 0  # its slots, pre-faulted
         self.last_weights_peak = memory.resident_bytes + memory.kept_bytes + sum(rings) + self.binder.peak_bytes + cached
-        self.last_skipped = (len(run.skipped_units), run.read_for_nothing)
-        self.last_read_ahead = run.read_ahead_bytes
+        self.last_skipped = (skipped, read_for_nothing)
+        self.last_read_ahead = read_ahead
 
     # --- reading units for a unit source --------------------------------------------------
 
@@ -446,7 +419,7 @@ class Engine:
     def expert_cache(self) -> dict[str, float] | None:
         """The expert cache's hits, misses, hit rate and bytes (None: no cache in this
         configuration; see :mod:`layerfit.engine.expert_cache`)."""
-        cache = self.stream.expert_cache
+        cache = self._experts.cache
         return None if cache is None else cache.stats
 
     @property
@@ -454,18 +427,17 @@ class Engine:
         """The routed units whose experts are guessed a layer early and read ahead
         (:mod:`layerfit.engine.expert_guess`), the experts so read over this
         configuration, and how many of them their layer chose."""
-        return {"units": len(self.stream.guessed_units), "read_ahead": self.stream.guesses.read,
-                "chosen": self.stream.guesses.chosen}
+        return self.stream.guess_counts()
 
     @property
     def kept_units(self) -> tuple[int, ...]:
         """The units pipeline ``auto`` keeps resident beside the buffer, in order."""
-        return tuple(sorted(self.stream.kept))
+        return self.stream.kept_units
 
     @property
     def rows_units(self) -> tuple[int, ...]:
         """The units read by the rows their ids look up (embedding tables), in order."""
-        return tuple(sorted(self.stream.gathered))
+        return self.stream.rows_units
 
     @property
     def io_mode(self) -> str:

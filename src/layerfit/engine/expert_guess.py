@@ -105,6 +105,34 @@ class GuessCount:
         return self.right[rank] >= RIGHT_ENOUGH * self.scored[rank]
 
 
+class PassGuesses:
+    """The guesses made in one pass and the MoE layers whose own experts were read: the
+    experts' side of the pass. Written by the experts' hooks on the executing thread
+    (a router's :class:`~layerfit.engine.hooks.GuessHook` makes a guess, a layer's
+    :class:`~layerfit.engine.hooks.ExpertsHook` reads its experts), under the stream's
+    lock; the reader asks :meth:`readable` before it reads a guess ahead."""
+
+    def __init__(self) -> None:
+        self.guessed: dict[int, Guessed] = {}  # the guess made for a unit
+        self.layers_read: set[int] = set()  # the units whose own experts were read
+
+    def made(self, unit: int, guessed: Guessed) -> None:
+        """The experts of ``unit`` were guessed."""
+        self.guessed[unit] = guessed
+
+    def layer_read(self, unit: int) -> None:
+        """MoE layer ``unit`` read its own experts (a guess held until then may be read)."""
+        self.layers_read.add(unit)
+
+    def readable(self, unit: int) -> Guessed | None:
+        """The guess for ``unit`` once the reader may read it: made, and the layer it is
+        held for (the layer before, whose experts go first) read; else None."""
+        made = self.guessed.get(unit)
+        if made is not None and (made.hold is None or made.hold in self.layers_read):
+            return made
+        return None
+
+
 def guess(g: Guess, hidden: object) -> Guessed | None:
     """``g``'s guess from ``hidden`` (what enters the router before its unit's); None when
     its router's weight is not in memory or does not fit ``hidden``."""
@@ -217,6 +245,6 @@ def expert_memory(
 
 
 __all__ = [
-    "RIGHT_ENOUGH", "ROUTER_NAMES", "SCORED_FIRST", "ExpertMemory", "Guess", "GuessCount", "Guessed",
+    "RIGHT_ENOUGH", "ROUTER_NAMES", "SCORED_FIRST", "ExpertMemory", "Guess", "GuessCount", "Guessed", "PassGuesses",
     "expert_memory", "guess", "guessing_routers", "plan_guesses", "router_of", "slot_plan",
 ]

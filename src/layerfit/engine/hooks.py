@@ -9,7 +9,10 @@ guesses the next MoE layer's experts a :class:`GuessHook`. A later layer of a
 unit checks that the unit is bound (:class:`InnerHook`); a module that did not run at
 prepare, and so has no stored weights, refuses to run (:class:`UnstoredHook`). Each hook
 is an object holding its unit's index and the :class:`~layerfit.engine.stream.UnitStream`,
-in the shape of Accelerate's ``ModelHook``: state is explicit, not a closure's.
+in the shape of Accelerate's ``ModelHook``: state is explicit, not a closure's. The hooks
+hold no pass state: they ask the kernel stage (:mod:`layerfit.engine.kernels`) to wait
+for a unit and bind it, and to release it; the experts' hooks record their guesses and
+reads in the pass's :class:`~layerfit.engine.expert_guess.PassGuesses`.
 """
 
 from __future__ import annotations
@@ -27,8 +30,7 @@ from layerfit.engine.expert_places import ExpertPlace, assign, bind_compact, in_
 from layerfit.engine.experts import ROUTED, ExpertTable
 from layerfit.engine.policies import REQUEST_BYTES
 from layerfit.engine.stream import UnitStream
-from layerfit.engine.trace import Event
-from layerfit.errors import LayerfitError, ReadError
+from layerfit.errors import LayerfitError
 
 
 class _SharedHook:
@@ -44,6 +46,7 @@ class UnitHook(_SharedHook):
 
     def __init__(self, stream: UnitStream, index: int) -> None:
         self.stream = stream
+        self.kernels = stream.kernels
         self.index = index
 
 
@@ -51,51 +54,9 @@ class PreHook(UnitHook):
     """Before the unit's first layer: wait for its bytes, then bind its weights."""
 
     def __call__(self, module: nn.Module, args: tuple) -> None:
-        stream, i = self.stream, self.index
-        run = stream.run
-        if run is None:
-            return
-        stream.check_order(run, i)
-        if run.source is not None:  # the unit source decides when the unit may run
-            buffer, off = run.source.acquire(i)
-            run.kernel_start[i] = run.now()
-            stream.binder.bind(stream.bindings[i], buffer, off)
-            run.bound[i] = off
-            return
-        if stream.policy.resident:
-            run.bound[i] = -1
-            run.kernel_start[i] = run.now()
-            return
-        if i in stream.kept:  # bound for good: nothing to wait for
-            run.bound[i] = -1
-            with stream.state:
-                run.kernel_start[i] = run.now()
-                run.started = i + 1
-                stream.wake_after_kernel(run)
-            return
-        # Without a copy stage the kernel uses the read buffer; with one, the device's.
-        three = stream.device_ring is not None
-        slots, ring = (run.on_device, stream.device_ring) if three else (run.ready, stream.ring)
-        with stream.state:
-            if slots[i] is None and run.error is None:
-                run.main_waits = i
-                stream.wake_reader(run)  # the reader may be holding out for a batch
-                while slots[i] is None and run.error is None:
-                    stream.ready.wait()
-                run.main_waits = None
-            if slots[i] is None:
-                failed, exc = run.error
-                if isinstance(exc, LayerfitError):
-                    raise type(exc)(str(exc)) from exc
-                raise ReadError(f"reading unit {failed} failed: {exc}") from exc
-            off = slots[i]
-            # The kernel starts now (binding is part of it); the sync policy lets the
-            # next read (and copy) begin from this moment.
-            run.kernel_start[i] = run.now()
-            run.started = i + 1
-            stream.wake_after_kernel(run)
-        stream.binder.bind(stream.bindings[i], ring.bytes, off)
-        run.bound[i] = off
+        run = self.stream.run
+        if run is not None:
+            self.kernels.start(run, self.index)
 
 
 class PartialReadHook(UnitHook):
@@ -113,45 +74,17 @@ class PartialReadHook(UnitHook):
         if run is None or run.source is not None:
             self.whole(module, args)
             return None
-        self.stream.check_order(run, self.index)
+        self.kernels.check_order(run, self.index)
         return run
 
     def place(self, run: Any, nbytes: int, saved: object, what: str) -> int:
-        """Take ``nbytes`` of the ring for this unit; ``saved`` is what its table
-        restores after the pass. Every earlier unit was released and the reader waits
-        for this one to have its place, so it may use the whole ring."""
-        stream, i, ring = self.stream, self.index, self.stream.ring
-        with stream.state:
-            reserved = run.reserved.pop(i, None)  # its place, reserved when the pass was read ahead
-            if reserved is not None and nbytes <= reserved[1]:
-                off = reserved[0]
-            else:
-                if reserved is not None:  # too small: what was read ahead after it goes back
-                    run.reserved[i] = reserved
-                    run.ahead.give_back_from(run, i, ring, stream.blocks)
-                # Empty but for a skipped unit still being read, which the reader gives
-                # back when its read ends: this unit waits for that, since placed after
-                # it it would be given back first, and the ring gives back oldest first.
-                while ring.in_use and run.error is None:
-                    stream.ready.wait()
-                if run.error is not None:
-                    raise LayerfitError(f"no room in the unit buffer for {what}")
-                off = ring.allocate_locked(nbytes)  # planned to fit the whole ring
-            run.bound[i] = off
-            run.gathered[i] = saved
-            run.placed.add(i)
-            stream.room.notify()  # the reader may go on past this unit
-        return off
+        """Take ``nbytes`` of the ring for this unit (see
+        :meth:`~layerfit.engine.kernels.KernelStage.place`)."""
+        return self.kernels.place(run, self.index, nbytes, saved, what)
 
     def started(self, run: Any, t0: float, t1: float, nbytes: int) -> None:
         """The unit's read (``t0``..``t1``, ``nbytes``) is done and its kernels start."""
-        stream, i = self.stream, self.index
-        with stream.state:
-            if stream.trace:
-                run.events.append(Event(i, stream.blocks[i].name, "read", t0 - run.t0, t1 - run.t0, nbytes))
-            run.kernel_start[i] = t1 - run.t0
-            run.started = i + 1
-            stream.wake_reader(run)
+        self.kernels.started_after_read(run, self.index, t0, t1, nbytes)
 
 
 class GatherHook(PartialReadHook):
@@ -211,10 +144,8 @@ class ExpertsHook(PartialReadHook):
             return None
         finally:
             with stream.state:  # a guess held until this layer's own experts are read may be read
-                run.experts_done.add(i)
-                held = run.guessed.get(run.reader_awaits_guess) if run.reader_awaits_guess is not None else None
-                if held is not None and held.hold == i:
-                    stream.room.notify()
+                stream.guesses_made.layer_read(i)
+                stream.reader.layer_read(i)
 
     def _whole(self, run: Any, table: ExpertTable, chosen: object) -> None:
         """Read the chosen experts' pages into the unit's whole place and bind it there."""
@@ -239,9 +170,10 @@ class ExpertsHook(PartialReadHook):
             off = self.place(run, len(experts) * table.slot_bytes, None, f"the experts of {table.name}")
             place = ExpertPlace(off, [None] * len(experts))
         guessed = {e for e in place.slots if e is not None}
-        if i in run.guessed:  # how right the guess was, read or not, by rank
+        made = stream.guesses_made.guessed.get(i)
+        if made is not None:  # how right the guess was, read or not, by rank
             with stream.state:
-                stream.guesses.score(run.guessed[i], experts)
+                stream.guesses.score(made, experts)
         fills = assign(place, experts)
         if fills is None:  # no slots in the experts' order for those the guess missed
             fills = in_order(place, experts)
@@ -263,36 +195,14 @@ class ExpertsHook(PartialReadHook):
                 cache.store(i, e, slot, inside)
         t1 = time.perf_counter()
         count = bind_compact(table, ring.bytes, place)
-        with stream.state:
-            run.gathered[i] = count  # restored with the meta tensors when the unit ends
+        self.kernels.restores(run, i, count)  # with the meta tensors when the unit ends
         self.started(run, t0, t1, read)
         return renumbered(chosen, place, table.count)
 
     def _read_ahead(self, run: Any) -> ExpertPlace | None:
         """The compact place the reader read this unit's guess into, once that read has
         ended; None when it took none (nor will now: the unit takes its own place)."""
-        stream, i = self.stream, self.index
-        with stream.state:
-            place = run.ahead_places.get(i)
-            if place is None:
-                run.placed.add(i)  # the reader goes on without it
-                return None
-            run.main_waits = i
-            while run.ready[i] is None and run.error is None and run.ahead_places.get(i) is place:
-                stream.ready.wait()
-            run.main_waits = None
-            if run.ready[i] is None:
-                if run.error is not None:
-                    failed, exc = run.error
-                    if isinstance(exc, LayerfitError):
-                        raise type(exc)(str(exc)) from exc
-                    raise ReadError(f"reading unit {failed} failed: {exc}") from exc
-                run.placed.add(i)  # given back meanwhile (a rewind): the unit takes its own place
-                return None
-            run.ahead_places.pop(i)
-            run.bound[i] = place.offset
-            run.gathered[i] = None
-            return place
+        return self.kernels.take_read_ahead(run, self.index)
 
 
 def _routes(chosen: object, count: int) -> bool:
@@ -324,77 +234,18 @@ class GuessHook(_SharedHook):
         if guessed is None:
             return
         with stream.state:
-            run.guessed[unit] = guessed
-            if run.reader_awaits_guess == unit:
-                stream.room.notify()
+            stream.guesses_made.made(unit, guessed)
+            stream.reader.guess_made(unit)
 
 
 class PostHook(UnitHook):
     """After the unit's last layer: unbind its weights and give its buffer back."""
 
     def __call__(self, module: nn.Module, args: tuple, output: Any) -> Any:
-        stream, i = self.stream, self.index
-        run = stream.run
+        run = self.stream.run
         if run is None:
             return None
-        # An embedding looked up on the host (three stages) ran no device kernel.
-        host_lookup = i in run.gathered and stream.device_ring is not None
-        streaming = run.source is None and not stream.policy.resident
-        if streaming and i not in stream.kept and not host_lookup:  # its buffer may be reused once its kernels finished
-            stream.device.finish_kernels()
-        if stream.trace:
-            end = run.now()
-            blk = stream.blocks[i]
-            with stream.state:
-                run.events.append(Event(i, blk.name, "kernel", run.kernel_start[i], end, blk.nbytes))
-        if host_lookup:  # hand the rest of the model its output on the device
-            self._end_host_lookup(run)
-            return stream.device.to_device(output)
-        if i not in run.bound:
-            if not run.ordered:  # preload: every unit stays bound
-                with stream.state:
-                    run.done = i + 1
-                return
-            raise stream.out_of_order(i, "ends, but its first layer did not run")
-        off = run.bound.pop(i)
-        if i in run.gathered:  # and on to release its rows' place in the ring
-            stream.end_gather(run, i)
-        if i in stream.kept and run.source is None:
-            with stream.state:
-                run.done = i + 1
-                stream.wake_after_kernel(run)
-            return
-        if run.source is not None:
-            stream.binder.unbind(stream.bindings[i])
-            run.source.release(i)
-        elif streaming:
-            stream.binder.unbind(stream.bindings[i])
-            with stream.state:
-                if stream.device_ring is None:
-                    stream.ring.release_locked(off)
-                else:
-                    stream.device_ring.release_locked(off)
-                    stream.wake_copier(run)
-                run.done = i + 1
-                stream.wake_reader(run)
-            stream.read_next_early(run, i)  # the pass's last unit not kept: read the next one's
-            return
-        with stream.state:
-            run.done = i + 1
-        return None
-
-    def _end_host_lookup(self, run: Any) -> None:
-        """The end of an embedding looked up on the host with three stages: its rows'
-        place in the read buffer goes back, oldest first, as the copier gives back the
-        units it copied."""
-        stream, i = self.stream, self.index
-        off = run.bound.pop(i)
-        with stream.state:  # both at once: the copier goes on once the rows' place is back
-            stream.ring.release_locked(off)
-            stream.end_gather(run, i)
-            run.done = i + 1
-            stream.wake_reader(run)
-            stream.wake_copier(run)
+        return self.kernels.end(run, self.index, output)
 
 
 class InnerHook(UnitHook):
@@ -407,7 +258,7 @@ class InnerHook(UnitHook):
     def __call__(self, module: nn.Module, args: tuple) -> None:
         stream, i = self.stream, self.index
         run = stream.run
-        if run is None or i in run.bound or not run.ordered:
+        if run is None or i in self.kernels.bound or not run.ordered:
             return
         first = stream.blocks[i].segments[0].name or "<root>"
         raise stream.out_of_order(i, f"runs {self.name or '<root>'}, but not its first layer {first}")

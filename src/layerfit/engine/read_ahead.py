@@ -30,17 +30,13 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from layerfit.engine.gather import RowTable
 from layerfit.engine.ring import RingBuffer
-from layerfit.engine.trace import Event, split_read
+from layerfit.engine.trace import split_read
 from layerfit.engine.unit_reader import UnitReader
 from layerfit.engine.units import Block
 from layerfit.store.manifest import ALIGN
-
-if TYPE_CHECKING:  # (the pass state holds a read-ahead: imported for the hints only)
-    from layerfit.engine.pass_state import PassState
 
 Start = tuple[int, int, int]
 """How a pass began: its units' start and stop, and the first unit it ran."""
@@ -95,59 +91,49 @@ class ReadAhead:
         if self._thread is not None:
             self._thread.join()
 
-    # --- the pass's side (the stream's lock held) -----------------------------------------
+    # --- the pass's reader's side (the stream's lock held) --------------------------------
 
-    def adopt(self, run: PassState, began: NextPass, ring: RingBuffer, blocks: Sequence[Block], trace: bool) -> None:
-        """``run`` began as ``began``: the units read are ready for its kernels and the rows'
-        places reserved, when it began as expected; else what was read is given back,
-        read for nothing. A read under way is the pass's reader's to settle."""
+    def adopt(self, began: NextPass, ring: RingBuffer) -> list[int]:
+        """The pass began as ``began``: when as expected, what was read is the pass's
+        (``adopted``; the reader hands it to the kernels) and nothing is lost; else it is
+        given back, and the units read of it are returned (read for nothing). A read
+        under way is the pass's reader's to settle (:meth:`settle_late`)."""
         if began != self.expected:
-            for k in give_back(self, ring):
-                run.read_for_nothing += blocks[k].nbytes
-            return
+            return give_back(self, ring)
         self.adopted = frozenset(self.read)
-        run.reserved = dict(self.reserved)
-        for k in self.adopted:
-            run.ready[k] = self.read[k]
-            run.read_ahead_bytes += blocks[k].nbytes
-            if trace:
-                t0, t1, nbytes = self.times[k]
-                run.events.append(Event(k, blocks[k].name, "read", t0 - run.t0, t1 - run.t0, nbytes))
+        return []
 
     def keeps(self, unit: int) -> bool:
         """Whether the pass keeps what was read ahead from ``unit`` on."""
         return self.adopted is not None and (self.given_back_from is None or unit < self.given_back_from)
 
-    def give_back_from(self, run: PassState, start: int, ring: RingBuffer, blocks: Sequence[Block]) -> None:
-        """Give back what was read for units from ``start`` on, oldest first, for ``run``'s
-        reader to read again in their turn: rows at ``start`` need more than their room."""
-        for k in give_back(self, ring, range(start, run.units.stop)):
-            run.ready[k] = None
-            run.read_for_nothing += blocks[k].nbytes
+    def give_back_from(self, start: int, stop: int, ring: RingBuffer) -> list[int]:
+        """Give back what was read for units ``start..stop-1``, oldest first, for the
+        pass's reader to read again in their turn (rows at ``start`` need more than their
+        room); the units read of them."""
+        lost = give_back(self, ring, range(start, stop))
         self.given_back_from = start  # and a read under way, once it ends
-        run.reserved = {k: r for k, r in run.reserved.items() if k < start}
+        return lost
 
-    def settle_late(self, run: PassState, ring: RingBuffer, blocks: Sequence[Block]) -> tuple | None:
-        """After :meth:`join`: what the read under way when the pass began comes to. Given
-        back if the pass does not keep it (None); else ``(units, offset, bytes, times)``
-        for the pass's reader to hand to the kernels, ``times`` None when the read
-        failed and must be made again into its place."""
+    def settle_late(self, ring: RingBuffer, blocks: Sequence[Block]) -> tuple[tuple | None, list[int]]:
+        """After :meth:`join`: what the read under way when the pass began comes to, and
+        the units given back of it (read for nothing). None when the pass does not keep
+        it; else ``(units, offset, bytes, times)`` for the pass's reader to hand to the
+        kernels, ``times`` None when the read failed and must be made again into its
+        place."""
         if self.pending is not None:  # it failed
             units, off, total = self.pending
             if self.keeps(units[0]):
-                return units, off, total, None
+                return (units, off, total, None), []
             self.release_failed(ring, blocks)
-            return None
+            return None, []
         units = sorted(k for k in self.read if self.adopted is None or k not in self.adopted)
         if not units:
-            return None
+            return None, []
         if not self.keeps(units[0]):
-            for k in give_back(self, ring, range(units[0], units[-1] + 1)):
-                run.read_for_nothing += blocks[k].nbytes
-            return None
+            return None, give_back(self, ring, range(units[0], units[-1] + 1))
         total = sum(blocks[k].nbytes for k in units)
-        run.read_ahead_bytes += total
-        return units, self.read[units[0]], total, (self.times[units[0]][0], self.times[units[-1]][1])
+        return (units, self.read[units[0]], total, (self.times[units[0]][0], self.times[units[-1]][1])), []
 
     def release_failed(self, ring: RingBuffer, blocks: Sequence[Block]) -> None:
         """Give back the place of the failed read, unit by unit."""

@@ -5,9 +5,19 @@ allow (Algorithm 1's read constraints), merging adjacent units into one request 
 reads may run ahead (async), and hands each unit to the kernels (or, with a copy stage,
 to the copier). It passes over kept units, tables read by rows when they run, and units
 the pass is expected to skip; the kernels may rewind it to one of those
-(:meth:`~layerfit.engine.stream.UnitStream.check_order`). It works on the
-:class:`~layerfit.engine.stream.UnitStream`'s pass state, under its lock, and waits on
-its ``room`` condition.
+(:meth:`~layerfit.engine.kernels.KernelStage.check_order`). It waits on the
+:class:`~layerfit.engine.stream.UnitStream`'s ``room`` condition, under the stream's lock.
+
+The stage owns its state for a pass (:meth:`ReadStage.begin_pass` sets it up): its own
+epoch, what it waits for, and the units whose layer takes its own place (its thread's
+side); and a :class:`ReadUnits`, what it read: where each unit lies in the ring
+(``ready``, the stage's output, which the kernels or the copier take), the places of
+experts read ahead on a guess, what it adopted of the read-ahead. The other stages change
+either only through their methods: the kernels give back what they skip or rewind
+(:meth:`ReadUnits.give_back`), the copier what the kernels skipped
+(:meth:`ReadUnits.release_skipped`); a layer that takes its own place lets the reader pass over
+it (:meth:`ReadStage.pass_over`). It reads the pass's shared
+:class:`~layerfit.engine.pass_state.PassState`, which it never writes.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import time
 from typing import TYPE_CHECKING, NamedTuple
 
 from layerfit.engine.expert_places import ExpertPlace, ahead_layout
+from layerfit.engine.read_ahead import NextPass, ReadAhead
 from layerfit.engine.ring import Cancelled
 from layerfit.engine.trace import Event, split_read
 
@@ -38,6 +49,18 @@ class ReadStage:
 
     def __init__(self, stream: UnitStream) -> None:
         self.stream = stream
+        self.begin_pass(0, None)
+
+    def begin_pass(self, nblocks: int, ahead: ReadAhead | None) -> None:
+        """A pass of ``nblocks`` units begins (before its threads start); ``ahead``: what
+        was read for it after the last pass, adopted when it begins as expected."""
+        self.output = ReadUnits(self.stream, nblocks, ahead)  # what it reads, the kernels' (or copier's) input
+        self.epoch = 0  # the pass's rewind epoch the reader works in
+        self.waits = False  # it waits for room or its policy's gate
+        self.wants: tuple[int, int, int | None] = (0, 0, None)  # (unit, bytes of room, its place) it waits for
+        self.awaits_guess: int | None = None  # the unit whose experts' guess it waits for
+        self.not_read: set[int] = set()  # skipped units it passed over (the copier's cue)
+        self.placed: set[int] = set()  # units read when they run whose layer took (or takes) its place
 
     # --- wake-up predicates (lock held) --------------------------------------------------
 
@@ -45,7 +68,7 @@ class ReadStage:
         """The reader's wake-up predicate for unit ``i`` (lock held); ``place``: the bytes
         it takes in the ring, when not the unit's (a compact place of experts)."""
         stream = self.stream
-        if i < run.done or run.epoch != run.reader_epoch:  # skipped, or rewound: go on
+        if i < run.done or run.epoch != self.epoch:  # skipped, or rewound: go on
             return True
         if not stream.policy.read_may_start(i, run.started, run.done, stream.device.stages):
             return False
@@ -66,7 +89,7 @@ class ReadStage:
 
     def wake(self, run: PassState) -> None:
         """Wake the reader if what it waits for has happened (lock held)."""
-        if run.reader_waits and (self.stream.ring.cancelled or self.may_go(run, *run.reader_wants)):
+        if self.waits and (self.stream.ring.cancelled or self.may_go(run, *self.wants)):
             self.stream.room.notify()
 
     # --- the thread ----------------------------------------------------------------------
@@ -86,18 +109,19 @@ class ReadStage:
                         return
                     room.wait()
                 i, n = run.begin, run.units.stop
-            if run.ahead is not None:
+            if self.output.ahead is not None:
                 self._settle_read_ahead(run)
+            ready = self.output.ready
             while True:
-                if run.epoch != run.reader_epoch:  # the kernels ran a unit it passed over
+                if run.epoch != self.epoch:  # the kernels ran a unit it passed over
                     with room:
-                        run.reader_epoch, i = run.epoch, run.rewind_to
+                        self.epoch, i = run.epoch, run.rewind_to
                     continue
                 if i >= n:  # all read, but for units it passed over: one may run yet
                     if self._done(run):
                         return
                     continue
-                if i in stream.kept or i in run.expect_skipped or run.ready[i] is not None:  # (read ahead)
+                if i in stream.kept or i in run.expect_skipped or ready[i] is not None:  # (read ahead)
                     i += 1
                     continue
                 if i in stream.guessed_units:  # routed experts: their guess is read ahead
@@ -124,25 +148,23 @@ class ReadStage:
         except Cancelled:
             return
         except BaseException as exc:  # handed to the executing thread, which raises it
-            with room:
-                run.error = (i, exc)
-                stream.ready.notify()
+            stream.fail(run, i, exc)
 
     def _done(self, run: PassState) -> bool:
         """Every unit is read, but for units passed over: wait while one may run yet.
         True when the reader is done; False when it was rewound."""
         room, ring = self.stream.room, self.stream.ring
         with room:
-            while run.expect_skipped and run.epoch == run.reader_epoch and not ring.cancelled:
+            while run.expect_skipped and run.epoch == self.epoch and not ring.cancelled:
                 room.wait()
-            return run.epoch == run.reader_epoch
+            return run.epoch == self.epoch
 
     def _await_rows_placed(self, run: PassState, i: int) -> bool:
         """Wait until the rows of table ``i`` have their place in the ring (or the table
         was skipped, or the reader rewound); False when cancelled."""
         room, ring = self.stream.room, self.stream.ring
         with room:
-            while i not in run.placed and i >= run.done and run.epoch == run.reader_epoch:
+            while i not in self.placed and i >= run.done and run.epoch == self.epoch:
                 if ring.cancelled:
                     return False
                 room.wait()
@@ -159,37 +181,37 @@ class ReadStage:
             while True:
                 if ring.cancelled:
                     return None
-                if run.epoch != run.reader_epoch:
+                if run.epoch != self.epoch:
                     return i  # the loop goes back
-                if i < run.done or i in run.placed:  # skipped, or its layer took its place
+                if i < run.done or i in self.placed:  # skipped, or its layer took its place
                     return i + 1
-                guess = run.guessed.get(i)
-                if guess is not None and (guess.hold is None or guess.hold in run.experts_done):
+                guess = stream.guesses_made.readable(i)
+                if guess is not None:
                     break
-                run.reader_awaits_guess = i
+                self.awaits_guess = i
                 room.wait()
-            run.reader_awaits_guess = None
+            self.awaits_guess = None
             # The ranks of guesses right often enough (a token's first choice, mostly).
             picked = sorted(e for e, r in zip(guess.experts, guess.ranks, strict=True)
                             if stream.guesses.worth_reading(r))
             layout = ahead_layout(picked, guess.tokens, guess.top_k, table.count)
             nbytes = len(layout) * table.slot_bytes
             if not picked or nbytes > ring.capacity:  # nothing worth it, or no room: its layer places it
-                while i not in run.placed and i >= run.done and run.epoch == run.reader_epoch:
+                while i not in self.placed and i >= run.done and run.epoch == self.epoch:
                     if ring.cancelled:
                         return None
                     room.wait()
-                return i + 1 if run.epoch == run.reader_epoch else i
-            while i not in run.placed and not self.may_go(run, i, nbytes, nbytes):
+                return i + 1 if run.epoch == self.epoch else i
+            while i not in self.placed and not self.may_go(run, i, nbytes, nbytes):
                 if ring.cancelled:
                     return None
-                run.reader_waits, run.reader_wants = True, (i, nbytes, nbytes)
+                self.waits, self.wants = True, (i, nbytes, nbytes)
                 room.wait()
-            run.reader_waits = False
-            if i < run.done or i in run.placed or run.epoch != run.reader_epoch:
+            self.waits = False
+            if i < run.done or i in self.placed or run.epoch != self.epoch:
                 return i
             off = ring.allocate_locked(nbytes)
-            run.ahead_places[i] = ExpertPlace(off, layout)
+            self.output.ahead_places[i] = ExpertPlace(off, layout)
         t0, read = time.perf_counter(), 0
         what = f"unit {table.segment.index} ({table.name}), its guessed experts"
         for s, expert in enumerate(layout):
@@ -199,14 +221,14 @@ class ReadStage:
             read += table.read_slot(stream.units.reader, expert, ring.view[at : at + table.slot_bytes], what)
         t1 = time.perf_counter()
         with room:
-            if i < run.done or run.epoch != run.reader_epoch:  # skipped or rewound meanwhile: the oldest bytes
+            if i < run.done or run.epoch != self.epoch:  # skipped or rewound meanwhile: the oldest bytes
                 ring.release_locked(off)
-                run.ahead_places.pop(i, None)
-                run.read_for_nothing += read
+                self.output.ahead_places.pop(i, None)
+                self.output.read_for_nothing += read
             else:
-                run.ready[i] = off
+                self.output.ready[i] = off
                 if stream.trace:
-                    run.events.append(Event(i, stream.blocks[i].name, "read", t0 - run.t0, t1 - run.t0, read))
+                    self.output.events.append(Event(i, stream.blocks[i].name, "read", t0 - run.t0, t1 - run.t0, read))
             stream.ready.notify()
         return i + 1
 
@@ -220,21 +242,21 @@ class ReadStage:
         with room:
             if ring.cancelled:
                 return None
-            if run.epoch != run.reader_epoch:
+            if run.epoch != self.epoch:
                 return i
             if i < run.done:  # the kernels skipped it
-                run.not_read.update(range(i, run.done))
+                self.not_read.update(range(i, run.done))
                 if stream.device_ring is not None:
-                    stream.wake_copier(run)
+                    stream.copier.wake(run)
                 return run.done
             want = self._batch(run, i, chunk)
             while not self.may_go(run, i, want):
                 if ring.cancelled:
                     return None
-                run.reader_waits, run.reader_wants = True, (i, want, None)
+                self.waits, self.wants = True, (i, want, None)
                 room.wait()
-            run.reader_waits = False
-            if i < run.done or run.epoch != run.reader_epoch:
+            self.waits = False
+            if i < run.done or run.epoch != self.epoch:
                 return i
             if self.kernel_needs(run, i):
                 want = first  # read it alone, the kernel waits for it
@@ -262,7 +284,7 @@ class ReadStage:
         stream = self.stream
         return (
             k not in stream.kept and k not in stream.gathered and k not in run.expect_skipped
-            and run.ready[k] is None
+            and self.output.ready[k] is None
         )
 
     def _coalesce(self, run: PassState, i: int, off: int, total: int, want: int) -> tuple[int, int]:
@@ -292,13 +314,13 @@ class ReadStage:
 
     def _deliver_locked(self, run: PassState, claim: Claim, t0: float, t1: float) -> None:
         """:meth:`_deliver` with the lock held."""
-        stream = self.stream
+        stream, out = self.stream, self.output
         ring, blocks = stream.ring, stream.blocks
         i, stop, off, _ = claim
-        if run.epoch != run.reader_epoch:  # rewound while it read: the oldest bytes
+        if run.epoch != self.epoch:  # rewound while it read: the oldest bytes
             for k in range(i, stop):
                 ring.release_locked(off + blocks[k].offset - blocks[i].offset)
-                run.read_for_nothing += blocks[k].nbytes
+                out.read_for_nothing += blocks[k].nbytes
             stream.ready.notify()
             return
         times = split_read(t0, t1, [blocks[k].nbytes for k in range(i, stop)]) if stream.trace else None
@@ -307,15 +329,15 @@ class ReadStage:
             # stage, the copier gives read bytes back, in order).
             if k < run.done and stream.device_ring is None:
                 ring.release_locked(off + blocks[k].offset - blocks[i].offset)
-                run.read_for_nothing += blocks[k].nbytes
+                out.read_for_nothing += blocks[k].nbytes
                 stream.ready.notify()  # rows may wait for the room
                 continue
-            run.ready[k] = off + blocks[k].offset - blocks[i].offset
+            out.ready[k] = off + blocks[k].offset - blocks[i].offset
             if times is not None:
                 at, end = times[k - i]
-                run.events.append(Event(k, blocks[k].name, "read", at - run.t0, end - run.t0, blocks[k].nbytes))
+                out.events.append(Event(k, blocks[k].name, "read", at - run.t0, end - run.t0, blocks[k].nbytes))
         if stream.device_ring is not None:
-            stream.wake_copier(run)
+            stream.copier.wake(run)
         elif run.main_waits is not None and run.main_waits < stop:
             stream.ready.notify()
 
@@ -326,16 +348,19 @@ class ReadStage:
         way, then hand those units to the kernels (read again if the read failed), or
         give them back (:meth:`~layerfit.engine.read_ahead.ReadAhead.settle_late`)."""
         stream = self.stream
-        ahead, ring = run.ahead, stream.ring
+        ahead, ring = self.output.ahead, stream.ring
         ahead.join()
         with stream.room:
-            late = ahead.settle_late(run, ring, stream.blocks)
+            late, lost = ahead.settle_late(ring, stream.blocks)
+            for k in lost:
+                self.output.read_for_nothing += stream.blocks[k].nbytes
             if late is None:
                 stream.ready.notify()  # rows may wait for the room given back
                 return
             units, off, total, times = late
             claim = Claim(units[0], units[-1] + 1, off, total)
             if times is not None:
+                self.output.read_ahead_bytes += total
                 self._deliver_locked(run, claim, *times)
                 return
         t0 = time.perf_counter()  # it failed: read again, into its place
@@ -348,5 +373,129 @@ class ReadStage:
                 ahead.release_failed(ring, stream.blocks)
                 stream.ready.notify()
 
+    # --- what the other stages ask of it (lock held) --------------------------------------
 
-__all__ = ["Claim", "ReadStage"]
+    def pass_over(self, i: int) -> None:
+        """Unit ``i``'s layer takes its own place in the ring (rows, or experts not read
+        ahead): the reader goes on past it (the caller wakes it)."""
+        self.placed.add(i)
+
+    def guess_made(self, unit: int) -> None:
+        """The experts of ``unit`` were guessed: wake the reader if it waits for that."""
+        if self.awaits_guess == unit:
+            self.stream.room.notify()
+
+    def layer_read(self, i: int) -> None:
+        """MoE layer ``i`` read its own experts: wake the reader if the guess it waits
+        to read was held until then."""
+        if self.awaits_guess is not None:
+            held = self.stream.guesses_made.guessed.get(self.awaits_guess)
+            if held is not None and held.hold == i:
+                self.stream.room.notify()
+
+
+class ReadUnits:
+    """What the reader read for one pass: where each unit lies in the ring (``ready``,
+    the read stage's output, which the kernels or the copier take), the compact places
+    it read guessed experts into, what it adopted of the read-ahead, and the bytes read
+    for nothing. The reader thread fills it; the other stages give back through its
+    methods (lock held), never by writing it."""
+
+    def __init__(self, stream: UnitStream, nblocks: int, ahead: ReadAhead | None) -> None:
+        self.stream = stream
+        self.ready: list[int | None] = [None] * nblocks  # ring offset per unit read
+        self.ahead_places: dict[int, ExpertPlace] = {}  # the compact place a guess was read into
+        self.ahead = ahead  # what was read for the pass after the last one
+        self.reserved: dict[int, tuple[int, int]] = {}  # rows' places reserved by the read-ahead
+        self.read_ahead_bytes = 0  # bytes of the units adopted from the read-ahead
+        self.read_for_nothing = 0  # bytes read that no kernel used (skipped, rewound, given back)
+        self.events: list[Event] = []  # the reads, when tracing
+
+    def adopt(self, run: PassState) -> None:
+        """The pass began (lock held, the kernels at its first unit): what was read ahead
+        for it, if anything, is ready for the kernels and the rows' places reserved, when
+        it began as expected; else what was read is given back, read for nothing. A read
+        under way is settled by the reader's first step (:meth:`ReadStage._settle_read_ahead`)."""
+        ahead, blocks = self.ahead, self.stream.blocks
+        if ahead is None:
+            return
+        began = NextPass(run.units, run.begin, frozenset(run.expect_skipped))
+        lost = ahead.adopt(began, self.stream.ring)
+        if ahead.adopted is None:
+            for k in lost:
+                self.read_for_nothing += blocks[k].nbytes
+            return
+        self.reserved = dict(ahead.reserved)
+        for k in ahead.adopted:
+            self.ready[k] = ahead.read[k]
+            self.read_ahead_bytes += blocks[k].nbytes
+            if self.stream.trace:
+                t0, t1, nbytes = ahead.times[k]
+                self.events.append(Event(k, blocks[k].name, "read", t0 - run.t0, t1 - run.t0, nbytes))
+
+    def take_reserved(self, run: PassState, i: int, nbytes: int) -> int | None:
+        """The place the read-ahead reserved for unit ``i``'s rows, if it holds ``nbytes``
+        (lock held); else None, and what was read ahead after it is given back, oldest
+        first, for the reader to read again in its turn."""
+        reserved = self.reserved.pop(i, None)
+        if reserved is None:
+            return None
+        if nbytes <= reserved[1]:
+            return reserved[0]
+        blocks = self.stream.blocks
+        for k in self.ahead.give_back_from(i, run.units.stop, self.stream.ring):
+            self.ready[k] = None
+            self.read_for_nothing += blocks[k].nbytes
+        self.reserved = {k: r for k, r in self.reserved.items() if k < i}
+        return None
+
+    def join_ahead(self) -> None:
+        """Wait for the read-ahead's read under way (a pass that never began did not)."""
+        if self.ahead is not None:
+            self.ahead.join()
+
+    def give_back(self, units: range) -> None:
+        """The kernels skipped ``units`` (two stages), or rewound the reader to the unit
+        before them: what was read of them goes back, the oldest bytes in the ring, read
+        for nothing, and the rows' places reserved among them. A read under way is given
+        back by the reader when it ends."""
+        ring, blocks, ready = self.stream.ring, self.stream.blocks, self.ready
+        for k in units:
+            if ready[k] is not None:  # ready for the kernels: the oldest bytes in the ring
+                ring.release_locked(ready[k])
+                ready[k] = None
+                place = self.ahead_places.pop(k, None)  # (experts read into a compact place: its bytes)
+                self.read_for_nothing += blocks[k].nbytes if place is None else self.place_bytes(k, place)
+            elif k in self.reserved:  # rows' place reserved ahead, in its turn
+                ring.release_locked(self.reserved.pop(k)[0])
+
+    def release_skipped(self, j: int) -> bool:
+        """The copier gives back what was read of unit ``j``, which the kernels skipped,
+        in order; whether anything was read of it."""
+        if self.ready[j] is None:
+            return False
+        self.stream.ring.release_locked(self.ready[j])
+        self.ready[j] = None
+        self.read_for_nothing += self.stream.blocks[j].nbytes
+        return True
+
+    def unrun(self, units: range) -> None:
+        """The pass ended before ``units``: what was read of them was read for nothing."""
+        for k in units:
+            if self.ready[k] is not None:
+                self.read_for_nothing += self.stream.blocks[k].nbytes
+
+    def guessed_place(self, i: int) -> ExpertPlace | None:
+        """The compact place the reader took to read unit ``i``'s guessed experts into."""
+        return self.ahead_places.get(i)
+
+    def take_guessed_place(self, i: int) -> ExpertPlace:
+        """Unit ``i``'s layer binds the place its guess was read into: no longer the reader's."""
+        return self.ahead_places.pop(i)
+
+    def place_bytes(self, k: int, place: ExpertPlace) -> int:
+        """The bytes read into unit ``k``'s compact place (its experts' slots)."""
+        return sum(e is not None for e in place.slots) * self.stream.gathered[k].slot_bytes
+
+
+__all__ = ["Claim", "ReadStage", "ReadUnits"]

@@ -1,14 +1,19 @@
-"""The streaming state machine: a pass's threads, their shared state, and the order units run in.
+"""The streaming state machine: a pass's stages, their threads, and what passes taught it.
 
 During a pass the reader thread (:mod:`layerfit.engine.reader`) reads units in order as
 the policy and the read buffer allow; with a copy stage (three stages) the copy thread
 (:mod:`layerfit.engine.copier`) moves each read unit into the device buffer. The
 executing thread (the model's forward, through the hooks of
-:mod:`layerfit.engine.hooks`) waits for each unit, runs it and gives its buffer back.
-All three share one :class:`~layerfit.engine.pass_state.PassState` under one lock, with
-a condition per waiter: the reader waits on ``room``, the executing thread on ``ready``,
+:mod:`layerfit.engine.hooks`) asks the kernel stage (:mod:`layerfit.engine.kernels`) to
+wait for each unit, bind it, and give its buffer back once it ran. Each stage owns its
+state for the pass and changes another's only through its methods; what they share is
+the small :class:`~layerfit.engine.pass_state.PassState` (where the kernels stand, the
+reader's failure), each field with one writer. One lock guards them all, with a
+condition per waiter: the reader waits on ``room``, the executing thread on ``ready``,
 the copy thread on ``copyable``; each is woken only when what it waits for has happened.
-Nothing spins.
+Nothing spins. The stream holds the configuration the stages read (policy, units, kept
+units, tables read when they run), starts and ends a pass (:meth:`UnitStream.begin_pass`,
+:meth:`UnitStream.end_pass`), and learns from each pass what the next will skip.
 
 A pass begins at the first unit it runs and may skip units (a cached decoder step skips
 its cross-attention projections): what was read of them is given back, oldest first,
@@ -27,16 +32,17 @@ from layerfit.engine.buffers import WeightBuffers
 from layerfit.engine.copier import CopyStage
 from layerfit.engine.device import Device
 from layerfit.engine.expert_cache import ExpertCache
-from layerfit.engine.expert_guess import ExpertMemory, GuessCount
-from layerfit.engine.expert_places import ExpertPlace
+from layerfit.engine.expert_guess import ExpertMemory, GuessCount, PassGuesses
 from layerfit.engine.experts import ExpertTable
 from layerfit.engine.gather import RowTable
+from layerfit.engine.kernels import KernelStage
 from layerfit.engine.pass_state import PassState
 from layerfit.engine.policies import Policy
 from layerfit.engine.read_ahead import NextPass, ReadAhead, ReadAheadReader, Start
 from layerfit.engine.reader import ReadStage
 from layerfit.engine.ring import RingBuffer
-from layerfit.engine.skeleton import Binding
+from layerfit.engine.skeleton import Binding, unbind
+from layerfit.engine.trace import Event
 from layerfit.engine.unit_reader import UnitReader
 from layerfit.engine.units import Block
 from layerfit.errors import LayerfitError
@@ -50,7 +56,9 @@ OTHER_PATH = (
 
 
 class UnitStream:
-    """Streams the units of one configuration through the buffers; owns the pass state."""
+    """Streams the units of one configuration through the buffers: holds what the stages
+    read of the configuration, the stages themselves, the pass under way (``run``) and
+    what passes taught it."""
 
     def __init__(self, device: Device, units: UnitReader, buffers: WeightBuffers, binder: Binder,
                  coalesce_bytes: int, trace: bool, read_ahead: bool = False) -> None:
@@ -80,10 +88,15 @@ class UnitStream:
         # encoder's pass skips nothing.
         self.skips_seen: dict[tuple, frozenset[int]] = {}
         self.last_start: Start | None = None  # (part start, stop, first unit run)
-        self.reader = ReadStage(self)
-        self.copier = CopyStage(self)
         self.read_ahead_on = read_ahead
         self.read_ahead = ReadAheadReader(self.state, units)
+        # The stages, each with its own state for the pass under way.
+        self.reader = ReadStage(self)
+        self.copier = CopyStage(self)
+        self.kernels = KernelStage(self)
+        self.guesses_made = PassGuesses()  # the experts' guesses made in the pass, and layers read
+        self.last_unkept: int | None = None  # the pass's last unit not kept (the read-ahead may start once it ends)
+        self.learned = False  # how the pass began and what it skipped are remembered (_learn)
 
     def configure(self, policy: Policy, blocks: Sequence[Block], bindings: Sequence[list[Binding]],
                   kept: frozenset[int], gathered: dict[int, RowTable | ExpertTable],
@@ -100,6 +113,35 @@ class UnitStream:
         self.skips_seen, self.last_start = {}, None
         self.read_ahead.forget()
 
+    def unconfigure(self, unbind_all: bool) -> None:
+        """Forget the configuration: stop the read-ahead (the buffer takes its next shape)
+        and unbind what stays bound between passes, the kept units (every unit, when
+        ``unbind_all``: preload)."""
+        self.drop_read_ahead()
+        self.expert_cache = None
+        # (bound by the buffers for good, not by the binder: see WeightBuffers.keep)
+        if unbind_all:
+            for unit in self.bindings:
+                unbind(unit)
+        for i in self.kept:
+            unbind(self.bindings[i])
+        self.kept, self.gathered = frozenset(), {}
+
+    @property
+    def kept_units(self) -> tuple[int, ...]:
+        """The units kept resident beside the buffer, in order."""
+        return tuple(sorted(self.kept))
+
+    @property
+    def rows_units(self) -> tuple[int, ...]:
+        """The units read by the rows or experts they use when they run, in order."""
+        return tuple(sorted(self.gathered))
+
+    def guess_counts(self) -> dict[str, int]:
+        """The routed units whose experts are guessed and read ahead, the experts so
+        read over this configuration, and how many of them their layer chose."""
+        return {"units": len(self.guessed_units), "read_ahead": self.guesses.read, "chosen": self.guesses.chosen}
+
     @property
     def ring(self) -> RingBuffer | None:
         return self.buffers.ring
@@ -108,20 +150,36 @@ class UnitStream:
     def device_ring(self) -> RingBuffer | None:
         return self.buffers.device_ring
 
-    # --- a pass's threads ---------------------------------------------------------------
+    # --- a pass ----------------------------------------------------------------------------
 
-    def start_threads(self, run: PassState, ahead: ReadAhead | None = None) -> list[threading.Thread]:
-        """Start the reader (and copy) thread of ``run``; ``ahead``: what was read for it
-        after the last pass (``read_ahead.take()``), adopted when it begins as expected."""
-        if ahead is not None and self.device_ring is None:
-            self.ring.restart_ledger()  # it holds what was read ahead, and nothing else
-            run.ahead = ahead
-        else:
-            if ahead is not None:
+    def begin_pass(self, run: PassState, ahead: ReadAhead | None, streaming: bool) -> list[threading.Thread]:
+        """``run`` begins: each stage's state is set up for it, and when ``streaming`` its
+        reader (and copy) thread started; ``ahead``: what was read for it after the last
+        pass (``read_ahead.take()``), adopted when it begins as expected (else, once its
+        read under way ended, the buffer starts afresh)."""
+        kept_ahead = None
+        if streaming:
+            if ahead is not None and self.device_ring is None:
+                self.ring.restart_ledger()  # it holds what was read ahead, and nothing else
+                kept_ahead = ahead
+            else:
+                if ahead is not None:
+                    ahead.join()
+                self.ring.reset()
+        nblocks = len(self.blocks)
+        self.reader.begin_pass(nblocks, kept_ahead)
+        self.copier.begin_pass(nblocks)
+        self.kernels.begin_pass()
+        self.guesses_made = PassGuesses()
+        self.learned = False
+        self.last_unkept = None
+        self.run = run
+        if not streaming:
+            if ahead is not None:  # (the next streamed pass starts afresh)
                 ahead.join()
-            self.ring.reset()
+            return []
         if self.read_ahead_on:  # where the read-ahead may start (read_next_early)
-            run.last_unkept = max((k for k in run.units if k not in self.kept), default=None)
+            self.last_unkept = max((k for k in run.units if k not in self.kept), default=None)
         threads = [threading.Thread(target=self.reader.loop, args=(run,), name="layerfit-reader", daemon=True)]
         if self.device_ring is not None:
             self.device_ring.reset()
@@ -130,37 +188,38 @@ class UnitStream:
             thread.start()
         return threads
 
-    def stop_threads(self, run: PassState, threads: list[threading.Thread]) -> None:
+    def end_pass(self, run: PassState, threads: list[threading.Thread], streaming: bool) -> None:
         """Cancel and join ``run``'s threads; unbind what the pass left bound."""
-        for ring in self.buffers.streaming_rings:
-            ring.cancel()
-        for thread in threads:
-            thread.join()
-        if run.ahead is not None:  # a pass that never began did not wait for it
-            run.ahead.join()
-        for i in list(run.bound):
-            if i in run.gathered:
-                self.end_gather(run, i)
-            elif i not in self.kept:
-                self.binder.unbind(self.bindings[i])
-        run.bound.clear()
+        if streaming:
+            for ring in self.buffers.streaming_rings:
+                ring.cancel()
+            for thread in threads:
+                thread.join()
+            self.reader.output.join_ahead()  # a pass that never began did not wait for it
+        self.kernels.unbind_left(run, streaming)
+        self.run = None
 
-    def end_gather(self, run: PassState, i: int) -> None:
-        """Put the meta tensors back in place of the rows or experts read (and what the
-        table changed of its module for the pass)."""
-        self.gathered[i].restore(run.gathered.pop(i))
+    def fail(self, run: PassState, i: int, exc: BaseException) -> None:
+        """The reader or copy thread failed at unit ``i``: the executing thread raises
+        ``exc`` when it next waits."""
+        with self.state:
+            run.error = (i, exc)
+            self.ready.notify()
+
+    def outcome(self) -> tuple[list[Event], int, int, int]:
+        """What the last pass did, once it ended: its timeline's events (unsorted), the
+        units it skipped after its first, the bytes read or copied for nothing, and the
+        bytes of units it adopted from the read-ahead."""
+        read, copier, kernels = self.reader.output, self.copier, self.kernels
+        events = read.events + copier.events + kernels.events
+        return events, len(kernels.skipped), read.read_for_nothing + copier.read_for_nothing, read.read_ahead_bytes
 
     def record_skips(self, run: PassState) -> None:
         """After a streamed pass: the units it did not run after its last (read for
         nothing if read), and what it skipped, which the next such pass will not read."""
         if run.begin is None or not run.ordered:
             return
-        if run.done != run.units.stop:  # it ended before its last units
-            with self.state:
-                for k in range(run.done, run.units.stop):
-                    run.skipped_units.add(k)
-                    if run.ready[k] is not None:
-                        run.read_for_nothing += self.blocks[k].nbytes
+        self.kernels.ended_short(run)
         self._learn(run)
 
     def _learn(self, run: PassState) -> None:
@@ -168,60 +227,20 @@ class UnitStream:
         expect; once per pass, by its end or, before the read-ahead starts at its tail
         (:meth:`read_next_early`), when every unit after the last it ran is kept (a kept
         unit is never expected to be skipped, so what it skipped is known then)."""
-        if run.source is not None or run.learned:
+        if run.source is not None or self.learned:
             return
-        run.learned = True
+        self.learned = True
         start = (run.units.start, run.units.stop, run.begin)
-        self.skips_seen[(start, self.last_start)] = frozenset(run.skipped_units)
+        self.skips_seen[(start, self.last_start)] = frozenset(self.kernels.skipped)
         self.read_ahead.followed(self.last_start, start)
         self.last_start = start
-
-    # --- the order units run in ---------------------------------------------------------
 
     def out_of_order(self, i: int, what: str) -> LayerfitError:
         """The error for unit ``i`` running out of the prepared order."""
         name = self.blocks[i].name or "<root>"
         return LayerfitError(f"unit {i} ({name}) {what}: {OTHER_PATH}")
 
-    def check_order(self, run: PassState, i: int) -> None:
-        """Streamed units run once each, in the prepared order: a unit run again, or
-        inside another, would use released bytes or wait for a read that never comes.
-        The pass begins at the first unit it runs, which the reader waits to know, and
-        may skip units (see :meth:`_skip`)."""
-        if not run.ordered:
-            return
-        if i not in run.units:
-            part = f"units {run.units.start}-{run.units.stop - 1}" if len(run.units) else "no units"
-            raise self.out_of_order(i, f"runs, but this pass streams {part}")
-        if run.begin is None:
-            self._begin(run, i)
-        if run.bound:
-            running = self.blocks[next(iter(run.bound))].name or "<root>"
-            raise self.out_of_order(i, f"runs inside unit {next(iter(run.bound))} ({running})")
-        if i < run.done:
-            raise self.out_of_order(i, "runs a second time")
-        if i > run.done:
-            if run.source is not None:
-                skipped = self.blocks[run.done].name or "<root>"
-                raise self.out_of_order(i, f"runs, but unit {run.done} ({skipped}) before it did not")
-            self._skip(run, i)
-        if i in run.expect_skipped:
-            self._rewind(run, i)
-
-    def _begin(self, run: PassState, i: int) -> None:
-        """The pass begins at unit ``i``: the reader and copier may go."""
-        with self.state:
-            run.begin = run.started = run.done = i
-            # The reader expects skips on two stages (with a copy stage it is not rewound).
-            if run.source is None and self.device_ring is None:
-                run.expect_skipped = set(self._expected_skips((run.units.start, run.units.stop, i), self.last_start))
-            if run.ahead is not None:
-                began = NextPass(run.units, i, frozenset(run.expect_skipped))
-                run.ahead.adopt(run, began, self.ring, self.blocks, self.trace)
-            self.room.notify()
-            self.copyable.notify()
-
-    def _expected_skips(self, start: Start, before: Start | None) -> frozenset[int]:
+    def expected_skips(self, start: Start, before: Start | None) -> frozenset[int]:
         """The units the reader expects a pass that begins as ``start`` after one that
         began as ``before`` to skip: those the last pass so placed skipped, but a table
         read by rows when it runs or a kept unit (neither is read ahead)."""
@@ -250,7 +269,7 @@ class UnitStream:
         the budget holds as when the pass has ended. (A read of a skipped unit still under
         way holds its place until it ends: then the buffer is not empty, and the
         read-ahead waits for the pass's end as before.)"""
-        if i != run.last_unkept or not self._reads_next(run):
+        if i != self.last_unkept or not self._reads_next(run):
             return
         with self.state:
             if self.ring.in_use or self.read_ahead.current is not None:
@@ -269,7 +288,7 @@ class UnitStream:
         """Start reading what the pass after ``run`` is expected to begin with."""
         start = (run.units.start, run.units.stop, run.begin)
         after = self.read_ahead.after(start)
-        expected = NextPass(range(after[0], after[1]), after[2], self._expected_skips(after, start))
+        expected = NextPass(range(after[0], after[1]), after[2], self.expected_skips(after, start))
         chunk = min(self.coalesce_bytes, self.ring.capacity // 2)
         self.read_ahead.start(expected, self.ring, self.blocks, self.kept, self.gathered, chunk)
 
@@ -278,70 +297,6 @@ class UnitStream:
         ahead = self.read_ahead.take()
         if ahead is not None:
             ahead.join()
-
-    def _skip(self, run: PassState, i: int) -> None:
-        """Unit ``i`` runs and the units between the last one that ran and it do not: a
-        decoder step whose cross-attention keys and values are cached skips their
-        projections. What was read (or copied) of them is given back and no more of them
-        is read (bytes read ahead for nothing, but the output is the model's: a skipped
-        unit is never bound). Each buffer is given back oldest first: here what is ready
-        for the kernels; a read or copy under way by its thread when it ends; with a copy
-        stage, the read buffer by the copier, in order."""
-        three = self.device_ring is not None
-        slots, ring = (run.on_device, self.device_ring) if three else (run.ready, self.ring)
-        with self.state:
-            for k in range(run.done, i):
-                if slots[k] is not None:  # ready for the kernels: the oldest bytes in its ring
-                    ring.release_locked(slots[k])
-                    slots[k] = None
-                    place = run.ahead_places.pop(k, None)  # (experts read into a compact place: its bytes)
-                    run.read_for_nothing += self.blocks[k].nbytes if place is None else self._place_bytes(k, place)
-                elif k in run.reserved:  # rows' place reserved ahead, in its turn
-                    ring.release_locked(run.reserved.pop(k)[0])
-            run.skipped_units.update(range(run.done, i))
-            run.done = run.started = i
-            self.wake_reader(run)
-            if three:
-                self.wake_copier(run)
-
-    def _rewind(self, run: PassState, i: int) -> None:
-        """Unit ``i`` runs, though the last such pass skipped it and so the reader did not
-        read it: what the reader read ahead of it is discarded (the oldest bytes in the
-        ring, in order; a read under way is discarded by the reader when it ends) and the
-        reader goes back to ``i``. Bytes read twice, never a wrong one."""
-        with self.state:
-            run.expect_skipped.discard(i)
-            for k in range(i + 1, run.units.stop):
-                if run.ready[k] is not None:
-                    self.ring.release_locked(run.ready[k])
-                    run.ready[k] = None
-                    place = run.ahead_places.pop(k, None)
-                    run.read_for_nothing += self.blocks[k].nbytes if place is None else self._place_bytes(k, place)
-                elif k in run.reserved:  # rows' place reserved ahead, in its turn
-                    self.ring.release_locked(run.reserved.pop(k)[0])
-            run.epoch += 1
-            run.rewind_to = i
-            self.room.notify()
-
-    def _place_bytes(self, k: int, place: ExpertPlace) -> int:
-        """The bytes read into unit ``k``'s compact place (its experts' slots)."""
-        return sum(e is not None for e in place.slots) * self.gathered[k].slot_bytes
-
-    # --- wake-ups (lock held) -------------------------------------------------------------
-
-    def wake_reader(self, run: PassState) -> None:
-        """Wake the reader if what it waits for has happened (lock held)."""
-        self.reader.wake(run)
-
-    def wake_copier(self, run: PassState) -> None:
-        """Wake the copy thread if what it waits for has happened (lock held)."""
-        self.copier.wake(run)
-
-    def wake_after_kernel(self, run: PassState) -> None:
-        """A kernel started or ended: the reader (and copier) may go (lock held)."""
-        self.wake_reader(run)
-        if self.device_ring is not None:
-            self.wake_copier(run)
 
 
 __all__ = ["OTHER_PATH", "UnitStream"]

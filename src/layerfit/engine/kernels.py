@@ -1,0 +1,342 @@
+"""The kernel stage: the executing thread's side of a pass.
+
+The model's own ``forward`` runs each unit's kernels; the hooks of
+:mod:`layerfit.engine.hooks` ask this stage, in the shape of Accelerate's ``ModelHook``,
+to wait for a unit and bind it (:meth:`KernelStage.start`), and to unbind it and give
+its buffer back once its kernels end (:meth:`KernelStage.end`); a unit read in part when
+it runs (rows, experts) takes its place (:meth:`KernelStage.place`) and starts once read
+(:meth:`KernelStage.started_after_read`).
+
+The stage keeps the order units run in (:meth:`KernelStage.check_order`): a pass begins
+at the first unit it runs and runs each after it once, in the prepared order; it may
+skip units (a cached decoder step skips its cross-attention projections), whose bytes
+the reader or the copier gives back, and a unit the reader passed over, expecting it
+skipped, rewinds the reader. It is the one writer of the fields of the pass's
+:class:`~layerfit.engine.pass_state.PassState` that say where the kernels stand, and it
+owns, per pass, what is bound where (``bound``), when each kernel started, the units
+skipped and its share of the timeline. It changes the other stages' state through their
+methods only (:class:`~layerfit.engine.reader.ReadStage` and its
+:class:`~layerfit.engine.reader.ReadUnits`, :class:`~layerfit.engine.copier.CopyStage`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from layerfit.engine.expert_places import ExpertPlace
+from layerfit.engine.trace import Event
+from layerfit.errors import LayerfitError, ReadError
+
+if TYPE_CHECKING:
+    from layerfit.engine.pass_state import PassState
+    from layerfit.engine.stream import UnitStream
+
+
+def raise_failure(run: PassState) -> NoReturn:
+    """Raise, on the executing thread, what failed on the reader or copy thread."""
+    failed, exc = run.error
+    if isinstance(exc, LayerfitError):
+        raise type(exc)(str(exc)) from exc
+    raise ReadError(f"reading unit {failed} failed: {exc}") from exc
+
+
+class KernelStage:
+    """The executing thread's side of ``stream``'s passes."""
+
+    def __init__(self, stream: UnitStream) -> None:
+        self.stream = stream
+        self.begin_pass()
+
+    def begin_pass(self) -> None:
+        """A pass begins: nothing bound, run or skipped yet."""
+        self.bound: dict[int, int] = {}  # unit -> its offset in the buffer it is bound over (-1: kept, preload)
+        self.kernel_start: dict[int, float] = {}  # unit -> when its kernel started (the timeline's clock)
+        self.skipped: set[int] = set()  # units after the first that did not run
+        self.events: list[Event] = []  # its kernels, and the reads made on this thread, when tracing
+
+    # --- a unit's start and end (the hooks') -------------------------------------------------
+
+    def start(self, run: PassState, i: int) -> None:
+        """Before unit ``i``'s first layer: wait for its bytes, then bind its weights."""
+        stream = self.stream
+        self.check_order(run, i)
+        if run.source is not None:  # the unit source decides when the unit may run
+            buffer, off = run.source.acquire(i)
+            self.kernel_start[i] = run.now()
+            stream.binder.bind(stream.bindings[i], buffer, off)
+            self.bound[i] = off
+            return
+        if stream.policy.resident:
+            self.bound[i] = -1
+            self.kernel_start[i] = run.now()
+            return
+        if i in stream.kept:  # bound for good: nothing to wait for
+            self.bound[i] = -1
+            with stream.state:
+                self.kernel_start[i] = run.now()
+                run.started = i + 1
+                self._wake_after_kernel(run)
+            return
+        # Without a copy stage the kernel uses the read buffer; with one, the device's.
+        three = stream.device_ring is not None
+        slots, ring = (stream.copier.on_device, stream.device_ring) if three else (stream.reader.output.ready, stream.ring)
+        with stream.state:
+            if slots[i] is None and run.error is None:
+                run.main_waits = i
+                stream.reader.wake(run)  # the reader may be holding out for a batch
+                while slots[i] is None and run.error is None:
+                    stream.ready.wait()
+                run.main_waits = None
+            if slots[i] is None:
+                raise_failure(run)
+            off = slots[i]
+            # The kernel starts now (binding is part of it); the sync policy lets the
+            # next read (and copy) begin from this moment.
+            self.kernel_start[i] = run.now()
+            run.started = i + 1
+            self._wake_after_kernel(run)
+        stream.binder.bind(stream.bindings[i], ring.bytes, off)
+        self.bound[i] = off
+
+    def end(self, run: PassState, i: int, output: Any) -> Any:
+        """After unit ``i``'s last layer: unbind its weights and give its buffer back;
+        the output to hand on (None: the module's own)."""
+        stream = self.stream
+        # An embedding looked up on the host (three stages) ran no device kernel.
+        host_lookup = i in run.gathered and stream.device_ring is not None
+        streaming = run.source is None and not stream.policy.resident
+        if streaming and i not in stream.kept and not host_lookup:  # its buffer may be reused once its kernels finished
+            stream.device.finish_kernels()
+        if stream.trace:
+            end = run.now()
+            blk = stream.blocks[i]
+            with stream.state:
+                self.events.append(Event(i, blk.name, "kernel", self.kernel_start[i], end, blk.nbytes))
+        if host_lookup:  # hand the rest of the model its output on the device
+            self._end_host_lookup(run, i)
+            return stream.device.to_device(output)
+        if i not in self.bound:
+            if not run.ordered:  # preload: every unit stays bound
+                with stream.state:
+                    run.done = i + 1
+                return None
+            raise stream.out_of_order(i, "ends, but its first layer did not run")
+        off = self.bound.pop(i)
+        if i in run.gathered:  # and on to release its rows' place in the ring
+            self.end_gather(run, i)
+        if i in stream.kept and run.source is None:
+            with stream.state:
+                run.done = i + 1
+                self._wake_after_kernel(run)
+            return None
+        if run.source is not None:
+            stream.binder.unbind(stream.bindings[i])
+            run.source.release(i)
+        elif streaming:
+            stream.binder.unbind(stream.bindings[i])
+            with stream.state:
+                if stream.device_ring is None:
+                    stream.ring.release_locked(off)
+                else:
+                    stream.device_ring.release_locked(off)
+                    stream.copier.wake(run)
+                run.done = i + 1
+                stream.reader.wake(run)
+            stream.read_next_early(run, i)  # the pass's last unit not kept: read the next one's
+            return None
+        with stream.state:
+            run.done = i + 1
+        return None
+
+    def _end_host_lookup(self, run: PassState, i: int) -> None:
+        """The end of an embedding looked up on the host with three stages: its rows'
+        place in the read buffer goes back, oldest first, as the copier gives back the
+        units it copied."""
+        stream = self.stream
+        off = self.bound.pop(i)
+        with stream.state:  # both at once: the copier goes on once the rows' place is back
+            stream.ring.release_locked(off)
+            self.end_gather(run, i)
+            run.done = i + 1
+            stream.reader.wake(run)
+            stream.copier.wake(run)
+
+    def _wake_after_kernel(self, run: PassState) -> None:
+        """A kernel started or ended: the reader (and copier) may go (lock held)."""
+        self.stream.reader.wake(run)
+        if self.stream.device_ring is not None:
+            self.stream.copier.wake(run)
+
+    # --- units read in part when they run (rows, experts) -----------------------------------
+
+    def place(self, run: PassState, i: int, nbytes: int, saved: object, what: str) -> int:
+        """Take ``nbytes`` of the ring for unit ``i``; ``saved`` is what its table
+        restores after the pass. Every earlier unit was released and the reader waits
+        for this one to have its place, so it may use the whole ring."""
+        stream, ring = self.stream, self.stream.ring
+        with stream.state:
+            off = stream.reader.output.take_reserved(run, i, nbytes)  # its place, reserved when the pass was read ahead
+            if off is None:
+                # Empty but for a skipped unit still being read, which the reader gives
+                # back when its read ends: this unit waits for that, since placed after
+                # it it would be given back first, and the ring gives back oldest first.
+                while ring.in_use and run.error is None:
+                    stream.ready.wait()
+                if run.error is not None:
+                    raise LayerfitError(f"no room in the unit buffer for {what}")
+                off = ring.allocate_locked(nbytes)  # planned to fit the whole ring
+            self.bound[i] = off
+            run.gathered[i] = saved
+            stream.reader.pass_over(i)
+            stream.room.notify()  # the reader may go on past this unit
+        return off
+
+    def take_read_ahead(self, run: PassState, i: int) -> ExpertPlace | None:
+        """The compact place the reader read unit ``i``'s guessed experts into, once that
+        read has ended, now bound; None when it took none (nor will now: the unit takes
+        its own place)."""
+        stream = self.stream
+        reader, read = stream.reader, stream.reader.output
+        with stream.state:
+            place = read.guessed_place(i)
+            if place is None:
+                reader.pass_over(i)  # the reader goes on without it
+                return None
+            run.main_waits = i
+            while read.ready[i] is None and run.error is None and read.guessed_place(i) is place:
+                stream.ready.wait()
+            run.main_waits = None
+            if read.ready[i] is None:
+                if run.error is not None:
+                    raise_failure(run)
+                reader.pass_over(i)  # given back meanwhile (a rewind): the unit takes its own place
+                return None
+            read.take_guessed_place(i)
+            self.bound[i] = place.offset
+            run.gathered[i] = None
+            return place
+
+    def restores(self, run: PassState, i: int, saved: object) -> None:
+        """What unit ``i``'s table restores when it ends (lock taken here)."""
+        with self.stream.state:
+            run.gathered[i] = saved
+
+    def started_after_read(self, run: PassState, i: int, t0: float, t1: float, nbytes: int) -> None:
+        """Unit ``i``'s read on this thread (``t0``..``t1``, ``nbytes``) is done and its
+        kernels start."""
+        stream = self.stream
+        with stream.state:
+            if stream.trace:
+                self.events.append(Event(i, stream.blocks[i].name, "read", t0 - run.t0, t1 - run.t0, nbytes))
+            self.kernel_start[i] = t1 - run.t0
+            run.started = i + 1
+            stream.reader.wake(run)
+
+    def end_gather(self, run: PassState, i: int) -> None:
+        """Put the meta tensors back in place of the rows or experts read (and what the
+        table changed of its module for the pass)."""
+        self.stream.gathered[i].restore(run.gathered.pop(i))
+
+    # --- the order units run in ---------------------------------------------------------
+
+    def check_order(self, run: PassState, i: int) -> None:
+        """Streamed units run once each, in the prepared order: a unit run again, or
+        inside another, would use released bytes or wait for a read that never comes.
+        The pass begins at the first unit it runs, which the reader waits to know, and
+        may skip units (see :meth:`_skip`)."""
+        if not run.ordered:
+            return
+        stream = self.stream
+        if i not in run.units:
+            part = f"units {run.units.start}-{run.units.stop - 1}" if len(run.units) else "no units"
+            raise stream.out_of_order(i, f"runs, but this pass streams {part}")
+        if run.begin is None:
+            self._begin(run, i)
+        if self.bound:
+            running = stream.blocks[next(iter(self.bound))].name or "<root>"
+            raise stream.out_of_order(i, f"runs inside unit {next(iter(self.bound))} ({running})")
+        if i < run.done:
+            raise stream.out_of_order(i, "runs a second time")
+        if i > run.done:
+            if run.source is not None:
+                skipped = stream.blocks[run.done].name or "<root>"
+                raise stream.out_of_order(i, f"runs, but unit {run.done} ({skipped}) before it did not")
+            self._skip(run, i)
+        if i in run.expect_skipped:
+            self._rewind(run, i)
+
+    def _begin(self, run: PassState, i: int) -> None:
+        """The pass begins at unit ``i``: the reader and copier may go."""
+        stream = self.stream
+        with stream.state:
+            run.begin = run.started = run.done = i
+            # The reader expects skips on two stages (with a copy stage it is not rewound).
+            if run.source is None and stream.device_ring is None:
+                run.expect_skipped = set(stream.expected_skips((run.units.start, run.units.stop, i), stream.last_start))
+            stream.reader.output.adopt(run)  # what was read ahead for it, if anything
+            stream.room.notify()
+            stream.copyable.notify()
+
+    def _skip(self, run: PassState, i: int) -> None:
+        """Unit ``i`` runs and the units between the last one that ran and it do not: a
+        decoder step whose cross-attention keys and values are cached skips their
+        projections. What was read (or copied) of them is given back and no more of them
+        is read (bytes read ahead for nothing, but the output is the model's: a skipped
+        unit is never bound). Each buffer is given back oldest first: here what is ready
+        for the kernels; a read or copy under way by its thread when it ends; with a copy
+        stage, the read buffer by the copier, in order."""
+        stream = self.stream
+        three = stream.device_ring is not None
+        with stream.state:
+            skipped = range(run.done, i)
+            if three:
+                stream.copier.give_back(skipped)
+            else:
+                stream.reader.output.give_back(skipped)
+            self.skipped.update(skipped)
+            run.done = run.started = i
+            stream.reader.wake(run)
+            if three:
+                stream.copier.wake(run)
+
+    def _rewind(self, run: PassState, i: int) -> None:
+        """Unit ``i`` runs, though the last such pass skipped it and so the reader did not
+        read it: what the reader read ahead of it is discarded (the oldest bytes in the
+        ring, in order; a read under way is discarded by the reader when it ends) and the
+        reader goes back to ``i``. Bytes read twice, never a wrong one."""
+        stream = self.stream
+        with stream.state:
+            run.expect_skipped.discard(i)
+            stream.reader.output.give_back(range(i + 1, run.units.stop))
+            run.epoch += 1
+            run.rewind_to = i
+            stream.room.notify()
+
+    def ended_short(self, run: PassState) -> None:
+        """After a streamed pass: the units it did not run after its last are skipped
+        too (read for nothing if read)."""
+        if run.done != run.units.stop:  # it ended before its last units
+            with self.stream.state:
+                self.skipped.update(range(run.done, run.units.stop))
+                self.stream.reader.output.unrun(range(run.done, run.units.stop))
+
+    def unbind_left(self, run: PassState, streaming: bool) -> None:
+        """At the pass's end, its threads stopped: unbind what it left bound (a pass
+        that failed midway), and put every table's meta tensors back."""
+        stream = self.stream
+        if streaming:
+            for i in list(self.bound):
+                if i in run.gathered:
+                    self.end_gather(run, i)
+                elif i not in stream.kept:
+                    stream.binder.unbind(stream.bindings[i])
+            self.bound.clear()
+        elif run.source is not None:
+            for i in list(self.bound):
+                stream.binder.unbind(stream.bindings[i])
+            self.bound.clear()
+        for i in list(run.gathered):
+            self.end_gather(run, i)
+
+
+__all__ = ["KernelStage", "raise_failure"]
