@@ -1,8 +1,9 @@
 """The forward hooks that tie the model's own ``forward`` to the stream.
 
-Before a unit's first layer runs, its :class:`PreHook` waits until the unit's bytes are
-there and binds its weights by reference; after its last layer, its :class:`PostHook`
-unbinds them and gives the buffer back. An embedding table read by rows has a
+Before a unit's first layer runs, its :class:`~layerfit.engine.kernels.PreHook` waits
+until the unit's bytes are there and binds its weights by reference; after its last
+layer, its :class:`~layerfit.engine.kernels.PostHook` unbinds them and gives the buffer
+back (both are the kernel stage's, in :mod:`layerfit.engine.kernels`). An embedding table read by rows has a
 :class:`GatherHook` instead, which reads the rows its ids look up, and a module of
 experts an :class:`ExpertsHook`, which reads the experts its router chose; a router that
 guesses the next MoE layer's experts a :class:`GuessHook`. A later layer of a
@@ -10,9 +11,9 @@ unit checks that the unit is bound (:class:`InnerHook`); a module that did not r
 prepare, and so has no stored weights, refuses to run (:class:`UnstoredHook`). Each hook
 is an object holding its unit's index and the :class:`~layerfit.engine.stream.UnitStream`,
 in the shape of Accelerate's ``ModelHook``: state is explicit, not a closure's. The hooks
-hold no pass state: they ask the kernel stage (:mod:`layerfit.engine.kernels`) to wait
-for a unit and bind it, and to release it; the experts' hooks record their guesses and
-reads in the pass's :class:`~layerfit.engine.expert_guess.PassGuesses`.
+here write no pass state themselves: they ask the kernel stage to take a unit's place and
+start it, and record the experts' guesses and reads in the pass's
+:class:`~layerfit.engine.expert_guess.PassGuesses`.
 """
 
 from __future__ import annotations
@@ -28,35 +29,10 @@ from torch.utils.hooks import RemovableHandle
 from layerfit.engine.expert_guess import Guess, guess
 from layerfit.engine.expert_places import ExpertPlace, assign, bind_compact, in_order, renumbered
 from layerfit.engine.experts import ROUTED, ExpertTable
+from layerfit.engine.kernels import PostHook, PreHook, SharedHook, UnitHook
 from layerfit.engine.policies import REQUEST_BYTES
 from layerfit.engine.stream import UnitStream
 from layerfit.errors import LayerfitError
-
-
-class _SharedHook:
-    """A hook is shared, not copied, by a copy of its module (the ``instantiate``
-    binding deep-copies modules), as a function hook is."""
-
-    def __deepcopy__(self, memo: dict) -> _SharedHook:
-        return self
-
-
-class UnitHook(_SharedHook):
-    """A hook of unit ``index`` of ``stream``'s configuration."""
-
-    def __init__(self, stream: UnitStream, index: int) -> None:
-        self.stream = stream
-        self.kernels = stream.kernels
-        self.index = index
-
-
-class PreHook(UnitHook):
-    """Before the unit's first layer: wait for its bytes, then bind its weights."""
-
-    def __call__(self, module: nn.Module, args: tuple) -> None:
-        run = self.stream.run
-        if run is not None:
-            self.kernels.start(run, self.index)
 
 
 class PartialReadHook(UnitHook):
@@ -215,7 +191,7 @@ def _routes(chosen: object, count: int) -> bool:
     )
 
 
-class GuessHook(_SharedHook):
+class GuessHook(SharedHook):
     """Before the router of a MoE layer: guess what the next MoE layer's router will
     choose from the same input, for the reader to read those experts ahead
     (:mod:`layerfit.engine.expert_guess`). Not while the guessed unit is still to be
@@ -238,16 +214,6 @@ class GuessHook(_SharedHook):
             stream.reader.guess_made(unit)
 
 
-class PostHook(UnitHook):
-    """After the unit's last layer: unbind its weights and give its buffer back."""
-
-    def __call__(self, module: nn.Module, args: tuple, output: Any) -> Any:
-        run = self.stream.run
-        if run is None:
-            return None
-        return self.kernels.end(run, self.index, output)
-
-
 class InnerHook(UnitHook):
     """Before a later layer of the unit: the unit must be bound (its first layer ran)."""
 
@@ -264,7 +230,7 @@ class InnerHook(UnitHook):
         raise stream.out_of_order(i, f"runs {self.name or '<root>'}, but not its first layer {first}")
 
 
-class UnstoredHook(_SharedHook):
+class UnstoredHook(SharedHook):
     """Before a module that did not run at prepare: its weights were never stored, so
     running it now would compute with the skeleton's meta tensors."""
 

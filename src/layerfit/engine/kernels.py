@@ -1,11 +1,14 @@
 """The kernel stage: the executing thread's side of a pass.
 
-The model's own ``forward`` runs each unit's kernels; the hooks of
-:mod:`layerfit.engine.hooks` ask this stage, in the shape of Accelerate's ``ModelHook``,
-to wait for a unit and bind it (:meth:`KernelStage.start`), and to unbind it and give
-its buffer back once its kernels end (:meth:`KernelStage.end`); a unit read in part when
-it runs (rows, experts) takes its place (:meth:`KernelStage.place`) and starts once read
-(:meth:`KernelStage.started_after_read`).
+The model's own ``forward`` runs each unit's kernels. The stage's hooks, in the shape
+of Accelerate's ``ModelHook`` (an object per unit holding the stage, not a closure), tie
+it to that forward: before a unit's first layer its :class:`PreHook` waits for the
+unit's bytes and binds it; after its last layer its :class:`PostHook` unbinds it and
+gives its buffer back. They are defined here, beside the state they write, and run their
+unit's whole step inline (the per-token path of a decoder runs them for every unit). The
+hooks of :mod:`layerfit.engine.hooks` for units read in part when they run (rows,
+experts) call the stage to take their place (:meth:`KernelStage.place`) and to start once
+read (:meth:`KernelStage.started_after_read`).
 
 The stage keeps the order units run in (:meth:`KernelStage.check_order`): a pass begins
 at the first unit it runs and runs each after it once, in the prepared order; it may
@@ -22,6 +25,8 @@ methods only (:class:`~layerfit.engine.reader.ReadStage` and its
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NoReturn
+
+from torch import nn
 
 from layerfit.engine.expert_places import ExpertPlace
 from layerfit.engine.trace import Event
@@ -54,101 +59,9 @@ class KernelStage:
         self.skipped: set[int] = set()  # units after the first that did not run
         self.events: list[Event] = []  # its kernels, and the reads made on this thread, when tracing
 
-    # --- a unit's start and end (the hooks') -------------------------------------------------
+    # --- a unit's end ---------------------------------------------------------------------
 
-    def start(self, run: PassState, i: int) -> None:
-        """Before unit ``i``'s first layer: wait for its bytes, then bind its weights."""
-        stream = self.stream
-        self.check_order(run, i)
-        if run.source is not None:  # the unit source decides when the unit may run
-            buffer, off = run.source.acquire(i)
-            self.kernel_start[i] = run.now()
-            stream.binder.bind(stream.bindings[i], buffer, off)
-            self.bound[i] = off
-            return
-        if stream.policy.resident:
-            self.bound[i] = -1
-            self.kernel_start[i] = run.now()
-            return
-        if i in stream.kept:  # bound for good: nothing to wait for
-            self.bound[i] = -1
-            with stream.state:
-                self.kernel_start[i] = run.now()
-                run.started = i + 1
-                self._wake_after_kernel(run)
-            return
-        # Without a copy stage the kernel uses the read buffer; with one, the device's.
-        three = stream.device_ring is not None
-        slots, ring = (stream.copier.on_device, stream.device_ring) if three else (stream.reader.output.ready, stream.ring)
-        with stream.state:
-            if slots[i] is None and run.error is None:
-                run.main_waits = i
-                stream.reader.wake(run)  # the reader may be holding out for a batch
-                while slots[i] is None and run.error is None:
-                    stream.ready.wait()
-                run.main_waits = None
-            if slots[i] is None:
-                raise_failure(run)
-            off = slots[i]
-            # The kernel starts now (binding is part of it); the sync policy lets the
-            # next read (and copy) begin from this moment.
-            self.kernel_start[i] = run.now()
-            run.started = i + 1
-            self._wake_after_kernel(run)
-        stream.binder.bind(stream.bindings[i], ring.bytes, off)
-        self.bound[i] = off
-
-    def end(self, run: PassState, i: int, output: Any) -> Any:
-        """After unit ``i``'s last layer: unbind its weights and give its buffer back;
-        the output to hand on (None: the module's own)."""
-        stream = self.stream
-        # An embedding looked up on the host (three stages) ran no device kernel.
-        host_lookup = i in run.gathered and stream.device_ring is not None
-        streaming = run.source is None and not stream.policy.resident
-        if streaming and i not in stream.kept and not host_lookup:  # its buffer may be reused once its kernels finished
-            stream.device.finish_kernels()
-        if stream.trace:
-            end = run.now()
-            blk = stream.blocks[i]
-            with stream.state:
-                self.events.append(Event(i, blk.name, "kernel", self.kernel_start[i], end, blk.nbytes))
-        if host_lookup:  # hand the rest of the model its output on the device
-            self._end_host_lookup(run, i)
-            return stream.device.to_device(output)
-        if i not in self.bound:
-            if not run.ordered:  # preload: every unit stays bound
-                with stream.state:
-                    run.done = i + 1
-                return None
-            raise stream.out_of_order(i, "ends, but its first layer did not run")
-        off = self.bound.pop(i)
-        if i in run.gathered:  # and on to release its rows' place in the ring
-            self.end_gather(run, i)
-        if i in stream.kept and run.source is None:
-            with stream.state:
-                run.done = i + 1
-                self._wake_after_kernel(run)
-            return None
-        if run.source is not None:
-            stream.binder.unbind(stream.bindings[i])
-            run.source.release(i)
-        elif streaming:
-            stream.binder.unbind(stream.bindings[i])
-            with stream.state:
-                if stream.device_ring is None:
-                    stream.ring.release_locked(off)
-                else:
-                    stream.device_ring.release_locked(off)
-                    stream.copier.wake(run)
-                run.done = i + 1
-                stream.reader.wake(run)
-            stream.read_next_early(run, i)  # the pass's last unit not kept: read the next one's
-            return None
-        with stream.state:
-            run.done = i + 1
-        return None
-
-    def _end_host_lookup(self, run: PassState, i: int) -> None:
+    def end_host_lookup(self, run: PassState, i: int) -> None:
         """The end of an embedding looked up on the host with three stages: its rows'
         place in the read buffer goes back, oldest first, as the copier gives back the
         units it copied."""
@@ -161,7 +74,7 @@ class KernelStage:
             stream.reader.wake(run)
             stream.copier.wake(run)
 
-    def _wake_after_kernel(self, run: PassState) -> None:
+    def wake_after_kernel(self, run: PassState) -> None:
         """A kernel started or ended: the reader (and copier) may go (lock held)."""
         self.stream.reader.wake(run)
         if self.stream.device_ring is not None:
@@ -339,4 +252,127 @@ class KernelStage:
             self.end_gather(run, i)
 
 
-__all__ = ["KernelStage", "raise_failure"]
+class SharedHook:
+    """A hook is shared, not copied, by a copy of its module (the ``instantiate``
+    binding deep-copies modules), as a function hook is."""
+
+    def __deepcopy__(self, memo: dict) -> SharedHook:
+        return self
+
+
+class UnitHook(SharedHook):
+    """A hook of unit ``index`` of ``stream``'s configuration, in the shape of
+    Accelerate's ``ModelHook``: its state is explicit (the stream's stages), not a
+    closure's."""
+
+    def __init__(self, stream: UnitStream, index: int) -> None:
+        self.stream = stream
+        self.kernels = stream.kernels
+        self.index = index
+
+
+class PreHook(UnitHook):
+    """Before the unit's first layer: wait for its bytes, then bind its weights."""
+
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        stream, kernels, i = self.stream, self.kernels, self.index
+        run = stream.run
+        if run is None:
+            return
+        kernels.check_order(run, i)
+        if run.source is not None:  # the unit source decides when the unit may run
+            buffer, off = run.source.acquire(i)
+            kernels.kernel_start[i] = run.now()
+            stream.binder.bind(stream.bindings[i], buffer, off)
+            kernels.bound[i] = off
+            return
+        if stream.policy.resident:
+            kernels.bound[i] = -1
+            kernels.kernel_start[i] = run.now()
+            return
+        if i in stream.kept:  # bound for good: nothing to wait for
+            kernels.bound[i] = -1
+            with stream.state:
+                kernels.kernel_start[i] = run.now()
+                run.started = i + 1
+                kernels.wake_after_kernel(run)
+            return
+        # Without a copy stage the kernel uses the read buffer; with one, the device's.
+        three = stream.device_ring is not None
+        slots, ring = (stream.copier.on_device, stream.device_ring) if three else (stream.reader.output.ready, stream.ring)
+        with stream.state:
+            if slots[i] is None and run.error is None:
+                run.main_waits = i
+                stream.reader.wake(run)  # the reader may be holding out for a batch
+                while slots[i] is None and run.error is None:
+                    stream.ready.wait()
+                run.main_waits = None
+            if slots[i] is None:
+                raise_failure(run)
+            off = slots[i]
+            # The kernel starts now (binding is part of it); the sync policy lets the
+            # next read (and copy) begin from this moment.
+            kernels.kernel_start[i] = run.now()
+            run.started = i + 1
+            kernels.wake_after_kernel(run)
+        stream.binder.bind(stream.bindings[i], ring.bytes, off)
+        kernels.bound[i] = off
+
+
+class PostHook(UnitHook):
+    """After the unit's last layer: unbind its weights and give its buffer back (the
+    output it returns, when not None, replaces the module's)."""
+
+    def __call__(self, module: nn.Module, args: tuple, output: Any) -> Any:
+        stream, kernels, i = self.stream, self.kernels, self.index
+        run = stream.run
+        if run is None:
+            return None
+        # An embedding looked up on the host (three stages) ran no device kernel.
+        host_lookup = i in run.gathered and stream.device_ring is not None
+        streaming = run.source is None and not stream.policy.resident
+        if streaming and i not in stream.kept and not host_lookup:  # its buffer may be reused once its kernels finished
+            stream.device.finish_kernels()
+        if stream.trace:
+            end = run.now()
+            blk = stream.blocks[i]
+            with stream.state:
+                kernels.events.append(Event(i, blk.name, "kernel", kernels.kernel_start[i], end, blk.nbytes))
+        if host_lookup:  # hand the rest of the model its output on the device
+            kernels.end_host_lookup(run, i)
+            return stream.device.to_device(output)
+        if i not in kernels.bound:
+            if not run.ordered:  # preload: every unit stays bound
+                with stream.state:
+                    run.done = i + 1
+                return None
+            raise stream.out_of_order(i, "ends, but its first layer did not run")
+        off = kernels.bound.pop(i)
+        if i in run.gathered:  # and on to release its rows' place in the ring
+            kernels.end_gather(run, i)
+        if i in stream.kept and run.source is None:
+            with stream.state:
+                run.done = i + 1
+                kernels.wake_after_kernel(run)
+            return None
+        if run.source is not None:
+            stream.binder.unbind(stream.bindings[i])
+            run.source.release(i)
+        elif streaming:
+            stream.binder.unbind(stream.bindings[i])
+            with stream.state:
+                if stream.device_ring is None:
+                    stream.ring.release_locked(off)
+                else:
+                    stream.device_ring.release_locked(off)
+                    stream.copier.wake(run)
+                run.done = i + 1
+                stream.reader.wake(run)
+            stream.read_next_early(run, i)  # the pass's last unit not kept: read the next one's
+            return None
+        with stream.state:
+            run.done = i + 1
+        return None
+
+
+__all__ = ["KernelStage", "PostHook", "PreHook", "SharedHook", "UnitHook", "raise_failure"]
