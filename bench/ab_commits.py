@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from reporting import machine, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMING = re.compile(r"(^|/)(latency_s|token_s|prompt_s|median_s|p50_ms|p95_ms|throughput_rps)$")
+TIMING = re.compile(r"(^|/)(latency_s|token_s|prompt_s|median_s|p50_ms|p95_ms|throughput_rps|tokens_per_s|ttft_p50_s|token_gap_p50_s)$")
+THROUGHPUTS = ("throughput_rps", "tokens_per_s")  # higher is faster; every other metric is a time
 
 
 def numbers(data: Any, path: str = "") -> dict[str, float]:
@@ -91,7 +92,7 @@ def compare(before: list[dict], after: list[dict], pattern: re.Pattern) -> list[
             continue
         spread = max(max(bv) / min(bv), max(av) / min(av)) - 1
         ratio = statistics.median(av) / statistics.median(bv)
-        slowdown = 1 / ratio if key.endswith("throughput_rps") else ratio  # above 1: slower
+        slowdown = 1 / ratio if key.endswith(THROUGHPUTS) else ratio  # above 1: slower
         rows.append({
             "metric": key, "before": bv, "after": av, "before_median": statistics.median(bv),
             "after_median": statistics.median(av), "ratio": ratio, "noise": spread,
