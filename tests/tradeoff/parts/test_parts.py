@@ -120,6 +120,28 @@ def test_tiled_equals_untiled_on_a_mobile_style_net():
     assert stats.peak_bytes < untiled_peak_bytes(cnn, [x]) / 2
 
 
+def test_kernels_read_the_weights_bound_when_they_run():
+    """Weights bound into the modules after the CNN was captured (as the engine binds a
+    unit's tensors by reference, into ``module._parameters``/``_buffers``) are the ones
+    every kernel reads, whole and by parts."""
+    torch.manual_seed(0)
+    model = mobile_block_net()
+    x = torch.randn(1, 3, 45, 27)
+    cnn = cnn_from_module("net", model, x)
+    executors = {mode: PartsExecutor(cnn, mode) for mode in ("none", "all")}
+    gen = torch.Generator().manual_seed(2)
+    for mod in model.modules():
+        for holder in (mod._parameters, mod._buffers):
+            for name, t in list(holder.items()):
+                if t is not None and t.is_floating_point():
+                    fresh = torch.rand(t.shape, generator=gen) + 0.5
+                    holder[name] = nn.Parameter(fresh, requires_grad=False) if name in mod._parameters else fresh
+    with torch.no_grad():
+        reference = model(x)
+    for executor in executors.values():
+        close(executor.run(x), reference)
+
+
 def test_untileable_layers_are_marked_and_run_whole():
     model = mobile_block_net()
     cnn = cnn_from_module("net", model, torch.randn(1, 3, 20, 20))

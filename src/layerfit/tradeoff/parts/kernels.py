@@ -20,7 +20,10 @@ whether it can process by parts - and builds the :class:`Kernel` that runs it:
 A tileable layer's *stripe kernel* computes output rows ``a..b`` from the input rows
 they read, with the same arithmetic as the module: padding rows are materialised only
 for phases touching the border, so interior phases pass views of the edge buffers
-straight to the operator. Every layer also runs whole through its fx target. Operators
+straight to the operator. Every layer also runs whole through its fx target. Both read
+a module's weights when they run, not when they are built, so weights bound into the
+module later (the engine binds a unit's by reference, :mod:`layerfit.engine.binding`)
+are the ones they use. Operators
 run out of place (``inplace`` flags are dropped) because a stripe is a view into a
 buffer other consumers still read. Constants (``get_attr`` nodes) are no layers: their
 values are bound into the kernels of the layers reading them, and their elements count
@@ -540,10 +543,10 @@ def _conv_node(site: _Site, mod: nn.Conv2d, params: int) -> tuple[Layer, Kernel]
     if src is None or not site.is_spatial:
         return _untileable(site, "conv", "input is not [N, C, H, W]", **common)
     rmap = RowMap("window", src.rows, window_extent(kh, dh), sh, ph)
-    weight, bias, groups = mod.weight, mod.bias, mod.groups
+    groups = mod.groups
 
-    def op(x: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(x, weight, bias, (sh, sw), (0, pw), (dh, dw), groups)
+    def op(x: torch.Tensor) -> torch.Tensor:  # the weights the module holds now (bound late)
+        return F.conv2d(x, mod.weight, mod.bias, (sh, sw), (0, pw), (dh, dw), groups)
 
     return site.layer("conv", True, padding=ph, **common), site.kernel(_window_stripe(rmap, 0.0, op))
 
@@ -625,10 +628,13 @@ def _pointwise_module(site: _Site, op: str, mod: nn.Module, params: int) -> tupl
     forward = mod.forward  # the module's own arithmetic, without the hook machinery per phase
     if isinstance(mod, nn.BatchNorm2d) and mod.running_mean is not None:
         # what F.batch_norm calls in eval mode, minus its Python-level checks
-        bn_args = (mod.weight, mod.bias, mod.running_mean, mod.running_var, False, 0.0, mod.eps)
+        weights, stats, eps = mod._parameters, mod._buffers, mod.eps
 
         def stripe(values: list[Any], a: int, b: int) -> torch.Tensor:
-            return torch.batch_norm(values[0], *bn_args, torch.backends.cudnn.enabled)
+            return torch.batch_norm(
+                values[0], weights["weight"], weights["bias"], stats["running_mean"], stats["running_var"],
+                False, 0.0, eps, torch.backends.cudnn.enabled,
+            )
 
     else:
 
