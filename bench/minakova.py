@@ -200,7 +200,7 @@ def buffer_experiment(models: tuple[str, ...], size: int, cache: dict[str, Any])
                 "seconds_parts": runs["all"][1],
             }
         )
-        assert runs["none"][0] == untiled_peak_bytes(cnn, [x])
+        assert runs["none"][0] == untiled_peak_bytes(cnn)
     return rows
 
 

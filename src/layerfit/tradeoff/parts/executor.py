@@ -19,6 +19,8 @@ Memory is accounted in a ledger: every edge buffer (row buffers at capacity, who
 intermediate tensors at full size) counts from allocation until its last reader has
 run. Graph inputs and outputs belong to the caller and are not counted; the transient
 one-phase result and the padded stripes of border phases are not counted either.
+With no layer by parts the ledger is the memory planner's tensor usage records, so
+:func:`untiled_peak_bytes` reads its peak from them without a run.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from typing import Any
 import torch
 
 from layerfit.errors import TradeoffError
+from layerfit.memory.profiles import max_breadth
+from layerfit.memory.records import TensorUsageRecord
 from layerfit.tradeoff.parts.cnn import CNN, Layer
 from layerfit.tradeoff.parts.flow import FlowGraph, RowPlan, plan_rows
 from layerfit.tradeoff.parts.kernels import Runner, cnn_from_module, substitute
@@ -471,11 +475,21 @@ class _Run:
             self.values[i] = None
 
 
-def untiled_peak_bytes(cnn: CNN, example: Sequence[torch.Tensor]) -> int:
-    """Ledger peak of plain layer-by-layer execution (every tensor whole until last read)."""
-    executor = PartsExecutor(cnn, "none")
-    executor.run(*example)
-    return executor.last_stats.peak_bytes
+def untiled_peak_bytes(cnn: CNN) -> int:
+    """The ledger's peak of plain layer-by-layer execution (mode ``none``), without
+    running it: the memory planner's most bytes live at once
+    (:func:`~layerfit.memory.profiles.max_breadth`) over the usage records of the
+    intermediate tensors, each live from the layer producing it to its last reader
+    (graph inputs and outputs are the caller's, as the ledger counts them)."""
+    runner = runner_of(cnn)
+    outputs = set(runner.outputs)
+    records = []
+    for i, readers in enumerate(cnn.consumers()):
+        layer = cnn.layers[i]
+        if readers and i not in outputs and layer.op != "input" and layer.elems:
+            itemsize = torch.empty((), dtype=runner.kernels[i].dtype).element_size()
+            records.append(TensorUsageRecord(i, i, max(readers), layer.elems * itemsize))
+    return max_breadth(records)
 
 
 def describe_tiling(cnn: CNN) -> list[dict[str, Any]]:
