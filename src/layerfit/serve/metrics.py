@@ -20,8 +20,8 @@ create new time series by inventing model names.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, MutableMapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -29,6 +29,15 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class ObservedRuntime(Protocol):
+    """What the metrics read of the runtime (:class:`~layerfit.Runtime` is one): its models
+    by name, and its stats at each scrape."""
+
+    models: Mapping[str, Any]
+
+    def stats(self) -> dict[str, Any]: ...
 
 
 class RuntimeCollector(Collector):
@@ -141,7 +150,7 @@ class ServerMetrics:
             ["model"], buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
 
-    def attach(self, runtime: Any, inflight: Callable[[], int], requests: Any = None) -> None:
+    def attach(self, runtime: ObservedRuntime, inflight: Callable[[], int], requests: Any = None) -> None:
         """Read the runtime's models and stats, the data plane's in-flight count and its
         request memory (a :class:`~layerfit.serve.body.RequestMemory`)."""
         self.models = lambda: runtime.models
