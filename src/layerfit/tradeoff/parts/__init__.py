@@ -13,6 +13,8 @@
   under memory and throughput constraints.
 * :class:`TwoStagePipeline` - a CNN split in two partitions on two threads with a
   double-buffered edge.
+* :func:`cnn_from_engine` / :class:`EngineStage` - a loaded engine's model by parts, a
+  stage (a range of its layers) run as a pass of the engine with only its units.
 """
 
 from layerfit.tradeoff.parts.appfile import Constraints, application_from_dict, load_application
@@ -34,6 +36,7 @@ from layerfit.tradeoff.parts.executor import (
 )
 from layerfit.tradeoff.parts.flow import FlowGraph, FlowNode, RowPlan, format_schedule, plan_rows
 from layerfit.tradeoff.parts.kernels import cnn_from_graph, cnn_from_module
+from layerfit.tradeoff.parts.on_engine import EngineStage, cnn_from_engine
 from layerfit.tradeoff.parts.pipeline import PipelineReport, TwoStagePipeline, measure_pipeline
 from layerfit.tradeoff.parts.reuse import SharedBuffer, naive_buffers, reuse_buffers
 from layerfit.tradeoff.parts.rows import RowMap
@@ -59,6 +62,7 @@ __all__ = [
     "Application",
     "Constraints",
     "DerivedApplication",
+    "EngineStage",
     "Evaluation",
     "FlowGraph",
     "FlowNode",
@@ -78,6 +82,7 @@ __all__ = [
     "TwoStagePipeline",
     "Violation",
     "application_from_dict",
+    "cnn_from_engine",
     "cnn_from_graph",
     "cnn_from_module",
     "estimator_for",

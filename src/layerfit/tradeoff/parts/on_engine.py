@@ -1,0 +1,100 @@
+"""Processing by parts on the engine: a loaded model's layers, a stage run as its own pass.
+
+:func:`cnn_from_engine` reads a CNN from an :class:`~layerfit.engine.engine.Engine`: its
+layers are the operators of the graph ``prepare`` captured (the manifest's, with
+torch.fx), its kernels call the engine's own model (the skeleton whose weights the
+engine binds), and its example is the manifest's seeded input. :class:`EngineStage`
+runs a contiguous range of those layers (all of them, or a pipeline stage) as one pass
+of the engine that may run only the units holding the range's modules
+(:meth:`Engine.run_pass <layerfit.engine.engine.Engine.run_pass>`, as
+:mod:`layerfit.engine.parts` runs a submodule): the engine checks its file and binds
+the weights, and a streaming engine refuses a unit outside the stage.
+
+A layer run whole calls its module, so its unit's hooks bind the unit as in any pass,
+whatever the policy. A layer run by parts calls its operator in row stripes on its
+module's weights as bound when each phase runs (the stripe kernels bind late), which
+calls no hook: by parts needs every weight bound for the whole pass, which a policy
+keeping them resident (``preload``) gives, and is refused under a streaming one.
+Streaming a layer processed by parts would bind its unit before its first phase and
+release it after its last, and hold every unit of a chain of by-parts layers at once,
+since their phases interleave.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from layerfit.engine.part_units import inside
+from layerfit.errors import TradeoffError
+from layerfit.store.examples import example_call
+from layerfit.tradeoff.parts.cnn import CNN
+from layerfit.tradeoff.parts.executor import PartsExecutor, PartsSpec, stage_of
+from layerfit.tradeoff.parts.kernels import cnn_from_graph
+
+if TYPE_CHECKING:
+    from layerfit.engine.engine import Engine
+
+
+def cnn_from_engine(engine: Engine, name: str | None = None) -> CNN:
+    """The CNN of ``engine``'s model: its captured graph's operators, kernels calling the
+    engine's skeleton, and the manifest's example input as its runner's example."""
+    args, kwargs = example_call(engine.manifest)
+    if kwargs:
+        raise TradeoffError("processing by parts takes positional tensor inputs; this model was prepared from keywords")
+    return cnn_from_graph(name or engine.manifest.model["name"], engine.manifest.graph, engine.model, tuple(args))
+
+
+def stage_units(engine: Engine, cnn: CNN, first: int, stop: int) -> range:
+    """The engine's units holding the modules of layers ``[first, stop)`` of ``cnn``: a
+    contiguous range, none of them holding a module of a layer outside the stage."""
+    module_of = {
+        node.name: str(node.target) for node in cnn.runner.module.graph.nodes if node.op == "call_module"
+    }
+    owner: list[int | None] = []
+    for layer in cnn.layers:
+        module = module_of.get(layer.name)
+        found = None
+        if module is not None:
+            for i, block in enumerate(engine.blocks):
+                if any(inside(module, seg.name) for seg in block.segments):
+                    found = i
+                    break
+        owner.append(found)
+    within = sorted({u for u in owner[first:stop] if u is not None})
+    if not within:
+        return range(0)
+    units = range(within[0], within[-1] + 1)
+    shared = [cnn.layers[n].name for n, u in enumerate(owner) if u in units and not first <= n < stop]
+    if shared:
+        raise TradeoffError(
+            f"layers {first}-{stop - 1} cannot run as their own pass: units {units.start}-{units.stop - 1} "
+            f"also hold layer {shared[0]!r} outside them (units merged by blocks:N or merge:SIZE are: "
+            "load the model with units='layers', or cut between units)"
+        )
+    return units
+
+
+class EngineStage:
+    """Layers ``[first, stop)`` of ``engine``'s CNN with ``parts`` processing by parts,
+    called like :meth:`PartsExecutor.run` (the stage's input tensors): each call is a
+    pass of the engine running only the stage's units."""
+
+    def __init__(
+        self, engine: Engine, cnn: CNN, parts: PartsSpec = "none", first: int = 0, stop: int | None = None,
+        phase_rows: int = 1,
+    ) -> None:
+        stop = len(cnn.layers) if stop is None else stop
+        self.engine = engine
+        self.executor = PartsExecutor(cnn, parts, phase_rows, stage_of(cnn, first, stop))
+        if any(self.executor.plan.by_parts) and not engine.policy.resident:
+            raise TradeoffError(
+                f"the engine streams its weights (pipeline {engine.policy.name!r}): a layer processed by parts "
+                "runs no hook that binds its unit, so it needs them resident (load the model with pipeline='preload')"
+            )
+        self.units = stage_units(engine, cnn, first, stop)
+
+    def __call__(self, *inputs: Any) -> Any:
+        return self.engine.run_pass(None, self.executor.run, inputs, {}, self.units)
+
+
+__all__ = ["EngineStage", "cnn_from_engine", "stage_units"]

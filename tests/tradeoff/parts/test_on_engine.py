@@ -1,0 +1,71 @@
+"""Processing by parts on the engine: a loaded model's layers by parts give model(x), and
+a stage runs as its own pass of the engine, with only its units."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from layerfit.engine.engine import Engine
+from layerfit.errors import LayerfitError, TradeoffError
+from layerfit.store import prepare
+from layerfit.tradeoff.parts.executor import TOLERANCE
+from layerfit.tradeoff.parts.on_engine import EngineStage, cnn_from_engine
+
+from .single_thread import single_thread  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+SHAPE = (1, 3, 32, 32)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("parts") / "mobilenet_v2"
+    prepare("mobilenet_v2", out, input_shape=SHAPE)
+    return out
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    rtol, atol = TOLERANCE
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * max(1.0, expected.abs().max().item()))
+
+
+def test_by_parts_on_the_engine_equals_the_model_whole_and_in_two_stages(folder: Path) -> None:
+    with Engine(folder, pipeline="preload") as engine:
+        cnn = cnn_from_engine(engine)
+        (x,) = cnn.runner.example
+        reference = engine(x)
+        close(EngineStage(engine, cnn, "all")(x), reference)
+        assert torch.equal(EngineStage(engine, cnn, "none")(x), reference)
+        cut = len(cnn.layers) // 2
+        first, second = EngineStage(engine, cnn, "all", 0, cut), EngineStage(engine, cnn, "all", cut)
+        assert first.units.stop == second.units.start  # the stages' units split the model's
+        assert (first.units.start, second.units.stop) == (0, len(engine.blocks))
+        (out,) = second(*first(x))
+        close(out, reference)
+
+
+def test_a_streaming_engine_runs_whole_layers_and_refuses_by_parts(folder: Path) -> None:
+    with Engine(folder, pipeline="async", budget="50%") as engine:
+        cnn = cnn_from_engine(engine)
+        (x,) = cnn.runner.example
+        reference = engine(x)
+        cut = len(cnn.layers) // 2
+        first, second = EngineStage(engine, cnn, "none", 0, cut), EngineStage(engine, cnn, "none", cut)
+        (out,) = second(*first(x))
+        assert torch.equal(out, reference)
+        with pytest.raises(TradeoffError, match="resident"):
+            EngineStage(engine, cnn, "all")
+        second.units = first.units  # a pass may run only its own units: the engine says so
+        with pytest.raises(LayerfitError, match="units"):
+            second(*first(x))
+
+
+def test_a_unit_across_the_cut_is_refused(folder: Path) -> None:
+    with Engine(folder, pipeline="preload", units="blocks:4") as engine:
+        cnn = cnn_from_engine(engine)
+        with pytest.raises(TradeoffError, match="cannot run as their own pass"):
+            EngineStage(engine, cnn, "all", 0, len(cnn.layers) // 2 + 1)
