@@ -13,6 +13,7 @@ from layerfit.errors import LayerfitError, TradeoffError
 from layerfit.store import prepare
 from layerfit.tradeoff.parts.executor import TOLERANCE
 from layerfit.tradeoff.parts.on_engine import EngineStage, cnn_from_engine
+from layerfit.tradeoff.parts.pipeline import TwoStagePipeline
 
 from .single_thread import single_thread  # noqa: F401 (fixture)
 
@@ -69,3 +70,22 @@ def test_a_unit_across_the_cut_is_refused(folder: Path) -> None:
         cnn = cnn_from_engine(engine)
         with pytest.raises(TradeoffError, match="cannot run as their own pass"):
             EngineStage(engine, cnn, "all", 0, len(cnn.layers) // 2 + 1)
+
+
+@pytest.mark.parametrize(("pipeline", "parts"), [("async", "none"), ("preload", "all")])
+def test_a_two_stage_pipeline_on_two_engines_equals_the_model(folder: Path, pipeline: str, parts: str) -> None:
+    """Each stage a pass of its own engine of the one prepared model, on its own thread:
+    a streaming engine reads only its stage's units."""
+    options = {"budget": "50%"} if pipeline == "async" else {}
+    with Engine(folder, pipeline=pipeline, **options) as first, Engine(folder, pipeline=pipeline, **options) as second:
+        cnn = cnn_from_engine(first)
+        frames = [cnn.runner.example[0] + k for k in range(3)]
+        references = [first(x) for x in frames]
+        staged = TwoStagePipeline(cnn, len(cnn.layers) // 2, parts, engines=(first, second))
+        assert staged.first.units.stop == staged.second.units.start
+        piped = staged.run(frames)
+        for out, sequential, reference in zip(piped, staged.run_sequential(frames), references, strict=True):
+            assert torch.equal(out, sequential)
+            close(out, reference)
+            if parts == "none":
+                assert torch.equal(out, reference)

@@ -18,18 +18,26 @@ keeping them resident (``preload``) gives, and is refused under a streaming one.
 Streaming a layer processed by parts would bind its unit before its first phase and
 release it after its last, and hold every unit of a chain of by-parts layers at once,
 since their phases interleave.
+
+:func:`engine_stages` cuts a CNN into the two stages of a
+:class:`~layerfit.tradeoff.parts.pipeline.TwoStagePipeline`, each a pass of its own
+engine, so the stages overlap frame by frame as the executors' stages do.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from layerfit.engine.part_units import inside
 from layerfit.errors import TradeoffError
 from layerfit.store.examples import example_call
 from layerfit.tradeoff.parts.cnn import CNN
-from layerfit.tradeoff.parts.executor import PartsExecutor, PartsSpec, stage_of
-from layerfit.tradeoff.parts.kernels import cnn_from_graph
+from layerfit.tradeoff.parts.executor import PartsExecutor, PartsSpec, Stage, stage_of
+from layerfit.tradeoff.parts.kernels import Runner, cnn_from_graph
 
 if TYPE_CHECKING:
     from layerfit.engine.engine import Engine
@@ -93,8 +101,31 @@ class EngineStage:
             )
         self.units = stage_units(engine, cnn, first, stop)
 
-    def __call__(self, *inputs: Any) -> Any:
-        return self.engine.run_pass(None, self.executor.run, inputs, {}, self.units)
+    @property
+    def stage(self) -> Stage:
+        return self.executor.stage
+
+    @property
+    def runner(self) -> Runner:
+        return self.executor.runner
+
+    def run(self, *inputs: Any, out: Sequence[torch.Tensor] | None = None) -> Any:
+        """:meth:`PartsExecutor.run` of the stage as one pass of the engine."""
+        return self.engine.run_pass(None, partial(self.executor.run, out=out), inputs, {}, self.units)
+
+    __call__ = run
 
 
-__all__ = ["EngineStage", "cnn_from_engine", "stage_units"]
+def engine_stages(engines: Sequence[Engine], cut: int, parts: PartsSpec = "none", phase_rows: int = 1) -> list[EngineStage]:
+    """A CNN cut before layer ``cut`` as two stages, each a pass of its own engine (two
+    engines of one prepared model: an engine runs one pass at a time, and a stage of a
+    streaming engine reads only its own units)."""
+    if len(engines) != 2:
+        raise TradeoffError(f"a two-stage pipeline runs on two engines, got {len(engines)}")
+    first, second = (cnn_from_engine(engine) for engine in engines)
+    if first.layers != second.layers:
+        raise TradeoffError("the two engines run different models: load one prepared model twice")
+    return [EngineStage(engines[0], first, parts, 0, cut, phase_rows), EngineStage(engines[1], second, parts, cut, None, phase_rows)]
+
+
+__all__ = ["EngineStage", "cnn_from_engine", "engine_stages", "stage_units"]

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,10 @@ from layerfit.errors import TradeoffError
 from layerfit.tradeoff.parts.cnn import CNN
 from layerfit.tradeoff.parts.executor import PartsExecutor, PartsSpec, stage_of
 from layerfit.tradeoff.parts.kernels import substitute
+from layerfit.tradeoff.parts.on_engine import EngineStage, engine_stages
+
+if TYPE_CHECKING:
+    from layerfit.engine.engine import Engine
 
 _DONE = object()
 
@@ -41,15 +45,25 @@ class TwoStagePipeline:
     """Two pipeline stages of one CNN captured from a module, cut before layer ``cut``.
 
     ``parts`` selects by-parts layers for both stages (layer names, ``all`` or ``none``).
+    Each stage is a :class:`PartsExecutor` of the CNN, or, given two ``engines`` of the
+    model the CNN was read from, a pass of its own engine
+    (:func:`~layerfit.tradeoff.parts.on_engine.engine_stages`).
     """
 
-    def __init__(self, cnn: CNN, cut: int | str, parts: PartsSpec = "none", phase_rows: int = 1) -> None:
+    def __init__(
+        self, cnn: CNN, cut: int | str, parts: PartsSpec = "none", phase_rows: int = 1, engines: Sequence[Engine] = ()
+    ) -> None:
         index = cnn.index(cut) if isinstance(cut, str) else cut
         if not 0 < index < len(cnn.layers):
             raise TradeoffError(f"cut must be a layer index in (0, {len(cnn.layers)}), got {cut!r}")
         self.cnn = cnn
-        self.first = PartsExecutor(cnn, parts, phase_rows, stage_of(cnn, 0, index))
-        self.second = PartsExecutor(cnn, parts, phase_rows, stage_of(cnn, index, len(cnn.layers)))
+        self.first: PartsExecutor | EngineStage
+        self.second: PartsExecutor | EngineStage
+        if engines:
+            self.first, self.second = engine_stages(engines, index, parts, phase_rows)
+        else:
+            self.first = PartsExecutor(cnn, parts, phase_rows, stage_of(cnn, 0, index))
+            self.second = PartsExecutor(cnn, parts, phase_rows, stage_of(cnn, index, len(cnn.layers)))
         first_out = self.first.stage.outputs
         # The second stage reads the first stage's outputs and possibly the graph inputs.
         inputs = [i for i, layer in enumerate(cnn.layers) if layer.op == "input"]
