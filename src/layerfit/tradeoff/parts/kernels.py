@@ -43,6 +43,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._pytree import tree_leaves, tree_map
 
 from layerfit.capture import capture
 from layerfit.capture.activations import fx_trace
@@ -304,20 +305,8 @@ class _Site:
 
 
 def refs(arg: Any) -> list[Ref]:
-    found: list[Ref] = []
-
-    def visit(a: Any) -> None:
-        if isinstance(a, Ref):
-            found.append(a)
-        elif isinstance(a, (list, tuple)):
-            for x in a:
-                visit(x)
-        elif isinstance(a, dict):
-            for x in a.values():
-                visit(x)
-
-    visit(arg)
-    return found
+    """The :class:`Ref` leaves of a nested argument, in order."""
+    return [a for a in tree_leaves(arg) if isinstance(a, Ref)]
 
 
 def substitute(arg: Any, values: Callable[[int], Any]) -> Any:
@@ -335,13 +324,7 @@ def substitute(arg: Any, values: Callable[[int], Any]) -> Any:
 
 def _constants(arg: Any) -> list[torch.Tensor]:
     """The constant tensors (values of ``get_attr`` nodes) in a nested argument."""
-    if isinstance(arg, torch.Tensor):
-        return [arg]
-    if isinstance(arg, (list, tuple)):
-        return [t for a in arg for t in _constants(a)]
-    if isinstance(arg, dict):
-        return [t for a in arg.values() for t in _constants(a)]
-    return []
+    return [a for a in tree_leaves(arg) if isinstance(a, torch.Tensor)]
 
 
 def _pair(value: Any) -> tuple[int, int]:
@@ -677,23 +660,9 @@ def _pointwise_call(
 
 def _bind_rows(arg: Any, by_rows: set[int]) -> Any:
     """``arg`` with each constant of ``by_rows`` (by id) wrapped as :class:`_Rows`."""
-    if isinstance(arg, torch.Tensor) and id(arg) in by_rows:
-        return _Rows(arg)
-    if isinstance(arg, (list, tuple)):
-        return [_bind_rows(a, by_rows) for a in arg] if isinstance(arg, list) else tuple(_bind_rows(a, by_rows) for a in arg)
-    if isinstance(arg, dict):
-        return {k: _bind_rows(v, by_rows) for k, v in arg.items()}
-    return arg
+    return tree_map(lambda t: _Rows(t) if isinstance(t, torch.Tensor) and id(t) in by_rows else t, arg)
 
 
 def _narrowed(arg: Any, a: int, b: int) -> Any:
     """``arg`` with rows ``a..b`` of every :class:`_Rows` constant in place of it."""
-    if isinstance(arg, _Rows):
-        return arg.value.narrow(2, a, b - a + 1)
-    if isinstance(arg, list):
-        return [_narrowed(x, a, b) for x in arg]
-    if isinstance(arg, tuple):
-        return tuple(_narrowed(x, a, b) for x in arg)
-    if isinstance(arg, dict):
-        return {k: _narrowed(v, a, b) for k, v in arg.items()}
-    return arg
+    return tree_map(lambda r: r.value.narrow(2, a, b - a + 1) if isinstance(r, _Rows) else r, arg)
