@@ -526,10 +526,10 @@ def _conv_node(site: _Site, mod: nn.Conv2d, params: int) -> tuple[Layer, Kernel]
     if src is None or not site.is_spatial:
         return _untileable(site, "conv", "input is not [N, C, H, W]", **common)
     rmap = RowMap("window", src.rows, window_extent(kh, dh), sh, ph)
-    groups = mod.groups
+    weights, groups = mod._parameters, mod.groups  # read at each call: the weights bound now
 
-    def op(x: torch.Tensor) -> torch.Tensor:  # the weights the module holds now (bound late)
-        return F.conv2d(x, mod.weight, mod.bias, (sh, sw), (0, pw), (dh, dw), groups)
+    def op(x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, weights["weight"], weights["bias"], (sh, sw), (0, pw), (dh, dw), groups)
 
     return site.layer("conv", True, padding=ph, **common), site.kernel(_window_stripe(rmap, 0.0, op))
 
