@@ -43,6 +43,7 @@ SCRIPT_OF = {
     "spread_decoding": "ab_commits",  # decoding.py before and after the spread of streamed units
     "reader_batch_": "ab_commits",  # benches before and after the reader waited for its own read's room
     "read_ahead_default_": "ab_commits",  # decoding.py before and after the read-ahead was on by default
+    "arch2_": "ab_commits",  # the three benches before and after the architecture redesign (#53)
     "vs_mmap_read_ahead": "vs_mmap",  # bench/vs_mmap.py with the read-ahead on, before it was the default
     "prepare_larger_than_memory": "prepare_memory",  # bench/prepare_memory.py --larger-than-memory
 }
