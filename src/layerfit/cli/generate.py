@@ -247,10 +247,10 @@ def _check_prompt(engine: Engine, prompt_ids: list[int], max_new_tokens: int) ->
     """Refuse ids outside the vocabulary, and a prompt and new tokens beyond the model's
     positions (an encoder-decoder's prompt and new tokens each within its own): the
     loop's rules (:mod:`layerfit.schedule.decoding.rules`)."""
-    from layerfit.schedule.decoding.rules import check_positions, check_prompt_ids, vocab_of
+    from layerfit.schedule.decoding.rules import check_generation_length, check_prompt_ids, vocab_of
 
     check_prompt_ids(prompt_ids, vocab_of(engine.model), "the model's vocabulary")
-    check_positions(engine.model.config, len(prompt_ids), max_new_tokens, tokens="--max-new-tokens")
+    check_generation_length(engine.model.config, len(prompt_ids), max_new_tokens, tokens="--max-new-tokens")
 
 
 def _generation_config(directory: str) -> Any | None:

@@ -22,7 +22,7 @@ from the global seed as ``model.generate`` does, and encoder-decoders (T5, BART,
 The loop serves many sequences at once with the four settings the HTTP APIs take
 (:mod:`.sampling`). Both refuse the same models and the same prompts, with these rules.
 
-**Which prompts** (:func:`check_prompt_ids`, :func:`check_positions`): not empty, every
+**Which prompts** (:func:`check_prompt_ids`, :func:`check_generation_length`): not empty, every
 id in the vocabulary, the prompt and the new tokens within the model's positions (an
 encoder-decoder's prompt and new tokens each within its own).
 """
@@ -130,7 +130,7 @@ def check_prompt_ids(prompt: list[int] | tuple[int, ...], vocab: int | None, voc
         raise InputError(f"the prompt holds token id {bad}; {vocabulary} has ids {span}")
 
 
-def check_positions(
+def check_generation_length(
     config: Any, n: int, max_tokens: int, *, model: str = "the model", tokens: str = "max_tokens",
     error: type[LayerfitError] = InputError,
 ) -> None:
@@ -166,7 +166,7 @@ def check_positions(
 __all__ = [
     "TOKENIZER_FILES",
     "Refusal",
-    "check_positions",
+    "check_generation_length",
     "check_prompt_ids",
     "config_of",
     "end_tokens",

@@ -36,7 +36,7 @@ from layerfit.errors import (
 from layerfit.schedule.decoding.batching import DecodeEngine, DecodeLoop, Finish, OnToken, Sequence
 from layerfit.schedule.decoding.rules import (
     Refusal,
-    check_positions,
+    check_generation_length,
     end_tokens,
     has_tokenizer,
     read_tokenizer,
@@ -95,7 +95,7 @@ class LanguageModel:
         """Refuse (:class:`~layerfit.errors.GenerationTooLargeError`) ``n`` prompt tokens
         and ``max_tokens`` new ones past the model's positions: callable on a list's
         length before anything is made of it."""
-        check_positions(self.config, n, max_tokens, model=f"model {self.name!r}", error=GenerationTooLargeError)
+        check_generation_length(self.config, n, max_tokens, model=f"model {self.name!r}", error=GenerationTooLargeError)
 
     def check(self, prompt: tuple[int, ...] | list[int], max_tokens: int) -> None:
         """Refuse a prompt and new tokens past the positions (413) and ids outside the
