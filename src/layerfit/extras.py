@@ -24,6 +24,7 @@ MODULES_OF_EXTRA: dict[str, tuple[str, ...]] = {
     "tradeoff": ("pymoo", "yaml"),
     "plot": ("matplotlib",),
     "hf": ("transformers", "tokenizers"),
+    "gguf": ("gguf",),
 }
 
 #: The extra named when an optional module is missing: the first above that brings it
@@ -41,6 +42,7 @@ PURPOSE_OF_EXTRA: dict[str, str] = {
     "schedule": "scheduling, workloads and the simulator",
     "plot": "plots",
     "hf": "Hugging Face models",
+    "gguf": "preparing GGUF files",
 }
 
 
