@@ -58,6 +58,8 @@ class KernelStage:
         self.kernel_start: dict[int, float] = {}  # unit -> when its kernel started (the timeline's clock)
         self.skipped: set[int] = set()  # units after the first that did not run
         self.events: list[Event] = []  # its kernels, and the reads made on this thread, when tracing
+        self.held: range = range(0)  # units bound as one by a run in row stripes (see hold)
+        self.holding = False  # hold or let_go is binding or releasing them now
 
     # --- a unit's end ---------------------------------------------------------------------
 
@@ -165,7 +167,7 @@ class KernelStage:
             raise stream.out_of_order(i, f"runs, but this pass streams {part}")
         if run.begin is None:
             self._begin(run, i)
-        if self.bound:
+        if self.bound and not (i in self.held and all(b in self.held for b in self.bound)):
             running = stream.blocks[next(iter(self.bound))].name or "<root>"
             raise stream.out_of_order(i, f"runs inside unit {next(iter(self.bound))} ({running})")
         if i < run.done:
@@ -225,6 +227,29 @@ class KernelStage:
             run.rewind_to = i
             stream.room.notify()
 
+    # --- units held as one ---------------------------------------------------------------
+
+    def hold(self, units: range) -> None:
+        """Bind ``units`` as one unit until :meth:`let_go`: a run in row stripes
+        (:mod:`layerfit.engine.stripes`) interleaves the phases of their layers, so each
+        runs while the others are bound. Each is waited for and bound in order by its
+        :class:`PreHook`, as if its layers ran; their modules' own hooks do nothing meanwhile."""
+        self.held, self.holding = units, True
+        try:
+            for i in units:
+                PreHook(self.stream, i)(None, ())
+        finally:
+            self.holding = False
+
+    def let_go(self) -> None:
+        """Release the units :meth:`hold` bound, in order, each by its :class:`PostHook`."""
+        self.holding = True
+        try:
+            for i in self.held:
+                PostHook(self.stream, i)(None, (), None)
+        finally:
+            self.holding, self.held = False, range(0)
+
     def ended_short(self, run: PassState) -> None:
         """After a streamed pass: the units it did not run after its last are skipped
         too (read for nothing if read)."""
@@ -277,7 +302,7 @@ class PreHook(UnitHook):
     def __call__(self, module: nn.Module, args: tuple) -> None:
         stream, kernels, i = self.stream, self.kernels, self.index
         run = stream.run
-        if run is None:
+        if run is None or (i in kernels.held and not kernels.holding):  # bound as one by hold
             return
         kernels.check_order(run, i)
         if run.source is not None:  # the unit source decides when the unit may run
@@ -326,7 +351,7 @@ class PostHook(UnitHook):
     def __call__(self, module: nn.Module, args: tuple, output: Any) -> Any:
         stream, kernels, i = self.stream, self.kernels, self.index
         run = stream.run
-        if run is None:
+        if run is None or (i in kernels.held and not kernels.holding):  # released by let_go
             return None
         # An embedding looked up on the host (three stages) ran no device kernel.
         host_lookup = i in run.gathered and stream.device_ring is not None

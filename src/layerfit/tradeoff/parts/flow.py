@@ -26,8 +26,9 @@ granularity of rows:
 Producing late and releasing early makes every window the smallest any valid
 schedule can achieve for a chain (including skip connections inside it); the tests
 check this against an exhaustive search over all interleavings of phases on small
-graphs. The schedule is also what the executor in :mod:`layerfit.tradeoff.parts.executor`
-runs, so the sizes computed here are the buffers it allocates.
+graphs. The schedule is also what the engine runs (:mod:`layerfit.engine.stripes`, given
+it by :mod:`layerfit.tradeoff.parts.executor`), so the sizes computed here are the
+buffers it allocates.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from layerfit.engine.stripes import Slot
 from layerfit.tradeoff.parts.rows import RowMap
 
 
@@ -97,11 +99,6 @@ class FlowGraph:
             for slot, i in enumerate(node.inputs):
                 result[i].append((c, slot))
         return result
-
-
-# Per input slot of a node: (input, code, extent, stride, pad_top, in_rows, first reading
-# row); code 1 = read a window by parts, 0 = read every row at once, 2 = broadcast row 0.
-Slot = tuple[int, int, int, int, int, int, int]
 
 
 @dataclass(frozen=True)

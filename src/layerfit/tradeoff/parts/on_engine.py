@@ -33,11 +33,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from layerfit.engine.part_units import inside
+from layerfit.engine.stripes import Runner
 from layerfit.errors import TradeoffError
 from layerfit.store.examples import example_call
 from layerfit.tradeoff.parts.cnn import CNN
 from layerfit.tradeoff.parts.executor import PartsExecutor, PartsSpec, Stage, stage_of
-from layerfit.tradeoff.parts.kernels import Runner, cnn_from_graph
+from layerfit.tradeoff.parts.kernels import cnn_from_graph
 
 if TYPE_CHECKING:
     from layerfit.engine.engine import Engine

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from layerfit.engine.stripes import substitute
 from layerfit.errors import TradeoffError
 from layerfit.tradeoff.parts.cnn import CNN
 from layerfit.tradeoff.parts.executor import PartsExecutor, PartsSpec, stage_of
-from layerfit.tradeoff.parts.kernels import substitute
 from layerfit.tradeoff.parts.on_engine import EngineStage, engine_stages
 
 if TYPE_CHECKING:
