@@ -167,12 +167,15 @@ class KernelStage:
             raise stream.out_of_order(i, f"runs, but this pass streams {part}")
         if run.begin is None:
             self._begin(run, i)
-        if self.bound and not (i in self.held and all(b in self.held for b in self.bound)):
+        done = run.done
+        if self.bound and i in self.held and all(b in self.held for b in self.bound):
+            done = max(self.bound) + 1  # the units held before it are bound, not done
+        elif self.bound:
             running = stream.blocks[next(iter(self.bound))].name or "<root>"
             raise stream.out_of_order(i, f"runs inside unit {next(iter(self.bound))} ({running})")
-        if i < run.done:
+        if i < done:
             raise stream.out_of_order(i, "runs a second time")
-        if i > run.done:
+        if i > done:
             if run.source is not None:
                 skipped = stream.blocks[run.done].name or "<root>"
                 raise stream.out_of_order(i, f"runs, but unit {run.done} ({skipped}) before it did not")

@@ -972,7 +972,10 @@ def held_spans(
         if u is not None:
             first.setdefault(u, s)
             last[u] = s
-    spans = sorted({(first[u], last[u]) for u in first if any(by_parts[k] and unit_of[k] == u for k, _, _ in steps)})
+    striped = {unit_of[k] for k, _, _ in steps if by_parts[k]} - {None}
+    spans = sorted({(first[u], last[u]) for u in striped})
+    if not spans:
+        return []
     while True:
         merged: list[tuple[int, int]] = []
         for s, e in spans:
@@ -995,23 +998,20 @@ def held_spans(
     return result
 
 
-def holds_for(
-    stream: UnitStream, steps: Sequence[tuple[int, int, int]], by_parts: Sequence[bool], unit_of: Sequence[int | None]
-) -> Holds:
-    """The units ``stream`` binds as one for a schedule's ``steps`` (:func:`held_spans`),
-    refused where its policy reads a unit only once the one before it ran, or where its
-    ring cannot hold a span's streamed units at once."""
-    spans = held_spans(steps, by_parts, unit_of)
-    policy, ring = stream.policy, stream.device_ring if stream.device_ring is not None else stream.ring
-    streaming = policy is not None and not policy.resident
+def holds_for(stream: UnitStream, spans: Sequence[tuple[int, int, range]]) -> Holds:
+    """The units ``stream`` binds as one over ``spans`` (:func:`held_spans`), refused
+    where its policy reads a unit only once the one before it ran, or where its ring
+    cannot hold a span's streamed units at once (each would wait for the others)."""
+    policy = stream.policy
+    ring = stream.device_ring if stream.device_ring is not None else stream.ring
     for _, _, units in spans:
         streamed = [i for i in units if i not in stream.kept]
-        if not streaming or len(streamed) < 2:
+        if policy is None or policy.resident or len(streamed) < 2:
             continue
-        if not all(policy.read_may_start(i, i, units.start, stream.device.stages) for i in streamed):  # type: ignore[union-attr]
+        if not all(policy.read_may_start(i, i, units.start, stream.device.stages) for i in streamed):
             raise LayerfitError(
                 f"units {units.start}-{units.stop - 1} run in stripes, so they are bound at once, but pipeline "
-                f"{policy.name!r} reads a unit only once the one before it ran: load the model with another pipeline"  # type: ignore[union-attr]
+                f"{policy.name!r} reads a unit only once the one before it ran: load the model with another pipeline"
             )
         sizes = [stream.blocks[i].nbytes for i in streamed]
         if ring is not None and sum(sizes) + max(sizes) > ring.capacity:

@@ -49,8 +49,11 @@ def test_by_parts_on_the_engine_equals_the_model_whole_and_in_two_stages(folder:
         close(out, reference)
 
 
-def test_a_streaming_engine_runs_whole_layers_and_refuses_by_parts(folder: Path) -> None:
-    with Engine(folder, pipeline="async", budget="50%") as engine:
+@pytest.mark.parametrize("pipeline", ["async", "sync"])
+def test_a_streaming_engine_runs_layers_whole_and_by_parts(folder: Path, pipeline: str) -> None:
+    """Under a streaming policy, the units of a chain of layers by parts are bound as one
+    from its first phase to its last: outputs equal the model's, whole and in two stages."""
+    with Engine(folder, pipeline=pipeline, budget="90%") as engine:
         cnn = cnn_from_engine(engine)
         (x,) = cnn.runner.example
         reference = engine(x)
@@ -58,11 +61,24 @@ def test_a_streaming_engine_runs_whole_layers_and_refuses_by_parts(folder: Path)
         first, second = EngineStage(engine, cnn, "none", 0, cut), EngineStage(engine, cnn, "none", cut)
         (out,) = second(*first(x))
         assert torch.equal(out, reference)
-        with pytest.raises(TradeoffError, match="resident"):
-            EngineStage(engine, cnn, "all")
+        by_parts = EngineStage(engine, cnn, "all")
+        assert by_parts.spans and all(len(units) >= 1 for _, _, units in by_parts.spans)
+        close(by_parts(x), reference)
+        assert not engine.stream.kernels.held  # every unit let go
+        first, second = EngineStage(engine, cnn, "all", 0, cut), EngineStage(engine, cnn, "all", cut)
+        (out,) = second(*first(x))
+        close(out, reference)
         second.units = first.units  # a pass may run only its own units: the engine says so
         with pytest.raises(LayerfitError, match="units"):
             second(*first(x))
+
+
+def test_by_parts_is_refused_where_a_chain_cannot_be_bound_at_once(folder: Path) -> None:
+    with Engine(folder, pipeline="sequential") as engine:
+        cnn = cnn_from_engine(engine)
+        EngineStage(engine, cnn, "none")  # whole layers: each unit bound by its hooks
+        with pytest.raises(LayerfitError, match="sequential"):
+            EngineStage(engine, cnn, "all")
 
 
 def test_a_unit_across_the_cut_is_refused(folder: Path) -> None:
@@ -72,7 +88,7 @@ def test_a_unit_across_the_cut_is_refused(folder: Path) -> None:
             EngineStage(engine, cnn, "all", 0, len(cnn.layers) // 2 + 1)
 
 
-@pytest.mark.parametrize(("pipeline", "parts"), [("async", "none"), ("preload", "all")])
+@pytest.mark.parametrize(("pipeline", "parts"), [("async", "none"), ("async", "all"), ("preload", "all")])
 def test_a_two_stage_pipeline_on_two_engines_equals_the_model(folder: Path, pipeline: str, parts: str) -> None:
     """Each stage a pass of its own engine of the one prepared model, on its own thread:
     a streaming engine reads only its stage's units."""

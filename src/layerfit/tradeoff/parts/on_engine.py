@@ -12,12 +12,10 @@ the weights, and a streaming engine refuses a unit outside the stage.
 
 A layer run whole calls its module, so its unit's hooks bind the unit as in any pass,
 whatever the policy. A layer run by parts calls its operator in row stripes on its
-module's weights as bound when each phase runs (the stripe kernels bind late), which
-calls no hook: by parts needs every weight bound for the whole pass, which a policy
-keeping them resident (``preload``) gives, and is refused under a streaming one.
-Streaming a layer processed by parts would bind its unit before its first phase and
-release it after its last, and hold every unit of a chain of by-parts layers at once,
-since their phases interleave.
+module's weights as bound when each phase runs, which calls no hook, and the phases of
+a chain of such layers interleave: the engine binds the units of the chain as one, from
+its first phase to its last (:func:`~layerfit.engine.stripes.held_spans`), under a
+streaming policy too.
 
 :func:`engine_stages` cuts a CNN into the two stages of a
 :class:`~layerfit.tradeoff.parts.pipeline.TwoStagePipeline`, each a pass of its own
@@ -33,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from layerfit.engine.part_units import inside
-from layerfit.engine.stripes import Runner
+from layerfit.engine.stripes import Runner, held_spans, holds_for
 from layerfit.errors import TradeoffError
 from layerfit.store.examples import example_call
 from layerfit.tradeoff.parts.cnn import CNN
@@ -53,9 +51,9 @@ def cnn_from_engine(engine: Engine, name: str | None = None) -> CNN:
     return cnn_from_graph(name or engine.manifest.model["name"], engine.manifest.graph, engine.model, tuple(args))
 
 
-def stage_units(engine: Engine, cnn: CNN, first: int, stop: int) -> range:
-    """The engine's units holding the modules of layers ``[first, stop)`` of ``cnn``: a
-    contiguous range, none of them holding a module of a layer outside the stage."""
+def layer_units(engine: Engine, cnn: CNN) -> list[int | None]:
+    """Per layer of ``cnn``, the engine's unit holding its module (None: a layer with no
+    module, or a module with no weights of its own)."""
     module_of = {
         node.name: str(node.target) for node in cnn.runner.module.graph.nodes if node.op == "call_module"
     }
@@ -69,6 +67,13 @@ def stage_units(engine: Engine, cnn: CNN, first: int, stop: int) -> range:
                     found = i
                     break
         owner.append(found)
+    return owner
+
+
+def stage_units(engine: Engine, cnn: CNN, first: int, stop: int) -> range:
+    """The engine's units holding the modules of layers ``[first, stop)`` of ``cnn``: a
+    contiguous range, none of them holding a module of a layer outside the stage."""
+    owner = layer_units(engine, cnn)
     within = sorted({u for u in owner[first:stop] if u is not None})
     if not within:
         return range(0)
@@ -86,7 +91,8 @@ def stage_units(engine: Engine, cnn: CNN, first: int, stop: int) -> range:
 class EngineStage:
     """Layers ``[first, stop)`` of ``engine``'s CNN with ``parts`` processing by parts,
     called like :meth:`PartsExecutor.run` (the stage's input tensors): each call is a
-    pass of the engine running only the stage's units."""
+    pass of the engine running only the stage's units, those of layers by parts bound
+    as one over their phases."""
 
     def __init__(
         self, engine: Engine, cnn: CNN, parts: PartsSpec = "none", first: int = 0, stop: int | None = None,
@@ -95,12 +101,10 @@ class EngineStage:
         stop = len(cnn.layers) if stop is None else stop
         self.engine = engine
         self.executor = PartsExecutor(cnn, parts, phase_rows, stage_of(cnn, first, stop))
-        if any(self.executor.plan.by_parts) and not engine.policy.resident:
-            raise TradeoffError(
-                f"the engine streams its weights (pipeline {engine.policy.name!r}): a layer processed by parts "
-                "runs no hook that binds its unit, so it needs them resident (load the model with pipeline='preload')"
-            )
         self.units = stage_units(engine, cnn, first, stop)
+        owner, plan = layer_units(engine, cnn), self.executor.plan
+        self.spans = held_spans(plan.steps, plan.by_parts, [owner[t] for t in self.executor.members])
+        holds_for(engine.stream, self.spans)  # refused now rather than at the first call
 
     @property
     def stage(self) -> Stage:
@@ -112,7 +116,13 @@ class EngineStage:
 
     def run(self, *inputs: Any, out: Sequence[torch.Tensor] | None = None) -> Any:
         """:meth:`PartsExecutor.run` of the stage as one pass of the engine."""
-        return self.engine.run_pass(None, partial(self.executor.run, out=out), inputs, {}, self.units)
+        return self.engine.run_pass(None, partial(self._run, out=out), inputs, {}, self.units)
+
+    def _run(self, *inputs: Any, out: Sequence[torch.Tensor] | None) -> Any:
+        """The stage's pass, inside the engine's: the units of layers by parts bound as
+        the engine is configured now."""
+        self.executor.holds = holds_for(self.engine.stream, self.spans)
+        return self.executor.run(*inputs, out=out)
 
     __call__ = run
 
