@@ -322,6 +322,8 @@ def test_a_header_past_the_memory_bound_is_refused_before_it_is_built(tmp_path: 
     refused(tmp_path, content, "more than 0 MiB of memory")
     big = build([kv("s", 8, s("x" * 70_000))], [])
     refused(tmp_path, big, "more than 0 MiB")
+    long_strings = build([kv("t", 9, u32(8) + u64(10) + s("y" * 10_000) * 10)], [])
+    refused(tmp_path, long_strings, "more than 0 MiB")
     assert MAX_METADATA_MEMORY == 1 << 30
 
 

@@ -334,36 +334,42 @@ def _array(r: _Reader, etype: int, count: int, key: str, depth: int) -> list[Any
 
 
 def _strings(r: _Reader, count: int, what: str) -> list[str]:
-    """``count`` strings (a vocabulary: 150k of them), the window handled inline because
-    this loop is most of a large header's parse time."""
+    """``count`` strings (a vocabulary: 150k of them). This loop is most of a large
+    header's parse time, so a string lying inside the window costs an unpack, a slice
+    and a decode; only one that crosses the window's end takes the slow path, which
+    charges the bytes decoded so far to the memory bound (at most a window's worth
+    uncharged) and checks the length against the file before reading it."""
     out: list[str] = []
     append, unpack = out.append, _U64.unpack_from
     buf, base, end, pos = r.buf, r.base, len(r.buf), r.pos
-    for index in range(count):
-        i = pos - base
-        if i + 8 > end:
-            r.pos = pos
-            i = r.window(8, f"string {index} of {what}")
-            buf, base, end = r.buf, r.base, len(r.buf)
-        (length,) = unpack(buf, i)
-        i += 8
-        pos += 8
-        if length > r.size - pos:
-            r.pos = pos
-            raise r.truncated(f"string {index} of {what} claims {length:,} bytes at offset {pos:,}")
-        r.budget -= length
-        if r.budget < 0:
-            r.charge(0, what)
-        if i + length > end:
-            r.pos = pos
-            i = r.window(length, f"string {index} of {what}")
-            buf, base, end = r.buf, r.base, len(r.buf)
-        try:
-            append(buf[i : i + length].decode("utf-8"))
-        except UnicodeDecodeError:
-            raise r.corrupt(f"string {index} of {what} is not UTF-8 text") from None
-        pos += length
+    spent = 0  # string bytes decoded and not yet charged
+    index = 0
+    try:
+        for index in range(count):
+            i = pos - base
+            if i + 8 > end:
+                r.pos = pos
+                i = r.window(8, f"string {index} of {what}")
+                buf, base, end = r.buf, r.base, len(r.buf)
+            (length,) = unpack(buf, i)
+            i += 8
+            j = i + length
+            if j > end:
+                r.pos = pos + 8
+                if length > r.left():
+                    raise r.truncated(f"string {index} of {what} claims {length:,} bytes at offset {r.pos:,}")
+                r.charge(spent + length, what)
+                spent = -length
+                i = r.window(length, f"string {index} of {what}")
+                buf, base, end = r.buf, r.base, len(r.buf)
+                j = i + length
+            append(buf[i:j].decode("utf-8"))
+            spent += length
+            pos += 8 + length
+    except UnicodeDecodeError:
+        raise r.corrupt(f"string {index} of {what} is not UTF-8 text") from None
     r.pos = pos
+    r.charge(spent, what)
     return out
 
 
