@@ -249,7 +249,8 @@ def _preamble(r: _Reader) -> int:
         raise InputError(f"{r.path} is GGUF version 1, which llama.cpp no longer reads: convert the model again")
     if version not in VERSIONS:
         raise InputError(
-            f"{r.path} is GGUF version {version}; layerfit reads versions 2 and 3 (a newer file, or corrupt)"
+            f"{r.path} is GGUF version {version}; layerfit reads versions 2 and 3: update layerfit, or convert "
+            "the model again with llama.cpp"
         )
     return version
 
