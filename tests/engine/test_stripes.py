@@ -1,5 +1,7 @@
-"""A run in row stripes on the engine: which units are bound as one over which steps,
-and the kernel stage binding them as one under a streaming policy."""
+"""A run in row stripes on the engine: its row buffers, which units are bound as one
+over which steps, and the kernel stage binding them as one under a streaming policy.
+(Outputs equal to the module's, by parts, are tested with the schedules that decide
+them, in ``tests/tradeoff/parts``.)"""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import pytest
 import torch
 
 from layerfit.engine.engine import Engine
-from layerfit.engine.stripes import held_spans, holds_for
+from layerfit.engine.stripes import RowBuffer, held_spans, holds_for
 from layerfit.errors import BudgetError, LayerfitError
 
 
@@ -68,3 +70,20 @@ def test_a_policy_or_a_ring_that_cannot_hold_a_chain_is_refused(tiny: Path) -> N
             holds_for(engine.stream, spans)
     with Engine(tiny, pipeline="preload") as engine:
         assert holds_for(engine.stream, spans).begin == {0: range(0, 5)}
+
+
+def test_row_buffer_keeps_a_contiguous_window():
+    like = torch.zeros(1, 2, 1, 3)
+    buf = RowBuffer(3, like)
+    for r in range(8):
+        buf.release(r - 1)  # a 2-row window slides down; the buffer shifts it to the front
+        buf.write(r, torch.full((1, 2, 1, 3), float(r)))
+        view = buf.view(max(r - 1, 0), r)
+        assert view[0, 0, :, 0].tolist() == [float(i) for i in range(max(r - 1, 0), r + 1)]
+    assert buf.high_water == 2
+    with pytest.raises(RuntimeError, match="not held"):
+        buf.view(0, 7)
+    buf.skip_to(10)
+    buf.write(10, torch.zeros(1, 2, 3, 3))
+    with pytest.raises(RuntimeError, match="overflow"):
+        buf.write(13, torch.zeros(1, 2, 1, 3))

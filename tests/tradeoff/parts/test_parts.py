@@ -15,7 +15,6 @@ from layerfit.errors import TradeoffError
 from layerfit.tradeoff.parts.executor import (
     TOLERANCE,
     PartsExecutor,
-    RowBuffer,
     describe_tiling,
     untiled_peak_bytes,
 )
@@ -190,23 +189,6 @@ def test_rows_no_consumer_reads_are_never_stored():
 def test_training_mode_is_refused():
     with pytest.raises(TradeoffError, match="eval"):
         cnn_from_module("net", nn.Sequential(nn.Conv2d(1, 1, 3)).train(), torch.randn(1, 1, 5, 5))
-
-
-def test_row_buffer_keeps_a_contiguous_window():
-    like = torch.zeros(1, 2, 1, 3)
-    buf = RowBuffer(3, like)
-    for r in range(8):
-        buf.release(r - 1)  # a 2-row window slides down; the buffer shifts it to the front
-        buf.write(r, torch.full((1, 2, 1, 3), float(r)))
-        view = buf.view(max(r - 1, 0), r)
-        assert view[0, 0, :, 0].tolist() == [float(i) for i in range(max(r - 1, 0), r + 1)]
-    assert buf.high_water == 2
-    with pytest.raises(RuntimeError, match="not held"):
-        buf.view(0, 7)
-    buf.skip_to(10)
-    buf.write(10, torch.zeros(1, 2, 3, 3))
-    with pytest.raises(RuntimeError, match="overflow"):
-        buf.write(13, torch.zeros(1, 2, 1, 3))
 
 
 def _conv(c: int, draw) -> list[nn.Module]:

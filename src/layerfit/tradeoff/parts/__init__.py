@@ -7,14 +7,15 @@
 * :func:`cnn_from_module` / :func:`cnn_from_graph` - a CNN's layers are the operators of
   layerfit's capture (:mod:`layerfit.capture`, torch.fx), each with its kernels.
 * :func:`plan_rows` / :class:`PartsExecutor` - processing by parts: minimum row buffers
-  and the phase schedule of a partition, and an executor running a captured CNN in row
-  stripes with those buffers.
+  and the phase schedule of a partition, run in row stripes by the engine
+  (:mod:`layerfit.engine.stripes`) with those buffers.
 * :func:`reduce_buffers` - Algorithm 2, NSGA-II over "this layer processes by parts"
   under memory and throughput constraints.
 * :class:`TwoStagePipeline` - a CNN split in two partitions on two threads with a
   double-buffered edge.
 * :func:`cnn_from_engine` / :class:`EngineStage` - a loaded engine's model by parts, a
-  stage (a range of its layers) run as a pass of the engine with only its units.
+  stage (a range of its layers) run as a pass of the engine with only its units, under
+  any policy that can hold a chain of units by parts at once.
 """
 
 from layerfit.tradeoff.parts.appfile import Constraints, application_from_dict, load_application
@@ -30,7 +31,6 @@ from layerfit.tradeoff.parts.cnn import CNN, Layer
 from layerfit.tradeoff.parts.executor import (
     TOLERANCE,
     PartsExecutor,
-    RowBuffer,
     stage_of,
     untiled_peak_bytes,
 )
@@ -74,7 +74,6 @@ __all__ = [
     "PartsExecutor",
     "PipelineReport",
     "ProfiledThroughput",
-    "RowBuffer",
     "RowMap",
     "RowPlan",
     "SharedBuffer",

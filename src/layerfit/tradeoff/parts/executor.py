@@ -35,7 +35,6 @@ import torch
 
 from layerfit.engine.stripes import (
     Holds,
-    RowBuffer,
     Runner,
     RunStats,
     StripeSchedule,
@@ -47,8 +46,6 @@ from layerfit.memory.profiles import max_breadth
 from layerfit.memory.records import TensorUsageRecord
 from layerfit.tradeoff.parts.cnn import CNN, Layer
 from layerfit.tradeoff.parts.flow import FlowGraph, RowPlan, plan_rows
-from layerfit.tradeoff.parts.kernels import cnn_from_module
-from layerfit.tradeoff.parts.rows import RowMap
 
 # Agreement with the untiled module: |out - ref| <= rtol * |ref| + atol * max(1, max|ref|)
 # with (rtol, atol) below. Observed: a few ulps per layer (<= 1.2e-7 on unit-scale random
@@ -178,13 +175,6 @@ class PartsExecutor:
             readers=plan.readers,
         )
 
-    @classmethod
-    def from_module(
-        cls, module: torch.nn.Module, example: torch.Tensor, parts: PartsSpec = "all", phase_rows: int = 1
-    ) -> PartsExecutor:
-        """Capture ``module`` at ``example``'s shape and build an executor for all of it."""
-        return cls(cnn_from_module(type(module).__name__, module, example), parts, phase_rows)
-
     def node(self, k: int) -> Layer:
         """The layer flow node ``k`` stands for."""
         return self.cnn.layers[self.members[k]]
@@ -267,9 +257,6 @@ def describe_tiling(cnn: CNN) -> list[dict[str, Any]]:
 __all__ = [
     "TOLERANCE",
     "PartsExecutor",
-    "RowBuffer",
-    "RowMap",
-    "RunStats",
     "Stage",
     "describe_tiling",
     "flow_graph_of",

@@ -12,7 +12,7 @@ or a third-party throughput evaluation tool". Three estimators share one signatu
   partition, and cached per configuration (exact but slow; for final checks).
 * :class:`AnalyticThroughput` (``--model-throughput``): a delay model, ``overhead +
   MACs / rate`` per layer plus a per-phase overhead for by-parts layers, with constants
-  calibrated on this machine or given.
+  given.
 
 A CNN split into pipeline stages runs at the pace of its slowest stage (``1 / max``),
 otherwise at ``1 / sum`` of its layer times. CNNs are timed on their own: an
@@ -26,8 +26,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
-
-import torch
 
 from layerfit.tradeoff.parts.application import Application, DerivedApplication
 from layerfit.tradeoff.parts.cnn import CNN
@@ -94,36 +92,6 @@ class AnalyticThroughput:
     def throughput(self, app: Application, derived: DerivedApplication) -> dict[str, float]:
         times = {c.name: self.layer_times(c) for c in app.cnns}
         return throughput_of_stages(app, stage_seconds(app, derived, times))
-
-    @classmethod
-    def calibrate(cls, repeats: int = 5) -> AnalyticThroughput:
-        """Measure the MAC rate, per-call and per-phase overheads on this machine (~0.1 s)."""
-        x = torch.randn(1, 64, 56, 56)
-        conv = torch.nn.Conv2d(64, 64, 3, padding=1).eval()
-        macs = 56 * 56 * 64 * 64 * 9
-        small = torch.randn(1, 8, 3, 8)
-        relu = torch.nn.ReLU()
-        with torch.no_grad():
-            conv(x)
-            t_conv = _median(lambda: conv(x), repeats)
-            t_call = _median(lambda: relu(small), repeats * 20)
-            row = x[:, :, :3]
-            t_row = _median(lambda: torch.nn.functional.conv2d(row, conv.weight, conv.bias, 1, (0, 1)), repeats * 20)
-        rate = macs / max(t_conv - t_call, 1e-9)
-        return cls(
-            macs_per_s=rate,
-            layer_overhead_s=t_call,
-            phase_overhead_s=max(t_row - 56 * 64 * 64 * 9 / rate, t_call) + 5e-6,
-        )
-
-
-def _median(fn, repeats: int) -> float:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 @dataclass
