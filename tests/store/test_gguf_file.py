@@ -188,6 +188,11 @@ def test_a_file_changed_after_reading_is_refused(tmp_path: Path) -> None:
     data = np.ones((2, 32), dtype=np.float32)
     path = write_with_gguf(tmp_path / "m.gguf", [("a", data, None)])
     f = read_gguf(path)
+    stamp = path.stat()
+    path.write_bytes(path.read_bytes().replace(data.tobytes(), bytes(data.nbytes)))  # same size, other bytes
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 10**9))
+    with pytest.raises(InputError, match="changed while being read"):
+        tensor_bytes(f, f.tensors[0])
     with open(path, "r+b") as fh:
         fh.truncate(f.tensors[0].offset + 8)
     with pytest.raises(InputError, match="changed while being read"):

@@ -78,8 +78,8 @@ class GGUFTensor:
 @dataclass(frozen=True)
 class GGUFFile:
     """A GGUF file's header, checked: metadata as Python values, tensors in file order.
-    ``file_size`` is the size the header was checked against (a read refuses a file that
-    has changed since)."""
+    ``file_size`` and ``file_mtime_ns`` are the file's as its header was checked: a read
+    of tensor data refuses a file that has changed since (re-downloaded, cut)."""
 
     path: Path
     version: int
@@ -88,6 +88,7 @@ class GGUFFile:
     metadata: dict[str, Any]
     tensors: tuple[GGUFTensor, ...]
     file_size: int = 0
+    file_mtime_ns: int = 0
 
     def tensor(self, name: str) -> GGUFTensor:
         """The tensor called ``name`` (KeyError if the file has none)."""
@@ -192,28 +193,32 @@ def _pread(fd: int, n: int, offset: int, r: _Reader) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def _open(path: Path) -> tuple[int, int]:
-    """A descriptor of ``path`` and its size; one line if it is missing or no plain file
-    (a FIFO is not waited on)."""
+def _open(path: Path) -> tuple[int, os.stat_result]:
+    """A descriptor of ``path`` and its status; one line if it is missing or no plain
+    file (a FIFO is not waited on)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise InputError(f"{path} does not exist (name a .gguf file)") from None
     except OSError as exc:
         raise InputError(f"cannot open {path}: {exc.strerror or exc}") from None
-    st = os.fstat(fd)
+    try:
+        st = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise InputError(f"{path} is not a regular file (name a .gguf file)")
-    return fd, st.st_size
+    return fd, st
 
 
 def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     """The checked header of the GGUF file at ``path``: a :class:`GGUFFile`, or one
     :class:`InputError` line saying what is wrong with the file and what to do."""
     path = Path(path)
-    fd, size = _open(path)
-    r = _Reader(fd, size, path)
+    fd, st = _open(path)
+    r = _Reader(fd, st.st_size, path)
     try:
         version = _preamble(r)
         tensor_count = r.u64("the tensor count")
@@ -226,7 +231,7 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
-    return GGUFFile(path, version, alignment, data_offset, metadata, tensors, size)
+    return GGUFFile(path, version, alignment, data_offset, metadata, tensors, st.st_size, st.st_mtime_ns)
 
 
 def _preamble(r: _Reader) -> int:
@@ -438,10 +443,13 @@ def read_tensor_into(f: GGUFFile, t: GGUFTensor, out: bytearray | memoryview, st
     view = memoryview(out).cast("B")
     if start < 0 or start + view.nbytes > t.nbytes:
         raise ValueError(f"bytes [{start}, {start + view.nbytes}) are not inside tensor {t.name}'s {t.nbytes}")
-    fd, size = _open(f.path)
+    fd, st = _open(f.path)
     try:
-        if f.file_size and size != f.file_size:
-            raise InputError(f"{f.path} changed while being read ({f.file_size:,} bytes, now {size:,}): read it again")
+        if (f.file_size and st.st_size != f.file_size) or (f.file_mtime_ns and st.st_mtime_ns != f.file_mtime_ns):
+            raise InputError(
+                f"{f.path} changed while being read (it had {f.file_size:,} bytes, now {st.st_size:,}, and was "
+                "modified since its header was read): read it again"
+            )
         with os.fdopen(fd, "rb", buffering=0, closefd=False) as fh:
             fh.seek(t.offset + start)
             got = 0
