@@ -105,3 +105,26 @@ def test_a_two_stage_pipeline_on_two_engines_equals_the_model(folder: Path, pipe
             close(out, reference)
             if parts == "none":
                 assert torch.equal(out, reference)
+
+
+@pytest.mark.parametrize("pipeline", ["preload", "async"])
+def test_measured_throughput_runs_a_cnn_on_its_engine(folder: Path, pipeline: str) -> None:
+    """The measured estimator runs each partition as a pass of the CNN's engine: the
+    application's CNN (from the zoo's module) and the engine's have the same layers."""
+    from layerfit import zoo
+    from layerfit.tradeoff.parts.application import Application, split_partitions
+    from layerfit.tradeoff.parts.kernels import cnn_from_module
+    from layerfit.tradeoff.parts.throughput import MeasuredThroughput
+
+    cnn = cnn_from_module("mobilenet_v2", zoo.build("mobilenet_v2"), torch.randn(SHAPE))
+    app = Application([cnn], split_partitions(cnn, 2))
+    options = {"budget": "90%"} if pipeline == "async" else {}
+    with Engine(folder, pipeline=pipeline, **options) as engine:
+        estimator = MeasuredThroughput(repeats=1, warmup=0, engines={"mobilenet_v2": engine})
+        bits = [cnn.tileable(i) for i in range(len(cnn.layers))]
+        fps = estimator.throughput(app, app.derive(bits))
+        assert fps["mobilenet_v2"] > 0
+        assert estimator.runs(cnn) is not cnn and estimator.runs(cnn).layers == cnn.layers
+        other = cnn_from_module("mobilenet_v2", zoo.build("mobilenet_v2"), torch.randn(1, 3, 64, 64))
+        with pytest.raises(TradeoffError, match="another model"):
+            MeasuredThroughput(engines={"mobilenet_v2": engine}).runs(other)

@@ -9,7 +9,9 @@ or a third-party throughput evaluation tool". Three estimators share one signatu
   the time of every layer in both modes is recorded (median of repeats). A chromosome's
   time is the sum of its layers' times in their chosen modes; cached per CNN.
 * :class:`MeasuredThroughput`: every configuration is executed for real, partition by
-  partition, and cached per configuration (exact but slow; for final checks).
+  partition, and cached per configuration (exact but slow; for final checks); given an
+  engine of a CNN's prepared model, each partition is a pass of that engine
+  (:class:`~layerfit.tradeoff.parts.on_engine.EngineStage`).
 * :class:`AnalyticThroughput` (``--model-throughput``): a delay model, ``overhead +
   MACs / rate`` per layer plus a per-phase overhead for by-parts layers, with constants
   given.
@@ -25,11 +27,16 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from layerfit.errors import TradeoffError
 from layerfit.tradeoff.parts.application import Application, DerivedApplication
 from layerfit.tradeoff.parts.cnn import CNN
 from layerfit.tradeoff.parts.executor import PartsExecutor, runner_of, stage_of
+from layerfit.tradeoff.parts.on_engine import EngineStage, cnn_from_engine
+
+if TYPE_CHECKING:
+    from layerfit.engine.engine import Engine
 
 
 class ThroughputEstimator(Protocol):
@@ -138,12 +145,28 @@ class ProfiledThroughput:
 
 @dataclass
 class MeasuredThroughput:
-    """Runs every configuration for real (stage by stage) and caches it per configuration."""
+    """Runs every configuration for real (stage by stage) and caches it per configuration:
+    a CNN with an engine in ``engines`` (by CNN name; an engine of its prepared model) on
+    that engine, stage by stage as its passes, any other with its own kernels."""
 
     repeats: int = 3
     warmup: int = 1
     phase_rows: int = 1
     cache: dict[tuple[str, tuple[bool, ...]], dict[str, float]] = field(default_factory=dict)
+    engines: dict[str, Engine] = field(default_factory=dict)
+    _on_engine: dict[str, CNN] = field(default_factory=dict, repr=False)
+
+    def runs(self, cnn: CNN) -> CNN:
+        """The CNN whose kernels run ``cnn``: the engine's, when it has one."""
+        engine = self.engines.get(cnn.name)
+        if engine is None:
+            return cnn
+        if cnn.name not in self._on_engine:
+            own = cnn_from_engine(engine, cnn.name)
+            if own.layers != cnn.layers:
+                raise TradeoffError(f"the engine given for {cnn.name!r} runs another model (or input shape)")
+            self._on_engine[cnn.name] = own
+        return self._on_engine[cnn.name]
 
     def stage_seconds(self, app: Application, derived: DerivedApplication, cnn: CNN) -> dict[str, float]:
         """Median seconds per frame of each partition of ``cnn`` under ``derived``."""
@@ -152,23 +175,26 @@ class MeasuredThroughput:
         key = (cnn.name, bits)
         if key in self.cache:
             return self.cache[key]
+        runs, engine = self.runs(cnn), self.engines.get(cnn.name)
         placeholders = [i for i, layer in enumerate(cnn.layers) if layer.op == "input"]
-        values = dict(zip(placeholders, runner_of(cnn).example, strict=True))
+        values = dict(zip(placeholders, runner_of(runs).example, strict=True))
         result = {}
         for p in app.partitions_of(cnn.name):
-            stage = stage_of(cnn, p.start, p.stop)
-            executor = PartsExecutor(cnn, list(bits), self.phase_rows, stage)
-            inputs = [values[i] for i in stage.inputs]
+            stage: Any = (
+                PartsExecutor(runs, list(bits), self.phase_rows, stage_of(runs, p.start, p.stop)) if engine is None
+                else EngineStage(engine, runs, list(bits), p.start, p.stop, self.phase_rows)
+            )
+            inputs = [values[i] for i in stage.stage.inputs]
             for _ in range(self.warmup):
-                outputs = executor.run(*inputs)
+                outputs = stage.run(*inputs)
             samples = []
             for _ in range(self.repeats):
                 start = time.perf_counter()
-                outputs = executor.run(*inputs)
+                outputs = stage.run(*inputs)
                 samples.append(time.perf_counter() - start)
             result[p.name] = statistics.median(samples)
             if p.stop < len(cnn.layers):
-                values.update(zip(stage.outputs, outputs, strict=True))
+                values.update(zip(stage.stage.outputs, outputs, strict=True))
         self.cache[key] = result
         return result
 
