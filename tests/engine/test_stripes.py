@@ -60,6 +60,21 @@ def test_units_held_as_one_are_bound_together_under_a_streaming_policy(tiny: Pat
         assert engine.model.conv1.weight.device.type == "meta"  # released after the pass
 
 
+def test_a_pass_failing_while_units_are_held_leaves_the_engine_usable(tiny: Path, reference) -> None:
+    x, expected = reference
+    with Engine(tiny, pipeline="async", budget="100%") as engine:
+        kernels = engine.stream.kernels
+
+        def forward(_x: torch.Tensor) -> torch.Tensor:
+            kernels.hold(range(0, 3))
+            raise RuntimeError("a stripe kernel failed")
+
+        with pytest.raises(RuntimeError, match="stripe kernel failed"):
+            engine.run_pass(None, forward, (x,), {}, range(0, 3))
+        assert torch.equal(engine(x), expected)
+        assert not kernels.held and not kernels.bound
+
+
 def test_a_policy_or_a_ring_that_cannot_hold_a_chain_is_refused(tiny: Path) -> None:
     spans = [(0, 9, range(0, 5))]
     with Engine(tiny, pipeline="sequential") as engine, pytest.raises(LayerfitError, match="sequential"):

@@ -1016,9 +1016,9 @@ def holds_for(stream: UnitStream, spans: Sequence[tuple[int, int, range]]) -> Ho
         sizes = [stream.blocks[i].nbytes for i in streamed]
         if ring is not None and sum(sizes) + max(sizes) > ring.capacity:
             raise BudgetError(
-                f"units {units.start}-{units.stop - 1} run in stripes, so they are bound at once: "
-                f"{sum(sizes)} bytes, more than the weight ring ({ring.capacity} bytes) holds beside one of them; "
-                "raise the budget or process fewer of their layers by parts"
+                f"units {units.start}-{units.stop - 1} run in stripes, so their {sum(sizes)} bytes are bound at "
+                f"once, and the weight ring ({ring.capacity} bytes) must hold them and, as it wraps, the largest "
+                "of them again: raise the budget or process fewer of their layers by parts"
             )
     return Holds(stream, {s: units for s, _, units in spans}, frozenset(e for _, e, _ in spans))
 
