@@ -282,6 +282,28 @@ def dequantize(data: np.ndarray, ggml_type: str) -> np.ndarray:
     return np.asarray(quants.dequantize(data, ggml_type_id(ggml_type)), dtype=np.float32)
 
 
+# where each block type keeps its f16 scales: byte offsets inside one block
+_F16_FIELDS = {
+    "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+    "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+}
+
+
+def random_blocks(ggml_type: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """``rows`` rows of ``cols`` values of ``ggml_type`` as random but valid blocks (uint8,
+    ``(rows, bytes per row)``): every quant and sub-scale bit random, the f16 scales random in
+    [-0.1, 0.1] (never inf or NaN). Exercises bit patterns a quantizer never writes."""
+    from gguf import GGML_QUANT_SIZES
+
+    block, size = GGML_QUANT_SIZES[ggml_type_id(ggml_type)]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * cols // block, size), dtype=np.uint8)
+    for offset in _F16_FIELDS[ggml_type]:
+        scale = rng.uniform(-0.1, 0.1, size=blocks.shape[0]).astype(np.float16)
+        blocks[:, offset : offset + 2] = scale.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
 def storage_type(ggml_type: str, row_length: int) -> str:
     """The type llama.cpp would store a row of ``row_length`` in when asked for ``ggml_type``."""
     from gguf import GGML_QUANT_SIZES
@@ -500,11 +522,14 @@ def _tensor_type(tensor: _Tensor, ggml_type: str) -> str:
     return storage_type(ggml_type, tensor.values.shape[-1]) if tensor.quantized else "F32"
 
 
-def reference_model(arch: str, ggml_type: str = "Q8_0", seed: int = 0):
+def reference_model(arch: str, ggml_type: str = "Q8_0", seed: int = 0, *, model=None):
     """``tiny_hf_model(arch, seed)`` with each weight replaced by what the file of
     ``write_gguf(arch, ..., ggml_type=ggml_type, seed=seed)`` holds for it, read back through
-    gguf's numpy dequantizer and the loader's transform: the model transformers should load."""
-    model = tiny_hf_model(arch, seed)
+    gguf's numpy dequantizer and the loader's transform: the model transformers should load.
+    ``model``: the seeded model the file was written from (copied, not changed)."""
+    import copy
+
+    model = tiny_hf_model(arch, seed) if model is None else copy.deepcopy(model)
     config = model.config
     by_name = {t.gguf_name: t for t in _gguf_tensors(arch, model)}
     state = model.state_dict()
