@@ -123,3 +123,20 @@ def test_rejects_what_it_cannot_pack() -> None:
         pack(torch.zeros(34 * 16, dtype=torch.uint8), "Q8_0", (16, 32))
     with pytest.raises(ValueError, match="16 rows"):
         pack(torch.zeros(18 * 8, dtype=torch.uint8), "Q4_0", (8, 32))
+
+
+def test_other_types_run_dequantized_to_bf16() -> None:
+    """Q8_0 (and every type but Q4_0/Q4_1/Q4_K) is a bf16 weight: transformers' bf16 values."""
+    shape = (64, 256)
+    blocks = _blocks("Q8_0", shape)
+    weight = int4_packed.operand(blocks, "Q8_0", shape)
+    assert weight.dtype == torch.bfloat16
+    assert torch.equal(weight, dequantize(blocks, "Q8_0", shape, torch.bfloat16))
+    assert isinstance(
+        int4_packed.operand(_blocks("Q4_1", shape), "Q4_1", shape), int4_packed.PackedInt4
+    )
+    module = nn.Linear(256, 64)
+    bind_packed(module, weight)
+    x = torch.randn(3, 256)
+    expected = (x.bfloat16() @ weight.T).float() + module.bias
+    assert torch.equal(module(x), expected)

@@ -37,6 +37,12 @@ folder, both modes, any torch and CPU), and `pack` converts a weight when its un
 for a layout it recognises (probed once against torch's own op), the bytes are re-paired and
 transposed in uint8 without unpacking; otherwise torch's op converts unpacked int32 codes.
 `int4_packed_available` says whether this torch has the kernel at all.
+
+Every other type (Q8_0 included) is dequantized per unit to bf16 and multiplied in bf16
+(`operand`, `linear`): ``_weight_int8pack_mm`` takes one scale per output channel, and
+re-quantizing Q8_0's block-32 scales to that was 10-30x the error of the bf16 weight (median
+relative error of the product 1e-2 to 5e-2 against 3e-3) and slower to make per unit (a
+re-quantization against a dequantization), see bench/results/quant_kernels.md.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from layerfit.engine.dequantize import TYPES
+from layerfit.engine.dequantize import TYPES, dequantize
 
 GROUP_SIZE = 32
 #: the GGUF types this module computes packed
@@ -174,8 +180,29 @@ def packed_linear(
     return y.reshape(*x.shape[:-1], n)
 
 
+def operand(
+    blocks: torch.Tensor, type_name: str, shape: tuple[int, int], out: torch.Tensor | None = None
+) -> PackedInt4 | torch.Tensor:
+    """What a bound unit computes an ``[N, K]`` GGUF weight with in the packed mode: Q4_0, Q4_1
+    and Q4_K packed for the int4 kernel (where this torch has it), any other type dequantized
+    to bf16 (into `out` when given: the engine's buffer)."""
+    if type_name in PACKED_TYPES and int4_packed_available() and shape[0] % 16 == 0:
+        return pack(blocks, type_name, shape)
+    return dequantize(blocks, type_name, shape, torch.bfloat16, out=out)
+
+
+def linear(
+    x: torch.Tensor, weight: PackedInt4 | torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear`` on an `operand`: bf16 activations either way, the result in ``x``'s dtype."""
+    if isinstance(weight, PackedInt4):
+        return packed_linear(x, weight, bias)
+    y = F.linear(x.to(torch.bfloat16), weight).to(x.dtype)
+    return y if bias is None else y + bias
+
+
 class PackedWeight(torch.Tensor):
-    """A Linear's weight that is a `PackedInt4`: ``F.linear`` on it runs `packed_linear`.
+    """A Linear's weight that is an `operand`: ``F.linear`` on it runs `linear`.
 
     A wrapper tensor (shape and dtype of the model's weight, no storage) intercepting
     ``F.linear`` through ``__torch_function__``, as torchao's quantized tensors do, so the
@@ -183,29 +210,28 @@ class PackedWeight(torch.Tensor):
     any other operation on it raises, since the dense values are not there to compute with.
     """
 
-    packed_weight: PackedInt4
+    operand: PackedInt4 | torch.Tensor
 
     @staticmethod
-    def __new__(cls, packed_weight: PackedInt4, dtype: torch.dtype) -> PackedWeight:
-        tensor = torch.Tensor._make_wrapper_subclass(
-            cls, packed_weight.shape, dtype=dtype, device="cpu"
-        )
-        tensor.packed_weight = packed_weight
+    def __new__(cls, weight: PackedInt4 | torch.Tensor, dtype: torch.dtype) -> PackedWeight:
+        shape = weight.shape
+        tensor = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cpu")
+        tensor.operand = weight
         return tensor
 
     def __repr__(self) -> str:  # noqa: D105
-        return f"PackedWeight(shape={tuple(self.shape)}, dtype={self.dtype}, int4 packed)"
+        kind = "int4 packed" if isinstance(self.operand, PackedInt4) else "bf16"
+        return f"PackedWeight(shape={tuple(self.shape)}, dtype={self.dtype}, {kind})"
 
     @classmethod
     def __torch_function__(
         cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
-        """``F.linear`` with this as its weight -> `packed_linear`; other calls go on to dispatch."""
+        """``F.linear`` with this as its weight -> `linear`; other calls go on to dispatch."""
         kwargs = kwargs or {}
         if func is F.linear:
             x, weight, *rest = (*args, *kwargs.values())
-            bias = rest[0] if rest else None
-            return packed_linear(x, weight.packed_weight, bias)
+            return linear(x, weight.operand, rest[0] if rest else None)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 
@@ -214,11 +240,11 @@ class PackedWeight(torch.Tensor):
         cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
         """Reached by every operation but ``F.linear``: there are no dense values to give it."""
-        raise NotImplementedError(f"{func} on an int4 packed weight (only F.linear runs packed)")
+        raise NotImplementedError(f"{func} on a packed weight (only F.linear runs packed)")
 
 
-def bind_packed(linear: nn.Linear, weight: PackedInt4) -> None:
-    """Make `linear` compute with `weight` (the engine binds through ``_parameters`` too)."""
-    if (linear.out_features, linear.in_features) != weight.shape:
-        raise ValueError(f"{weight.shape} packed weight for a {linear} ")
-    linear._parameters["weight"] = PackedWeight(weight, linear.weight.dtype)
+def bind_packed(module: nn.Linear, weight: PackedInt4 | torch.Tensor) -> None:
+    """Make `module` compute with `weight` (the engine binds through ``_parameters`` too)."""
+    if (module.out_features, module.in_features) != tuple(weight.shape):
+        raise ValueError(f"a {tuple(weight.shape)} weight for {module}")
+    module._parameters["weight"] = PackedWeight(weight, module.weight.dtype)
