@@ -608,6 +608,33 @@ def write_gguf(
     return write_raw_gguf(path, tensors, metadata)
 
 
+def write_llama_experts_gguf(path: Path, *, ggml_type: str = "Q8_0", seed: int = 0, n_experts: int = 2) -> Path:
+    """A Mixtral-style file as llama.cpp writes one: ``llama`` with ``llama.expert_count`` and
+    ``blk.N.ffn_{gate,up,down}_exps`` stacks plus an F32 router ``ffn_gate_inp``; the experts are
+    ``tiny_hf_model("llama")``'s MLP scaled by 1, 1/2, 1/3... transformers 5.24 has no GGUF Mixtral:
+    it loads this as a dense LlamaForCausalLM whose MLP weights are *not* the file's (freshly
+    initialized, no error) -- a file layerfit should refuse rather than copy that."""
+    model = tiny_hf_model("llama", seed)
+    tensors: dict[str, Any] = {}
+    for tensor in _gguf_tensors("llama", model):
+        kind = _tensor_type(tensor, ggml_type)
+        if ".ffn_" not in tensor.gguf_name or not tensor.gguf_name.endswith(".weight"):
+            tensors[tensor.gguf_name] = (quantize(tensor.values, kind), kind)
+            continue
+        block, proj = tensor.gguf_name.split(".")[1:3]
+        stack = np.stack([tensor.values / (i + 1) for i in range(n_experts)])
+        tensors[f"blk.{block}.{proj}_exps.weight"] = (quantize(stack, kind), kind)
+        router = np.random.default_rng(seed).standard_normal((n_experts, HIDDEN)).astype(np.float32) / 16
+        tensors[f"blk.{block}.ffn_gate_inp.weight"] = (router, "F32")
+    metadata = {"general.architecture": "llama", "general.file_type": ("uint32", _FILE_TYPE[ggml_type])}
+    metadata.update(config_metadata("llama", model.config))
+    metadata["general.name"] = "Mixtral 8x7B (tiny)"
+    metadata["llama.expert_count"] = ("uint32", n_experts)
+    metadata["llama.expert_used_count"] = ("uint32", min(2, n_experts))
+    metadata.update(tokenizer_metadata("llama"))
+    return write_raw_gguf(path, tensors, metadata)
+
+
 # llama_ftype values (general.file_type), as llama.cpp's quantize writes them
 _FILE_TYPE = {
     "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 12,

@@ -197,3 +197,28 @@ def test_write_raw_gguf_writes_what_it_is_given(tmp_path):
     # no general.architecture unless given: a bad file stays bad
     bare = G.write_raw_gguf(tmp_path / "bare.gguf", {}, {"llama.block_count": 1})
     assert "general.architecture" not in GGUFReader(bare).fields
+
+
+def test_what_transformers_does_not_load_as_written(tmp_path):
+    """Three files transformers 5.24 (with gguf 0.19) does not turn into the model they hold."""
+    from transformers import AutoModelForCausalLM
+
+    # general.name exactly "mistral": MistralConfig, then gguf-py has no arch "mistral" to map names
+    named = G.write_gguf("mistral", tmp_path / "mistral.gguf", ggml_type="Q8_0", name="mistral")
+    with pytest.raises(NotImplementedError, match="mistral"):
+        G.load_gguf(named)
+    # Mixtral (llama + experts): a dense Llama, its MLP not the file's, and no error
+    mixtral = G.write_llama_experts_gguf(tmp_path / "mixtral.gguf", ggml_type="F32")
+    model, _ = G.load_gguf(mixtral)
+    assert type(model).__name__ == "LlamaForCausalLM"
+    expert0 = _seeded("llama").model.layers[0].mlp.gate_proj.weight  # expert 0 is the seeded MLP
+    assert not torch.equal(model.model.layers[0].mlp.gate_proj.weight, expert0)
+    assert model.model.layers[0].self_attn.o_proj.weight.equal(_seeded("llama").model.layers[0].self_attn.o_proj.weight)
+    # qwen2moe whose expert widths are not Qwen2MoeConfig's defaults: the widths are not read
+    config = G.tiny_config("qwen2moe")
+    config.moe_intermediate_size, config.shared_expert_intermediate_size = 256, 512
+    torch.manual_seed(0)
+    narrow = AutoModelForCausalLM.from_config(config)
+    path = G.write_gguf("qwen2moe", tmp_path / "qwen2moe.gguf", ggml_type="Q8_0", model=narrow)
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+        G.load_gguf(path)
