@@ -23,8 +23,9 @@ float32 result cast to the dtype (the older loaders' value), see `tests/engine/t
 for which types differ. Q5_0 and Q5_1 are not in transformers 5.x's torch dequantizer: they are
 computed in float32 (as gguf's numpy does) and cast. F32, F16 and BF16 are read and cast once.
 
-NaN and infinity in an f16 scale propagate as IEEE arithmetic makes them (as both references
-do); only NaN's payload is not promised.
+NaN and infinity in an f16 scale propagate as IEEE arithmetic makes them, as in both
+references: the bits equal transformers 5.x's, NaNs included; gguf's numpy makes NaNs of
+another sign or payload for F16, Q4_1 and Q2_K (the values are NaN on both sides).
 """
 
 from __future__ import annotations
@@ -119,12 +120,10 @@ def _crumbs(qs: torch.Tensor, width: int) -> torch.Tensor:
     return fields.reshape(qs.shape[0], -1, width)
 
 
-_BIT_SHIFTS = torch.arange(8, dtype=torch.uint8).reshape(1, 8, 1)
-
-
 def _bit_planes(mask: torch.Tensor) -> torch.Tensor:
     """`(nb, w)` bytes -> `(nb, 8, w)`: plane j holds bit j of each byte."""
-    return (mask.unsqueeze(1) >> _BIT_SHIFTS) & 1
+    shifts = torch.arange(8, dtype=torch.uint8, device=mask.device).reshape(1, 8, 1)
+    return (mask.unsqueeze(1) >> shifts) & 1
 
 
 def _cast_into(values: torch.Tensor, out: torch.Tensor) -> None:
