@@ -24,8 +24,9 @@ for which types differ. Q5_0 and Q5_1 are not in transformers 5.x's torch dequan
 computed in float32 (as gguf's numpy does) and cast. F32, F16 and BF16 are read and cast once.
 
 NaN and infinity in an f16 scale propagate as IEEE arithmetic makes them, as in both
-references: the bits equal transformers 5.x's, NaNs included; gguf's numpy makes NaNs of
-another sign or payload for F16, Q4_1 and Q2_K (the values are NaN on both sides).
+references: the same values are infinite and the same are NaN, but a NaN's sign and payload
+are not promised (they follow the SIMD or scalar loop torch picks; gguf's numpy makes NaNs of
+its own sign for F16, Q4_1 and Q2_K).
 """
 
 from __future__ import annotations
@@ -194,7 +195,8 @@ def _q5_1(rows: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> None:
 
 def _q8_0(rows: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> None:
     """d*q; transformers rounds d to `dtype` first."""
-    torch.mul(_half(rows, 0).to(dtype), rows[:, 2:34].view(torch.int8), out=out)
+    out.copy_(rows[:, 2:34].view(torch.int8))  # exact in any float dtype: the same product
+    out.mul_(_half(rows, 0).to(dtype))
 
 
 # --- 256-element super-blocks ----------------------------------------------------------------
@@ -216,7 +218,8 @@ def _scaled_minus(
     factor = (_half(rows, 0) * scale).to(dtype).unsqueeze(2)
     offset = (_half(rows, 2) * minimum).to(dtype).unsqueeze(2)
     view = out.view(-1, 8, 32)
-    torch.mul(factor, q, out=view)
+    view.copy_(q)  # the codes are exact in any float dtype; in-place ops stay vectorised
+    view.mul_(factor)
     view.sub_(offset)
 
 
