@@ -128,8 +128,9 @@ def flow_graph_of(cnn: CNN, stage: Stage) -> tuple[FlowGraph, list[int]]:
 
 
 class PartsExecutor:
-    """Runs a CNN captured from a module (or a stage of it) with the chosen layers
-    processing by parts.
+    """A CNN captured from a module (or a stage of it) with the chosen layers processing
+    by parts: their schedule (``plan``) as the engine runs it (``schedule``, handed to
+    :func:`~layerfit.engine.stripes.run_stripes` by :meth:`run`).
 
     ``parts`` selects the layers: ``"all"`` (every tileable layer), ``"none"`` (plain
     layer-by-layer execution, the untiled reference), per-node flags, or node names.
