@@ -127,6 +127,14 @@ def _bit_planes(mask: torch.Tensor) -> torch.Tensor:
     return (mask.unsqueeze(1) >> shifts) & 1
 
 
+def _scaled(view: torch.Tensor, q: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """``view = factor * q``: the codes cast into `view` (exact in every float dtype), then
+    scaled in place, which keeps both steps vectorised (a product promoting integer codes is
+    not); one rounding, as ``factor * q`` makes."""
+    view.copy_(q)
+    return view.mul_(factor)
+
+
 def _cast_into(values: torch.Tensor, out: torch.Tensor) -> None:
     """float32 `values` into `out` (a cast when `out` is another dtype)."""
     out.copy_(values.reshape(out.shape))
@@ -154,14 +162,14 @@ def _q4_0(rows: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> None:
     """d*(q-8); transformers rounds d to `dtype` first."""
     q = _nibbles(rows[:, 2:18], 16).view(torch.int8) - 8
     d = _half(rows, 0).to(dtype).unsqueeze(2)
-    torch.mul(d, q, out=out.view(-1, 2, 16))
+    _scaled(out.view(-1, 2, 16), q, d)
 
 
 def _q4_1(rows: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> None:
     """d*q + m, two roundings in `dtype` (one, exact product first, in float32)."""
     q = _nibbles(rows[:, 4:20], 16)
     view = out.view(-1, 2, 16)
-    torch.mul(_half(rows, 0).to(dtype).unsqueeze(2), q, out=view)
+    _scaled(view, q, _half(rows, 0).to(dtype).unsqueeze(2))
     view.add_(_half(rows, 2).to(dtype).unsqueeze(2))
 
 
@@ -176,7 +184,7 @@ def _q5_0(rows: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> None:
     q = (_nibbles(rows[:, 6:22], 16) | _fifth_bits(rows[:, 2:6])).view(torch.int8) - 16
     d = _half(rows, 0).unsqueeze(2)
     if dtype == torch.float32:
-        torch.mul(d, q, out=out.view(-1, 2, 16))
+        _scaled(out.view(-1, 2, 16), q, d)
     else:
         _cast_into(d * q, out)
 
@@ -187,7 +195,7 @@ def _q5_1(rows: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> None:
     d, m = _half(rows, 0).unsqueeze(2), _half(rows, 2).unsqueeze(2)
     if dtype == torch.float32:
         view = out.view(-1, 2, 16)
-        torch.mul(d, q, out=view)
+        _scaled(view, q, d)
         view.add_(m)
     else:
         _cast_into(d * q + m, out)
@@ -195,8 +203,7 @@ def _q5_1(rows: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> None:
 
 def _q8_0(rows: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> None:
     """d*q; transformers rounds d to `dtype` first."""
-    out.copy_(rows[:, 2:34].view(torch.int8))  # exact in any float dtype: the same product
-    out.mul_(_half(rows, 0).to(dtype))
+    _scaled(out, rows[:, 2:34].view(torch.int8), _half(rows, 0).to(dtype))
 
 
 # --- 256-element super-blocks ----------------------------------------------------------------
@@ -217,10 +224,7 @@ def _scaled_minus(
     scale, minimum = _k_scales(rows[:, 4:16])
     factor = (_half(rows, 0) * scale).to(dtype).unsqueeze(2)
     offset = (_half(rows, 2) * minimum).to(dtype).unsqueeze(2)
-    view = out.view(-1, 8, 32)
-    view.copy_(q)  # the codes are exact in any float dtype; in-place ops stay vectorised
-    view.mul_(factor)
-    view.sub_(offset)
+    _scaled(out.view(-1, 8, 32), q, factor).sub_(offset)
 
 
 def _q4_k(rows: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> None:
@@ -238,7 +242,7 @@ def _q6_k(rows: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> None:
     high = _crumbs(rows[:, 128:192], 32)
     q = (low | (high << 4)).view(torch.int8) - 32
     scale = (_half(rows, 208) * rows[:, 192:208].view(torch.int8).float()).to(dtype)
-    torch.mul(scale.unsqueeze(2), q.reshape(-1, 16, 16), out=out.view(-1, 16, 16))
+    _scaled(out.view(-1, 16, 16), q.reshape(-1, 16, 16), scale.unsqueeze(2))
 
 
 def _q2_k(rows: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> None:
@@ -248,7 +252,7 @@ def _q2_k(rows: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> None:
     factor = (d * (scales & 0xF).to(dtype)).unsqueeze(2)
     offset = (dmin * (scales >> 4).to(dtype)).unsqueeze(2)
     view = out.view(-1, 16, 16)
-    torch.mul(factor, _crumbs(rows[:, 16:80], 32).reshape(-1, 16, 16), out=view)
+    _scaled(view, _crumbs(rows[:, 16:80], 32).reshape(-1, 16, 16), factor)
     view.sub_(offset)
 
 
@@ -262,7 +266,7 @@ def _q3_k(rows: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> None:
     ql = _crumbs(rows[:, 32:96], 32).reshape(-1, 16, 16)
     borrow = ((_bit_planes(rows[:, 0:32]) ^ 1) << 2).reshape(-1, 16, 16)
     q = ql.view(torch.int8) - borrow.view(torch.int8)
-    torch.mul(factor, q, out=out.view(-1, 16, 16))
+    _scaled(out.view(-1, 16, 16), q, factor)
 
 
 TYPES: dict[str, BlockType] = {
