@@ -31,11 +31,13 @@ its own sign for F16, Q4_1 and Q2_K).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 #: elements per chunk: large enough that the per-op overhead is amortised, small enough that a
 #: chunk's temporaries stay in the caches (measured in bench/quant_kernels.py)
@@ -121,12 +123,6 @@ def _crumbs(qs: torch.Tensor, width: int) -> torch.Tensor:
     return fields.reshape(qs.shape[0], -1, width)
 
 
-def _bit_planes(mask: torch.Tensor) -> torch.Tensor:
-    """`(nb, w)` bytes -> `(nb, 8, w)`: plane j holds bit j of each byte."""
-    shifts = torch.arange(8, dtype=torch.uint8, device=mask.device).reshape(1, 8, 1)
-    return (mask.unsqueeze(1) >> shifts) & 1
-
-
 def _scaled(view: torch.Tensor, q: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """``view = factor * q``: the codes cast into `view` (exact in every float dtype), then
     scaled in place, which keeps both steps vectorised (a product promoting integer codes is
@@ -173,10 +169,33 @@ def _q4_1(rows: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> None:
     view.add_(_half(rows, 2).to(dtype).unsqueeze(2))
 
 
+def _bit_planes(mask: torch.Tensor) -> torch.Tensor:
+    """`(nb, w)` bytes -> `(nb, 8, w)`: plane j holds bit j of each byte (Q5_K's and Q3_K's
+    layout; a table lookup, as `_bits_of`, measured no faster there: it needs the transpose)."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=mask.device).reshape(1, 8, 1)
+    return (mask.unsqueeze(1) >> shifts) & 1
+
+
+@functools.cache
+def _spread_bits(device: torch.device, if_set: int, if_clear: int) -> torch.Tensor:
+    """A byte -> its eight bits, lowest first, as `if_set` or `if_clear`: ``[256, 8]`` uint8."""
+    bits = (torch.arange(256, device=device).unsqueeze(1) >> torch.arange(8, device=device)) & 1
+    return torch.where(bits == 1, if_set, if_clear).to(torch.uint8)
+
+
+def _bits_of(mask: torch.Tensor, if_set: int, if_clear: int = 0) -> torch.Tensor:
+    """`(nb, w)` bytes -> `(nb, w, 8)`: bit j of each byte as `if_set` or `if_clear`.
+
+    Each byte looks its eight values up in a table (`F.embedding`, a row gather: several times
+    faster than shifting out bit planes)."""
+    return F.embedding(mask.long(), _spread_bits(mask.device, if_set, if_clear))
+
+
 def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
-    """Q5_0/Q5_1's 4 bytes of high bits -> `(nb, 2, 16)` of each element's bit 4 (as 16 or 0)."""
-    planes = _bit_planes(qh)  # (nb, 8, 4): bit j of byte b is element 8b+j
-    return (planes.transpose(1, 2).reshape(-1, 2, 16)) << 4
+    """Q5_0/Q5_1's 4 bytes of high bits -> `(nb, 2, 16)` of each element's bit 4 (as 16 or 0).
+
+    Bit j of byte b is element 8b+j."""
+    return _bits_of(qh, 16).reshape(-1, 2, 16)
 
 
 def _q5_0(rows: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> None:
