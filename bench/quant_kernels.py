@@ -180,7 +180,9 @@ def bench_matmul(rounds: int, target_ms: float, shapes: tuple[tuple[int, int], .
 
 
 def bench_overhead(rounds: int, target_ms: float) -> dict[str, float]:
-    """µs per call: the op, `packed_linear`, and an ``nn.Linear`` holding a `PackedWeight`."""
+    """µs per call: the op, `packed_linear` (float32 or bf16 in), an ``nn.Linear`` holding a
+    `PackedWeight`, and one whose ``forward`` is replaced by `packed_linear` (the alternative
+    to the wrapper tensor)."""
     k, n = 576, 1536
     x = torch.randn(1, k)
     packed = pack(realistic_blocks("Q4_0", (n, k)), "Q4_0", (n, k))
@@ -189,11 +191,15 @@ def bench_overhead(rounds: int, target_ms: float) -> dict[str, float]:
     xb = x.bfloat16()
     op = torch.ops.aten._weight_int4pack_mm_for_cpu
     plain = nn.Linear(k, n, bias=False)
+    overridden = nn.Linear(k, n, bias=False)
+    overridden.forward = lambda inputs: packed_linear(inputs, packed)
     calls = {
         "nn_linear_fp32_dense": lambda: plain(x),
         "aten_op_bf16_in_out": lambda: op(xb, packed.packed, 32, packed.scales_and_zeros),
         "packed_linear_fp32_in_out": lambda: packed_linear(x, packed),
+        "packed_linear_bf16_in_out": lambda: packed_linear(xb, packed),
         "nn_linear_packed_weight": lambda: linear(x),
+        "nn_linear_forward_replaced": lambda: overridden(x),
     }
     with torch.no_grad():
         return {name: s * 1e6 for name, s in timed(calls, rounds, target_ms).items()}
