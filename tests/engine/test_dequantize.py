@@ -4,10 +4,10 @@ The references: `gguf.quants.dequantize` (numpy, float32; older transformers' lo
 `transformers.integrations.gguf.dequant.dequantize` (torch, any dtype; transformers 5.x). Every
 byte string is a valid block for these types, so Hypothesis draws the blocks' bytes freely and
 then overwrites the f16 scales with the awkward values (subnormal, largest, +-0, +-inf, NaN)
-that random bytes rarely hit. Values must be equal bit for bit; where both sides are NaN only NaN-ness is
-compared: a NaN's sign and payload follow whichever SIMD or scalar loop torch picks for the
-shapes at hand (transformers' and ours broadcast differently), and gguf's numpy makes NaNs of
-its own sign for F16, Q4_1 and Q2_K.
+that random bytes rarely hit. Values must be equal bit for bit; where both sides are NaN
+only NaN-ness is compared: a NaN's sign and payload follow whichever SIMD or scalar loop
+torch picks for the shapes at hand (transformers' and ours broadcast differently), and
+gguf's numpy makes NaNs of its own sign for F16, Q4_1 and Q2_K.
 """
 
 from __future__ import annotations

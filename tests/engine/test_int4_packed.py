@@ -140,3 +140,12 @@ def test_other_types_run_dequantized_to_bf16() -> None:
     x = torch.randn(3, 256)
     expected = (x.bfloat16() @ weight.T).float() + module.bias
     assert torch.equal(module(x), expected)
+
+
+def test_rows_the_kernel_cannot_take_run_as_bf16() -> None:
+    """N not a multiple of 16: the int4 packing refuses it, so the operand is bf16."""
+    shape = (40, 256)
+    blocks = _blocks("Q4_K", shape)
+    weight = int4_packed.operand(blocks, "Q4_K", shape)
+    assert isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16
+    assert torch.equal(weight, dequantize(blocks, "Q4_K", shape, torch.bfloat16))
