@@ -170,3 +170,17 @@ def test_rejects_wrong_sizes() -> None:
         dequantize(raw, "Q4_0", (128,), out=torch.empty(128, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="not supported"):
         dequantize(raw, "IQ2_XXS", (256,))
+
+
+@pytest.mark.parametrize("offset", [1, 2, 3])
+def test_blocks_at_any_byte_offset(offset: int) -> None:
+    """A tensor's blocks may start anywhere in a buffer; the values do not depend on it."""
+    for type_name in ("Q4_0", "Q6_K", "F32", "F16"):
+        spec = TYPES[type_name]
+        raw = _random_blocks(type_name, 512 // spec.elements)
+        buffer = torch.zeros(raw.numel() + offset, dtype=torch.uint8)
+        buffer[offset:] = raw
+        shape = (512,)
+        assert _same(
+            dequantize(buffer[offset:], type_name, shape), dequantize(raw, type_name, shape)
+        )

@@ -149,3 +149,13 @@ def test_rows_the_kernel_cannot_take_run_as_bf16() -> None:
     weight = int4_packed.operand(blocks, "Q4_K", shape)
     assert isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16
     assert torch.equal(weight, dequantize(blocks, "Q4_K", shape, torch.bfloat16))
+
+
+def test_blocks_at_an_odd_byte_offset() -> None:
+    shape = (64, 256)
+    blocks = _blocks("Q4_K", shape)
+    buffer = torch.zeros(blocks.numel() + 1, dtype=torch.uint8)
+    buffer[1:] = blocks
+    moved, packed = pack(buffer[1:], "Q4_K", shape), pack(blocks, "Q4_K", shape)
+    assert torch.equal(moved.packed, packed.packed)
+    assert torch.equal(moved.scales_and_zeros, packed.scales_and_zeros)

@@ -87,6 +87,8 @@ def dequantize(
         out = torch.empty(shape, dtype=dtype, device=blocks.device)
     elif tuple(out.shape) != tuple(shape) or out.dtype != dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {dtype} tensor of shape {tuple(shape)}")
+    if blocks.storage_offset() % 4:  # the f16/f32 views need an aligned start: copy (rare)
+        blocks = blocks.clone()
     rows = blocks.view(n_blocks, spec.nbytes)
     values = out.view(n_blocks, spec.elements)
     step = max(1, CHUNK_ELEMENTS // spec.elements)

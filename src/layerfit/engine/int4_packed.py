@@ -96,6 +96,8 @@ def pack(blocks: torch.Tensor, type_name: str, shape: tuple[int, int]) -> Packed
     spec = TYPES[type_name]
     if k % spec.elements or n % 16:
         raise ValueError(f"{type_name} [N, K] = {shape}: K must divide into blocks, N into 16 rows")
+    if blocks.storage_offset() % 2:  # the f16 views need an even start: copy (rare)
+        blocks = blocks.clone()
     rows = blocks.view(n, k // spec.elements, spec.nbytes)
     codes, width = _codes(rows, type_name)
     scale, zero = _scales_and_zeros(rows, type_name)
