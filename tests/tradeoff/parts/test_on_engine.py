@@ -11,8 +11,9 @@ import torch
 from layerfit.engine.engine import Engine
 from layerfit.errors import LayerfitError, TradeoffError
 from layerfit.store import prepare
-from layerfit.tradeoff.parts.executor import TOLERANCE
-from layerfit.tradeoff.parts.on_engine import EngineStage, cnn_from_engine
+from layerfit.tradeoff.parts.cnn import CNN
+from layerfit.tradeoff.parts.executor import TOLERANCE, PartsExecutor, PartsSpec, stage_of
+from layerfit.tradeoff.parts.kernels import cnn_from_engine
 from layerfit.tradeoff.parts.pipeline import TwoStagePipeline
 
 from .single_thread import single_thread  # noqa: F401 (fixture)
@@ -27,6 +28,11 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("parts") / "mobilenet_v2"
     prepare("mobilenet_v2", out, input_shape=SHAPE)
     return out
+
+
+def EngineStage(engine: Engine, cnn: CNN, parts: PartsSpec, first: int = 0, stop: int | None = None) -> PartsExecutor:  # noqa: N802
+    """Layers ``[first, stop)`` run as a pass of ``engine``."""
+    return PartsExecutor(cnn, parts, stage=stage_of(cnn, first, len(cnn.layers) if stop is None else stop), engine=engine)
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor) -> None:

@@ -23,21 +23,36 @@ run. Graph inputs and outputs belong to the caller and are not counted; the tran
 one-phase result and the padded stripes of border phases are not counted either.
 With no layer by parts the ledger is the memory planner's tensor usage records, so
 :func:`untiled_peak_bytes` reads its peak from them without a run.
+
+Given an :class:`~layerfit.engine.engine.Engine` of the model the CNN was read from
+(:func:`~layerfit.tradeoff.parts.kernels.cnn_from_engine`), the executor's stage runs as
+one pass of the engine that may run only the units holding the stage's modules
+(:meth:`Engine.run_pass <layerfit.engine.engine.Engine.run_pass>`, as
+:mod:`layerfit.engine.parts` runs a submodule): the engine checks its file and binds the
+weights, and a streaming engine refuses a unit outside the stage. A layer run whole
+calls its module, so its unit's hooks bind it as in any pass; a layer by parts calls its
+operator in row stripes on its module's weights as bound, and the phases of a chain of
+such layers interleave, so the engine binds the chain's units as one from its first
+phase to its last (:func:`~layerfit.engine.stripes.held_spans`), under any policy that
+can hold them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from layerfit.engine.part_units import inside
 from layerfit.engine.stripes import (
-    Holds,
     Runner,
     RunStats,
     StripeSchedule,
+    held_spans,
+    holds_for,
     run_stripes,
     substitute,
 )
@@ -46,6 +61,9 @@ from layerfit.memory.profiles import max_breadth
 from layerfit.memory.records import TensorUsageRecord
 from layerfit.tradeoff.parts.cnn import CNN, Layer
 from layerfit.tradeoff.parts.flow import FlowGraph, RowPlan, plan_rows
+
+if TYPE_CHECKING:
+    from layerfit.engine.engine import Engine
 
 # Agreement with the untiled module: |out - ref| <= rtol * |ref| + atol * max(1, max|ref|)
 # with (rtol, atol) below. Observed: a few ulps per layer (<= 1.2e-7 on unit-scale random
@@ -135,6 +153,9 @@ class PartsExecutor:
     ``parts`` selects the layers: ``"all"`` (every tileable layer), ``"none"`` (plain
     layer-by-layer execution, the untiled reference), per-node flags, or node names.
     ``phase_rows`` rows are produced per phase (1 reproduces the paper's minimum heights).
+    With an ``engine`` (of the model ``cnn`` was read from) each run is a pass of it
+    running only the stage's ``units``, those of layers by parts bound as one over
+    ``spans`` of their phases.
     """
 
     def __init__(
@@ -143,6 +164,7 @@ class PartsExecutor:
         parts: PartsSpec = "all",
         phase_rows: int = 1,
         stage: Stage | None = None,
+        engine: Engine | None = None,
     ) -> None:
         self.cnn = cnn
         self.runner = runner_of(cnn)
@@ -155,7 +177,6 @@ class PartsExecutor:
         for o in self.flow.outputs:
             self._is_output[o] = True
         self.last_stats = RunStats()
-        self.holds: Holds | None = None  # units of an engine bound as one (see EngineStage)
         nodes, plan = self.flow.nodes, self.plan
         self.schedule = StripeSchedule(
             kernels=tuple(self.runner.kernels[t] for t in self.members),
@@ -175,6 +196,12 @@ class PartsExecutor:
             slots=plan.slots,
             readers=plan.readers,
         )
+        self.engine = engine
+        if engine is not None:
+            self.units = stage_units(engine, cnn, self.stage.first, self.stage.stop)
+            owner = layer_units(engine, cnn)
+            self.spans = held_spans(plan.steps, plan.by_parts, [owner[t] for t in self.members])
+            holds_for(engine.stream, self.spans)  # refused now rather than at the first call
 
     def node(self, k: int) -> Layer:
         """The layer flow node ``k`` stands for."""
@@ -210,17 +237,55 @@ class PartsExecutor:
         write the stage outputs into (the pipeline's double buffers). ``profile`` records
         the seconds each node's phases take (``last_stats.node_seconds``).
         """
+        if self.engine is not None:
+            return self.engine.run_pass(None, partial(self._run, out=out, profile=profile), inputs, {}, self.units)
+        return self._run(*inputs, out=out, profile=profile)
+
+    def _run(self, *inputs: Any, out: Sequence[torch.Tensor] | None, profile: bool) -> Any:
+        """The run (inside the engine's pass, the units of layers by parts bound as the
+        engine is configured now)."""
         n_in = len(self.stage.inputs)
         if len(inputs) != n_in:
             raise TradeoffError(f"expected {n_in} input tensor(s), got {len(inputs)}")
         if out is not None and len(out) != len(self.flow.outputs):
             raise TradeoffError(f"expected {len(self.flow.outputs)} output tensor(s), got {len(out)}")
-        values, self.last_stats = run_stripes(self.schedule, inputs, out, profile, self.holds)
+        holds = holds_for(self.engine.stream, self.spans) if self.engine is not None else None
+        values, self.last_stats = run_stripes(self.schedule, inputs, out, profile, holds)
         results = dict(zip(self.flow.outputs, values, strict=True))
         if self.stage.first == 0 and self.stage.stop == len(self.cnn.layers):
             local = {t: k for k, t in enumerate(self.members)}
             return substitute(self.runner.output_arg, lambda t: results[local[t]])
         return tuple(results[o] for o in self.flow.outputs)
+
+
+def layer_units(engine: Engine, cnn: CNN) -> list[int | None]:
+    """Per layer of ``cnn``, the engine's unit holding its module (None: a layer with no
+    module, or a module with no weights of its own)."""
+    module_of = {node.name: str(node.target) for node in runner_of(cnn).module.graph.nodes if node.op == "call_module"}
+    owner: list[int | None] = []
+    for layer in cnn.layers:
+        module = module_of.get(layer.name)
+        blocks = enumerate(engine.blocks) if module is not None else ()
+        owner.append(next((i for i, b in blocks if any(inside(module, seg.name) for seg in b.segments)), None))
+    return owner
+
+
+def stage_units(engine: Engine, cnn: CNN, first: int, stop: int) -> range:
+    """The engine's units holding the modules of layers ``[first, stop)`` of ``cnn``: a
+    contiguous range, none of them holding a module of a layer outside the stage."""
+    owner = layer_units(engine, cnn)
+    within = sorted({u for u in owner[first:stop] if u is not None})
+    if not within:
+        return range(0)
+    units = range(within[0], within[-1] + 1)
+    shared = [cnn.layers[n].name for n, u in enumerate(owner) if u in units and not first <= n < stop]
+    if shared:
+        raise TradeoffError(
+            f"layers {first}-{stop - 1} cannot run as their own pass: units {units.start}-{units.stop - 1} "
+            f"also hold layer {shared[0]!r} outside them (units merged by blocks:N or merge:SIZE are: "
+            "load the model with units='layers', or cut between units)"
+        )
+    return units
 
 
 def untiled_peak_bytes(cnn: CNN) -> int:
@@ -261,7 +326,9 @@ __all__ = [
     "Stage",
     "describe_tiling",
     "flow_graph_of",
+    "layer_units",
     "resolve_parts",
     "stage_of",
+    "stage_units",
     "untiled_peak_bytes",
 ]

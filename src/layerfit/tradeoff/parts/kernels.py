@@ -8,6 +8,8 @@ operators as fx nodes, by name. :func:`cnn_from_module` captures a module,
 read it (:func:`layerfit.engine.stripes.operators_of`: its kind, its geometry along the
 height, whether it can run in stripes, its kernels), becomes a
 :class:`~layerfit.tradeoff.parts.cnn.Layer` of the application model.
+:func:`cnn_from_engine` reads the graph a loaded engine's ``prepare`` captured, with
+kernels calling the engine's own model (whose weights it binds).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from layerfit.tradeoff.parts.cnn import CNN, Layer
 
 if TYPE_CHECKING:
     from layerfit.capture.graph import ModelGraph, TensorRecord
+    from layerfit.engine.engine import Engine
 
 
 def cnn_from_module(name: str, module: Any, *example: Any) -> CNN:
@@ -38,6 +41,17 @@ def cnn_from_module(name: str, module: Any, *example: Any) -> CNN:
     except CaptureError as exc:
         raise TradeoffError(f"cannot capture {type(module).__name__} for processing by parts: {exc}") from exc
     return cnn_from_graph(name, graph, module, example)
+
+
+def cnn_from_engine(engine: Engine, name: str | None = None) -> CNN:
+    """The CNN of ``engine``'s model: its captured graph's operators, kernels calling the
+    engine's skeleton, and the manifest's example input as its runner's example."""
+    from layerfit.store.examples import example_call
+
+    args, kwargs = example_call(engine.manifest)
+    if kwargs:
+        raise TradeoffError("processing by parts takes positional tensor inputs; this model was prepared from keywords")
+    return cnn_from_graph(name or engine.manifest.model["name"], engine.manifest.graph, engine.model, tuple(args))
 
 
 def cnn_from_graph(name: str, graph: Any, model: Any, example: tuple[Any, ...] | None = None) -> CNN:

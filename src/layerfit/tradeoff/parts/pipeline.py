@@ -3,9 +3,9 @@
 Section 2.2: partition ``P_a`` processes frame ``i+1`` while partition ``P_b`` processes
 frame ``i``. The data crossing the cut is *double buffered*: two preallocated slots,
 one written by the first stage while the second stage reads the other, so the stages
-never wait for each other's buffer (only for each other's pace). Each stage runs on its
-own thread; the threads hand slots over through two queues (free slots, full slots) and
-block on them - no polling. Either stage may process some of its layers by parts.
+never wait for each other's buffer (only for each other's pace). Stage one runs on a
+worker thread, stage two on the caller's. Either stage may process some of its layers
+by parts.
 
 :func:`measure_pipeline` times the same frames run sequentially (both stages on one
 thread, one after the other) and pipelined, and checks both give identical outputs.
@@ -14,40 +14,33 @@ thread, one after the other) and pipelined, and checks both give identical outpu
 from __future__ import annotations
 
 import math
-import queue
 import statistics
-import threading
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 from layerfit.engine.stripes import substitute
 from layerfit.errors import TradeoffError
 from layerfit.tradeoff.parts.cnn import CNN
 from layerfit.tradeoff.parts.executor import PartsExecutor, PartsSpec, stage_of
-from layerfit.tradeoff.parts.on_engine import EngineStage, engine_stages
+from layerfit.tradeoff.parts.kernels import cnn_from_engine
 
 if TYPE_CHECKING:
     from layerfit.engine.engine import Engine
-
-_DONE = object()
-
-
-@dataclass
-class _Failure:
-    error: BaseException
-
 
 class TwoStagePipeline:
     """Two pipeline stages of one CNN captured from a module, cut before layer ``cut``.
 
     ``parts`` selects by-parts layers for both stages (layer names, ``all`` or ``none``).
     Each stage is a :class:`PartsExecutor` of the CNN, or, given two ``engines`` of the
-    model the CNN was read from, a pass of its own engine
-    (:func:`~layerfit.tradeoff.parts.on_engine.engine_stages`).
+    model the CNN was read from (one prepared model loaded twice: an engine runs one pass
+    at a time, and a stage of a streaming engine reads only its own units), a pass of its
+    own engine.
     """
 
     def __init__(
@@ -57,13 +50,16 @@ class TwoStagePipeline:
         if not 0 < index < len(cnn.layers):
             raise TradeoffError(f"cut must be a layer index in (0, {len(cnn.layers)}), got {cut!r}")
         self.cnn = cnn
-        self.first: PartsExecutor | EngineStage
-        self.second: PartsExecutor | EngineStage
-        if engines:
-            self.first, self.second = engine_stages(engines, index, parts, phase_rows)
-        else:
-            self.first = PartsExecutor(cnn, parts, phase_rows, stage_of(cnn, 0, index))
-            self.second = PartsExecutor(cnn, parts, phase_rows, stage_of(cnn, index, len(cnn.layers)))
+        if engines and len(engines) != 2:
+            raise TradeoffError(f"a two-stage pipeline runs on two engines, got {len(engines)}")
+        runs = [cnn_from_engine(engine) for engine in engines] or [cnn, cnn]
+        if any(own.layers != cnn.layers for own in runs):
+            raise TradeoffError("the engines run another model: load the CNN's prepared model twice")
+        ranges = [(0, index), (index, len(cnn.layers))]
+        self.first, self.second = (
+            PartsExecutor(own, parts, phase_rows, stage_of(own, *bounds), engine)
+            for own, bounds, engine in zip(runs, ranges, [*engines] or [None, None], strict=True)
+        )
         first_out = self.first.stage.outputs
         # The second stage reads the first stage's outputs and possibly the graph inputs.
         inputs = [i for i, layer in enumerate(cnn.layers) if layer.op == "input"]
@@ -95,47 +91,21 @@ class TwoStagePipeline:
         return results
 
     def run(self, frames: Iterable[torch.Tensor | Sequence[torch.Tensor]]) -> list[Any]:
-        """Stage one on a worker thread, stage two on the calling thread; outputs in order."""
-        free: queue.Queue[list[torch.Tensor]] = queue.Queue()
-        full: queue.Queue[Any] = queue.Queue()
-        iterator = iter(frames)
-        stop = threading.Event()
+        """Stage one on a worker thread, stage two on the calling thread; outputs in order.
 
-        def producer() -> None:
-            slots_made = 0
-            try:
-                for frame in iterator:
-                    frame = _as_tuple(frame)
-                    if slots_made < 2:  # the two buffers of the double-buffered edge
-                        free.put(self._new_slot(frame[0]))
-                        slots_made += 1
-                    slot = free.get()
-                    if stop.is_set():
-                        return
-                    self.first.run(*frame, out=slot)
-                    full.put((frame, slot))
-            except BaseException as exc:  # hand the failure to the consumer thread
-                full.put(_Failure(exc))
-                return
-            full.put(_DONE)
-
-        worker = threading.Thread(target=producer, name="layerfit-pipeline-stage1", daemon=True)
-        worker.start()
+        Stage one writes frame ``i+1`` into one slot of the double-buffered edge while
+        stage two reads frame ``i`` from the other; a stage's error reaches the caller."""
+        frames = [_as_tuple(frame) for frame in frames]
+        slots = [self._new_slot(frames[0][0]) for _ in frames[:2]]
         results = []
-        try:
-            while True:
-                item = full.get()
-                if item is _DONE:
-                    break
-                if isinstance(item, _Failure):
-                    raise item.error
-                frame, slot = item
+        with ThreadPoolExecutor(1, thread_name_prefix="layerfit-pipeline-stage1") as first:
+            pending = first.submit(self.first.run, *frames[0], out=slots[0]) if frames else None
+            for i, frame in enumerate(frames):
+                pending.result()  # type: ignore[union-attr]
+                if i + 1 < len(frames):
+                    pending = first.submit(self.first.run, *frames[i + 1], out=slots[(i + 1) % 2])
+                slot = slots[i % 2]
                 results.append(self._finish(self.second.run(*self._second_inputs(frame, slot)), slot))
-                free.put(slot)
-        finally:
-            stop.set()
-            free.put([])  # wake the producer if it waits for a slot
-            worker.join()
         return results
 
     def _finish(self, outputs: tuple[Any, ...], slot: Sequence[torch.Tensor]) -> Any:
@@ -186,10 +156,7 @@ def measure_pipeline(pipeline: TwoStagePipeline, frames: Sequence[torch.Tensor],
 
 
 def _equal(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    return a == b
+    (xs, spec_a), (ys, spec_b) = tree_flatten(a), tree_flatten(b)
+    return spec_a == spec_b and all(
+        torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(xs, ys, strict=True)
+    )

@@ -11,7 +11,7 @@ or a third-party throughput evaluation tool". Three estimators share one signatu
 * :class:`MeasuredThroughput`: every configuration is executed for real, partition by
   partition, and cached per configuration (exact but slow; for final checks); given an
   engine of a CNN's prepared model, each partition is a pass of that engine
-  (:class:`~layerfit.tradeoff.parts.on_engine.EngineStage`).
+  (:class:`~layerfit.tradeoff.parts.executor.PartsExecutor` with ``engine``).
 * :class:`AnalyticThroughput` (``--model-throughput``): a delay model, ``overhead +
   MACs / rate`` per layer plus a per-phase overhead for by-parts layers, with constants
   given.
@@ -27,13 +27,13 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from layerfit.errors import TradeoffError
 from layerfit.tradeoff.parts.application import Application, DerivedApplication
 from layerfit.tradeoff.parts.cnn import CNN
 from layerfit.tradeoff.parts.executor import PartsExecutor, runner_of, stage_of
-from layerfit.tradeoff.parts.on_engine import EngineStage, cnn_from_engine
+from layerfit.tradeoff.parts.kernels import cnn_from_engine
 
 if TYPE_CHECKING:
     from layerfit.engine.engine import Engine
@@ -75,8 +75,19 @@ def throughput_of_stages(app: Application, seconds: dict[str, float]) -> dict[st
     return result
 
 
+class _PerLayer:
+    """An estimator from per-layer times (:meth:`layer_times` of a CNN)."""
+
+    def layer_times(self, cnn: CNN) -> LayerTimes:
+        raise NotImplementedError
+
+    def throughput(self, app: Application, derived: DerivedApplication) -> dict[str, float]:
+        times = {c.name: self.layer_times(c) for c in app.cnns}
+        return throughput_of_stages(app, stage_seconds(app, derived, times))
+
+
 @dataclass
-class AnalyticThroughput:
+class AnalyticThroughput(_PerLayer):
     """Delay model: a layer costs ``layer_overhead_s + macs / macs_per_s``; by parts it
     costs ``phases * phase_overhead_s + macs / macs_per_s`` instead, a phase producing
     ``phase_rows`` rows."""
@@ -96,13 +107,9 @@ class AnalyticThroughput:
             parts.append(phases * self.phase_overhead_s + work)
         return LayerTimes(tuple(whole), tuple(parts))
 
-    def throughput(self, app: Application, derived: DerivedApplication) -> dict[str, float]:
-        times = {c.name: self.layer_times(c) for c in app.cnns}
-        return throughput_of_stages(app, stage_seconds(app, derived, times))
-
 
 @dataclass
-class ProfiledThroughput:
+class ProfiledThroughput(_PerLayer):
     """Per-layer times measured on this machine (whole and by parts), cached per CNN.
 
     Each layer's time is the median over ``repeats`` runs (after ``warmup``), the two
@@ -137,10 +144,6 @@ class ProfiledThroughput:
             medians["all"].get(layer.name, 0.0) if cnn.tileable(i) else whole[i] for i, layer in enumerate(cnn.layers)
         )
         return LayerTimes(whole, parts)
-
-    def throughput(self, app: Application, derived: DerivedApplication) -> dict[str, float]:
-        times = {c.name: self.layer_times(c) for c in app.cnns}
-        return throughput_of_stages(app, stage_seconds(app, derived, times))
 
 
 @dataclass
@@ -180,10 +183,7 @@ class MeasuredThroughput:
         values = dict(zip(placeholders, runner_of(runs).example, strict=True))
         result = {}
         for p in app.partitions_of(cnn.name):
-            stage: Any = (
-                PartsExecutor(runs, list(bits), self.phase_rows, stage_of(runs, p.start, p.stop)) if engine is None
-                else EngineStage(engine, runs, list(bits), p.start, p.stop, self.phase_rows)
-            )
+            stage = PartsExecutor(runs, list(bits), self.phase_rows, stage_of(runs, p.start, p.stop), engine)
             inputs = [values[i] for i in stage.stage.inputs]
             for _ in range(self.warmup):
                 outputs = stage.run(*inputs)
