@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
@@ -14,11 +15,25 @@ from layerfit.errors import TradeoffError
 from layerfit.tradeoff.parts.application import Application, Partition, split_partitions
 from layerfit.tradeoff.parts.cnn import CNN, Layer
 from layerfit.tradeoff.parts.kernels import cnn_from_module
-from layerfit.tradeoff.parts.reuse import check_buffers, naive_buffers, reuse_buffers, total_elems
+from layerfit.tradeoff.parts.reuse import SharedBuffer, naive_buffers, reuse_buffers, total_elems
 
 from .single_thread import single_thread  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def check_buffers(buffers: Sequence[SharedBuffer], parallel: Callable[[str, str], bool]) -> None:
+    """Raise AssertionError if two edges sharing a buffer may be used at the same time."""
+    for buffer in buffers:
+        for i, a in enumerate(buffer.edges):
+            if a.elems > buffer.size:
+                raise AssertionError(f"edge {a} larger than its buffer ({buffer.size})")
+            for b in buffer.edges[i + 1 :]:
+                if a.partition != b.partition:
+                    if parallel(a.partition, b.partition):
+                        raise AssertionError(f"edges {a} and {b} of parallel partitions share a buffer")
+                elif a.start <= b.end and b.start <= a.end:
+                    raise AssertionError(f"edges {a} and {b} are live together but share a buffer")
 
 
 def paper_cnns(l5: str = "fc") -> tuple[CNN, CNN]:

@@ -1,6 +1,8 @@
 """Algorithm 1 (Minakova & Stefanov, Section 5): buffer reuse across and within CNNs.
 
-The greedy algorithm visits every edge of every partition and gives it a buffer:
+Buffer reuse is a shared-objects assignment: the memory planner computes it
+(:mod:`layerfit.memory.objects_grouped`, one group of tensors per partition). The
+greedy algorithm visits every edge of every partition and gives it a buffer:
 
 1. An existing buffer ``B_k`` *suits* edge ``e`` unless some edge ``z`` already in
    ``B_k`` is used at the same time as ``e``: ``z`` belongs to another partition that runs
@@ -25,10 +27,12 @@ the genetic search uses ``best``).
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
+
+from layerfit.memory.objects_grouped import grouped_objects
+from layerfit.memory.plans import SharedObjectsPlan
 
 ReuseOrder = Literal["paper", "size", "best", "planner"]
 
@@ -57,64 +61,14 @@ class SharedBuffer:
     size: int = 0
 
 
-class _Index:
-    """Per buffer: its partitions, and per partition its (disjoint) live intervals sorted
-    by start, so "does this buffer suit edge e" costs a set test and a bisection."""
-
-    def __init__(self) -> None:
-        self.partitions: set[str] = set()
-        self.starts: dict[str, list[int]] = {}
-        self.ends: dict[str, list[int]] = {}
-
-    def add(self, edge: ReuseEdge) -> None:
-        self.partitions.add(edge.partition)
-        starts = self.starts.setdefault(edge.partition, [])
-        ends = self.ends.setdefault(edge.partition, [])
-        k = bisect.bisect_right(starts, edge.start)
-        starts.insert(k, edge.start)
-        ends.insert(k, edge.end)
-
-    def suits(self, edge: ReuseEdge, parallel_to: frozenset[str]) -> bool:
-        if parallel_to and not parallel_to.isdisjoint(self.partitions):
-            return False
-        starts = self.starts.get(edge.partition)
-        if not starts:
-            return True
-        k = bisect.bisect_right(starts, edge.end) - 1
-        return k < 0 or self.ends[edge.partition][k] < edge.start
-
-
 def algorithm1(
     edges: Sequence[ReuseEdge], parallel: Callable[[str, str], bool], smallest_on_tie: bool = False
 ) -> list[SharedBuffer]:
-    """Algorithm 1 visiting ``edges`` in the given order."""
-    partitions = sorted({e.partition for e in edges})
-    parallel_to = {p: frozenset(q for q in partitions if parallel(p, q)) for p in partitions}
-    buffers: list[SharedBuffer] = []
-    indexes: list[_Index] = []
-    for edge in edges:
-        best = -1
-        best_cost = 0
-        conflicts = parallel_to[edge.partition]
-        for k, buffer in enumerate(buffers):
-            cost = edge.elems - buffer.size
-            if cost < 0:
-                cost = 0
-            if best >= 0 and cost > best_cost:
-                continue  # cannot beat the best found: skip the suitability test
-            if best >= 0 and cost == best_cost and not (smallest_on_tie and buffer.size < buffers[best].size):
-                continue
-            if indexes[k].suits(edge, conflicts):
-                best, best_cost = k, cost
-        if best < 0:
-            buffers.append(SharedBuffer([edge], edge.elems))
-            indexes.append(_Index())
-            indexes[-1].add(edge)
-        else:
-            buffers[best].edges.append(edge)
-            buffers[best].size += best_cost
-            indexes[best].add(edge)
-    return buffers
+    """Algorithm 1 visiting ``edges`` in the given order: the memory planner's shared
+    objects over groups (:func:`~layerfit.memory.objects_grouped.grouped_objects`), a
+    group per partition."""
+    tensors = [(e.partition, e.start, e.end, e.elems) for e in edges]
+    return _buffers(edges, grouped_objects(tensors, parallel, smallest_on_tie))
 
 
 def planner_buffers(edges: Sequence[ReuseEdge], strategy: str = "greedy_by_size_improved") -> list[SharedBuffer]:
@@ -127,17 +81,15 @@ def planner_buffers(edges: Sequence[ReuseEdge], strategy: str = "greedy_by_size_
     from layerfit.memory import make_records, plan_objects
 
     offset: dict[str, int] = {}
-    for e in edges:
-        offset.setdefault(e.partition, 0)
-    base = 0
-    for p in offset:
-        offset[p] = base
-        base += 1 + max(e.end for e in edges if e.partition == p)
-    records = make_records(
-        [(k, e.start + offset[e.partition], e.end + offset[e.partition], e.elems) for k, e in enumerate(edges)],
-        alignment=1,
-    )
-    plan = plan_objects(records, strategy)
+    for e in edges:  # each partition starts after the previous one's last step
+        if e.partition not in offset:
+            offset[e.partition] = sum(1 + max(f.end for f in edges if f.partition == p) for p in offset)
+    records = [(k, e.start + offset[e.partition], e.end + offset[e.partition], e.elems) for k, e in enumerate(edges)]
+    return _buffers(edges, plan_objects(make_records(records, alignment=1), strategy))
+
+
+def _buffers(edges: Sequence[ReuseEdge], plan: SharedObjectsPlan) -> list[SharedBuffer]:
+    """The plan's objects as buffers holding ``edges`` (by position), in visiting order."""
     buffers = [SharedBuffer([], size) for size in plan.object_sizes]
     for k, e in enumerate(edges):
         buffers[plan.object_ids[k]].edges.append(e)
@@ -172,17 +124,3 @@ def naive_buffers(edges: Sequence[ReuseEdge]) -> list[SharedBuffer]:
 def total_elems(buffers: Sequence[SharedBuffer]) -> int:
     """``sum(B_k.size)`` over the buffers, in elements."""
     return sum(b.size for b in buffers)
-
-
-def check_buffers(buffers: Sequence[SharedBuffer], parallel: Callable[[str, str], bool]) -> None:
-    """Raise AssertionError if two edges sharing a buffer may be used at the same time."""
-    for buffer in buffers:
-        for i, a in enumerate(buffer.edges):
-            if a.elems > buffer.size:
-                raise AssertionError(f"edge {a} larger than its buffer ({buffer.size})")
-            for b in buffer.edges[i + 1 :]:
-                if a.partition != b.partition:
-                    if parallel(a.partition, b.partition):
-                        raise AssertionError(f"edges {a} and {b} of parallel partitions share a buffer")
-                elif a.start <= b.end and b.start <= a.end:
-                    raise AssertionError(f"edges {a} and {b} are live together but share a buffer")
