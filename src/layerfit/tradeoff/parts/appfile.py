@@ -27,19 +27,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from layerfit.errors import BudgetError, LayerfitError, TradeoffError
 from layerfit.extras import require
 from layerfit.sizes import parse_bytes
-from layerfit.tradeoff.parts.application import (
-    BYTES_PER_ELEMENT,
-    Application,
-    Partition,
-    split_partitions,
-)
+from layerfit.tradeoff.parts.application import Application, Partition, split_partitions
 from layerfit.tradeoff.parts.cnn import CNN, LAYER_OPS, Layer
 from layerfit.tradeoff.parts.kernels import cnn_from_module
 
@@ -108,58 +103,52 @@ def field_line(text: str, message: str) -> int | None:
     return line
 
 
+def _mapping(data: Any, known: set[str], where: str, what: str) -> dict[str, Any]:
+    """``data`` if it is a mapping of ``known`` fields only, else TradeoffError."""
+    if not isinstance(data, dict):
+        raise TradeoffError(f"{where}: expected {what}, got {data!r}")
+    unknown = set(data) - known
+    if unknown:
+        raise TradeoffError(f"{where}: unknown field(s) {sorted(unknown)} (known: {sorted(known)})")
+    return data
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(x, str) for x in value)
+
+
 def application_from_dict(data: Any) -> tuple[Application, Constraints]:
     """Build the application and constraints from parsed YAML."""
     if not isinstance(data, dict):
         raise TradeoffError("the application file must be a mapping with a `cnns` list")
     known = {"name", "precision", "fanout", "cnns", "parallel", "schedules", "constraints"}
-    unknown = set(data) - known
-    if unknown:
-        raise TradeoffError(f"unknown top-level field(s) {sorted(unknown)} (known: {sorted(known)})")
+    if set(data) - known:
+        raise TradeoffError(f"unknown top-level field(s) {sorted(set(data) - known)} (known: {sorted(known)})")
     name = data.get("name", "application")
     if not isinstance(name, str):
         raise TradeoffError(f"name: expected a string, got {name!r}")
-    precision = data.get("precision", "fp32")
-    if precision not in BYTES_PER_ELEMENT:
-        raise TradeoffError(f"precision: expected one of {sorted(BYTES_PER_ELEMENT)}, got {precision!r}")
-    fanout = data.get("fanout", "tensor")
-    if fanout not in ("tensor", "edge"):
-        raise TradeoffError(f"fanout: expected 'tensor' or 'edge', got {fanout!r}")
     items = data.get("cnns")
     if not isinstance(items, list) or not items:
         raise TradeoffError("cnns: expected a non-empty list of CNNs")
-    cnns: list[CNN] = []
-    partitions: list[Partition] = []
-    for k, item in enumerate(items):
-        cnn, parts = _cnn_from_item(item, f"cnns[{k}]")
-        cnns.append(cnn)
-        partitions.extend(parts)
+    cnns = [_cnn_from_item(item, f"cnns[{k}]") for k, item in enumerate(items)]
     parallel = data.get("parallel")
-    if parallel is not None and (
-        not isinstance(parallel, list)
-        or not all(isinstance(j, list) and all(isinstance(p, str) for p in j) for j in parallel)
-    ):
+    if parallel is not None and not (isinstance(parallel, list) and all(_names(j) for j in parallel)):
         raise TradeoffError(f"parallel: expected a list of lists of partition names, got {parallel!r}")
     schedules = data.get("schedules")
-    if schedules is not None:
-        if not isinstance(schedules, dict):
-            raise TradeoffError(f"schedules: expected a mapping partition -> list of steps, got {schedules!r}")
-        for key, steps in schedules.items():
-            if not isinstance(steps, list) or not all(
-                isinstance(s, str) or (isinstance(s, list) and all(isinstance(x, str) for x in s)) for s in steps
-            ):
-                raise TradeoffError(f"schedules[{key}]: expected a list of steps (layer names or lists of them)")
-    app = Application(cnns, partitions, parallel, schedules, precision=precision, fanout=fanout, name=name)
-    return app, _constraints(data.get("constraints"), {c.name for c in cnns})
+    if schedules is not None and not isinstance(schedules, dict):
+        raise TradeoffError(f"schedules: expected a mapping partition -> list of steps, got {schedules!r}")
+    for key, steps in (schedules or {}).items():
+        if not isinstance(steps, list) or not all(isinstance(step, str) or _names(step) for step in steps):
+            raise TradeoffError(f"schedules[{key}]: expected a list of steps (layer names or lists of them)")
+    partitions = [p for _, parts in cnns for p in parts]
+    precision, fanout = data.get("precision", "fp32"), data.get("fanout", "tensor")
+    app = Application([c for c, _ in cnns], partitions, parallel, schedules, precision, fanout, name)
+    return app, _constraints(data.get("constraints"), {c.name for c in app.cnns})
 
 
 def _cnn_from_item(item: Any, where: str) -> tuple[CNN, list[Partition]]:
-    if not isinstance(item, dict):
-        raise TradeoffError(f"{where}: expected a mapping with name and model or layers")
     known = {"name", "model", "input", "layers", "partitions", "seed"}
-    unknown = set(item) - known
-    if unknown:
-        raise TradeoffError(f"{where}: unknown field(s) {sorted(unknown)} (known: {sorted(known)})")
+    item = _mapping(item, known, where, "a mapping with name and model or layers")
     name = item.get("name")
     if not isinstance(name, str) or not name or "." in name or ":" in name:
         raise TradeoffError(f"{where}.name: expected a non-empty string without '.' or ':', got {name!r}")
@@ -189,10 +178,10 @@ def _zoo_cnn(name: str, item: dict[str, Any], where: str) -> CNN:
     except LayerfitError as exc:
         raise TradeoffError(f"{where}.model: {exc}") from exc
     shape = item.get("input", list(entry.input_shape))
-    if not isinstance(shape, list) or len(shape) != 4 or not all(isinstance(s, int) and s > 0 for s in shape):
+    if not isinstance(shape, list) or len(shape) != 4 or not all(_is_int(s, 1) for s in shape):
         raise TradeoffError(f"{where}.input: expected four positive integers (batch, channels, height, width), got {shape!r}")
     seed = item.get("seed", 0)
-    if not isinstance(seed, int):
+    if not _is_int(seed):
         raise TradeoffError(f"{where}.seed: expected an integer, got {seed!r}")
     module = zoo.build(model, seed=seed)
     example = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
@@ -200,9 +189,7 @@ def _zoo_cnn(name: str, item: dict[str, Any], where: str) -> CNN:
 
 
 def _partitions(cnn: CNN, spec: Any, where: str) -> list[Partition]:
-    if isinstance(spec, int) and not isinstance(spec, bool):
-        if spec < 1:
-            raise TradeoffError(f"{where}: expected a positive number of partitions, got {spec}")
+    if _is_int(spec, 1):
         return split_partitions(cnn, spec)
     if not isinstance(spec, list) or not spec:
         raise TradeoffError(f"{where}: expected a count or a list of layer ranges (first, last), got {spec!r}")
@@ -210,68 +197,66 @@ def _partitions(cnn: CNN, spec: Any, where: str) -> list[Partition]:
     for k, rng in enumerate(spec):
         if not isinstance(rng, list) or len(rng) != 2:
             raise TradeoffError(f"{where}[{k}]: expected a range of two layers, first and last (names or indices), got {rng!r}")
-        bounds = []
-        for end in rng:
-            if isinstance(end, bool) or not isinstance(end, (int, str)):
-                raise TradeoffError(f"{where}[{k}]: expected a layer name or index, got {end!r}")
-            try:
-                index = cnn.index(end) if isinstance(end, str) else end
-            except TradeoffError as exc:
-                raise TradeoffError(f"{where}[{k}]: {exc}") from exc
-            if not 0 <= index < len(cnn.layers):
-                raise TradeoffError(f"{where}[{k}]: layer index {index} out of range [0, {len(cnn.layers)})")
-            bounds.append(index)
+        bounds = [_layer_index(cnn, end, f"{where}[{k}]") for end in rng]
         result.append(Partition(f"{cnn.name}.p{k}", cnn.name, bounds[0], bounds[1] + 1))
     return result
 
 
+def _layer_index(cnn: CNN, end: Any, where: str) -> int:
+    """A layer given by name or index."""
+    if isinstance(end, str):
+        try:
+            return cnn.index(end)
+        except TradeoffError as exc:
+            raise TradeoffError(f"{where}: {exc}") from exc
+    if not _is_int(end):
+        raise TradeoffError(f"{where}: expected a layer name or index, got {end!r}")
+    if not 0 <= end < len(cnn.layers):
+        raise TradeoffError(f"{where}: layer index {end} out of range [0, {len(cnn.layers)})")
+    return end
+
+
+# Layer fields an application file gives as integers, and their least values.
+_INTS = {"kernel": 1, "stride": 1, "padding": 0, "dilation": 1, "macs": 0}
+
+
 def layer_from_dict(data: Any, where: str, previous: str | None) -> Layer:
-    """A :class:`Layer` from an application-file mapping; errors name the field."""
-    if not isinstance(data, dict):
-        raise TradeoffError(f"{where}: expected a mapping with name, op, shape, got {type(data).__name__}")
-    known = {"name", "op", "inputs", "shape", "kernel", "stride", "padding", "dilation", "params", "macs", "tileable"}
-    unknown = set(data) - known
-    if unknown:
-        raise TradeoffError(f"{where}: unknown field(s) {sorted(unknown)} (known: {sorted(known)})")
-    name = data.get("name")
+    """A :class:`Layer` from an application-file mapping (its fields but ``reason``);
+    errors name the field."""
+    known = {f.name for f in fields(Layer)} - {"reason"}
+    data = _mapping(data, known, where, "a mapping with name, op, shape")
+    name, op = data.get("name"), data.get("op")
     if not isinstance(name, str) or not name:
         raise TradeoffError(f"{where}.name: expected a non-empty string, got {name!r}")
-    op = data.get("op")
     if op not in LAYER_OPS:
         raise TradeoffError(f"{where}.op: expected one of {sorted(LAYER_OPS)}, got {op!r}")
     inputs = data.get("inputs", [previous] if previous is not None and op != "input" else [])
-    if isinstance(inputs, str):
-        inputs = [inputs]
-    if not isinstance(inputs, list) or not all(isinstance(x, str) for x in inputs):
+    inputs = [inputs] if isinstance(inputs, str) else inputs
+    if not _names(inputs):
         raise TradeoffError(f"{where}.inputs: expected a list of layer names, got {inputs!r}")
     shape = data.get("shape")
-    if not isinstance(shape, list) or not shape or not all(_is_pos_int(s) for s in shape):
+    if not isinstance(shape, list) or not shape or not all(_is_int(s, 1) for s in shape):
         raise TradeoffError(f"{where}.shape: expected a list of positive integers, got {shape!r}")
-    ints = {}
-    for key, default, minimum in (("kernel", 1, 1), ("stride", 1, 1), ("padding", 0, 0), ("dilation", 1, 1), ("macs", 0, 0)):
-        value = data.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise TradeoffError(f"{where}.{key}: expected an integer >= {minimum}, got {value!r}")
-        ints[key] = value
-    params = data.get("params", 0)
-    params = _param_count(params, f"{where}.params")
+    ints = {key: data.get(key, getattr(Layer, key)) for key in _INTS}
+    for key, value in ints.items():
+        if not _is_int(value, _INTS[key]):
+            raise TradeoffError(f"{where}.{key}: expected an integer >= {_INTS[key]}, got {value!r}")
     tileable = data.get("tileable")
     if tileable is not None and not isinstance(tileable, bool):
         raise TradeoffError(f"{where}.tileable: expected true or false, got {tileable!r}")
+    params = _param_count(data.get("params", 0), f"{where}.params")
     return Layer(name=name, op=op, inputs=tuple(inputs), shape=tuple(shape), params=params, tileable=tileable, **ints)
 
 
-def _is_pos_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+def _is_int(value: Any, least: int | None = None) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and (least is None or value >= least)
 
 
 def _param_count(value: Any, where: str) -> int:
     """Parameters as a count or as a list of tensor shapes (``[[8, 3, 5, 5], [8]]``)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if _is_int(value, 0):
         return value
-    if isinstance(value, list) and all(
-        isinstance(s, list) and all(_is_pos_int(d) for d in s) for s in value
-    ):
+    if isinstance(value, list) and all(isinstance(s, list) and all(_is_int(d, 1) for d in s) for s in value):
         return sum(math.prod(s) for s in value)
     raise TradeoffError(f"{where}: expected a count or a list of tensor shapes, got {value!r}")
 
@@ -289,11 +274,7 @@ def layers_from_dicts(items: Sequence[Any], where: str) -> tuple[Layer, ...]:
 def _constraints(data: Any, cnn_names: set[str]) -> Constraints:
     if data is None:
         return Constraints()
-    if not isinstance(data, dict):
-        raise TradeoffError(f"constraints: expected a mapping with memory and throughput, got {data!r}")
-    unknown = set(data) - {"memory", "throughput"}
-    if unknown:
-        raise TradeoffError(f"constraints: unknown field(s) {sorted(unknown)}")
+    data = _mapping(data, {"memory", "throughput"}, "constraints", "a mapping with memory and throughput")
     memory = None
     if data.get("memory") is not None:
         try:
@@ -307,32 +288,28 @@ def parse_throughput(value: Any, cnn_names: set[str], where: str) -> dict[str, f
     """``T^c``: one number for every CNN, or a mapping CNN name -> frames per second."""
     if value is None:
         return {}
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if not isinstance(value, dict):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise TradeoffError(f"{where}: expected a number or a mapping CNN -> fps, got {value!r}")
         if not _is_fps(value):
             raise TradeoffError(
                 f"{where}: expected a finite, non-negative number of frames per second (e.g. 40), got {value}"
             )
         return dict.fromkeys(sorted(cnn_names), float(value))
-    if isinstance(value, dict):
-        result = {}
-        for key, fps in value.items():
-            if key not in cnn_names:
-                raise TradeoffError(f"{where}.{key}: unknown CNN (have {sorted(cnn_names)})")
-            if not _is_fps(fps):
-                raise TradeoffError(
-                    f"{where}.{key}: expected a finite, non-negative number of frames per second, got {fps!r}"
-                )
-            result[key] = float(fps)
-        return result
-    raise TradeoffError(f"{where}: expected a number or a mapping CNN -> fps, got {value!r}")
+    for key, fps in value.items():
+        if key not in cnn_names:
+            raise TradeoffError(f"{where}.{key}: unknown CNN (have {sorted(cnn_names)})")
+        if not _is_fps(fps):
+            raise TradeoffError(f"{where}.{key}: expected a finite, non-negative number of frames per second, got {fps!r}")
+    return {key: float(fps) for key, fps in value.items()}
 
 
 def _is_fps(value: Any) -> bool:
-    """A throughput constraint: a finite number >= 0 (NaN and infinity are not)."""
+    """A throughput constraint: a finite number >= 0 (NaN, infinity and integers too
+    large for a float are not)."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return False
     try:
-        number = float(value)
-    except OverflowError:  # an integer too large for a float
+        return math.isfinite(float(value)) and value >= 0
+    except OverflowError:
         return False
-    return math.isfinite(number) and number >= 0
