@@ -30,7 +30,8 @@ from layerfit.store.variable_shapes import VariableShapes
 FORMAT = "layerfit-prepared"
 VERSION = 1  # row-major tensors only: what every layerfit reads
 STRIDED_VERSION = 2  # some tensor has a ``stride``: an older layerfit must refuse it, not bind it row-major
-VERSIONS = (VERSION, STRIDED_VERSION)
+QUANTIZED_VERSION = 3  # some tensor is stored as GGML blocks (an ``encoding``): an older layerfit must refuse it
+VERSIONS = (VERSION, STRIDED_VERSION, QUANTIZED_VERSION)
 MANIFEST = "manifest.json"
 HF_CONFIG = "config.json"  # a Hugging Face folder's config: kept in a prepared one, alone in one as published
 WEIGHTS = "weights.safetensors"
@@ -79,6 +80,26 @@ def storage_order(shape: tuple[int, ...], stride: tuple[int, ...]) -> list[int] 
 
 
 @dataclass(frozen=True)
+class Encoding:
+    """How a tensor stored as GGML quantization blocks (from a GGUF file) becomes the
+    tensor the model holds: the blocks are rows of the tensor (of its transpose where
+    ``transposed``: GGUF keeps a weight ``[out, in]`` that the model holds ``[in, out]``,
+    GPT-2's ``Conv1D``), each row ``ggml``'s blocks along the last dimension."""
+
+    ggml: str  # the GGML type name (Q4_0, Q6_K, ...): :mod:`layerfit.store.ggml_types`
+    transposed: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ggml": self.ggml, **({"transposed": True} if self.transposed else {})}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Encoding:
+        if not isinstance(d, dict) or not isinstance(d.get("ggml"), str) or not isinstance(d.get("transposed", False), bool):
+            raise ValueError("a tensor's encoding is not {'ggml': NAME, 'transposed': BOOL}")
+        return cls(d["ggml"], d.get("transposed", False))
+
+
+@dataclass(frozen=True)
 class TensorLayout:
     """Where one tensor lies inside its segment and where it is bound in the model.
 
@@ -96,14 +117,37 @@ class TensorLayout:
     nbytes: int
     places: tuple[str, ...]  # "module.attr" paths the tensor is bound to
     stride: tuple[int, ...] | None = None  # element strides of the bound view; None: row-major
+    # stored as GGML blocks that become ``dtype`` ``shape`` when bound; None: stored as bound
+    encoding: Encoding | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
     @property
+    def block_shape(self) -> tuple[int, ...]:
+        """The shape whose rows the GGML blocks encode (the transpose's where the encoding says)."""
+        if self.encoding is not None and self.encoding.transposed:
+            return self.shape[:-2] + (self.shape[-1], self.shape[-2])
+        return self.shape
+
+    @property
+    def bound_nbytes(self) -> int:
+        """The bytes the tensor occupies bound (its ``dtype``), which a quantized one's
+        stored bytes (``nbytes``) are not."""
+        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
+
+    @property
+    def safetensors_dtype(self) -> str:
+        """The dtype of the stored bytes in the weights file's header (bytes for GGML blocks)."""
+        return "U8" if self.encoding is not None else SAFETENSORS_DTYPES[self.dtype]
+
+    @property
     def storage_shape(self) -> tuple[int, ...]:
-        """The shape of the bytes as stored (in memory order)."""
+        """The shape of the bytes as stored (in memory order); a quantized tensor's bytes
+        are one row of uint8."""
+        if self.encoding is not None:
+            return (self.nbytes,)
         if self.stride is None:
             return self.shape
         order = storage_order(self.shape, self.stride) or range(len(self.shape))
@@ -146,6 +190,7 @@ class Segment:
                     "nbytes": t.nbytes,
                     "places": list(t.places),
                     **({"stride": list(t.stride)} if t.stride is not None else {}),
+                    **({"encoding": t.encoding.to_dict()} if t.encoding is not None else {}),
                 }
                 for t in self.tensors
             ],
@@ -173,6 +218,7 @@ class Segment:
                     nbytes=_whole(t["nbytes"]),
                     places=tuple(_text(p) for p in t["places"]),
                     stride=tuple(_whole(x) for x in t["stride"]) if t.get("stride") is not None else None,
+                    encoding=Encoding.from_dict(t["encoding"]) if t.get("encoding") is not None else None,
                 )
                 for t in d["tensors"]
             ),
@@ -228,10 +274,18 @@ class Manifest:
     def _strided(self) -> bool:
         return any(t.stride is not None for seg in self.segments for t in seg.tensors)
 
+    @property
+    def quantized(self) -> bool:
+        """Whether some tensor is stored as GGML blocks (a model prepared from a GGUF file)."""
+        return any(t.encoding is not None for seg in self.segments for t in seg.tensors)
+
+    def _version(self) -> int:
+        return QUANTIZED_VERSION if self.quantized else STRIDED_VERSION if self._strided() else VERSION
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
-            "version": STRIDED_VERSION if self._strided() else VERSION,
+            "version": self._version(),
             "model": self.model,
             "seed": self.seed,
             "input": {
@@ -290,10 +344,11 @@ class Manifest:
             raise ManifestError(
                 f"manifest is malformed ({type(exc).__name__}: {exc}): prepare the model again"
             ) from exc
-        if manifest._strided() != (d["version"] == STRIDED_VERSION):
+        if manifest._version() != d["version"]:
             raise ManifestError(
-                f"manifest is malformed (format version {d['version']} "
-                f"{'cannot have' if d['version'] == VERSION else 'needs'} tensor strides): prepare the model again"
+                f"manifest is malformed (format version {d['version']} does not match its tensors: tensor strides "
+                f"need version {STRIDED_VERSION}, GGML blocks version {QUANTIZED_VERSION}, neither "
+                f"{VERSION}): prepare the model again"
             )
         return manifest
 
@@ -481,7 +536,11 @@ def _check_tensor(t: TensorLayout, seg: Segment, what: str, places: dict[str, st
             f"tensor {t.name!r} in {what} has strides {list(t.stride)} that do not lay out "
             f"shape {list(t.shape)} densely"
         )
-    expected = math.prod(t.shape) * DTYPES[t.dtype].itemsize
+    if t.encoding is not None:
+        _check_encoding(t, what)
+        expected = t.nbytes
+    else:
+        expected = math.prod(t.shape) * DTYPES[t.dtype].itemsize
     if t.nbytes != expected:
         raise ManifestError(
             f"tensor {t.name!r} in {what} has {t.nbytes} bytes; {t.dtype} {list(t.shape)} needs {expected}"
@@ -497,6 +556,26 @@ def _check_tensor(t: TensorLayout, seg: Segment, what: str, places: dict[str, st
         if place in places:
             raise ManifestError(f"{place} is bound to both {places[place]!r} and {t.name!r}")
         places[place] = t.name
+
+
+def _check_encoding(t: TensorLayout, what: str) -> None:
+    """A quantized tensor: a type layerfit dequantizes, a floating dtype to bind, no
+    strides, at least one dimension (two when transposed), rows a whole number of blocks,
+    and exactly the bytes those blocks take."""
+    from layerfit.store.ggml_types import SUPPORTED, ggml_type, tensor_nbytes
+
+    enc = t.encoding
+    assert enc is not None
+    if enc.ggml not in SUPPORTED:
+        raise ManifestError(f"tensor {t.name!r} in {what} is encoded as {enc.ggml!r}, not one of {', '.join(sorted(SUPPORTED))}")
+    if not DTYPES[t.dtype].is_floating_point or t.stride is not None or len(t.shape) < 1 + enc.transposed:
+        raise ManifestError(f"tensor {t.name!r} in {what} is quantized as a {t.dtype} {list(t.shape)} with strides {t.stride}")
+    try:
+        expected = tensor_nbytes(ggml_type(enc.ggml), t.block_shape)
+    except ValueError as exc:
+        raise ManifestError(f"tensor {t.name!r} in {what}: {exc}") from None
+    if t.nbytes != expected:
+        raise ManifestError(f"tensor {t.name!r} in {what} has {t.nbytes} bytes; {enc.ggml} {list(t.block_shape)} needs {expected}")
 
 
 BUILT_IN_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3", "flash_attention_4")
@@ -606,7 +685,7 @@ def check_weights_header(m: Manifest, path: Path) -> None:
     for seg in m.segments:
         for t in seg.tensors:
             begin = seg.offset - data_start + t.offset
-            want = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.storage_shape), "data_offsets": [begin, begin + t.nbytes]}
+            want = {"dtype": t.safetensors_dtype, "shape": list(t.storage_shape), "data_offsets": [begin, begin + t.nbytes]}
             entry = header.get(t.name)
             got = {k: entry.get(k) for k in want} if isinstance(entry, dict) else None
             if got != want:
