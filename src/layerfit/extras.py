@@ -24,7 +24,7 @@ MODULES_OF_EXTRA: dict[str, tuple[str, ...]] = {
     "tradeoff": ("pymoo", "yaml"),
     "plot": ("matplotlib",),
     "hf": ("transformers", "tokenizers"),
-    "gguf": ("gguf", "transformers", "tokenizers"),
+    "gguf": ("gguf", "transformers", "tokenizers", "accelerate"),
 }
 
 #: The extra named when an optional module is missing: the first above that brings it

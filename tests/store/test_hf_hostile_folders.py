@@ -289,11 +289,10 @@ def test_a_manifest_naming_a_hub_kernel_is_refused_at_read(prepared: Path, tmp_p
 def test_gguf_says_what_will_work(tmp_path: Path, capsys):
     gguf = tmp_path / "tiny.Q4_K_M.gguf"
     gguf.write_bytes(b"GGUF" + bytes(64))  # never parsed
-    words = ("GGUF (tiny.Q4_K_M.gguf), which layerfit does not read", "gguf_file='tiny.Q4_K_M.gguf'",
-             "save_pretrained(OUT)", "layerfit prepare hf:OUT")
+    words = ("GGUF (tiny.Q4_K_M.gguf): prepare it with", f"`layerfit prepare gguf:{gguf} -o OUT`")
     _refused(capsys, f"hf:{gguf}", tmp_path / "out", *words)
-    _refused(capsys, f"hf:{tmp_path}", tmp_path / "out", *words[:2])
-    _refused(capsys, str(gguf), tmp_path / "out", *words)
+    _refused(capsys, f"hf:{tmp_path}", tmp_path / "out", *words)
+    _refused(capsys, str(gguf), tmp_path / "out", str(gguf))  # read as GGUF: the reader's one line
 
 
 def test_a_hugging_face_folder_without_hf_prefix_says_so(folder: Path, tmp_path: Path, capsys):

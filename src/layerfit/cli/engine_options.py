@@ -60,6 +60,11 @@ OPTIONS: Mapping[str, Option] = {
         bool, ("--expert-prefetch/--no-expert-prefetch",),
         "read the next MoE layer's experts, guessed by its router a layer early, ahead (default), or not",
     ),
+    "dequantize": Option(
+        bool, ("--dequantize/--packed",),
+        "a GGUF model: dequantize each weight to the values transformers' GGUF loader gives (outputs bit-equal "
+        "to it), or run linear layers packed on int4/bf16 kernels (default, faster)",
+    ),
     "device": Option(str, ("--device",), "cpu, cuda or cuda:N"),
     "stages": Option(
         int | None, ("--stages",), "2: kernels use the read buffer (cpu default); 3: read, copy, kernel (cuda)"

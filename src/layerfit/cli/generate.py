@@ -85,7 +85,7 @@ class Decoding:
 @app.command()
 @engine_options(
     "pipeline", "budget", "units", "direct_io", "coalesce", "gather_rows", "read_ahead", "expert_cache", "expert_prefetch",
-    "device", "stages",
+    "dequantize", "device", "stages",
 )
 def generate(
     directory: str = typer.Argument(..., help="prepared model directory (a Hugging Face language model)"),
@@ -133,7 +133,7 @@ def generate(
         # transformers deprecates passing a config together with generation arguments.
         generation_config = copy.deepcopy(_generation_config(directory) or engine.model.generation_config)
         generation_config.update(**decoding.generate_kwargs())
-        stream = TokenStream(tokenizer, not as_json, lambda: engine.last_weights_peak)
+        stream = TokenStream(tokenizer, not as_json, lambda: engine.last_weights_peak, lambda: engine.bytes_read)
         inputs = torch.tensor([prompt_ids], dtype=torch.long, device=engine.device.torch_device)
         if seed is not None:
             torch.manual_seed(seed)
@@ -290,6 +290,7 @@ def _report(
         "text": text,
         "prompt_latency_s": stream.prompt_latency_s,
         "decode_tokens_per_s": stream.decode_tokens_per_s,
+        "read_bytes_per_token": stream.read_bytes_per_token,
         "weights_peak_bytes": stream.peak_bytes,
         "budget_bytes": engine.plan.budget_bytes if engine.plan is not None else None,
         "weight_buffer_bytes": engine.memory.weight_bytes,
@@ -306,12 +307,13 @@ def _print_summary(report: dict[str, Any]) -> None:
     """The summary on stderr, so that stdout holds the generated text alone."""
     from layerfit.sizes import format_bytes
 
-    latency, rate = report["prompt_latency_s"], report["decode_tokens_per_s"]
+    latency, rate, read = report["prompt_latency_s"], report["decode_tokens_per_s"], report["read_bytes_per_token"]
     budget = report["budget_bytes"]
     make_console(stderr=True).print(
         f"prompt {report['prompt_tokens']} tokens, {report['new_tokens']} new: first new token after "
         f"{'n/a' if latency is None else f'{latency * 1e3:.1f} ms'}, then "
-        f"{'n/a' if rate is None else f'{rate:.1f} tokens/s'}; weights peak {format_bytes(report['weights_peak_bytes'])} "
+        f"{'n/a' if rate is None else f'{rate:.1f} tokens/s'}"
+        f"{'' if read is None else f' reading {format_bytes(int(read))} a token'}; weights peak {format_bytes(report['weights_peak_bytes'])} "
         f"of {'no budget' if budget is None else f'a {format_bytes(budget)} budget'} "
         f"({format_bytes(report['weights_total_bytes'])} of weights; {report['pipeline']} on {report['device']}, "
         f"{kernels_on(report['compute_threads'])})",

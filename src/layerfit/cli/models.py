@@ -37,8 +37,8 @@ def _example_kwargs(path: str | None, input_shape: str | None) -> dict[str, Any]
 @app.command()
 def prepare(
     model: str = typer.Argument(
-        ..., help="hf:FOLDER (a local Hugging Face model folder as published), a zoo name (see `layerfit zoo`) "
-        "or package.module:factory",
+        ..., help="hf:FOLDER (a local Hugging Face model folder as published), gguf:FILE (a GGUF file, stored "
+        "as its quantized blocks; needs layerfit[gguf]), a zoo name (see `layerfit zoo`) or package.module:factory",
     ),
     output: str = typer.Option(..., "-o", "--output", help="directory to create"),
     class_name: str = typer.Option(
@@ -73,16 +73,17 @@ def prepare(
     from layerfit.console import progress_bar
     from layerfit.sizes import format_bytes
     from layerfit.store import prepare as do_prepare
+    from layerfit.store.gguf_folder import is_gguf
     from layerfit.store.hf_folder import DEFAULT_SEQ_LEN, HFOptions, is_hf
 
     hf = None
-    if is_hf(model):
+    if is_hf(model) or is_gguf(model):
         hf = HFOptions(class_name=class_name, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len, dtype=dtype,
                        variable_shapes=not fixed_shape, follow_symlinks_out=follow_symlinks_out)
     elif class_name is not None or seq_len is not None or dtype is not None or fixed_shape or follow_symlinks_out:
         raise InputError(
             "--class, --seq-len, --dtype, --fixed-shape and --follow-symlinks-out are for a Hugging Face folder "
-            "(hf:FOLDER)"
+            "(hf:FOLDER) or a GGUF file (gguf:FILE)"
         )
     # a bar only where someone watches (stderr a terminal; piped or --json: nothing)
     with progress_bar(f"preparing {model}", transfer=True, disable=as_json) as bar:
@@ -548,7 +549,7 @@ def _units_label(report: dict) -> str:
 @app.command()
 @engine_options(
     "pipeline", "budget", "units", "direct_io", "activations", "coalesce", "gather_rows", "read_ahead", "expert_cache",
-    "expert_prefetch", "device", "stages",
+    "expert_prefetch", "dequantize", "device", "stages",
 )
 def run(
     directory: str = typer.Argument(..., help="prepared model directory"),

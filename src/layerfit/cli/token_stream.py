@@ -24,12 +24,18 @@ from transformers.generation.streamers import BaseStreamer
 class TokenStream(BaseStreamer):
     """Prints the new tokens (text through ``tokenizer``, else their ids; nothing when
     ``show`` is false) and records each one's id and arrival time, and the most weight
-    bytes ``weights_peak()`` reported after any pass."""
+    bytes ``weights_peak()`` reported after any pass, and the storage bytes ``bytes_read()``
+    counts at each token."""
 
-    def __init__(self, tokenizer: Any | None, show: bool, weights_peak: Callable[[], int]) -> None:
+    def __init__(
+        self, tokenizer: Any | None, show: bool, weights_peak: Callable[[], int],
+        bytes_read: Callable[[], int] = lambda: 0,
+    ) -> None:
         self._text = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if show and tokenizer else None
         self._ids = show and tokenizer is None
         self._weights_peak = weights_peak
+        self._bytes_read = bytes_read
+        self.read_at: list[int] = []  # storage bytes read so far, as each token came
         self.started = time.perf_counter()
         self.prompt_tokens: int | None = None  # set by the first put
         self.tokens: list[int] = []
@@ -49,6 +55,7 @@ class TokenStream(BaseStreamer):
         else:
             self.tokens.extend(ids)
             self.times.extend([now] * len(ids))
+            self.read_at.extend([self._bytes_read()] * len(ids))
             self.peak_bytes = max(self.peak_bytes, self._weights_peak())
             if self._ids:
                 sys.stdout.write(("" if len(self.tokens) == len(ids) else " ") + " ".join(map(str, ids)))
@@ -75,6 +82,14 @@ class TokenStream(BaseStreamer):
         if len(self.times) < 2 or self.times[-1] <= self.times[0]:
             return None
         return (len(self.times) - 1) / (self.times[-1] - self.times[0])
+
+    @property
+    def read_bytes_per_token(self) -> float | None:
+        """Storage bytes read per new token after the first (the decode steps the rate
+        counts; None: fewer than two)."""
+        if len(self.read_at) < 2:
+            return None
+        return (self.read_at[-1] - self.read_at[0]) / (len(self.read_at) - 1)
 
 
 __all__ = ["TokenStream"]

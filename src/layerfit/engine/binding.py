@@ -37,12 +37,19 @@ class Binder:
     def __init__(self) -> None:
         self.extra_bytes = 0  # bytes held outside the read buffer right now
         self.peak_bytes = 0  # their peak since the last reset
+        self._made: dict[int, int] = {}  # id(first binding) -> dequantized bytes it holds
 
     def bind(self, bindings: list[Binding], buffer: torch.Tensor, base: int) -> None:
         bind(bindings, buffer, base)
+        made = sum(b.made_nbytes for b in bindings)
+        if made:  # a quantized unit's values live beside the read buffer until unbound
+            self._made[id(bindings[0])] = made
+            self._hold(made)
 
     def unbind(self, bindings: list[Binding]) -> None:
         unbind(bindings)
+        if bindings and self._made:
+            self.extra_bytes -= self._made.pop(id(bindings[0]), 0)
 
     def reset(self) -> None:
         """Forget the peak (at the start of an inference)."""

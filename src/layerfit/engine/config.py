@@ -53,7 +53,12 @@ class EngineConfig:
     ``expert_prefetch``: the next MoE layer's experts are guessed by its router from the
     input of the router before it (kept in memory for it) and read ahead by the reader
     into that layer's compact place (:mod:`layerfit.engine.expert_guess`).
-    ``verify`` says when a unit's SHA-256 is checked.
+    ``verify`` says when a unit's SHA-256 is checked. ``dequantize`` (a model prepared
+    from a GGUF file, its weights stored as GGML blocks): each is dequantized when bound
+    to the values transformers' GGUF loader gives, so outputs are bit-equal to its model;
+    off (default), a linear layer's weight runs packed (Q4_0, Q4_1, Q4_K on PyTorch's int4
+    kernels, other types in bfloat16: :mod:`layerfit.engine.int4_packed`), faster, within
+    the tolerance that module states.
     """
 
     budget: Budget | None = None
@@ -71,6 +76,7 @@ class EngineConfig:
     expert_cache: bool = True
     expert_prefetch: bool = True
     verify: str = "first"
+    dequantize: bool = False
 
     def __post_init__(self) -> None:
         # (imported here: the command line reads the defaults without importing torch)

@@ -131,7 +131,8 @@ class Engine:
         self.arena: PlannedActivations | None = None  # activations="planned": one arena
         try:
             self.arena = make_activations(cfg.activations, self.manifest)
-            self._resident_buf = read_resident(self.manifest, self.reader, self.model, self.device, cfg.verify)
+            packed = not cfg.dequantize  # quantized linear weights (a GGUF model's) run packed
+            self._resident_buf = read_resident(self.manifest, self.reader, self.model, self.device, cfg.verify, packed=packed)
             self._configure(cfg)
         except BaseException:
             self.close()
@@ -139,15 +140,15 @@ class Engine:
 
     # --- configuration ------------------------------------------------------------------
 
-    def _bindings_of(self, blocks: tuple[Block, ...]) -> list[list[Binding]]:
+    def _bindings_of(self, blocks: tuple[Block, ...], config: EngineConfig) -> list[list[Binding]]:
         """Where each unit's tensors are bound in the skeleton (its own meta tensors as
         the ones unbinding restores, whatever another configuration has bound)."""
-        skeleton = self._skeleton_tensors
+        skeleton, packed = self._skeleton_tensors, not config.dequantize
         return [
             [
                 dataclasses.replace(b, meta=skeleton.get((id(b.module), b.attr), b.meta))
                 for seg in block.segments
-                for b in segment_bindings(self.model, seg, seg.offset - block.offset, self._modules)
+                for b in segment_bindings(self.model, seg, seg.offset - block.offset, self._modules, packed=packed)
             ]
             for block in blocks
         ]
@@ -155,7 +156,7 @@ class Engine:
     def _configure(self, config: EngineConfig) -> None:
         """Plan ``config``, size the buffers for it, install the hooks, read what stays."""
         new = plan(self.manifest, config, self.model)
-        bindings = self._bindings_of(new.blocks)
+        bindings = self._bindings_of(new.blocks, config)
         tables = {i: table_of(new.blocks[i].segments[0], bindings[i]) for i in new.weights.gathered}
         # Everything is validated: replace the old configuration, reusing the buffer's
         # mapping when the new capacity fits it.
@@ -411,6 +412,11 @@ class Engine:
         return self.config.coalesce_bytes
 
     @property
+    def bytes_read(self) -> int:
+        """Bytes read from storage since the model was loaded."""
+        return self.reader.bytes_read
+
+    @property
     def ring(self) -> RingBuffer | None:
         """The read buffer."""
         return self.buffers.ring
@@ -490,10 +496,11 @@ def check_output(out: Any, streamed: set[int]) -> None:
 
 
 def read_resident(
-    manifest: Manifest, reader: SegmentReader, model: nn.Module, device: Device, verify: str
+    manifest: Manifest, reader: SegmentReader, model: nn.Module, device: Device, verify: str, *, packed: bool = False
 ) -> mmap.mmap | None:
     """Read ``manifest``'s resident tensors once, verify them unless ``verify`` is
-    ``never``, and bind them into ``model`` for good; their buffer (None: none)."""
+    ``never``, and bind them into ``model`` for good (quantized linear weights packed
+    where ``packed``); their buffer (None: none)."""
     if manifest.resident is None:
         return None
     buffer = aligned_buffer(manifest.resident.nbytes)
@@ -505,7 +512,7 @@ def read_resident(
     resident = torch.frombuffer(buffer, dtype=torch.uint8)
     if device.name != "cpu":
         resident = resident.to(device.torch_device)  # kept alive by the bound views
-    bind(segment_bindings(model, manifest.resident), resident, 0)
+    bind(segment_bindings(model, manifest.resident, packed=packed), resident, 0)
     return buffer
 
 

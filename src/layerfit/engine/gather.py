@@ -53,6 +53,8 @@ def gatherable_segment(segment: Segment) -> bool:
     weight = f"{segment.name}.weight" if segment.name else "weight"
     if t.kind != "param" or t.places != (weight,) or len(t.shape) != 2 or t.stride is not None:
         return False
+    if t.encoding is not None and t.encoding.transposed:
+        return False
     return least_room(segment) < segment.nbytes  # a table of a few pages is read whole
 
 
@@ -202,7 +204,10 @@ class RowTable:
                 k += 1
         if digest is not None and digest.hexdigest() != self.segment.sha256:
             raise checksum_error(self.segment)
-        return region[: lookup.rows_bytes].view(self.dtype).view(len(first), self.width)
+        rows = region[: lookup.rows_bytes]
+        if self.binding.encoding is not None:  # GGML blocks, a whole number a row: their values
+            return self.binding.dequantized(rows, len(first))
+        return rows.view(self.dtype).view(len(first), self.width)
 
     def _extents(self, first: list[int]) -> list[tuple[int, int]]:
         """Aligned, disjoint file ranges covering the rows starting at ``first`` (sorted)."""

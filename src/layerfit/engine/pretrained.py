@@ -1,6 +1,6 @@
 """``layerfit.from_pretrained(PATH, budget="40%")``: a Hugging Face folder in one line.
 
-PATH is a prepared folder, or a Hugging Face folder as published, which is prepared
+PATH is a prepared folder, a GGUF file, or a Hugging Face folder as published, which is prepared
 once into a cache folder (named in the result's ``directory``, and prepared again only
 when the folder's files change); callers asking for it at once (processes or threads)
 prepare it once: the others wait for the first and use its folder. The result is a :class:`PretrainedModel`: called like
@@ -25,6 +25,7 @@ from layerfit.engine.config import EngineConfig
 from layerfit.engine.engine import Engine
 from layerfit.engine.generation import streamed
 from layerfit.errors import InputError, LayerfitError, OutputPathError
+from layerfit.store.gguf_folder import PREFIX, gguf_path, is_gguf
 from layerfit.store.hf_folder import CONFIG, HFOptions
 from layerfit.store.manifest import MANIFEST, read_manifest
 from layerfit.store.output_folder import OutputBusyError, output_lock
@@ -48,11 +49,11 @@ def cache_root() -> Path:
 
 
 def cached_directory(folder: Path, options: HFOptions) -> Path:
-    """The cache folder of ``folder`` prepared with ``options``: named after the folder and
-    a digest of its path, its files' names, sizes and modification times and the options,
-    so a changed checkpoint is prepared again rather than served stale."""
+    """The cache folder of ``folder`` (or of a GGUF file) prepared with ``options``: named
+    after it and a digest of its path, its files' names, sizes and modification times and
+    the options, so a changed checkpoint is prepared again rather than served stale."""
     digest = hashlib.sha256(str(folder.resolve()).encode())
-    for path in sorted(folder.iterdir()):
+    for path in sorted(folder.iterdir()) if folder.is_dir() else [folder]:
         if path.is_file():
             st = path.stat()
             digest.update(f"{path.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
@@ -131,7 +132,13 @@ def from_pretrained(
     Face folder is prepared first (once, into ``cache`` or :func:`cache_root`), then
     loaded. ``options`` are the engine's (``budget="40%"``, ``pipeline`` ...)."""
     folder = Path(str(path).removeprefix("hf:"))
-    if os.path.lexists(folder / MANIFEST):  # a manifest that is not a regular file is refused for what it is
+    if is_gguf(str(path)):  # a GGUF file: prepared once into the cache, as its blocks
+        folder = gguf_path(str(path))
+        options_hf = hf or HFOptions()
+        directory = Path(cache) / cached_directory(folder, options_hf).name if cache is not None else cached_directory(folder, options_hf)
+        if not _usable(directory):
+            _prepare_once(folder, directory, options_hf, progress, PREFIX + str(folder))
+    elif os.path.lexists(folder / MANIFEST):  # a manifest that is not a regular file is refused for what it is
         directory = folder
     elif (folder / CONFIG).is_file():
         options_hf = hf or HFOptions()
@@ -151,13 +158,14 @@ def from_pretrained(
     return PretrainedModel(engine)
 
 
-def _prepare_once(folder: Path, directory: Path, options: HFOptions, progress: Any) -> None:
+def _prepare_once(folder: Path, directory: Path, options: HFOptions, progress: Any, model: str | None = None) -> None:
     """Prepare ``folder`` into the cache folder ``directory`` unless a complete one is there
     by now, one caller at a time: a second process (or thread) asking for the same folder
     waits, at most :data:`CACHE_WAIT` seconds, for the first under the cache's own lock
     (``.NAME`` + :data:`CACHE_LOCK`, held with a blocking flock), then uses what it
     prepared. A ``prepare`` of the same folder from elsewhere (the command line) is
-    waited for the same way. Waited too long, one line says who holds it."""
+    waited for the same way. Waited too long, one line says who holds it. ``model`` is
+    what ``prepare`` is given (``gguf:FILE``), by default ``hf:FOLDER``."""
     from layerfit.store.writer import prepare
 
     try:
@@ -169,7 +177,7 @@ def _prepare_once(folder: Path, directory: Path, options: HFOptions, progress: A
         with output_lock(directory, wait=CACHE_WAIT, lock=CACHE_LOCK):
             while not _usable(directory):
                 try:
-                    prepare("hf:" + str(folder), directory, hf=options, force=directory.exists(), progress=progress)
+                    prepare(model or "hf:" + str(folder), directory, hf=options, force=directory.exists(), progress=progress)
                 except OutputBusyError:  # a prepare not of from_pretrained's writes it now: wait, then look again
                     with output_lock(directory, wait=max(deadline - time.monotonic(), 0.0)):
                         pass

@@ -8,6 +8,7 @@ model. No byte of a unit is copied on CPU.
 
 from __future__ import annotations
 
+import math
 import traceback
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from layerfit.errors import FactoryImportError, ManifestError
-from layerfit.store.manifest import Manifest, Segment
+from layerfit.store.manifest import Encoding, Manifest, Segment
 from layerfit.store.model_spec import ModelSpec
 from layerfit.store.trust import check_trusted
 
@@ -33,12 +34,52 @@ class Binding:
     nbytes: int
     meta: torch.Tensor  # the skeleton's own tensor, restored on unbind
     stride: tuple[int, ...] | None = None  # the stored strides; None: row-major
+    encoding: Encoding | None = None  # stored as GGML blocks, dequantized when bound
+    packed: bool = False  # a linear layer's quantized weight, bound as a packed operand
+
+    @property
+    def made_nbytes(self) -> int:
+        """Bytes binding makes beside the read buffer: a quantized tensor's values, or its
+        packed operand (int4 codes and a bf16 scale and zero per 32, or bf16)."""
+        if self.encoding is None:
+            return 0
+        count = math.prod(self.shape)
+        if self.packed:
+            from layerfit.engine.int4_packed import PACKED_TYPES
+
+            return count // 2 + count // 8 if self.encoding.ggml in PACKED_TYPES else count * 2
+        return count * self.dtype.itemsize
 
     def view(self, buffer: torch.Tensor, start: int) -> torch.Tensor:
         """The tensor as a view of ``buffer`` (uint8) from byte ``start``, in the layout it
-        was stored in (the model's own)."""
+        was stored in (the model's own); a quantized tensor is dequantized from its blocks
+        into a tensor of its own, with the values transformers' GGUF loader gives (float32
+        dequantization, then the model's dtype)."""
+        if self.encoding is not None:
+            if self.packed:
+                from layerfit.engine.int4_packed import PackedWeight, operand
+
+                weight = operand(buffer[start : start + self.nbytes], self.encoding.ggml, self.shape)
+                return PackedWeight(weight, self.dtype)
+            return self.dequantized(buffer[start : start + self.nbytes])
         typed = buffer[start : start + self.nbytes].view(self.dtype)
         return typed.view(self.shape) if self.stride is None else typed.as_strided(self.shape, self.stride)
+
+    def dequantized(self, blocks: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+        """The values of ``blocks``: the whole tensor, or its first ``rows`` rows (a table
+        read by rows)."""
+        from layerfit.engine.dequantize import dequantize
+
+        assert self.encoding is not None
+        shape = self.shape if rows is None else (rows, *self.shape[1:])
+        if self.encoding.transposed:
+            shape = shape[:-2] + (shape[-1], shape[-2])
+        values = dequantize(blocks, self.encoding.ggml, shape, torch.float32)
+        if self.dtype != torch.float32:
+            values = values.to(self.dtype)
+        # transposed in place, as transformers' GGUF loader leaves it (column-major): the
+        # same layout runs the same kernels, so the product is transformers' to the bit
+        return values.transpose(-1, -2) if self.encoding.transposed else values
 
     def attach(self, tensor: torch.Tensor) -> None:
         """Put ``tensor`` in this place, requiring grad where the model's own tensor does.
@@ -51,7 +92,7 @@ class Binding:
         ``no_grad`` its own views (``weight.t()``) do not require grad, so a parameter is
         bound as a detached alias of the bytes (same memory, not a view) that requires grad.
         """
-        if self.meta is not None and self.meta.requires_grad:
+        if self.meta is not None and self.meta.requires_grad and not self.packed:
             tensor = tensor.detach().requires_grad_(True)
         (self.module._parameters if self.kind == "param" else self.module._buffers)[self.attr] = tensor
 
@@ -139,9 +180,11 @@ def _check_every_tensor_is_stored(model: nn.Module, manifest: Manifest) -> None:
 
 
 def segment_bindings(
-    model: nn.Module, segment: Segment, base: int = 0, modules: dict[str, nn.Module] | None = None
+    model: nn.Module, segment: Segment, base: int = 0, modules: dict[str, nn.Module] | None = None,
+    *, packed: bool = False,
 ) -> list[Binding]:
-    """Every place a segment's tensors are bound in ``model``.
+    """Every place a segment's tensors are bound in ``model``; with ``packed``, a linear
+    layer's quantized weight is bound as a packed operand (:mod:`.int4_packed`).
 
     ``base`` is where the segment starts inside the buffer region it is read into (a
     block of several segments is read as one range). ``modules`` is
@@ -167,8 +210,13 @@ def segment_bindings(
                 raise ManifestError(
                     f"{place} has shape {tuple(meta.shape)} in the model and {t.shape} in the store"
                 )
+            runs_packed = (
+                packed and t.encoding is not None and not t.encoding.transposed and isinstance(module, nn.Linear)
+                and attr == "weight" and len(t.shape) == 2
+            )
             out.append(
-                Binding(module, attr, t.kind, t.torch_dtype, t.shape, base + t.offset, t.nbytes, meta, t.stride)
+                Binding(module, attr, t.kind, t.torch_dtype, t.shape, base + t.offset, t.nbytes, meta, t.stride,
+                        t.encoding, runs_packed)
             )
     return out
 

@@ -124,6 +124,26 @@ def runtime_families(stats: dict[str, Any]) -> Iterator[Metric]:
         "layerfit_progress_rule", "Tasks admitted alone beyond the budget by the progress rule",
         value=float(stats.get("progress_rule_fired") or 0),
     )
+    yield from decoding_families(stats.get("decoding") or {})
+
+
+def decoding_families(decoding: dict[str, dict[str, int]]) -> Iterator[Metric]:
+    """Each open decode loop's tokens, storage bytes read, and their ratio."""
+    tokens = CounterMetricFamily("layerfit_decode_tokens", "Tokens decoded (one per sequence a step)", labels=["model"])
+    read = CounterMetricFamily(
+        "layerfit_decode_read_bytes", "Bytes the decode loop's engine read from storage", labels=["model"]
+    )
+    per_token = GaugeMetricFamily(
+        "layerfit_read_bytes_per_token", "Storage bytes read per decoded token since the loop opened", labels=["model"]
+    )
+    for name, loop in sorted(decoding.items()):
+        tokens.add_metric([name], float(loop.get("sequence_steps", 0)))
+        read.add_metric([name], float(loop.get("read_bytes", 0)))
+        if loop.get("sequence_steps"):
+            per_token.add_metric([name], loop.get("read_bytes", 0) / loop["sequence_steps"])
+    yield tokens
+    yield read
+    yield per_token
 
 
 class ServerMetrics:

@@ -117,23 +117,20 @@ MAX_CONFIG_BYTES = 16 * 2**20  # a config.json of a real model is a few kB, a pr
 
 
 def gguf_hint(path: Path) -> str | None:
-    """What to do with a GGUF file, or a folder holding one and no ``config.json``
-    (layerfit does not read GGUF); None for anything else."""
+    """What to type for a GGUF file, or a folder holding one and no ``config.json``,
+    named where a Hugging Face folder was expected; None for anything else."""
     if path.is_dir() and not (path / CONFIG).is_file():
         found = sorted(p.name for p in path.glob(f"*{GGUF}"))
         if not found:
             return None
-        where, name = path, found[0]
+        file = path / found[0]
     elif path.suffix.lower() == GGUF:
-        where, name = path.parent, path.name
+        file = path
     else:
         return None
     return (
-        f"{path} is {'a folder of ' if where == path else ''}GGUF ({name}), which layerfit does not read: convert it "
-        f"to a Hugging Face folder with transformers' GGUF loader (pip install gguf; "
-        f"AutoModelForCausalLM.from_pretrained({str(where)!r}, gguf_file={name!r}).save_pretrained(OUT), and "
-        "AutoTokenizer likewise; dequantized, for the architectures that loader supports), then run "
-        "`layerfit prepare hf:OUT`"
+        f"{path} is {'a folder of ' if file != path else ''}GGUF ({file.name}): prepare it with "
+        f"`layerfit prepare gguf:{file} -o OUT` (needs pip install 'layerfit[gguf]')"
     )
 
 

@@ -86,7 +86,8 @@ def available_memory() -> int | None:
 
 
 def check_size(
-    folder: Path, config: Any, cls: type[nn.Module], checkpoint: Checkpoint, dtype: torch.dtype, free_disk: int | None
+    folder: Path, config: Any, cls: type[nn.Module], checkpoint: Checkpoint, dtype: torch.dtype, free_disk: int | None,
+    *, described: str | None = None, converts: bool = False,
 ) -> None:
     """Refuse, in one line and before anything is built, a model the config describes
     that this folder or machine cannot hold. The rule:
@@ -97,7 +98,11 @@ def check_size(
        more cannot come from the folder (and the meta build is bounded by the weights);
     2. its weights at the chosen dtype fit ``free_disk``, the output's free space;
     3. converting the dtype (a copy of every weight in memory), they fit the memory
-       available to the process.
+       available to the process (always where ``converts``: a GGUF file's weights are
+       dequantized to build the model).
+
+    ``described`` names what holds the config in a refusal (a GGUF file), by default the
+    folder's ``config.json``.
     """
     present = checkpoint.elements
     allowed = SIZE_FACTOR * present + SIZE_SLACK
@@ -105,13 +110,13 @@ def check_size(
     stored = f"the weights present hold {present:,} ({format_bytes(checkpoint.nbytes)})"
     if bound > allowed:
         raise InputError(
-            f"{folder / CONFIG} describes a model of at least {bound:,} parameters ({how}); {stored}: the config "
+            f"{described or folder / CONFIG} describes a model of at least {bound:,} parameters ({how}); {stored}: the config "
             "does not belong to these weights"
         )
     tensors = len(checkpoint.names())
     if layers > tensors:  # every layer stores at least one tensor
         raise InputError(
-            f"{folder / CONFIG} describes {layers:,} layers and the weights present hold {tensors:,} tensors: "
+            f"{described or folder / CONFIG} describes {layers:,} layers and the weights present hold {tensors:,} tensors: "
             "the config does not belong to these weights"
         )
     exact = meta_parameters(cls, config, dtype)
@@ -119,7 +124,7 @@ def check_size(
         exact = bound
     elif exact > allowed:
         raise InputError(
-            f"{folder / CONFIG} describes a model of {exact:,} parameters; {stored}: the config does not belong "
+            f"{described or folder / CONFIG} describes a model of {exact:,} parameters; {stored}: the config does not belong "
             "to these weights"
         )
     need = exact * dtype.itemsize
@@ -129,7 +134,13 @@ def check_size(
             f"{format_bytes(free_disk)} free: free some space or choose another output folder"
         )
     memory = available_memory()
-    if checkpoint.stored_dtype() not in (None, dtype) and memory is not None and need > memory:
+    if (converts or checkpoint.stored_dtype() not in (None, dtype)) and memory is not None and need > memory:
+        if converts:
+            raise InputError(
+                f"building {folder}'s model dequantizes its weights to {format_bytes(need)} of "
+                f"{str(dtype).removeprefix('torch.')} in memory and {format_bytes(memory)} is available: prepare it "
+                "on a machine with more memory (the prepared folder runs within any budget)"
+            )
         raise InputError(
             f"converting {folder}'s weights to {str(dtype).removeprefix('torch.')} holds {format_bytes(need)} in "
             f"memory and {format_bytes(memory)} is available: prepare without --dtype (as stored), or on a "

@@ -13,6 +13,7 @@ import errno
 import hashlib
 import mmap
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +103,8 @@ class SegmentReader:
         self.path = Path(path)
         self.identity = check_weights_file(self.path, expected_size)
         self.mode = "buffered"
+        self.bytes_read = 0  # every byte read from storage so far (reads from several threads add up)
+        self._counting = threading.Lock()
         self._fd = -1
         if direct and hasattr(os, "O_DIRECT"):
             try:
@@ -152,6 +155,8 @@ class SegmentReader:
                     f"weights file {self.path} ends inside {what}: the file is truncated"
                 )
             done += n
+        with self._counting:
+            self.bytes_read += nbytes
         if self.mode == "buffered":
             os.posix_fadvise(self._fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
 

@@ -21,6 +21,7 @@ import stat
 import struct
 import warnings
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,14 @@ from layerfit.capture.graph import ModelGraph
 from layerfit.errors import CheckpointError, InputError, OutputPathError, UnknownModelError
 from layerfit.sizes import align_up, format_bytes
 from layerfit.store.examples import example_call, example_input  # noqa: F401 (re-exported)
+from layerfit.store.gguf_blocks import StoredBlocks
+from layerfit.store.gguf_folder import gguf_path, is_gguf, load_gguf, save_files
 from layerfit.store.hf_folder import (
     CONFIG,
     PREFIX,
     Example,
     HFOptions,
+    LoadedModel,
     copy_files,
     derive_example,
     gguf_hint,
@@ -178,7 +182,7 @@ def _write_weights(
         for _tensor, lay, off in placed:
             add_pad(cursor, seg_start + off)
             header[lay.name] = {
-                "dtype": SAFETENSORS_DTYPES[lay.dtype],
+                "dtype": lay.safetensors_dtype,
                 "shape": list(lay.storage_shape),
                 "data_offsets": [seg_start + off, seg_start + off + lay.nbytes],
             }
@@ -245,20 +249,30 @@ def _stored(t: torch.Tensor, lay: TensorLayout) -> tuple[torch.Tensor, TensorLay
     return t.permute(order), TensorLayout(**{**lay.__dict__, "stride": tuple(t.stride())})
 
 
-def _groups(model: nn.Module, graph: ModelGraph) -> list:
+def _groups(model: nn.Module, graph: ModelGraph, blocks: dict[int, StoredBlocks] | None = None) -> list:
+    """(index, name, type, items, d, f) of each segment; a tensor ``blocks`` holds (by
+    ``id``) is stored as its GGML blocks."""
+    blocks = blocks or {}
+
+    def item(t: torch.Tensor, lay: TensorLayout) -> tuple[torch.Tensor, TensorLayout]:
+        stored = blocks.get(id(t))
+        if stored is None:
+            return _stored(t, lay)
+        return stored.data, replace(lay, nbytes=stored.data.numel(), encoding=stored.encoding)
+
     groups = []
     if graph.resident:
         items = []
         for r in graph.resident:
             t = _lookup(model, r.places[0])
-            items.append(_stored(t, TensorLayout(r.name, r.kind, r.dtype, r.shape, 0, r.nbytes, r.places)))
+            items.append(item(t, TensorLayout(r.name, r.kind, r.dtype, r.shape, 0, r.nbytes, r.places)))
         groups.append((-1, "<resident>", "resident", items, len(items), 0))
     for u in graph.units:
         items = []
         for p in u.params:
             place = f"{u.name}.{p.attr}" if u.name else p.attr
             t = _lookup(model, place)
-            items.append(_stored(t, TensorLayout(p.name, p.kind, p.dtype, p.shape, 0, p.nbytes, (place,))))
+            items.append(item(t, TensorLayout(p.name, p.kind, p.dtype, p.shape, 0, p.nbytes, (place,))))
         groups.append((u.index, u.name, u.module_type, items, u.d, u.f))
     return groups
 
@@ -290,6 +304,11 @@ def prepare(
     (:mod:`layerfit.store.hf_folder`; ``hf`` says which class, input length and dtype).
     """
     out = Path(out_dir)
+    if is_gguf(model):
+        if checkpoint is not None or input_shape is not None or module is not None:
+            raise InputError("a GGUF file brings its weights and its model derives its input: leave out "
+                             "--checkpoint and --input-shape (--seq-len sets the input's length)")
+        return _prepare_gguf(gguf_path(str(model)), out, hf or HFOptions(), example, force, seed, progress)
     if is_hf(model):
         if checkpoint is not None or input_shape is not None or module is not None:
             raise InputError("a Hugging Face folder brings its weights and derives its input: leave out "
@@ -352,6 +371,37 @@ def _prepare_hf(
     check_output_dir(out, force)
     _check_seed(seed)
     loaded = load_model(folder, options, free_space(out))
+    try:  # the prepared files come from the config and the weights: they get no wider bits
+        mode = loaded.checkpoint.mode & stat.S_IMODE((folder / CONFIG).stat().st_mode)
+    except OSError:
+        mode = 0o600
+    return _prepare_loaded(
+        folder, loaded, out, options, example, seed, progress, lambda tmp: copy_files(folder, tmp, options.follow_symlinks_out),
+        mode, force,
+    )
+
+
+def _prepare_gguf(
+    path: Path, out: Path, options: HFOptions, example: Any, force: bool, seed: int, progress: Progress | None
+) -> Manifest:
+    """``prepare("gguf:FILE", out)``: transformers builds the model from the file, each
+    weight made of the file's rows stored as those rows' blocks (:mod:`.gguf_folder`), the
+    config and tokenizer transformers reads from it written beside them."""
+    check_output_dir(out, force)
+    _check_seed(seed)
+    gguf = load_gguf(path, options, free_space(out))
+    return _prepare_loaded(
+        path, gguf.loaded, out, options, example, seed, progress, lambda tmp: save_files(gguf, tmp), gguf.mode, force,
+        gguf.blocks,
+    )
+
+
+def _prepare_loaded(
+    folder: Path, loaded: LoadedModel, out: Path, options: HFOptions, example: Any, seed: int,
+    progress: Progress | None, copy: Callable[[Path], tuple[str, ...]], mode: int, force: bool,
+    blocks: dict[int, StoredBlocks] | None = None,
+) -> Manifest:
+    """Capture a model transformers built from ``folder`` (or a GGUF file) and pack it."""
     derived = Example(example, {}) if example is not None else derive_example(loaded.module, options.seq_len, seed)
     shape, input_dtype = _first_tensor(derived.value)
     graph = capture(loaded.module, derived.value)
@@ -372,13 +422,7 @@ def _prepare_hf(
         "input_ranges": tuple((name, low, high) for name, (low, high) in derived.ranges.items()),
         "variable_shapes": variable,
     }
-    try:  # the prepared files come from the config and the weights: they get no wider bits
-        mode = loaded.checkpoint.mode & stat.S_IMODE((folder / CONFIG).stat().st_mode)
-    except OSError:
-        mode = 0o600
-    return _pack(out, loaded.module, graph, fields, progress,
-                 lambda tmp: copy_files(folder, tmp, options.follow_symlinks_out), mode, force=force)
-
+    return _pack(out, loaded.module, graph, fields, progress, copy, mode, force=force, blocks=blocks)
 
 
 def _check_seed(seed: object) -> None:
@@ -396,6 +440,7 @@ def _pack(
     mode: int = 0o666,
     *,
     force: bool = False,
+    blocks: dict[int, StoredBlocks] | None = None,
 ) -> Manifest:
     """Write ``module``'s weights as ``graph`` places them, and the manifest of ``fields``,
     into a temporary folder renamed to ``out`` when complete; nothing is kept on failure
@@ -404,7 +449,7 @@ def _pack(
     rules of :mod:`.output_folder` for the lock."""
     try:
         with stopped_by_signals():
-            return _pack_locked(out, module, graph, fields, progress, copy, mode, force)
+            return _pack_locked(out, module, graph, fields, progress, copy, mode, force, blocks)
     except StoppedBySignal as stopped:
         signum = stopped.signum
     raise signalled(signum)
@@ -419,6 +464,7 @@ def _pack_locked(
     copy: Callable[[Path], tuple[str, ...]] | None,
     mode: int,
     force: bool,
+    blocks: dict[int, StoredBlocks] | None,
 ) -> Manifest:
     """:func:`_pack`'s work, under the output's lock."""
     try:
@@ -433,7 +479,7 @@ def _pack_locked(
         except OSError as exc:
             raise OutputPathError(f"cannot create {out}: {exc.strerror or exc} (choose another directory)") from exc
         try:
-            segments = _write_weights(tmp / WEIGHTS, _groups(module, graph), progress)
+            segments = _write_weights(tmp / WEIGHTS, _groups(module, graph, blocks), progress)
             resident = segments[0] if graph.resident else None
             units = tuple(segments[1:] if graph.resident else segments)
             files = copy(tmp) if copy is not None else ()

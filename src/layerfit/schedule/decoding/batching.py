@@ -134,6 +134,11 @@ class DecodeEngine(StepEngine, Protocol):
     @property
     def memory(self) -> WeightBuffers: ...
 
+    @property
+    def bytes_read(self) -> int:
+        """Bytes the engine read from storage since it was loaded."""
+        ...
+
     def reconfigure(self, *, budget: int | None = None, pipeline: str | None = None) -> float: ...
 
     def close(self) -> None: ...
@@ -231,13 +236,14 @@ class DecodeLoop:
             self._condition.notify_all()
 
     STATS = ("steps", "sequence_steps", "in_flight", "waiting", "most_in_flight", "cancelled", "held_bytes",
-             "kept_steps", "kept_weight_bytes", "lean_weight_bytes")
+             "kept_steps", "kept_weight_bytes", "lean_weight_bytes", "read_bytes")
     """The keys of :meth:`stats`."""
 
     def stats(self) -> dict[str, int]:
         with self._condition:
             values = (self.steps, self.sequence_steps, len(self._active), len(self._waiting), self.most_in_flight,
-                      self.cancelled, self.ledger.held(self._key), self.kept_steps, self.kept_bytes, self.lean_bytes)
+                      self.cancelled, self.ledger.held(self._key), self.kept_steps, self.kept_bytes, self.lean_bytes,
+                      self.engine.bytes_read)
             return dict(zip(self.STATS, values, strict=True))
 
     # --- the loop --------------------------------------------------------------------------

@@ -239,6 +239,12 @@ class Decoders:
         model = self._open.get(name)
         return dict.fromkeys(DecodeLoop.STATS, 0) if model is None else model.loop.stats()
 
+    def all_stats(self) -> dict[str, dict[str, int]]:
+        """:meth:`stats` of every open decode loop, by model."""
+        with self._lock:
+            models = dict(self._open)
+        return {name: model.loop.stats() for name, model in models.items()}
+
     def close(self, *, final: bool = False) -> None:
         """Close every loop: their sequences end (cancelled), their memory returns; with
         ``final`` (the runtime shuts down) no loop opens again."""

@@ -319,8 +319,10 @@ class Runtime:
         (``None`` without one)."""
         core, pool = self._core, self._worker_pool
         ledger, cache = core.ledger, core.cache
+        decoding = self._decoders.all_stats()
         with core.lock:
             return {
+                "decoding": decoding,
                 "policy": self.policy,
                 "gated": core.policy.gated,
                 "workers": self.workers,

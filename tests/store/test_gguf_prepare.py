@@ -1,0 +1,225 @@
+"""``prepare gguf:FILE``: a GGUF file stored as its blocks, run bit-equal to transformers' GGUF model.
+
+The oracle is ``AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)``: layerfit
+dequantizes each streamed weight from the blocks it stored to exactly the values that
+loader gives, so logits and greedy tokens are equal to the bit. Files are written in the
+test (:mod:`tests.gguf_models`), tiny, one per architecture and type.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("gguf")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import gguf_models as G  # noqa: E402
+
+import layerfit  # noqa: E402
+from layerfit.cli import main  # noqa: E402
+from layerfit.errors import InputError, LayerfitError, ManifestError  # noqa: E402
+from layerfit.store import prepare  # noqa: E402
+from layerfit.store.hf_folder import HFOptions  # noqa: E402
+from layerfit.store.manifest import read_manifest  # noqa: E402
+
+FIXED = HFOptions(variable_shapes=False, seq_len=8)
+
+
+def _prepared(tmp_path: Path, arch: str, kind: str) -> tuple[Path, Path]:
+    gguf = G.write_gguf(arch, tmp_path / f"{arch}.{kind}.gguf", ggml_type=kind)
+    out = tmp_path / "prepared"
+    prepare(f"gguf:{gguf}", out, hf=FIXED)
+    return gguf, out
+
+
+def _ids(vocab: int, length: int = 12) -> torch.Tensor:
+    return torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(0))
+
+
+def _check_equal(gguf: Path, out: Path, budget: str = "50%") -> None:
+    reference, _ = G.load_gguf(gguf)
+    ids = _ids(reference.config.vocab_size)
+    with layerfit.from_pretrained(out, budget=budget, dequantize=True) as model, torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids).logits)
+        ours = model.generate(ids, max_new_tokens=6, do_sample=False)
+        theirs = reference.generate(ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(ours, theirs)
+
+
+def _stored_ratio(gguf: Path, out: Path) -> float:
+    return (out / "weights.safetensors").stat().st_size / gguf.stat().st_size
+
+
+@pytest.mark.parametrize("arch", G.ARCHS)
+def test_each_architecture_prepares_as_blocks_and_runs_bit_equal(tmp_path: Path, arch: str):
+    gguf, out = _prepared(tmp_path, arch, "Q4_K")
+    manifest = read_manifest(out)
+    assert manifest.quantized
+    assert _stored_ratio(gguf, out) <= 1.3
+    _check_equal(gguf, out)
+
+
+@pytest.mark.parametrize("kind", G.GGML_TYPES)
+def test_each_type_prepares_as_blocks_and_runs_bit_equal(tmp_path: Path, kind: str):
+    gguf, out = _prepared(tmp_path, "llama", kind)
+    encodings = {t.encoding.ggml for s in read_manifest(out).segments for t in s.tensors if t.encoding}
+    assert encodings == (set() if kind == "F32" else {kind})
+    if kind != "F32":  # an F32 file is stored as transformers makes it: as large as the file
+        assert _stored_ratio(gguf, out) <= 1.3
+    _check_equal(gguf, out, budget="30%")
+
+
+def test_the_prepared_folder_carries_the_files_tokenizer_and_config(tmp_path: Path):
+    gguf, out = _prepared(tmp_path, "llama", "Q8_0")
+    _, tokenizer = G.load_gguf(gguf)
+    with layerfit.from_pretrained(out) as model:
+        assert model.tokenizer("hello world").input_ids == tokenizer("hello world").input_ids
+        assert model.config.num_hidden_layers == json.loads((out / "config.json").read_text())["num_hidden_layers"]
+
+
+def test_from_pretrained_prepares_a_gguf_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("LAYERFIT_CACHE", str(tmp_path / "cache"))
+    gguf = G.write_gguf("qwen2", tmp_path / "m.gguf", ggml_type="Q4_0")
+    with layerfit.from_pretrained(gguf, budget="40%", hf=FIXED) as first:
+        directory = first.directory
+    with layerfit.from_pretrained(str(gguf), hf=FIXED) as second:
+        assert second.directory == directory
+        assert read_manifest(directory).quantized
+
+
+def test_the_command_line_prepares_and_generates(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    gguf = G.write_gguf("llama", tmp_path / "m.gguf", ggml_type="Q4_1")
+    out = tmp_path / "prepared"
+    assert main(["prepare", f"gguf:{gguf}", "-o", str(out), "--fixed-shape", "--seq-len", "8", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["weights_bytes"] <= 1.3 * gguf.stat().st_size
+    capsys.readouterr()
+    assert main(["generate", str(out), "--prompt", "hello", "--max-new-tokens", "4", "--json", "--dequantize"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["new_tokens"] >= 1 and "read_bytes_per_token" in report
+
+
+@pytest.mark.parametrize("dequantize", [True, False])
+def test_a_bound_quantized_unit_counts_the_bytes_binding_makes(tmp_path: Path, dequantize: bool):
+    _, out = _prepared(tmp_path, "llama", "Q4_0")
+    with layerfit.from_pretrained(out, budget="30%", pipeline="sync", dequantize=dequantize) as model:
+        model(_ids(model.config.vocab_size))
+        assert model.engine.binder.peak_bytes > 0
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q6_K"])
+def test_packed_runs_close_to_the_dequantized_model(tmp_path: Path, kind: str):
+    """The default: linear layers on int4 (Q4 types) or bf16 kernels. Its tolerance (the
+    bf16 product's, :mod:`layerfit.engine.int4_packed`): logits within 2 % of their range
+    and the same greedy tokens on this tiny model."""
+    _, out = _prepared(tmp_path, "llama", kind)
+    ids = _ids(400)
+    with layerfit.from_pretrained(out, budget="40%", dequantize=True) as exact, torch.no_grad():
+        want = exact(ids).logits
+        want_tokens = exact.generate(ids, max_new_tokens=8, do_sample=False)
+    with layerfit.from_pretrained(out, budget="40%") as packed, torch.no_grad():
+        got = packed(ids).logits
+        got_tokens = packed.generate(ids, max_new_tokens=8, do_sample=False)
+    assert not torch.equal(got, want)  # it did run packed
+    assert (got - want).abs().max() <= 0.02 * (want.max() - want.min())
+    assert torch.equal(got_tokens, want_tokens)
+
+
+# --- bad input: one line naming the file, nothing written --------------------------------
+
+
+def _refused(capsys: pytest.CaptureFixture[str], model: str, out: Path, *needles: str) -> str:
+    capsys.readouterr()
+    assert main(["prepare", model, "-o", str(out), "--fixed-shape"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+    return err
+
+
+def _tiny_metadata(arch: str = "llama") -> dict:
+    model = G.tiny_hf_model(arch)
+    spec = G._ARCHS[arch]
+    return {"general.architecture": spec.gguf_arch, **G.config_metadata(arch, model.config),
+            **G.tokenizer_metadata(spec.tokenizer)}
+
+
+def test_an_unsupported_type_is_refused_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    raw = torch.zeros(256 // 32 * 18, dtype=torch.uint8).numpy().reshape(1, -1)  # one IQ4_NL row of 256
+    gguf = G.write_raw_gguf(tmp_path / "iq.gguf", {"token_embd.weight": (raw, "IQ4_NL")}, _tiny_metadata())
+    _refused(capsys, f"gguf:{gguf}", tmp_path / "out", str(gguf), "IQ4_NL", "token_embd.weight")
+
+
+def test_a_file_without_a_tokenizer_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    metadata = {k: v for k, v in _tiny_metadata().items() if not k.startswith("tokenizer.")}
+    gguf = G.write_raw_gguf(tmp_path / "notok.gguf", {"x.weight": torch.zeros(2, 32).numpy()}, metadata)
+    _refused(capsys, f"gguf:{gguf}", tmp_path / "out", str(gguf), "holds no tokenizer")
+
+
+def test_an_architecture_transformers_cannot_build_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    metadata = {**_tiny_metadata(), "general.architecture": "rwkv7"}
+    gguf = G.write_raw_gguf(tmp_path / "rwkv.gguf", {"x.weight": torch.zeros(2, 32).numpy()}, metadata)
+    _refused(capsys, f"gguf:{gguf}", tmp_path / "out", str(gguf), "'rwkv7'", "does not build")
+
+
+def test_a_truncated_file_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    gguf = G.write_gguf("llama", tmp_path / "m.gguf", ggml_type="Q8_0")
+    data = gguf.read_bytes()
+    gguf.write_bytes(data[: len(data) // 2])
+    _refused(capsys, str(gguf), tmp_path / "out", str(gguf))
+
+
+def test_a_manifest_whose_blocks_do_not_add_up_is_refused(tmp_path: Path):
+    _, out = _prepared(tmp_path, "llama", "Q4_0")
+    data = json.loads((out / "manifest.json").read_text())
+    tensor = next(t for u in data["units"] for t in u["tensors"] if "encoding" in t)
+    tensor["encoding"]["ggml"] = "Q8_0"  # the same bytes cannot be Q8_0 blocks of that shape
+    (out / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match="Q8_0"):
+        read_manifest(out)
+    tensor["encoding"]["ggml"] = "IQ2_XS"
+    (out / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match="IQ2_XS"):
+        read_manifest(out)
+
+
+def test_an_older_format_version_with_blocks_is_refused(tmp_path: Path):
+    _, out = _prepared(tmp_path, "llama", "Q4_0")
+    data = json.loads((out / "manifest.json").read_text())
+    assert data["version"] == 3
+    data["version"] = 1
+    (out / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(LayerfitError, match="version"):
+        read_manifest(out)
+
+
+def test_dtype_is_refused_for_a_gguf_file(tmp_path: Path):
+    gguf = G.write_gguf("llama", tmp_path / "m.gguf", ggml_type="Q4_0")
+    with pytest.raises(InputError, match="--dtype"):
+        prepare(f"gguf:{gguf}", tmp_path / "out", hf=HFOptions(dtype="float16"))
+
+
+def test_a_decoded_token_reads_the_streamed_units_quantized_bytes(tmp_path: Path):
+    """Every unit streamed each token (sync in two buffers of the largest unit): what a decode
+    step reads is the quantized bytes of those units as stored, not their floats."""
+    _, out = _prepared(tmp_path, "qwen2", "Q4_0")
+    manifest = read_manifest(out)
+    streamed = sum(u.nbytes for u in manifest.units)
+    assert streamed < sum(t.bound_nbytes for u in manifest.units for t in u.tensors) / 3  # blocks, not floats
+    budget = manifest.resident_bytes + 2 * manifest.largest_unit_bytes  # sync: two buffers, nothing kept
+    with layerfit.from_pretrained(out, budget=budget, pipeline="sync", gather_rows=False) as model, torch.no_grad():
+        past = model(_ids(model.config.vocab_size, 4), use_cache=True).past_key_values
+        steps = []
+        for token in (5, 6, 7):
+            before = model.engine.bytes_read
+            past = model(torch.tensor([[token]]), past_key_values=past, use_cache=True).past_key_values
+            steps.append(model.engine.bytes_read - before)
+    assert steps == [pytest.approx(streamed, rel=0.05)] * 3
