@@ -28,6 +28,8 @@ give the reduced edges, schedules and phases (Algorithm 2's
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -131,11 +133,7 @@ class DerivedApplication:
     @property
     def phases(self) -> dict[tuple[str, str], int]:
         """``Phi``: phases of every layer, keyed by (cnn, layer)."""
-        result = {}
-        for plan in self.plans.values():
-            for name, count in plan.phases.items():
-                result[(plan.partition.cnn, name)] = count
-        return result
+        return {(plan.partition.cnn, name): k for plan in self.plans.values() for name, k in plan.phases.items()}
 
     def memory(self, precision: Precision | None = None) -> MemoryCost:
         """Eq. 1-4 for this application's buffers at ``precision`` (default: the app's)."""
@@ -165,34 +163,27 @@ class Application:
         self.cnns = tuple(cnns)
         self.precision: Precision = precision
         self.fanout: Fanout = fanout
-        self._cnn = {}
-        for cnn in self.cnns:
-            if cnn.name in self._cnn:
-                raise TradeoffError(f"two CNNs are named {cnn.name!r}")
-            self._cnn[cnn.name] = cnn
+        self._cnn = {cnn.name: cnn for cnn in self.cnns}
+        if len(self._cnn) < len(self.cnns):
+            names = [cnn.name for cnn in self.cnns]
+            raise TradeoffError(f"two CNNs are named {next(n for n in names if names.count(n) > 1)!r}")
         if partitions is None:
             partitions = [Partition(f"{c.name}.p0", c.name, 0, len(c.layers)) for c in self.cnns]
         self.partitions = tuple(partitions)
         self._check_partitions()
         if parallel is None:
-            parallel = [
-                [p.name for p in self.partitions_of(c.name)]
-                for c in self.cnns
-                if len(self.partitions_of(c.name)) > 1
-            ]
+            parallel = [[p.name for p in ps] for c in self.cnns if len(ps := self.partitions_of(c.name)) > 1]
         self.parallel = tuple(frozenset(j) for j in parallel)
         self._check_parallel()
-        self.schedules = {p.name: self._schedule(p, (schedules or {}).get(p.name)) for p in self.partitions}
         unknown = set(schedules or {}) - {p.name for p in self.partitions}
         if unknown:
             raise TradeoffError(f"schedules: unknown partition(s) {sorted(unknown)}")
-        self.offsets: dict[str, int] = {}
-        offset = 0
-        for cnn in self.cnns:
-            self.offsets[cnn.name] = offset
-            offset += len(cnn.layers)
-        self.n_layers = offset
-        self._cache: dict[tuple[str, tuple[bool, ...], int], PartitionPlan] = {}
+        self.schedules = {p.name: self._schedule(p, (schedules or {}).get(p.name)) for p in self.partitions}
+        counts = [len(cnn.layers) for cnn in self.cnns]
+        self.offsets = dict(zip(self._cnn, itertools.accumulate(counts, initial=0), strict=False))
+        self.n_layers = sum(counts)
+        # a partition's plan per choice of its layers by parts (the search meets each often)
+        self._plan = functools.lru_cache(maxsize=4096)(self._plan_partition)
 
     # --- structure ---------------------------------------------------------------------
 
@@ -233,13 +224,15 @@ class Application:
         return MemoryCost(self.param_bytes(precision), total_elems(buffers) * size)
 
     def _check_partitions(self) -> None:
-        names = set()
+        names = [p.name for p in self.partitions]
+        for p in self.partitions:
+            if p.cnn not in self._cnn:
+                raise TradeoffError(f"partition {p.name!r}: unknown CNN {p.cnn!r}")
+            if names.count(p.name) > 1:
+                raise TradeoffError(f"two partitions are named {p.name!r}")
         for cnn in self.cnns:
-            parts = sorted(self.partitions_of(cnn.name), key=lambda p: p.start)
-            if not parts:
-                raise TradeoffError(f"partitions: CNN {cnn.name!r} has no partition")
             expect = 0
-            for p in parts:
+            for p in sorted(self.partitions_of(cnn.name), key=lambda p: p.start):
                 if p.start != expect or p.stop <= p.start:
                     raise TradeoffError(
                         f"partitions of {cnn.name!r}: {p.name!r} covers layers [{p.start}, {p.stop}) "
@@ -247,31 +240,21 @@ class Application:
                     )
                 expect = p.stop
             if expect != len(cnn.layers):
-                raise TradeoffError(
-                    f"partitions of {cnn.name!r} cover layers [0, {expect}) of {len(cnn.layers)}"
-                )
-        for p in self.partitions:
-            if p.cnn not in self._cnn:
-                raise TradeoffError(f"partition {p.name!r}: unknown CNN {p.cnn!r}")
-            if p.name in names:
-                raise TradeoffError(f"two partitions are named {p.name!r}")
-            names.add(p.name)
+                raise TradeoffError(f"partitions of {cnn.name!r} cover layers [0, {expect}) of {len(cnn.layers)}")
 
     def _check_parallel(self) -> None:
         known = {p.name for p in self.partitions}
         for k, j in enumerate(self.parallel):
-            unknown = j - known
-            if unknown:
-                raise TradeoffError(f"parallel[{k}]: unknown partition(s) {sorted(unknown)} (have {sorted(known)})")
+            if j - known:
+                raise TradeoffError(f"parallel[{k}]: unknown partition(s) {sorted(j - known)} (have {sorted(known)})")
         for cnn in self.cnns:
             parts = self.partitions_of(cnn.name)
-            for a in parts:
-                for b in parts:
-                    if a is not b and not self.is_parallel(a.name, b.name):
-                        raise TradeoffError(
-                            f"parallel: partitions {a.name!r} and {b.name!r} of {cnn.name!r} must be "
-                            "pipeline stages of one another (list them in one parallel set)"
-                        )
+            for a, b in itertools.combinations(parts, 2):
+                if not self.is_parallel(a.name, b.name):
+                    raise TradeoffError(
+                        f"parallel: partitions {a.name!r} and {b.name!r} of {cnn.name!r} must be "
+                        "pipeline stages of one another (list them in one parallel set)"
+                    )
 
     def _schedule(self, p: Partition, steps: Sequence[Sequence[str]] | None) -> tuple[tuple[int, ...], ...]:
         """Steps of layer indices; checks the schedule covers the partition in dependency order."""
@@ -332,19 +315,10 @@ class Application:
         """
         chromosome = self.bits_of(bits)
         plans = {}
-        edges: list[AppEdge] = []
         for p in self.partitions:
             offset = self.offsets[p.cnn]
-            local = chromosome[offset + p.start : offset + p.stop]
-            key = (p.name, local, phase_rows)
-            plan = self._cache.get(key)
-            if plan is None:
-                plan = self._plan_partition(p, local, phase_rows)
-                if len(self._cache) > 4096:
-                    self._cache.clear()
-                self._cache[key] = plan
-            plans[p.name] = plan
-            edges.extend(plan.edges)
+            plans[p.name] = self._plan(p, chromosome[offset + p.start : offset + p.stop], phase_rows)
+        edges = [edge for plan in plans.values() for edge in plan.edges]
         buffers = reuse_buffers(edges, self.is_parallel, order) if reuse else naive_buffers(edges)
         return DerivedApplication(self, chromosome, plans, edges, buffers)
 
@@ -411,10 +385,7 @@ class _PartitionPlanner:
         cnn, p = self.cnn, self.p
         schedule = self.app.schedules[p.name]
         step_of = {i: k for k, step in enumerate(schedule) for i in step}
-        read_end = {}
-        for i in self.members:
-            reads = [step_of[c] for c in self.consumers[i] if c in p]
-            read_end[i] = max(reads) if reads else -1
+        read_end = {i: max((step_of[c] for c in self.consumers[i] if c in p), default=-1) for i in self.members}
         return _Timing(
             steps=tuple(tuple(cnn.layers[i].name for i in step) for step in schedule),
             phases={cnn.layers[i].name: 1 for i in self.inside},

@@ -76,21 +76,21 @@ PartsSpec = str | Sequence[bool] | Collection[str]
 
 def resolve_parts(cnn: CNN, parts: PartsSpec) -> list[bool]:
     """Per layer: should it process by parts? (``all``, ``none``, flags or layer names)."""
-    tileable = [cnn.tileable(i) for i in range(len(cnn.layers))]
+    names = [layer.name for layer in cnn.layers]
     if isinstance(parts, str):
         if parts not in ("all", "none"):
             raise TradeoffError(f"parts must be 'all', 'none', flags or layer names, got {parts!r}")
-        return [parts == "all" and t for t in tileable]
-    items = list(parts)
-    if items and all(isinstance(p, bool) for p in items):
-        if len(items) != len(tileable):
-            raise TradeoffError(f"{len(items)} by-parts flags for {len(tileable)} layers")
-        return [p and t for p, t in zip(items, tileable, strict=True)]
-    names = set(items)
-    unknown = names - {layer.name for layer in cnn.layers}
-    if unknown:
-        raise TradeoffError(f"unknown layer names {sorted(unknown)}")
-    return [layer.name in names and t for layer, t in zip(cnn.layers, tileable, strict=True)]
+        flags = [parts == "all"] * len(names)
+    elif (items := list(parts)) and all(isinstance(p, bool) for p in items):
+        if len(items) != len(names):
+            raise TradeoffError(f"{len(items)} by-parts flags for {len(names)} layers")
+        flags = items
+    else:
+        chosen = set(items)
+        if chosen - set(names):
+            raise TradeoffError(f"unknown layer names {sorted(chosen - set(names))}")
+        flags = [name in chosen for name in names]
+    return [bool(f) and cnn.tileable(i) for i, f in enumerate(flags)]
 
 
 def runner_of(cnn: CNN) -> Runner:
@@ -118,31 +118,12 @@ def stage_of(cnn: CNN, first: int, stop: int) -> Stage:
     count = len(cnn.layers)
     if not 0 <= first < stop <= count:
         raise TradeoffError(f"invalid layer range [{first}, {stop}) of {count} layers")
-    ins: dict[int, None] = {}
-    for n in range(first, stop):
-        for i in cnn.inputs_of(n):
-            if i < first:
-                ins[i] = None
+    ins = {i for n in range(first, stop) for i in cnn.inputs_of(n) if i < first}
     if first == 0:
-        for p, layer in enumerate(cnn.layers):
-            if layer.op == "input":
-                ins.setdefault(p, None)
-    outs: dict[int, None] = {}
-    for n in range(stop, count):
-        for i in cnn.inputs_of(n):
-            if first <= i < stop:
-                outs[i] = None
-    for o in runner_of(cnn).outputs:
-        if first <= o < stop:
-            outs[o] = None
+        ins |= {p for p, layer in enumerate(cnn.layers) if layer.op == "input"}
+    outs = {i for n in range(stop, count) for i in cnn.inputs_of(n) if first <= i < stop}
+    outs |= {o for o in runner_of(cnn).outputs if first <= o < stop}
     return Stage(first, stop, tuple(sorted(ins)), tuple(sorted(outs)))
-
-
-def flow_graph_of(cnn: CNN, stage: Stage) -> tuple[FlowGraph, list[int]]:
-    """The FlowGraph of a stage and, per flow node, the layer it stands for (the stage's
-    inputs first: graph inputs, or the layers of earlier stages it reads)."""
-    members = list(stage.inputs) + [n for n in range(stage.first, stage.stop) if n not in stage.inputs]
-    return cnn.flow_graph(members, len(stage.inputs), stage.outputs), members
 
 
 class PartsExecutor:
@@ -169,15 +150,13 @@ class PartsExecutor:
         self.cnn = cnn
         self.runner = runner_of(cnn)
         self.stage = stage or stage_of(cnn, 0, len(cnn.layers))
-        self.flow, self.members = flow_graph_of(cnn, self.stage)
+        # flow nodes: the stage's inputs first (graph inputs, or layers of earlier stages)
+        self.members = [*self.stage.inputs, *(n for n in range(self.stage.first, self.stage.stop) if n not in self.stage.inputs)]
+        self.flow: FlowGraph = cnn.flow_graph(self.members, len(self.stage.inputs), self.stage.outputs)
         flags = resolve_parts(cnn, parts)
         self.plan: RowPlan = plan_rows(self.flow, [flags[t] for t in self.members], phase_rows)
-        self._consumers = self.flow.consumers()
-        self._is_output = [False] * len(self.members)
-        for o in self.flow.outputs:
-            self._is_output[o] = True
         self.last_stats = RunStats()
-        nodes, plan = self.flow.nodes, self.plan
+        nodes, plan, consumers = self.flow.nodes, self.plan, self.flow.consumers()
         self.schedule = StripeSchedule(
             kernels=tuple(self.runner.kernels[t] for t in self.members),
             names=tuple(node.name for node in nodes),
@@ -186,8 +165,8 @@ class PartsExecutor:
             rows=tuple(node.rows for node in nodes),
             external=len(self.stage.inputs),
             outputs=self.flow.outputs,
-            keeps=tuple(
-                not self._external(k) and not self._is_output[k] and bool(self._consumers[k]) for k in range(len(nodes))
+            keeps=tuple(  # buffered for readers: not the caller's input or output, read by someone
+                not self._external(k) and k not in self.flow.outputs and bool(consumers[k]) for k in range(len(nodes))
             ),
             by_parts=plan.by_parts,
             steps=plan.steps,
@@ -206,22 +185,6 @@ class PartsExecutor:
     def node(self, k: int) -> Layer:
         """The layer flow node ``k`` stands for."""
         return self.cnn.layers[self.members[k]]
-
-    def itemsize(self, k: int) -> int:
-        """Bytes of one element of flow node ``k``'s tensor."""
-        dtype = self.runner.kernels[self.members[k]].dtype
-        return torch.empty((), dtype=dtype).element_size() if dtype is not None else 0
-
-    def buffer_bytes(self) -> dict[str, int]:
-        """Planned bytes per buffered tensor (row buffers at minimum size, whole tensors full)."""
-        result = {}
-        for k, flow_node in enumerate(self.flow.nodes):
-            node = self.node(k)
-            if self._external(k) or self._is_output[k] or not self._consumers[k] or not node.shape:
-                continue
-            rows = self.plan.buffer_rows[k] if self.plan.by_parts[k] else flow_node.rows
-            result[node.name] = rows * flow_node.row_elems * self.itemsize(k)
-        return result
 
     def _external(self, k: int) -> bool:
         return k < len(self.stage.inputs) or self.node(k).op == "input"
@@ -325,7 +288,6 @@ __all__ = [
     "PartsExecutor",
     "Stage",
     "describe_tiling",
-    "flow_graph_of",
     "layer_units",
     "resolve_parts",
     "stage_of",

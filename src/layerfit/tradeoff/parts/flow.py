@@ -110,8 +110,9 @@ class RowPlan:
     holding node ``n``'s tensor for the consumers inside the partition (0 when none);
     ``edge_rows[(n, c)]`` the same for the single edge from ``n`` to consumer ``c``.
     ``first_step``/``last_step`` bound the phases of each node and ``last_read`` is the
-    last step at which a consumer reads its tensor (-1 when none does). ``slots`` and
-    ``readers`` are the simulation's tables of reads, which the executor runs on too.
+    last step at which a consumer reads its tensor (-1 when none does); ``phases`` the
+    number of phases each node runs (the paper's ``Phi``). ``slots`` and ``readers`` are
+    the simulation's tables of reads, which the executor runs on too.
     """
 
     graph: FlowGraph
@@ -123,15 +124,10 @@ class RowPlan:
     first_step: tuple[int, ...] = field(repr=False)
     last_step: tuple[int, ...] = field(repr=False)
     last_read: tuple[int, ...] = field(repr=False)
-    phase_counts: tuple[int, ...] = field(repr=False, default=())
+    phases: tuple[int, ...] = field(repr=False, default=())
     # what each node's phase reads (:data:`Slot` per input) and who reads each node
     slots: tuple[tuple[Slot, ...], ...] = field(repr=False, default=())
     readers: tuple[tuple[tuple[int, Slot], ...], ...] = field(repr=False, default=())
-
-    @property
-    def phases(self) -> tuple[int, ...]:
-        """Number of phases each node runs (the paper's ``Phi``)."""
-        return self.phase_counts
 
 
 def phase_range(node: FlowNode, by_parts: bool, phase_rows: int, k: int) -> tuple[int, int]:
@@ -343,7 +339,7 @@ class _Simulation:
             first_step=tuple(self.first_step),
             last_step=tuple(self.last_step),
             last_read=tuple(self.last_read),
-            phase_counts=tuple(self.next_phase),
+            phases=tuple(self.next_phase),
             slots=tuple(tuple(s) for s in self.slots),
             readers=tuple(tuple(r) for r in self.readers),
         )

@@ -43,15 +43,19 @@ def cnn_from_module(name: str, module: Any, *example: Any) -> CNN:
     return cnn_from_graph(name, graph, module, example)
 
 
-def cnn_from_engine(engine: Engine, name: str | None = None) -> CNN:
+def cnn_from_engine(engine: Engine, name: str | None = None, like: CNN | None = None) -> CNN:
     """The CNN of ``engine``'s model: its captured graph's operators, kernels calling the
-    engine's skeleton, and the manifest's example input as its runner's example."""
+    engine's skeleton, and the manifest's example input as its runner's example; refused
+    unless its layers are those of ``like``, when given."""
     from layerfit.store.examples import example_call
 
     args, kwargs = example_call(engine.manifest)
     if kwargs:
         raise TradeoffError("processing by parts takes positional tensor inputs; this model was prepared from keywords")
-    return cnn_from_graph(name or engine.manifest.model["name"], engine.manifest.graph, engine.model, tuple(args))
+    cnn = cnn_from_graph(name or engine.manifest.model["name"], engine.manifest.graph, engine.model, tuple(args))
+    if like is not None and cnn.layers != like.layers:
+        raise TradeoffError(f"the engine given for {like.name!r} runs another model (or input shape)")
+    return cnn
 
 
 def cnn_from_graph(name: str, graph: Any, model: Any, example: tuple[Any, ...] | None = None) -> CNN:

@@ -33,6 +33,7 @@ from layerfit.tradeoff.parts.kernels import cnn_from_engine
 if TYPE_CHECKING:
     from layerfit.engine.engine import Engine
 
+
 class TwoStagePipeline:
     """Two pipeline stages of one CNN captured from a module, cut before layer ``cut``.
 
@@ -52,13 +53,11 @@ class TwoStagePipeline:
         self.cnn = cnn
         if engines and len(engines) != 2:
             raise TradeoffError(f"a two-stage pipeline runs on two engines, got {len(engines)}")
-        runs = [cnn_from_engine(engine) for engine in engines] or [cnn, cnn]
-        if any(own.layers != cnn.layers for own in runs):
-            raise TradeoffError("the engines run another model: load the CNN's prepared model twice")
-        ranges = [(0, index), (index, len(cnn.layers))]
+        on: list[Engine | None] = list(engines) or [None, None]
+        runs = [cnn if engine is None else cnn_from_engine(engine, like=cnn) for engine in on]
         self.first, self.second = (
             PartsExecutor(own, parts, phase_rows, stage_of(own, *bounds), engine)
-            for own, bounds, engine in zip(runs, ranges, [*engines] or [None, None], strict=True)
+            for own, bounds, engine in zip(runs, [(0, index), (index, len(cnn.layers))], on, strict=True)
         )
         first_out = self.first.stage.outputs
         # The second stage reads the first stage's outputs and possibly the graph inputs.

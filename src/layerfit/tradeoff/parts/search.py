@@ -194,17 +194,12 @@ class Evaluator:
 
 def pareto_front(evaluations: Sequence[Evaluation], cnns: Sequence[str]) -> list[Evaluation]:
     """Non-dominated evaluations on (memory, -T_1, ..., -T_N), sorted by memory."""
-    points = [(e, e.objectives(cnns)) for e in evaluations]
-    front = []
-    for e, f in points:
-        dominated = any(
-            all(a <= b for a, b in zip(g, f, strict=True)) and any(a < b for a, b in zip(g, f, strict=True))
-            for _, g in points
-        )
-        if not dominated:
-            front.append(e)
-    front.sort(key=lambda e: e.objectives(cnns))
-    return front
+    points = [e.objectives(cnns) for e in evaluations]
+    front = [
+        e for e, f in zip(evaluations, points, strict=True)
+        if not any(g != f and all(a <= b for a, b in zip(g, f, strict=True)) for g in points)
+    ]
+    return sorted(front, key=lambda e: e.objectives(cnns))
 
 
 def baselines(evaluator: Evaluator) -> dict[str, Evaluation]:
@@ -281,21 +276,18 @@ def _select(feasible: list[Evaluation], reference: Evaluation, select: Selection
 
 
 def _violations(evaluations: list[Evaluation], constraints: Constraints) -> list[Violation]:
+    """The constraints no evaluation meets (throughput among those meeting the memory
+    constraint, when some do); every throughput constraint when each alone can be met."""
     result = []
-    least = min(e.memory.total for e in evaluations)
     memory_ok = [e for e in evaluations if constraints.memory is None or e.memory.total <= constraints.memory]
     if constraints.memory is not None and not memory_ok:
-        result.append(Violation("memory", float(constraints.memory), float(least)))
+        result.append(Violation("memory", float(constraints.memory), float(min(e.memory.total for e in evaluations))))
     pool = memory_ok or evaluations
-    for cnn, required in constraints.throughput.items():
-        best = max(e.throughput[cnn] for e in pool)
-        if best < required:
-            result.append(Violation(f"throughput:{cnn}", required, best))
-    if not result:  # each constraint alone can be met, but not all together
-        for cnn, required in constraints.throughput.items():
-            best = max(e.throughput[cnn] for e in pool)
-            result.append(Violation(f"throughput:{cnn}", required, best))
-    return result
+    throughput = [
+        Violation(f"throughput:{cnn}", required, max(e.throughput[cnn] for e in pool))
+        for cnn, required in constraints.throughput.items()
+    ]
+    return result + [v for v in throughput if v.best < v.required] or throughput
 
 
 def _run_ga(

@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from layerfit.errors import TradeoffError
 from layerfit.tradeoff.parts.application import Application, DerivedApplication
 from layerfit.tradeoff.parts.cnn import CNN
 from layerfit.tradeoff.parts.executor import PartsExecutor, runner_of, stage_of
@@ -165,10 +164,7 @@ class MeasuredThroughput:
         if engine is None:
             return cnn
         if cnn.name not in self._on_engine:
-            own = cnn_from_engine(engine, cnn.name)
-            if own.layers != cnn.layers:
-                raise TradeoffError(f"the engine given for {cnn.name!r} runs another model (or input shape)")
-            self._on_engine[cnn.name] = own
+            self._on_engine[cnn.name] = cnn_from_engine(engine, cnn.name, like=cnn)
         return self._on_engine[cnn.name]
 
     def stage_seconds(self, app: Application, derived: DerivedApplication, cnn: CNN) -> dict[str, float]:
