@@ -206,6 +206,20 @@ def test_reuse_is_never_worse_than_the_memory_planner_on_a_single_cnn():
     assert app.memory([True] * app.n_layers).buffers < app.memory().buffers
 
 
+def test_reuse_by_size_is_the_planners_greedy_by_size_when_no_partitions_run_in_parallel():
+    """Visiting the largest edges first never grows a buffer: Algorithm 1 then picks the
+    smallest suitable buffer, as Pisarchyk & Lee's greedy by size does, on the
+    partitions' schedules laid end to end."""
+    from layerfit.tradeoff.parts.reuse import planner_buffers
+
+    cnn = cnn_from_module("net", TwoBranch().eval(), torch.randn(1, 3, 16, 16))
+    app = Application([cnn, CNN("other", cnn.layers, runner=cnn.runner)])
+    for bits in (None, [True] * app.n_layers):
+        edges = app.derive(bits, reuse=False).edges
+        ours, planner = reuse_buffers(edges, app.is_parallel, "size"), planner_buffers(edges, "greedy_by_size")
+        assert [(b.size, b.edges) for b in ours] == [(b.size, sorted(b.edges, key=lambda e: -e.elems)) for b in planner]
+
+
 def test_split_partitions_balances_macs():
     cnn = cnn_from_module("net", TwoBranch().eval(), torch.randn(1, 3, 16, 16))
     parts = split_partitions(cnn, 2)
