@@ -223,3 +223,20 @@ def test_a_decoded_token_reads_the_streamed_units_quantized_bytes(tmp_path: Path
             past = model(torch.tensor([[token]]), past_key_values=past, use_cache=True).past_key_values
             steps.append(model.engine.bytes_read - before)
     assert steps == [pytest.approx(streamed, rel=0.05)] * 3
+
+
+def test_a_quantized_moe_reads_the_experts_its_router_chooses(tmp_path: Path):
+    """Routed experts stored as blocks are read (and dequantized) by what the router
+    chooses, as float experts are: bit-equal to transformers, fewer bytes than whole."""
+    gguf, out = _prepared(tmp_path, "qwen3moe", "Q4_K")
+    reference, _ = G.load_gguf(gguf)
+    ids = _ids(reference.config.vocab_size, 4)
+    with torch.no_grad():
+        want = reference.generate(ids, max_new_tokens=6, do_sample=False)
+    read = {}
+    for routed in (True, False):
+        with layerfit.from_pretrained(out, budget="60%", pipeline="async", dequantize=True, gather_rows=routed) as model:
+            with torch.no_grad():
+                assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), want)
+            read[routed] = model.engine.bytes_read
+    assert read[True] < 0.8 * read[False]

@@ -113,6 +113,11 @@ def bind_compact(table: ExpertTable, buffer: torch.Tensor, place: ExpertPlace) -
     give its module as many experts; returns the module's own count, to restore."""
     slot, slices = table.slot_bytes, table.slices(0)
     for binding, (_, _, at) in zip(table.bindings, slices, strict=True):
+        if binding.encoding is not None:  # GGML blocks: each slot's expert dequantized, stacked
+            size = binding.nbytes // table.count
+            starts = [place.offset + s * slot + at for s in range(len(place.slots))]
+            binding.attach(torch.cat([binding.dequantized(buffer[a : a + size], 1) for a in starts]))
+            continue
         item = binding.dtype.itemsize
         inner = binding.shape[1:]
         strides, step = [], 1

@@ -45,7 +45,7 @@ def experts_segment(segment: Segment) -> bool:
     count = tensors[0].shape[0] if tensors[0].shape else 0
     prefix = f"{segment.name}." if segment.name else ""
     return count > 1 and all(
-        t.kind == "param" and t.stride is None and t.encoding is None and len(t.shape) >= 3 and t.shape[0] == count
+        t.kind == "param" and t.stride is None and len(t.shape) >= 3 and t.shape[0] == count
         and t.places == (prefix + t.name.rpartition(".")[2],)
         for t in tensors
     )

@@ -114,16 +114,19 @@ class _RowIndex:
         return StoredBlocks(data, Encoding(first.ggml_type.name, transposed))
 
     def _rows_of(self, sources: list[tuple[int, int]]) -> Iterator[np.ndarray]:
-        """The raw bytes of each source row, runs of consecutive rows of one tensor at once."""
+        """The raw bytes of each source row, runs of consecutive rows of one tensor at once
+        (each source tensor read once: a permutation makes many short runs)."""
+        raws: dict[int, np.ndarray] = {}
         start = 0
         while start < len(sources):
             tensor, row = sources[start]
             stop = start + 1
             while stop < len(sources) and sources[stop] == (tensor, row + stop - start):
                 stop += 1
-            t = self.tensors[tensor]
-            raw = self._raw(t).reshape(-1, t.nbytes // max(1, _row_count(t)))
-            yield raw[row : row + stop - start].reshape(-1)
+            if tensor not in raws:
+                t = self.tensors[tensor]
+                raws[tensor] = self._raw(t).reshape(-1, t.nbytes // max(1, _row_count(t)))
+            yield raws[tensor][row : row + stop - start].reshape(-1)
             start = stop
 
 
