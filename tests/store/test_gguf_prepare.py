@@ -240,3 +240,12 @@ def test_a_quantized_moe_reads_the_experts_its_router_chooses(tmp_path: Path):
                 assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), want)
             read[routed] = model.engine.bytes_read
     assert read[True] < 0.8 * read[False]
+
+
+def test_run_reports_the_bytes_a_pass_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    _, out = _prepared(tmp_path, "llama", "Q4_0")
+    capsys.readouterr()
+    assert main(["run", str(out), "--json", "--pipeline", "sync", "--budget", "60%"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["read_bytes_per_pass"] > 0
+    assert report["read_bytes_per_token"] == pytest.approx(report["read_bytes_per_pass"] / 8)  # the 8 prepared ids

@@ -39,6 +39,15 @@ def output_digest(out: Any) -> str:
     return h.hexdigest()
 
 
+def _tokens(inputs: tuple, keywords: dict[str, Any]) -> int | None:
+    """The tokens a pass takes: its integer ids (the first positional input, or
+    ``input_ids``); None for a model of other inputs."""
+    ids = keywords.get("input_ids", inputs[0] if inputs else None)
+    if isinstance(ids, torch.Tensor) and not ids.is_floating_point() and ids.numel():
+        return ids.numel()
+    return None
+
+
 def measure(
     engine: Engine, inputs: tuple, *, repeats: int = 3, warmup: int = 1, keywords: dict[str, Any] | None = None
 ) -> tuple[Any, dict[str, Any]]:
@@ -50,6 +59,7 @@ def measure(
     reset_ok = reset_peak_rss()
     times, peaks = [], []
     timelines = []
+    read_before = engine.bytes_read
     for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
         out = engine(*inputs, **keywords)
@@ -58,6 +68,8 @@ def measure(
         if engine.last_timeline is not None:
             timelines.append(engine.last_timeline)
     outs = flat_outputs(out)
+    read_per_pass = (engine.bytes_read - read_before) / max(1, repeats)
+    tokens = _tokens(inputs, keywords)
     report: dict[str, Any] = {
         "model": engine.manifest.model["name"],
         "pipeline": engine.policy.name,
@@ -85,6 +97,8 @@ def measure(
         "coalesce_bytes": engine.coalesce_bytes,
         "output_shape": [list(t.shape) for t in outs] if len(outs) != 1 else list(outs[0].shape),
         "output_sha256": output_digest(out),
+        "read_bytes_per_pass": read_per_pass,  # from storage (a quantized model's blocks as stored)
+        "read_bytes_per_token": read_per_pass / tokens if tokens else None,
     }
     report.update(engine_activation_report(engine))
     if timelines:
