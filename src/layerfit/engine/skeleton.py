@@ -36,12 +36,13 @@ class Binding:
     stride: tuple[int, ...] | None = None  # the stored strides; None: row-major
     encoding: Encoding | None = None  # stored as GGML blocks, dequantized when bound
     packed: bool = False  # a linear layer's quantized weight, bound as a packed operand
+    table: bool = False  # an embedding's quantized table, bound as its blocks (rows dequantized per lookup)
 
     @property
     def made_nbytes(self) -> int:
         """Bytes binding makes beside the read buffer: a quantized tensor's values, or its
         packed operand (int4 codes and a bf16 scale and zero per 32, or bf16)."""
-        if self.encoding is None:
+        if self.encoding is None or self.table:
             return 0
         count = math.prod(self.shape)
         if self.packed:
@@ -56,6 +57,10 @@ class Binding:
         into a tensor of its own, with the values transformers' GGUF loader gives (float32
         dequantization, then the model's dtype)."""
         if self.encoding is not None:
+            if self.table:
+                from layerfit.engine.quantized_tables import QuantizedTable
+
+                return QuantizedTable(buffer[start : start + self.nbytes], self.encoding.ggml, self.shape, self.dtype)
             if self.packed:
                 from layerfit.engine.int4_packed import PackedWeight, operand
 
@@ -92,7 +97,7 @@ class Binding:
         ``no_grad`` its own views (``weight.t()``) do not require grad, so a parameter is
         bound as a detached alias of the bytes (same memory, not a view) that requires grad.
         """
-        if self.meta is not None and self.meta.requires_grad and not self.packed:
+        if self.meta is not None and self.meta.requires_grad and not (self.packed or self.table):
             tensor = tensor.detach().requires_grad_(True)
         (self.module._parameters if self.kind == "param" else self.module._buffers)[self.attr] = tensor
 
@@ -210,13 +215,12 @@ def segment_bindings(
                 raise ManifestError(
                     f"{place} has shape {tuple(meta.shape)} in the model and {t.shape} in the store"
                 )
-            runs_packed = (
-                packed and t.encoding is not None and not t.encoding.transposed and isinstance(module, nn.Linear)
-                and attr == "weight" and len(t.shape) == 2
-            )
+            blocks = t.encoding is not None and not t.encoding.transposed and attr == "weight" and len(t.shape) == 2
+            runs_packed = blocks and packed and isinstance(module, nn.Linear)
+            table = blocks and type(module) is nn.Embedding and module.max_norm is None
             out.append(
                 Binding(module, attr, t.kind, t.torch_dtype, t.shape, base + t.offset, t.nbytes, meta, t.stride,
-                        t.encoding, runs_packed)
+                        t.encoding, runs_packed, table)
             )
     return out
 
