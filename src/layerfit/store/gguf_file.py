@@ -193,7 +193,7 @@ def _pread(fd: int, n: int, offset: int, r: _Reader) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def _open(path: Path) -> tuple[int, os.stat_result]:
+def open_gguf(path: Path) -> tuple[int, os.stat_result]:
     """A descriptor of ``path`` and its status; one line if it is missing or no plain
     file (a FIFO is not waited on)."""
     try:
@@ -217,7 +217,7 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     """The checked header of the GGUF file at ``path``: a :class:`GGUFFile`, or one
     :class:`InputError` line saying what is wrong with the file and what to do."""
     path = Path(path)
-    fd, st = _open(path)
+    fd, st = open_gguf(path)
     r = _Reader(fd, st.st_size, path)
     try:
         version = _preamble(r)
@@ -443,7 +443,7 @@ def read_tensor_into(f: GGUFFile, t: GGUFTensor, out: bytearray | memoryview, st
     view = memoryview(out).cast("B")
     if start < 0 or start + view.nbytes > t.nbytes:
         raise ValueError(f"bytes [{start}, {start + view.nbytes}) are not inside tensor {t.name}'s {t.nbytes}")
-    fd, st = _open(f.path)
+    fd, st = open_gguf(f.path)
     try:
         if (f.file_size and st.st_size != f.file_size) or (f.file_mtime_ns and st.st_mtime_ns != f.file_mtime_ns):
             raise InputError(

@@ -31,7 +31,7 @@ import torch
 from layerfit.errors import CheckpointError, InputError, UnknownModelError
 from layerfit.sizes import format_bytes
 from layerfit.store.gguf_blocks import StoredBlocks, find_blocks
-from layerfit.store.gguf_file import GGUFFile, read_gguf, unsupported_types
+from layerfit.store.gguf_file import GGUFFile, open_gguf, read_gguf, unsupported_types
 from layerfit.store.hf_folder import HFOptions, LoadedModel, model_class
 from layerfit.store.model_size import check_size
 from layerfit.store.outputs import current_umask
@@ -117,16 +117,8 @@ def _opened(path: Path) -> Iterator[tuple[Path, int, int]]:
     every reader opens that same file by: a link, in a private folder, to the descriptor
     (``/proc/self/fd/N``), named ``model.gguf`` because transformers tells a GGUF file by
     its suffix. A name swapped after the checks changes nothing."""
+    fd, info = open_gguf(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise InputError(f"{path} does not exist: name a GGUF file (gguf:FILE)") from None
-    except OSError as exc:
-        raise InputError(f"cannot open {path}: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise InputError(f"{path} is not a regular file: name a GGUF file (gguf:FILE)")
         with tempfile.TemporaryDirectory(prefix="layerfit-gguf-") as private:
             proxy = Path(private) / "model.gguf"
             os.symlink(f"/proc/self/fd/{fd}", proxy)
