@@ -1,0 +1,588 @@
+"""layerfit against llama.cpp on the same quantized GGUF file, at the same memory limits (#54).
+
+bench/vs_mmap.py's quantized rows, in their own script: there every configuration computes
+the same float32 weights and checks its logits bit for bit against a PyTorch reference,
+its limits start from layerfit's footprint, and mmap is the peer each ratio divides by;
+here the file is quantized, llama.cpp is the peer, each configuration decodes greedily on
+its own (no reference: the tokens are compared, not asserted), and four layerfit routes
+run (packed, ``--dequantize``, the float32 folder). The method is vs_mmap's, and so are its
+helpers (``timed_passes``, ``fastest``, ``llamacpp_status``, the footprint rule):
+
+- Every configuration runs in a fresh child process in its own memory cgroup (v1) at the
+  limit, the page cache dropped before each (``memory_limits.limited_child``); each
+  reports its step times, disk reads, anonymous peak (RssAnon, sampled every 20 ms), the
+  process's peak resident memory (``VmHWM``) and the cgroup's peak.
+- Models, seeded Llamas written by ``gguf``'s writer as F16 (norms F32) with a
+  sentencepiece vocabulary, quantized by llama.cpp's own quantizer
+  (``llama_model_quantize`` through llama-cpp-python), cached under
+  ``bench/.cache/vs_llamacpp_quantized/``: *smol-135m-q4_1* (SmolLM2-135M's shape, Q4_1:
+  98 MB, the size of the published file) and *llama-1g-q4* (TinyLlama-1.1B's shape, Q4_0:
+  about 0.64 GB; the limits run below the file). layerfit's folder is ``prepare("gguf:" +
+  file)``; the *fp32* route is the same seeded model saved with ``save_pretrained`` and
+  prepared with ``prepare("hf:" + folder)``.
+- Configurations: *llamacpp* (llama-cpp-python, mmap loading, an f16 KV cache,
+  ``n_threads`` = ``n_threads_batch`` = ``--threads``), *packed* (layerfit's default for a
+  GGUF folder: int4 kernels), *dequantize* (``dequantize=True``, bit-equal to
+  transformers), *fp32*; layerfit's children run ``torch.set_num_threads(--threads)``.
+- Limits: layerfit's footprint beside its weights F is measured once per route as in
+  vs_mmap (a child without a limit at the minimum budget: anonymous peak minus the weight
+  bytes held, plus ``FILE_ROOM`` for its libraries); the limits run from the packed
+  route's minimum budget + F to max(its weights + F, llama.cpp's cgroup peak without a
+  limit) + ``HEADROOM``. At each limit: llamacpp and packed (budget min(limit - F, the
+  weights): everything where it fits, streaming below). dequantize runs once, every
+  weight held, at the larger of the top limit and the weights + its own F (measured
+  the same way, with every weight held; the packed route's F is the larger of the two
+  measured at its minimum budget and with every weight held). At 40 % of the fp32 weights (limit = that budget + the fp32 route's F) fp32
+  and packed run side by side. llama.cpp *holds the file* at a limit where its steps read
+  less than 1 % of the file from the disk.
+- Decode: a seeded ``PROMPT``-token prompt (the first, cold pass), then ``--steps`` cached
+  steps, each feeding the configuration's own greedy token; tokens/s = 1 / the median
+  step. ``--rounds`` rounds, the configurations alternating within each; the fastest run
+  of each is shown, the JSON keeps all.
+- Derived: packed ÷ llama.cpp tokens/s at each limit against the goals (≥ 0.5× where
+  llama.cpp holds the file, ≥ 1.5× where it does not), packed ÷ fp32 at 40 % (≥ 3×), the
+  greedy tokens' agreement (packed vs dequantize, packed vs llama.cpp: steps equal before
+  the first difference), and both processes' peaks side by side. Nothing asserts a timing.
+
+Run (writes ``bench/results/vs_llamacpp_quantized.{json,md}``)::
+
+    .venv/bin/python bench/vs_llamacpp_quantized.py [--models smol-135m-q4_1,llama-1g-q4] [--limits 5] [--steps 16] [--rounds 3]
+
+``--quick`` is a smoke run (2 limits, 1 round, 4 steps); give it ``--output-dir /tmp/...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from memory_limits import vm_hwm  # noqa: E402
+from vs_mmap import (  # noqa: E402  (stdlib-only at import, as in llama.cpp's environment)
+    CHILD_TIMEOUT,
+    FILE_ROOM,
+    FITS_READ_SHARE,
+    LLAMACPP_PYTHON,
+    fastest,
+    llamacpp_status,
+    timed_passes,
+)
+
+CACHE = BENCH / ".cache" / "vs_llamacpp_quantized"
+PROMPT = 32
+HEADROOM = 64_000_000  # above the larger of the two "everything fits" limits
+FP32_SHARE = 0.4  # the fp32 route's budget: this share of its weights
+GOAL_HOLDS, GOAL_SHORT, GOAL_FP32 = 0.5, 1.5, 3.0
+LLAMACPP_FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15}  # llama_ftype of llama.h
+
+MODELS: dict[str, dict[str, Any]] = {
+    "smol-135m-q4_1": {
+        "quant": "Q4_1",
+        "config": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+                   "num_key_value_heads": 3, "vocab_size": 49152, "max_position_embeddings": 2048,
+                   "tie_word_embeddings": True, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
+                   "bos_token_id": 1, "eos_token_id": 2},
+    },
+    "llama-1g-q4": {
+        "quant": "Q4_0",
+        "config": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
+                   "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 2048,
+                   "tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+                   "bos_token_id": 1, "eos_token_id": 2},
+    },
+}
+
+
+# --- the children ---------------------------------------------------------------------------
+
+
+def prompt_tokens(vocab: int) -> list[int]:
+    """The seeded prompt (ids above the vocabulary's special and byte pieces)."""
+    import random
+
+    rng = random.Random(1)
+    return [rng.randrange(300, vocab) for _ in range(PROMPT)]
+
+
+def greedy_decode(step: Any, passes: int) -> dict[str, Any]:
+    """``timed_passes`` of a greedy decode: ``step(ids)`` returns the last position's
+    logits; pass 0 feeds the prompt, pass k the token pass k - 1 chose."""
+    tokens: list[int] = []
+
+    def check(k: int, logits: Any) -> int:
+        tokens.append(int(logits.argmax()))
+        return tokens[-1]
+
+    result = timed_passes(lambda k: step(None if k == 0 else tokens[-1]), passes, check)
+    result.pop("checks")
+    return {**result, "tokens": tokens, "tokens_per_s": 1 / result["step_s"],
+            "vm_hwm_bytes": vm_hwm(os.getpid())}
+
+
+def child_layerfit(folder: Path, passes: int, budget: int, threads: int, dequantize: bool) -> dict[str, Any]:
+    """layerfit on ``folder`` at ``budget`` (pipeline auto), then one more step, traced,
+    for the weight bytes a step reads."""
+    import torch
+
+    from layerfit.engine import load
+
+    torch.set_num_threads(threads)
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    prompt, state = prompt_tokens(vocab), {"past": None}
+    t0 = time.perf_counter()
+    engine = load(folder, budget=budget, dequantize=dequantize)
+    load_s = time.perf_counter() - t0
+
+    def step(token: int | None) -> Any:
+        ids = torch.tensor([prompt if token is None else [token]])
+        with torch.no_grad():
+            out = engine(ids, past_key_values=state["past"], use_cache=True)
+        state["past"] = out.past_key_values
+        return out.logits[0, -1]
+
+    result = greedy_decode(step, passes)
+    engine.trace = True
+    step(result["tokens"][-1])
+    return {
+        "load_s": load_s, **result, "policy": engine.policy.name, "weights_held_bytes": engine.memory.weight_bytes,
+        "engine_read_per_step_bytes": sum(e.nbytes for e in engine.last_timeline.events if e.stage == "read"),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def child_llamacpp(path: Path, passes: int, threads: int) -> dict[str, Any]:
+    """llama.cpp (llama-cpp-python, mmap loading) on the GGUF file (its own environment)."""
+    import llama_cpp
+    import numpy as np
+
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=PROMPT + passes + 8, n_batch=PROMPT, n_threads=threads,
+                          n_threads_batch=threads, use_mmap=True, verbose=False)
+    load_s = time.perf_counter() - t0
+    prompt = prompt_tokens(llm.n_vocab())
+
+    def step(token: int | None) -> Any:
+        llm.eval(prompt if token is None else [token])
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
+
+    return {"load_s": load_s, **greedy_decode(step, passes), "threads": threads, "policy": "mmap"}
+
+
+def child_quantize(source: Path, target: Path, kind: str) -> dict[str, Any]:
+    """llama.cpp's own quantizer (``llama_model_quantize``) from ``source`` to ``target``."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = LLAMACPP_FTYPES[kind]
+    params.nthread = os.cpu_count() or 1
+    rc = llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize returned {rc}")
+    return {"gguf_bytes": target.stat().st_size}
+
+
+def run_child(argv: list[str]) -> dict[str, Any]:
+    side, rest = argv[0], argv[1:]
+    if side == "quantize":
+        return child_quantize(Path(rest[0]), Path(rest[1]), rest[2])
+    if side == "llamacpp":
+        return child_llamacpp(Path(rest[0]), int(rest[1]), int(rest[2]))
+    return child_layerfit(Path(rest[0]), int(rest[1]), int(rest[2]), int(rest[3]), dequantize=side == "dequantize")
+
+
+# --- the models -----------------------------------------------------------------------------
+
+
+def gguf_f16_tensors(model: Any) -> dict[str, Any]:
+    """``model``'s weights named and laid out as llama.cpp's converter writes a Llama
+    (query and key rows permuted), matrices F16 and vectors F32 (llama.cpp needs F32 norms)."""
+    import gguf
+    import numpy as np
+
+    config = model.config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
+    out = {}
+    for hf_name, tensor in model.state_dict().items():
+        if config.tie_word_embeddings and hf_name == "lm_head.weight":
+            continue
+        name = names.get_name(hf_name.removesuffix(".weight")) + ".weight"
+        w = tensor.detach().float().numpy()
+        n_head = next((n for key, n in heads.items() if f".{key}." in name), None)
+        if n_head is not None:
+            w = w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+        out[name] = np.ascontiguousarray(w.astype(np.float16) if w.ndim > 1 else w)
+    return out
+
+
+def write_f16_gguf(model: Any, path: Path) -> None:
+    """The seeded model as an F16 GGUF file with tests/gguf_models.py's sentencepiece
+    vocabulary, padded to the model's with filler pieces (transformers reads it)."""
+    sys.path.insert(0, str(BENCH.parent / "tests"))
+    import gguf
+    import gguf_models
+
+    vocab = model.config.vocab_size
+    meta = gguf_models.tokenizer_metadata("llama")
+    tokens, scores, types = (list(meta["tokenizer.ggml.tokens"]), list(meta["tokenizer.ggml.scores"][1]),
+                             list(meta["tokenizer.ggml.token_type"][1]))
+    filler = vocab - len(tokens)
+    tokens += [f"\u2581w{i}" for i in range(filler)]
+    scores += [-1000.0 - i for i in range(filler)]
+    types += [1] * filler
+    meta.update({"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": ("float32", scores),
+                 "tokenizer.ggml.token_type": ("int32", types)})
+    metadata = {"general.architecture": "llama", "general.file_type": ("uint32", int(gguf.LlamaFileType.MOSTLY_F16)),
+                **gguf_models.config_metadata("llama", model.config), **meta}
+    gguf_models.write_raw_gguf(path, gguf_f16_tensors(model), metadata)
+
+
+def manifest_info(folder: Path) -> dict[str, Any]:
+    """A prepared folder's weight bytes and layerfit's minimum budget for it."""
+    from layerfit.engine.gather import streamed_minimum
+    from layerfit.store import read_manifest
+
+    manifest = read_manifest(folder)
+    return {"weights_bytes": manifest.total_bytes, "resident_bytes": manifest.resident_bytes,
+            "units": len(manifest.units),
+            "minimum_budget_bytes": manifest.resident_bytes + streamed_minimum(manifest.units)}
+
+
+def model_files(name: str, llamacpp_python: str) -> dict[str, Any]:
+    """The quantized GGUF file and both prepared folders of ``name`` (made once, cached
+    while the model's description is the same)."""
+    import torch
+    import transformers
+
+    from layerfit.store import prepare
+
+    spec, work = MODELS[name], CACHE / name
+    gguf_path, stamp = work / f"model.{spec['quant']}.gguf", work / "files.key"
+    key = json.dumps(spec, sort_keys=True)
+    if not (stamp.is_file() and stamp.read_text() == key):
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        transformers.logging.set_verbosity_error()
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**spec["config"])).eval()
+        model.save_pretrained(work / "hf")
+        write_f16_gguf(model, work / "model.F16.gguf")
+        del model
+        proc = subprocess.run([llamacpp_python, __file__, "--child", "quantize", str(work / "model.F16.gguf"),
+                               str(gguf_path), spec["quant"]], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{name}: quantizing failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+        (work / "model.F16.gguf").unlink()
+        prepare("gguf:" + str(gguf_path), work / "packed", force=True)
+        prepare("hf:" + str(work / "hf"), work / "fp32", force=True)
+        shutil.rmtree(work / "hf")
+        stamp.write_text(key)
+    return {"gguf_path": str(gguf_path), "gguf_bytes": gguf_path.stat().st_size, "quant": spec["quant"],
+            "config": spec["config"], "packed": manifest_info(work / "packed"), "fp32": manifest_info(work / "fp32")}
+
+
+# --- the parent -----------------------------------------------------------------------------
+
+
+def row(config: str, files: dict[str, Any], args: argparse.Namespace, limit: int | None,
+        budget: int | None = None) -> dict[str, Any]:
+    """One configuration in a fresh child in its own memory cgroup at ``limit``."""
+    from memory_limits import limited_child
+
+    passes, threads = str(args.steps + 1), str(args.threads)
+    if config == "llamacpp":
+        child, python = ["llamacpp", files["gguf_path"], passes, threads], str(args.llamacpp_python)
+    else:
+        folder = Path(files["gguf_path"]).parent / ("fp32" if config == "fp32" else "packed")
+        child, python = [config, str(folder), passes, str(budget), threads], sys.executable
+    load_average = os.getloadavg()[0]
+    try:
+        r = limited_child(__file__, child, limit, python=python, timeout=CHILD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        r = {"returncode": None, "error": f"stalled: killed after {CHILD_TIMEOUT} s", "timed_out": True}
+    r = {"config": config, "limit_bytes": limit, "budget_bytes": budget, "load_average_1m": load_average, **r}
+    print(" ", summary(r), flush=True)
+    return r
+
+
+def summary(r: dict[str, Any]) -> str:
+    """One line of a row for the log."""
+    where = f"{r['config']} at {mb(r['limit_bytes'])} MB (budget {mb(r['budget_bytes'])} MB)"
+    if r.get("returncode") != 0:
+        return f"{where}: failed ({r.get('oom_kills', 0)} OOM kills): {r.get('error')}"
+    return (f"{where}: {r['tokens_per_s']:.1f} tokens/s, read/step {r['step_read_bytes'] / 1e6:.1f} MB, "
+            f"cgroup peak {mb(r['cgroup_peak_bytes'])} MB, VmHWM {mb(r['vm_hwm_bytes'])} MB, "
+            f"policy {r.get('policy')}")
+
+
+def mb(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e6:.0f}"
+
+
+def footprint(config: str, files: dict[str, Any], args: argparse.Namespace, budget: int) -> int:
+    """F of a layerfit route at ``budget``: a child without a limit; its anonymous peak
+    less the weights it held, plus ``FILE_ROOM`` (vs_mmap's rule)."""
+    r = row(config, files, args, None, budget)
+    if r.get("returncode") != 0:
+        raise SystemExit(f"{config} without a limit at {budget} bytes failed: {r.get('error')}")
+    return r["anon_peak_bytes"] - r["weights_held_bytes"] + FILE_ROOM
+
+
+def plan(files: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The footprints, llama.cpp's peak without a limit, and the limits to run. The packed
+    route's F is the larger of its two at the minimum budget and with every weight held
+    (its int4 kernels' layout adds to the anonymous memory of a preloaded model)."""
+    packed, fp32 = files["packed"], files["fp32"]
+    f_packed = max(footprint("packed", files, args, packed["minimum_budget_bytes"]),
+                   footprint("packed", files, args, packed["weights_bytes"]))
+    f_dequantize = footprint("dequantize", files, args, packed["weights_bytes"])
+    fp32_budget = max(int(FP32_SHARE * fp32["weights_bytes"]), fp32["minimum_budget_bytes"])
+    f_fp32 = footprint("fp32", files, args, fp32_budget)
+    free = row("llamacpp", files, args, None)
+    if free.get("returncode") != 0:
+        raise SystemExit(f"llama.cpp without a limit failed: {free.get('error')}")
+    low = packed["minimum_budget_bytes"] + f_packed
+    high = max(packed["weights_bytes"] + f_packed, free["cgroup_peak_bytes"]) + HEADROOM
+    limits = [megabytes_up(low + (high - low) * i / (args.limits - 1)) for i in range(args.limits)]
+    return {"footprint_packed_bytes": f_packed, "footprint_dequantize_bytes": f_dequantize,
+            "footprint_fp32_bytes": f_fp32, "llamacpp_unlimited": free, "limits_bytes": limits,
+            "dequantize_limit_bytes": max(limits[-1], megabytes_up(packed["weights_bytes"] + f_dequantize)),
+            "fp32_budget_bytes": fp32_budget, "fp32_limit_bytes": megabytes_up(fp32_budget + f_fp32)}
+
+
+def megabytes_up(x: float) -> int:
+    """``x`` bytes rounded up to whole megabytes."""
+    return -int(-x // 1_000_000) * 1_000_000
+
+
+def configurations(files: dict[str, Any], p: dict[str, Any]) -> list[tuple[str, int | None, int]]:
+    """(configuration, limit, budget) of every row of a round, alternating llama.cpp and layerfit."""
+    weights = files["packed"]["weights_bytes"]
+    out: list[tuple[str, int | None, int]] = []
+    for limit in p["limits_bytes"]:
+        out += [("llamacpp", limit, 0), ("packed", limit, min(limit - p["footprint_packed_bytes"], weights))]
+    out.append(("dequantize", p["dequantize_limit_bytes"], weights))
+    at40 = p["fp32_limit_bytes"]
+    out += [("fp32", at40, p["fp32_budget_bytes"]),
+            ("packed", at40, min(at40 - p["footprint_packed_bytes"], weights))]
+    return out
+
+
+def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Every row of ``name``: ``--rounds`` rounds of its configurations; the fastest of each."""
+    files = model_files(name, str(args.llamacpp_python))
+    print(f"{name}: {files['quant']} file {mb(files['gguf_bytes'])} MB, packed {mb(files['packed']['weights_bytes'])} "
+          f"MB, fp32 {mb(files['fp32']['weights_bytes'])} MB", flush=True)
+    p = plan(files, args)
+    print(f"{name}: limits {', '.join(mb(x) for x in p['limits_bytes'])} MB; fp32 at "
+          f"{mb(p['fp32_limit_bytes'])} MB", flush=True)
+    runs: dict[tuple[str, int | None, int], list[dict[str, Any]]] = {}
+    for _ in range(args.rounds):
+        for c in configurations(files, p):
+            budget = None if c[0] == "llamacpp" else c[2]
+            runs.setdefault(c, []).append(row(c[0], files, args, c[1], budget))
+    rows = []
+    for rs in runs.values():
+        best = fastest(rs)
+        for summary_of, r in zip(best["rounds"], rs, strict=True):
+            summary_of.update({k: r.get(k) for k in ("tokens_per_s", "vm_hwm_bytes", "tokens")})
+        rows.append(best)
+    return {**files, **p, "rows": rows}
+
+
+def agreement(a: list[int] | None, b: list[int] | None) -> dict[str, Any] | None:
+    """Two greedy decodes' tokens: how many agree before the first difference, of how many."""
+    if not a or not b:
+        return None
+    n = min(len(a), len(b))
+    same = next((i for i in range(n) if a[i] != b[i]), n)
+    return {"equal_before_difference": same, "tokens": n}
+
+
+def find(rows: list[dict[str, Any]], config: str, limit: int | None) -> dict[str, Any] | None:
+    """The row of ``config`` at ``limit`` that ran to the end, or None."""
+    return next((r for r in rows if r["config"] == config and r["limit_bytes"] == limit and r.get("returncode") == 0),
+                None)
+
+
+def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+    return a["tokens_per_s"] / b["tokens_per_s"] if a and b else None
+
+
+def derive(model: dict[str, Any]) -> None:
+    """Per limit: whether llama.cpp held the file, packed ÷ llama.cpp against its goal and
+    both peaks; packed ÷ fp32 at 40 %; the tokens' agreement."""
+    rows, top = model["rows"], model["limits_bytes"][-1]
+    model["per_limit"] = []
+    for limit in model["limits_bytes"]:
+        lc, pk = find(rows, "llamacpp", limit), find(rows, "packed", limit)
+        holds = lc["step_read_bytes"] < FITS_READ_SHARE * model["gguf_bytes"] if lc else None
+        x = ratio(pk, lc)
+        goal = GOAL_HOLDS if holds else GOAL_SHORT
+        model["per_limit"].append({
+            "limit_bytes": limit, "llamacpp_holds_file": holds, "packed_over_llamacpp": x, "goal": goal,
+            "met": None if x is None else x >= goal,
+            **{f"{k}_{w}": r.get(f"{w}_bytes") if r else None
+               for k, r in (("packed", pk), ("llamacpp", lc)) for w in ("vm_hwm", "cgroup_peak", "anon_peak")},
+        })
+    at40 = model["fp32_limit_bytes"]
+    x = ratio(find(rows, "packed", at40), find(rows, "fp32", at40))
+    model["packed_over_fp32_at_40"] = {"limit_bytes": at40, "ratio": x, "goal": GOAL_FP32,
+                                       "met": None if x is None else x >= GOAL_FP32}
+    where = {"packed": top, "llamacpp": top, "dequantize": model["dequantize_limit_bytes"]}
+    tokens = {c: (find(rows, c, limit) or {}).get("tokens") for c, limit in where.items()}
+    model["agreement"] = {"packed_vs_dequantize": agreement(tokens["packed"], tokens["dequantize"]),
+                          "packed_vs_llamacpp": agreement(tokens["packed"], tokens["llamacpp"]),
+                          "dequantize_vs_llamacpp": agreement(tokens["dequantize"], tokens["llamacpp"])}
+
+
+def number(x: float | None, unit: str = "") -> str:
+    return "-" if x is None else f"{x:.2f}{unit}"
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """The results as Markdown: the setting, then per model its rows, goals and peaks."""
+    lc = data["llamacpp"]
+    lines = [
+        "# layerfit against llama.cpp on the same quantized GGUF file, at the same memory limits",
+        "",
+        "Each row is one fresh child process in its own memory cgroup at the limit (page cache counted, dropped "
+        f"before each child), {data['threads']} threads each (llama.cpp's `n_threads`, PyTorch's). A "
+        f"{PROMPT}-token prompt (the first, cold pass), then {data['steps']} cached steps, each feeding the "
+        "configuration's own greedy token; tokens/s = 1 ÷ the median step. "
+        f"{data['rounds']} round(s), the configurations alternating; each row is its fastest run, the JSON has all. "
+        "*llamacpp*: llama-cpp-python, mmap loading; *packed*: layerfit's default for a GGUF folder (int4 kernels); "
+        "*dequantize*: `dequantize=True` (bit-equal to transformers); *fp32*: the same seeded model prepared from "
+        "its `save_pretrained` folder. layerfit's budget is min(limit − F, the weights), F its footprint beside the "
+        f"weights (bench/vs_mmap.py's rule, {FILE_ROOM / 1e6:.0f} MB of it for its libraries' files). llama.cpp "
+        f"*holds the file* where its steps read less than {FITS_READ_SHARE:.0%} of it from the disk. "
+        "*VmHWM* is the process's peak resident memory (its mapped file pages included), *anon* its peak anonymous "
+        "memory, *cgroup* the group's peak (page cache included).",
+        "",
+        "llama.cpp: " + (f"llama-cpp-python {lc['llama_cpp_python']}, gguf {lc['gguf']}." if lc["available"]
+                         else lc["note"]),
+    ]
+    if data.get("quick"):
+        lines += ["", "**Smoke run (`--quick`)**: few steps, one round, two limits; not a measurement."]
+    for name, model in data["models"].items():
+        lines += model_markdown(name, model)
+    return "\n".join(lines) + "\n"
+
+
+def model_markdown(name: str, model: dict[str, Any]) -> list[str]:
+    """One model's section."""
+    pk, fp = model["packed"], model["fp32"]
+    at40 = model["packed_over_fp32_at_40"]
+    agree = "; ".join(f"{k.replace('_', ' ')}: " + (f"{v['equal_before_difference']} of {v['tokens']} tokens equal "
+                                                     "before the first difference" if v else "-")
+                      for k, v in model["agreement"].items())
+    lines = [
+        "", f"## {name}: {model['quant']} file {mb(model['gguf_bytes'])} MB",
+        "",
+        f"layerfit's packed folder {mb(pk['weights_bytes'])} MB (minimum budget {mb(pk['minimum_budget_bytes'])} MB, "
+        f"F = {mb(model['footprint_packed_bytes'])} MB); fp32 folder {mb(fp['weights_bytes'])} MB (F = "
+        f"{mb(model['footprint_fp32_bytes'])} MB); dequantize's F {mb(model['footprint_dequantize_bytes'])} MB "
+        f"(its row runs at {mb(model['dequantize_limit_bytes'])} MB); llama.cpp without a limit: cgroup peak "
+        f"{mb(model['llamacpp_unlimited']['cgroup_peak_bytes'])} MB, VmHWM "
+        f"{mb(model['llamacpp_unlimited']['vm_hwm_bytes'])} MB.",
+        "",
+        f"packed ÷ fp32 tokens/s at {FP32_SHARE:.0%} of the fp32 weights ({mb(at40['limit_bytes'])} MB limit): "
+        f"{number(at40['ratio'], '×')} (goal ≥ {GOAL_FP32:.0f}×: {verdict(at40['met'])}). Greedy tokens (packed and llama.cpp "
+        f"at the top limit, dequantize at its own): {agree}.",
+        "",
+        "| limit (MB) | llama.cpp holds the file | packed ÷ llama.cpp | goal | met | layerfit VmHWM (MB) | llama.cpp VmHWM "
+        "(MB) | layerfit anon (MB) | llama.cpp anon (MB) | layerfit cgroup (MB) | llama.cpp cgroup (MB) |",
+        "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for x in model["per_limit"]:
+        holds = "-" if x["llamacpp_holds_file"] is None else "yes" if x["llamacpp_holds_file"] else "no"
+        lines.append(f"| {mb(x['limit_bytes'])} | {holds} | {number(x['packed_over_llamacpp'], '×')} | "
+                     f"≥ {x['goal']}× | {verdict(x['met'])} | {mb(x['packed_vm_hwm'])} | {mb(x['llamacpp_vm_hwm'])} | "
+                     f"{mb(x['packed_anon_peak'])} | {mb(x['llamacpp_anon_peak'])} | {mb(x['packed_cgroup_peak'])} | "
+                     f"{mb(x['llamacpp_cgroup_peak'])} |")
+    lines += [
+        "",
+        "| limit (MB) | configuration | budget (MB) | policy | load (s) | first pass (ms) | step (ms) | tokens/s | "
+        "disk read per step (MB) | layerfit read per step (MB) | VmHWM (MB) | anon (MB) | cgroup peak (MB) | "
+        "load average |",
+        "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in sorted(model["rows"], key=lambda r: (r["limit_bytes"] or 0, r["config"])):
+        head = f"| {mb(r['limit_bytes'])} | {r['config']} | {mb(r['budget_bytes'])} |"
+        if r.get("returncode") != 0:
+            why = "killed by the OOM killer" if r.get("oom_kills") else f"failed: {r.get('error')}"
+            lines.append(f"{head} {why} | | | | | | | | | {mb(r.get('cgroup_peak_bytes'))} | "
+                         f"{r['load_average_1m']:.1f} |")
+            continue
+        lines.append(f"{head} {r.get('policy')} | {r['load_s']:.1f} | {r['first_s'] * 1e3:.0f} | "
+                     f"{r['step_s'] * 1e3:.1f} | {r['tokens_per_s']:.1f} | {mb(r['step_read_bytes'])} | "
+                     f"{mb(r.get('engine_read_per_step_bytes'))} | {mb(r['vm_hwm_bytes'])} | "
+                     f"{mb(r['anon_peak_bytes'])} | {mb(r['cgroup_peak_bytes'])} | {r['load_average_1m']:.1f} |")
+    return lines
+
+
+def verdict(met: bool | None) -> str:
+    return "-" if met is None else "met" if met else "not met"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    p.add_argument("--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)}")
+    p.add_argument("--limits", type=int, default=5, help="memory limits per model (at least 2)")
+    p.add_argument("--steps", type=int, default=16, help="cached decode steps")
+    p.add_argument("--rounds", type=int, default=3, help="runs of each configuration; the fastest is shown")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="llama.cpp's and PyTorch's threads")
+    p.add_argument("--llamacpp-python", type=Path, default=LLAMACPP_PYTHON,
+                   help="the interpreter of a virtual environment with llama-cpp-python and gguf")
+    p.add_argument("--quick", action="store_true", help="smoke run: 2 limits, 1 round, 4 steps")
+    p.add_argument("--output", default="vs_llamacpp_quantized")
+    p.add_argument("--output-dir", type=Path, default=None, help="default bench/results")
+    args = p.parse_args(argv)
+    if args.child:
+        from memory_limits import AnonPeak
+
+        sampler = AnonPeak()
+        result = run_child(args.child)
+        print(json.dumps({**result, "anon_peak_bytes": sampler.peak_now()}))
+        return 0
+    if args.quick:
+        args.limits, args.rounds, args.steps = 2, 1, 4
+    names = args.models.split(",")
+    if unknown := [n for n in names if n not in MODELS]:
+        p.error(f"unknown models {unknown}: use {', '.join(MODELS)}")
+    if args.limits < 2 or args.steps < 1 or args.rounds < 1:
+        p.error("--limits at least 2, --steps and --rounds at least 1")
+    from reporting import RESULTS, machine
+
+    llamacpp = llamacpp_status(args.llamacpp_python)
+    if not llamacpp["available"]:
+        raise SystemExit(f"llama.cpp: {llamacpp['note']}")
+    t_start = time.perf_counter()
+    data: dict[str, Any] = {"machine": machine(), "steps": args.steps, "rounds": args.rounds, "threads": args.threads,
+                            "quick": args.quick, "prompt_tokens": PROMPT, "llamacpp": llamacpp, "models": {}}
+    for name in names:
+        data["models"][name] = model = run_model(name, args)
+        derive(model)
+    data["wall_s"] = time.perf_counter() - t_start
+    out = args.output_dir or RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    js, md = out / f"{args.output}.json", out / f"{args.output}.md"
+    js.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    md.write_text(markdown(data))
+    print(f"wrote {js} and {md} in {data['wall_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
