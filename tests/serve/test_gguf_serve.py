@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from serve_helpers import settings
+from serve_helpers import json_body, settings
 
 import layerfit
 from layerfit.serve.server import ServerThread
@@ -50,3 +50,25 @@ def test_an_openai_client_gets_the_gguf_models_greedy_text(repository: Path):
     assert done.choices[0].text == _expected(repository / "lm", PROMPT, done.usage.completion_tokens)
     per_token = [line for line in metrics.splitlines() if line.startswith('layerfit_read_bytes_per_token{model="lm"}')]
     assert per_token and float(per_token[0].split()[-1]) > 0
+
+
+def _served_logits(repository: Path, ids: torch.Tensor, **overrides: object) -> torch.Tensor:
+    with ServerThread(settings(repository, memory_budget="4MB", request_memory="4MB", **overrides)) as server:
+        body = json_body(ids, "INT64")
+        r = httpx.post(f"{server.url}/v2/models/lm/infer", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    out = r.json()["outputs"][0]
+    return torch.tensor(out["data"], dtype=torch.float32).view(out["shape"])
+
+
+def test_served_dequantized_the_logits_are_transformers_own(repository: Path):
+    """``--dequantize``: the server's logits are transformers' GGUF model's, bit for bit;
+    packed (the default) they are not, within the packed tolerance."""
+    reference, tokenizer = G.load_gguf(repository.parent / "tiny.Q4_0.gguf")
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        want = reference(ids).logits
+    assert torch.equal(_served_logits(repository, ids, dequantize=True), want)
+    packed = _served_logits(repository, ids)
+    assert not torch.equal(packed, want)
+    assert (packed - want).abs().max() <= 0.02 * (want.max() - want.min())

@@ -64,6 +64,11 @@ OPTIONS: Mapping[str, Option] = {
         "when a unit's SHA-256 is checked: first (its first read), always (every read from storage) or "
         "never; a unit that fails takes its model out of service (503) until it is loaded again",
     ),
+    "dequantize": Option(
+        bool, ("--dequantize/--packed",),
+        "a GGUF model: compute with its weights dequantized to transformers' values (outputs bit-equal to its "
+        "GGUF model), or packed on int4/bf16 kernels (default, faster)",
+    ),
     "estimates": Option(
         str, ("--estimates",), "memory/time estimates of each model: capture or profile (statm)"
     ),

@@ -20,7 +20,7 @@ _DEFAULT_BUDGET = SERVER_OVERRIDES["memory_budget"]
 
 @app.command("serve")
 @runtime_options(
-    "workers", "policy", "units", "cache_weights", "return_freed_memory", "queue_limit", "verify",
+    "workers", "policy", "units", "cache_weights", "return_freed_memory", "queue_limit", "verify", "dequantize",
     overrides=SERVER_OVERRIDES,  # a server's defaults: merge:auto, the weight cache, 64 queued, 512MB
 )
 def serve_command(

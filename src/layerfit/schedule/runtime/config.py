@@ -118,7 +118,10 @@ class RuntimeConfig:
     - ``verify`` — when a unit's SHA-256 is checked: ``"first"`` (its first read by the
       model's engines), ``"always"`` (every read from storage; a cached unit is not read
       again) or ``"never"``; a unit that fails makes its model UNAVAILABLE until it is
-      loaded again.
+      loaded again;
+    - ``dequantize`` — a model prepared from a GGUF file computes with its weights
+      dequantized to transformers' values (outputs bit-equal to its GGUF model) instead of
+      packed (:class:`~layerfit.engine.config.EngineConfig`'s setting of that name).
 
     Creating one checks nothing else, so that a caller can check it naming its own options
     (``layerfit serve`` names flags): :meth:`validate` does, and the runtime calls it.
@@ -141,6 +144,7 @@ class RuntimeConfig:
     cache_weights: bool = False
     trust_factory: Iterable[str] | str = ()
     verify: str = "first"
+    dequantize: bool = False
 
     def __post_init__(self) -> None:
         # the one place the Python API's budget text ("2GB") becomes bytes; a command line

@@ -300,7 +300,9 @@ class Runtime:
         """A decode loop's own engine: the whole model, streamed (``async``)."""
         from layerfit.engine.engine import Engine
 
-        return Engine(directory, pipeline="async", direct_io=self.config.direct_io, verify=self.config.verify)
+        config = self.config
+        return Engine(directory, pipeline="async", direct_io=config.direct_io, verify=config.verify,
+                      dequantize=config.dequantize)
 
     # --- memory held outside tasks ----------------------------------------------------
 

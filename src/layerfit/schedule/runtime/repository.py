@@ -230,6 +230,7 @@ class ModelRepository:
         self._units = config.units
         self._direct_io = config.direct_io
         self._verify = config.verify  # when an engine checks a unit's SHA-256: each read from disk, its first, never
+        self._dequantize = config.dequantize  # a GGUF model's weights as transformers' values, not packed
         self._retiring: list[EnginePool] = []  # unloaded or replaced, closed when no job holds them
         self.models: dict[str, ModelInfo] = {
             name: ModelInfo(name, self.path / name) for name in scan(self.path)
@@ -403,7 +404,8 @@ class ModelRepository:
         return list(itertools.accumulate(layered.blocks_within_min_budget()))[:-1]
 
     def _new_engine(self, directory: Path, units: str | list[int]) -> Engine:
-        return Engine(directory, pipeline="external", direct_io=self._direct_io, units=units, verify=self._verify)
+        return Engine(directory, pipeline="external", direct_io=self._direct_io, units=units, verify=self._verify,
+                      dequantize=self._dequantize)
 
     def _profile(self, name: str, directory: Path, manifest: Manifest) -> NetworkProfile:
         """The model's profile, one layer per stored layer."""
