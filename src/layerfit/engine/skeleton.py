@@ -3,7 +3,11 @@
 The skeleton is the model's structure with no parameter memory. Binding a unit puts
 zero-copy views of the unit's read buffer in place of its meta tensors; unbinding puts
 the meta tensors back, so the views (and the buffer) are no longer referenced by the
-model. No byte of a unit is copied on CPU.
+model. No byte of a unit is copied on CPU, except where the stored bytes are not the
+model's tensor: a weight stored as GGML blocks (a GGUF model) is dequantized when bound,
+a linear layer's packed for PyTorch's int4 kernels (:mod:`.int4_packed`), and an
+embedding's stays blocks, its rows dequantized per lookup (:mod:`.quantized_tables`); the
+bytes so made are counted by the binder (:attr:`Binding.made_nbytes`).
 """
 
 from __future__ import annotations
