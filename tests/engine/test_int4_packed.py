@@ -42,7 +42,10 @@ def _codes(blocks: torch.Tensor, type_name: str, shape: tuple[int, int]) -> torc
 
 
 def test_kernel_is_q_minus_8_times_scale_plus_zero() -> None:
-    """ATen's reading of the operands, with float32 activations and scales (no rounding)."""
+    """ATen's reading of the operands, with float32 activations and scales (no rounding
+    of the operands; the kernel sums in another order than ``@``, hence float32's
+    tolerance for a sum of 128 products)."""
+    torch.manual_seed(0)
     n, k = 64, 128
     codes = torch.randint(0, 16, (n, k), dtype=torch.int32)
     scale, zero = torch.rand(k // 32, n) + 0.5, torch.randn(k // 32, n)
@@ -51,7 +54,7 @@ def test_kernel_is_q_minus_8_times_scale_plus_zero() -> None:
     y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 32, torch.stack((scale, zero), -1))
     per_input = scale.repeat_interleave(32, 0).T, zero.repeat_interleave(32, 0).T
     expected = x @ ((codes - 8) * per_input[0] + per_input[1]).T
-    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
     assert (y - x @ (codes * per_input[0] + per_input[1]).T).abs().max() > 1
 
 
