@@ -43,6 +43,10 @@ which is dropped before each child. Configurations:
       python3 -m venv /work/cache/llamacpp-venv
       /work/cache/llamacpp-venv/bin/pip install llama-cpp-python gguf
 
+  llama.cpp on quantized GGUF files (Q4), against layerfit's packed, ``--dequantize`` and
+  float32 routes at the same limits, is bench/vs_llamacpp_quantized.py (#54), with these
+  helpers and this method.
+
 Decoders run a 32-token prompt (the first, cold pass) and then ``--steps`` cached steps,
 one token per call with ``past_key_values``; the reference's greedy tokens are fed to
 every configuration, and each pass's logits are compared with the model's own
