@@ -190,7 +190,12 @@ class Operator:
     """One captured operator as stripes run it: its kind, its geometry along the height
     (kernel, stride, top padding, dilation), the operators it reads (by index), the shape
     of the tensor it produces, its parameter elements and MACs, whether it can run in
-    stripes and, if not, why."""
+    stripes and, if not, why.
+
+    It is also a layer of the application model of processing by parts
+    (:class:`~layerfit.tradeoff.parts.cnn.CNN`, the paper's ``l_i = (op_i, hyp_i,
+    par_i)``), where a hand-written layer may name its inputs (its CNN resolves them to
+    indices) and leave ``tileable`` None: decided by its kind."""
 
     name: str
     kind: str
@@ -202,7 +207,7 @@ class Operator:
     dilation: int = 1
     params: int = 0
     macs: int = 0
-    tileable: bool = False
+    tileable: bool | None = None
     reason: str = ""
 
     @property
@@ -213,6 +218,15 @@ class Operator:
     def rows(self) -> int:
         """Height of the output (1 for data without a height)."""
         return self.shape[2] if self.is_spatial else 1
+
+    @property
+    def elems(self) -> int:
+        """Elements of the output (``|e.data|``)."""
+        return math.prod(self.shape) if self.shape else 0
+
+    @property
+    def row_elems(self) -> int:
+        return self.elems // self.rows
 
 
 @dataclass(frozen=True)

@@ -30,14 +30,14 @@ class Block(nn.Module):
 
 
 def records(cnn):
-    inputs = {layer.name for layer in cnn.layers if layer.op == "input"}
+    inputs = set(cnn.graph_inputs())
     return [
         (
-            layer.name, layer.op, tuple("<in>" if n in inputs else n for n in layer.inputs), layer.shape,
+            layer.name, layer.kind, tuple("<in>" if n in inputs else cnn.layers[n].name for n in layer.inputs), layer.shape,
             layer.kernel, layer.stride, layer.padding, layer.dilation, layer.params, layer.macs, cnn.tileable(i),
         )
         for i, layer in enumerate(cnn.layers)
-        if layer.op != "input"
+        if layer.kind != "input"
     ]
 
 
@@ -47,7 +47,7 @@ def test_capture_records_match_the_traced_module():
     traced = cnn_from_module("b", model, x)
     captured = cnn_from_graph("b", capture(model, x), model)
     assert records(captured) == records(traced)
-    ops = {layer.name: (layer.op, traced.tileable(i)) for i, layer in enumerate(traced.layers)}
+    ops = {layer.name: (layer.kind, traced.tileable(i)) for i, layer in enumerate(traced.layers)}
     assert ops["conv"] == ("conv", True) and ops["dw"] == ("conv", True)
     assert ops["cat"] == ("concat", True) and ops["getitem"] == ("other", False)
     assert ops["fc"] == ("fc", False) and ops["adaptive_avg_pool2d"] == ("global_pool", False)

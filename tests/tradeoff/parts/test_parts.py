@@ -275,7 +275,7 @@ def test_constants_are_bound_into_the_kernels_that_read_them():
     model = Constants().eval()
     x = torch.randn(1, 3, 10, 7)
     cnn = cnn_from_module("net", model, x)
-    assert all(layer.op != "const" for layer in cnn.layers)
+    assert all(layer.kind != "const" for layer in cnn.layers)
     ops = {layer.name: i for i, layer in enumerate(cnn.layers)}
     assert cnn.tileable(ops["mul"]) and cnn.tileable(ops["add"])
     assert cnn.layers[ops["mul"]].params == 4 and cnn.layers[ops["add"]].params == 4 * 10 * 7

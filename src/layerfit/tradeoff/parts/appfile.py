@@ -221,9 +221,9 @@ _INTS = {"kernel": 1, "stride": 1, "padding": 0, "dilation": 1, "macs": 0}
 
 
 def layer_from_dict(data: Any, where: str, previous: str | None) -> Layer:
-    """A :class:`Layer` from an application-file mapping (its fields but ``reason``);
-    errors name the field."""
-    known = {f.name for f in fields(Layer)} - {"reason"}
+    """A :class:`Layer` from an application-file mapping (its fields but ``reason``, its
+    kind as ``op``, its inputs by name); errors name the field."""
+    known = {f.name for f in fields(Layer)} - {"reason", "kind"} | {"op"}
     data = _mapping(data, known, where, "a mapping with name, op, shape")
     name, op = data.get("name"), data.get("op")
     if not isinstance(name, str) or not name:
@@ -245,7 +245,7 @@ def layer_from_dict(data: Any, where: str, previous: str | None) -> Layer:
     if tileable is not None and not isinstance(tileable, bool):
         raise TradeoffError(f"{where}.tileable: expected true or false, got {tileable!r}")
     params = _param_count(data.get("params", 0), f"{where}.params")
-    return Layer(name=name, op=op, inputs=tuple(inputs), shape=tuple(shape), params=params, tileable=tileable, **ints)
+    return Layer(name=name, kind=op, inputs=tuple(inputs), shape=tuple(shape), params=params, tileable=tileable, **ints)
 
 
 def _is_int(value: Any, least: int | None = None) -> bool:

@@ -355,8 +355,9 @@ class _Timing:
 class _PartitionPlanner:
     """Schedule and edges of one partition under one choice of by-parts layers.
 
-    ``ext`` are the layers of earlier partitions read inside this one (their data arrives
-    as consumer-side copies); ``members`` lists them first, then the partition's layers,
+    The partition is a stage of its CNN holding the graph's inputs in it: ``ext`` are the
+    layers of earlier partitions read inside this one (their data arrives as
+    consumer-side copies); ``members`` lists them first, then the partition's layers,
     which is the order of the row analysis' nodes (``local``).
     """
 
@@ -366,8 +367,9 @@ class _PartitionPlanner:
         self.cnn = cnn = app.cnn(p.cnn)
         self.consumers = cnn.consumers()
         self.inside = range(p.start, p.stop)
-        self.ext = sorted({j for i in self.inside for j in cnn.inputs_of(i) if j < p.start})
-        self.members = self.ext + list(self.inside)
+        self.stage = cnn.stage(p.start, p.stop, graph_inputs_outside=False)
+        self.ext = list(self.stage.inputs)
+        self.members = list(self.stage.members)
         self.local = {g: k for k, g in enumerate(self.members)}
         self.remote = {
             i: sorted({app.partition_of(p.cnn, c).name for c in self.consumers[i] if c not in p})
@@ -400,8 +402,7 @@ class _PartitionPlanner:
         cnn, local, members = self.cnn, self.local, self.members
         schedule = self.app.schedules[self.p.name]
         order = tuple(range(len(self.ext))) + tuple(local[i] for step in schedule for i in step)
-        outputs = [i for i in self.inside if self.remote[i] or not self.consumers[i]]
-        graph = cnn.flow_graph(members, len(self.ext), outputs, order)
+        graph = cnn.flow_graph(self.stage, order)
         row_plan = plan_rows(graph, (False,) * len(self.ext) + parts, phase_rows)
         counts = row_plan.phases
         return _Timing(

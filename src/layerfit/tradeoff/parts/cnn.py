@@ -1,23 +1,25 @@
-"""Per-layer records of a CNN, as the application model needs them.
+"""A CNN as the application model needs it: its layers in execution order.
 
-A :class:`Layer` is the paper's ``l_i = (op_i, hyp_i, par_i)`` reduced to what the
-memory-throughput trade-off needs: the operator kind, the hyper-parameters that decide
-which input rows an output row reads (kernel, stride, padding, dilation along the
-height), the layers it reads, the shape of the data it produces, its number of
-parameters and its MACs. Layers come from hand-written lists (tests; YAML application
-files, read by :mod:`~layerfit.tradeoff.parts.appfile`) or from a module as layerfit's
-capture sees it (:func:`~layerfit.tradeoff.parts.kernels.cnn_from_module`, which keeps
-what it takes to run the module, and :func:`~layerfit.tradeoff.parts.kernels.cnn_from_graph`,
-from a stored capture).
+A layer is the paper's ``l_i = (op_i, hyp_i, par_i)`` reduced to what the
+memory-throughput trade-off needs, and it is the engine's
+:class:`~layerfit.engine.stripes.Operator` (``Layer`` here): the operator kind, the
+hyper-parameters that decide which input rows an output row reads (kernel, stride,
+padding, dilation along the height), the layers it reads, the shape of the data it
+produces, its number of parameters and its MACs. Layers come from hand-written lists
+(tests; YAML application files, read by :mod:`~layerfit.tradeoff.parts.appfile`), which
+name their inputs, or from a module as layerfit's capture sees it
+(:func:`~layerfit.tradeoff.parts.kernels.cnn_from_module`, which keeps what it takes to
+run the module, and :func:`~layerfit.tradeoff.parts.kernels.cnn_from_graph`, from a
+stored capture).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from layerfit.engine.stripes import Operator
 from layerfit.errors import TradeoffError
 from layerfit.tradeoff.parts.flow import FlowGraph, FlowNode
 from layerfit.tradeoff.parts.rows import RowMap, window_extent
@@ -28,54 +30,35 @@ POINTWISE_OPS = frozenset({"bn", "act", "add", "mul", "concat"})
 TILEABLE_OPS = WINDOW_OPS | POINTWISE_OPS | {"input"}
 LAYER_OPS = TILEABLE_OPS | {"global_pool", "fc", "flatten", "softmax", "other"}
 
+# A layer of the application model is an operator as the engine's stripes run it.
+Layer = Operator
+
 
 @dataclass(frozen=True)
-class Layer:
-    """One layer: operator, hyper-parameters along the height, inputs, output data shape.
+class Stage:
+    """A contiguous range ``[first, stop)`` of a CNN's layers with the tensors crossing its
+    boundary: ``inputs``, layers whose data comes from outside the stage (the first nodes
+    of its flow graph, never by parts), and ``outputs``, its layers read after it or
+    results."""
 
-    ``shape`` is the shape of the data the layer produces (``[batch, ch, H, W]`` for
-    feature maps). ``params`` is the number of parameter elements (Eq. 2 sums them).
-    ``tileable`` overrides the operator's default ability to process by parts.
-    """
-
-    name: str
-    op: str
-    inputs: tuple[str, ...] = ()
-    shape: tuple[int, ...] = ()
-    kernel: int = 1
-    stride: int = 1
-    padding: int = 0
-    dilation: int = 1
-    params: int = 0
-    macs: int = 0
-    tileable: bool | None = None
-    reason: str = ""
+    first: int
+    stop: int
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
 
     @property
-    def is_spatial(self) -> bool:
-        return len(self.shape) == 4
-
-    @property
-    def rows(self) -> int:
-        """Height of the output data (1 for data without a height)."""
-        return self.shape[2] if self.is_spatial else 1
-
-    @property
-    def elems(self) -> int:
-        """``|e.data|``: elements of the output data."""
-        return math.prod(self.shape) if self.shape else 0
-
-    @property
-    def row_elems(self) -> int:
-        return self.elems // self.rows
+    def members(self) -> tuple[int, ...]:
+        """The layers its flow graph's nodes stand for: its inputs, then its own layers."""
+        return (*self.inputs, *(n for n in range(self.first, self.stop) if n not in self.inputs))
 
 
 @dataclass
 class CNN:
-    """A CNN as a list of layers in topological (execution) order.
+    """A CNN as a list of layers in topological (execution) order; a layer's inputs are
+    earlier layers, by index or by name (resolved to indices here).
 
     ``runner`` optionally keeps what is needed to execute it for real (a
-    :class:`~layerfit.tradeoff.parts.kernels.Runner`: every layer's kernel and an example
+    :class:`~layerfit.engine.stripes.Runner`: every layer's kernel and an example
     input), used to run it by parts, to measure throughput and to run its partitions.
     """
 
@@ -84,24 +67,26 @@ class CNN:
     runner: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.layers = tuple(self.layers)
-        self._index = {}
+        self._index: dict[str, int] = {}
+        layers = []
         for i, layer in enumerate(self.layers):
             where = f"cnn {self.name!r} layer {i} ({layer.name!r})"
             if layer.name in self._index:
                 raise TradeoffError(f"{where}: duplicate layer name")
-            if layer.op not in LAYER_OPS:
-                raise TradeoffError(f"{where}: unknown op {layer.op!r} (expected one of {sorted(LAYER_OPS)})")
-            for name in layer.inputs:
-                if name not in self._index:
+            if layer.kind not in LAYER_OPS:
+                raise TradeoffError(f"{where}: unknown op {layer.kind!r} (expected one of {sorted(LAYER_OPS)})")
+            inputs = tuple(self._index.get(n, -1) if isinstance(n, str) else n for n in layer.inputs)
+            for name, k in zip(layer.inputs, inputs, strict=True):
+                if not 0 <= k < i:
                     raise TradeoffError(f"{where}: input {name!r} is not an earlier layer")
             if any(not isinstance(s, int) or s < 1 for s in layer.shape):
                 raise TradeoffError(f"{where}: shape must be positive integers, got {list(layer.shape)}")
             self._index[layer.name] = i
-        self._inputs = [tuple(self._index[n] for n in layer.inputs) for layer in self.layers]
+            layers.append(layer if inputs == layer.inputs else replace(layer, inputs=inputs))
+        self.layers = tuple(layers)
         self._consumers: list[list[int]] = [[] for _ in self.layers]
-        for c, ins in enumerate(self._inputs):
-            for i in dict.fromkeys(ins):
+        for c, layer in enumerate(self.layers):
+            for i in dict.fromkeys(layer.inputs):
                 self._consumers[i].append(c)
         self._maps = [self._row_maps(i) for i in range(len(self.layers))]
 
@@ -113,7 +98,7 @@ class CNN:
 
     def inputs_of(self, i: int) -> tuple[int, ...]:
         """Indices of the layers layer ``i`` reads, in argument order."""
-        return self._inputs[i]
+        return self.layers[i].inputs
 
     def consumers(self) -> list[list[int]]:
         """For each layer, the layers reading its output (each listed once)."""
@@ -130,38 +115,62 @@ class CNN:
     def tiling_reason(self, i: int) -> str:
         return self._maps[i][2]
 
-    def flow_graph(
-        self, members: Sequence[int], external: int, outputs: Sequence[int], order: Sequence[int] | None = None
-    ) -> FlowGraph:
-        """The row analysis' graph of layers ``members`` (in order): the first ``external``
-        are produced elsewhere (nodes without inputs, never by parts); ``outputs`` leave
-        the graph; ``order`` (of member positions) is the order whole layers run in."""
+    def graph_inputs(self) -> list[int]:
+        """The layers of kind ``input``: the data the CNN is given."""
+        return [i for i, layer in enumerate(self.layers) if layer.kind == "input"]
+
+    def stage(
+        self, first: int, stop: int, graph_inputs_outside: bool, results: Collection[int] | None = None
+    ) -> Stage:
+        """The stage of layers ``[first, stop)``. Its inputs are the earlier layers read in
+        it and, when ``graph_inputs_outside`` (a stage that runs: its caller gives the
+        graph's inputs), every graph input when it is the first stage; otherwise the graph
+        inputs are layers of the stage, whose data its partition holds (the application
+        model). Its outputs are its layers read after it or among ``results`` (default:
+        the layers nothing reads)."""
+        count = len(self.layers)
+        if not 0 <= first < stop <= count:
+            raise TradeoffError(f"invalid layer range [{first}, {stop}) of {count} layers")
+        ins = {i for n in range(first, stop) for i in self.layers[n].inputs if i < first}
+        if graph_inputs_outside and first == 0:
+            ins |= set(self.graph_inputs())
+        if results is None:
+            results = [i for i, readers in enumerate(self._consumers) if not readers]
+        outs = {i for n in range(stop, count) for i in self.layers[n].inputs if first <= i < stop}
+        outs |= {o for o in results if first <= o < stop}
+        return Stage(first, stop, tuple(sorted(ins)), tuple(sorted(outs)))
+
+    def flow_graph(self, stage: Stage, order: Sequence[int] | None = None) -> FlowGraph:
+        """The row analysis' graph of ``stage``: its inputs are nodes without inputs, never
+        by parts; its outputs leave the graph; ``order`` (of node positions) is the order
+        whole layers run in."""
+        members = stage.members
         local = {g: k for k, g in enumerate(members)}
         nodes = []
         for k, g in enumerate(members):
             layer = self.layers[g]
-            if k < external:
+            if k < len(stage.inputs):
                 nodes.append(FlowNode(layer.name, (), (), layer.rows, layer.row_elems, False))
             else:
-                inputs = tuple(local[j] for j in self._inputs[g])
+                inputs = tuple(local[j] for j in layer.inputs)
                 nodes.append(FlowNode(layer.name, inputs, self.maps(g), layer.rows, layer.row_elems, self.tileable(g)))
-        return FlowGraph(tuple(nodes), tuple(local[o] for o in outputs), None if order is None else tuple(order))
+        return FlowGraph(tuple(nodes), tuple(local[o] for o in stage.outputs), None if order is None else tuple(order))
 
     def _row_maps(self, i: int) -> tuple[tuple[RowMap, ...], bool, str]:
         layer = self.layers[i]
-        srcs = [self.layers[self._index[n]] for n in layer.inputs]
+        srcs = [self.layers[n] for n in layer.inputs]
         all_maps = tuple(RowMap("all", s.rows) for s in srcs)
         if layer.tileable is False:
             return all_maps, False, layer.reason or "marked not tileable"
-        if layer.op not in TILEABLE_OPS:
-            return all_maps, False, layer.reason or f"{layer.op} reads the full height"
+        if layer.kind not in TILEABLE_OPS:
+            return all_maps, False, layer.reason or f"{layer.kind} reads the full height"
         if not layer.is_spatial:
             return all_maps, False, "output has no height"
-        if layer.op == "input":
+        if layer.kind == "input":
             return (), True, ""
-        if layer.op in WINDOW_OPS:
+        if layer.kind in WINDOW_OPS:
             if len(srcs) != 1 or not srcs[0].is_spatial:
-                return all_maps, False, f"{layer.op} needs one [N, C, H, W] input"
+                return all_maps, False, f"{layer.kind} needs one [N, C, H, W] input"
             extent = window_extent(layer.kernel, layer.dilation)
             return (RowMap("window", srcs[0].rows, extent, layer.stride, layer.padding),), True, ""
         maps = []

@@ -40,7 +40,6 @@ can hold them.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +58,7 @@ from layerfit.engine.stripes import (
 from layerfit.errors import TradeoffError
 from layerfit.memory.profiles import max_breadth
 from layerfit.memory.records import TensorUsageRecord
-from layerfit.tradeoff.parts.cnn import CNN, Layer
+from layerfit.tradeoff.parts.cnn import CNN, Layer, Stage
 from layerfit.tradeoff.parts.flow import FlowGraph, RowPlan, plan_rows
 
 if TYPE_CHECKING:
@@ -103,27 +102,10 @@ def runner_of(cnn: CNN) -> Runner:
     return cnn.runner
 
 
-@dataclass(frozen=True)
-class Stage:
-    """A contiguous range of a CNN's layers with the tensors crossing its boundary."""
-
-    first: int
-    stop: int
-    inputs: tuple[int, ...]  # layers before ``first`` read inside the stage
-    outputs: tuple[int, ...]  # layers of the stage read after it (or results)
-
-
 def stage_of(cnn: CNN, first: int, stop: int) -> Stage:
-    """The stage of layers ``[first, stop)``: which tensors enter and leave it."""
-    count = len(cnn.layers)
-    if not 0 <= first < stop <= count:
-        raise TradeoffError(f"invalid layer range [{first}, {stop}) of {count} layers")
-    ins = {i for n in range(first, stop) for i in cnn.inputs_of(n) if i < first}
-    if first == 0:
-        ins |= {p for p, layer in enumerate(cnn.layers) if layer.op == "input"}
-    outs = {i for n in range(stop, count) for i in cnn.inputs_of(n) if first <= i < stop}
-    outs |= {o for o in runner_of(cnn).outputs if first <= o < stop}
-    return Stage(first, stop, tuple(sorted(ins)), tuple(sorted(outs)))
+    """The stage of layers ``[first, stop)`` as it runs: which tensors enter it (the graph's
+    inputs given by its caller) and leave it (the module's results among them)."""
+    return cnn.stage(first, stop, graph_inputs_outside=True, results=runner_of(cnn).outputs)
 
 
 class PartsExecutor:
@@ -151,8 +133,8 @@ class PartsExecutor:
         self.runner = runner_of(cnn)
         self.stage = stage or stage_of(cnn, 0, len(cnn.layers))
         # flow nodes: the stage's inputs first (graph inputs, or layers of earlier stages)
-        self.members = [*self.stage.inputs, *(n for n in range(self.stage.first, self.stage.stop) if n not in self.stage.inputs)]
-        self.flow: FlowGraph = cnn.flow_graph(self.members, len(self.stage.inputs), self.stage.outputs)
+        self.members = self.stage.members
+        self.flow: FlowGraph = cnn.flow_graph(self.stage)
         flags = resolve_parts(cnn, parts)
         self.plan: RowPlan = plan_rows(self.flow, [flags[t] for t in self.members], phase_rows)
         self.last_stats = RunStats()
@@ -187,7 +169,7 @@ class PartsExecutor:
         return self.cnn.layers[self.members[k]]
 
     def _external(self, k: int) -> bool:
-        return k < len(self.stage.inputs) or self.node(k).op == "input"
+        return k < len(self.stage.inputs) or self.node(k).kind == "input"
 
     def __call__(self, *inputs: Any, out: Sequence[torch.Tensor] | None = None) -> Any:
         return self.run(*inputs, out=out)
@@ -262,7 +244,7 @@ def untiled_peak_bytes(cnn: CNN) -> int:
     records = []
     for i, readers in enumerate(cnn.consumers()):
         layer = cnn.layers[i]
-        if readers and i not in outputs and layer.op != "input" and layer.elems:
+        if readers and i not in outputs and layer.kind != "input" and layer.elems:
             itemsize = torch.empty((), dtype=runner.kernels[i].dtype).element_size()
             records.append(TensorUsageRecord(i, i, max(readers), layer.elems * itemsize))
     return max_breadth(records)
@@ -273,7 +255,7 @@ def describe_tiling(cnn: CNN) -> list[dict[str, Any]]:
     return [
         {
             "name": layer.name,
-            "op": layer.op,
+            "op": layer.kind,
             "shape": layer.shape,
             "tileable": cnn.tileable(i),
             "min_height": max((m.min_height for m in cnn.maps(i)), default=0) if cnn.tileable(i) else None,

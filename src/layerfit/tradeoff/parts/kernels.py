@@ -6,7 +6,7 @@ capture's tracer (:func:`~layerfit.capture.activations.fx_trace`) gives the same
 operators as fx nodes, by name. :func:`cnn_from_module` captures a module,
 :func:`cnn_from_graph` reads a stored capture; each operator, as the engine's stripes
 read it (:func:`layerfit.engine.stripes.operators_of`: its kind, its geometry along the
-height, whether it can run in stripes, its kernels), becomes a
+height, whether it can run in stripes, its kernels), is a
 :class:`~layerfit.tradeoff.parts.cnn.Layer` of the application model.
 :func:`cnn_from_engine` reads the graph a loaded engine's ``prepare`` captured, with
 kernels calling the engine's own model (whose weights it binds).
@@ -24,7 +24,7 @@ from layerfit.capture import capture
 from layerfit.capture.activations import fx_trace
 from layerfit.engine.stripes import NodeValues, operators_of
 from layerfit.errors import CaptureError, TradeoffError
-from layerfit.tradeoff.parts.cnn import CNN, Layer
+from layerfit.tradeoff.parts.cnn import CNN
 
 if TYPE_CHECKING:
     from layerfit.capture.graph import ModelGraph, TensorRecord
@@ -69,14 +69,7 @@ def cnn_from_graph(name: str, graph: Any, model: Any, example: tuple[Any, ...] |
     """
     gm, values = graph_values(graph, model)
     operators, runner = operators_of(gm, values, example or ())
-    layers = tuple(
-        Layer(
-            op.name, op.kind, tuple(operators[i].name for i in op.inputs), op.shape, op.kernel, op.stride,
-            op.padding, op.dilation, op.params, op.macs, op.tileable, op.reason,
-        )
-        for op in operators
-    )
-    return CNN(name, layers, runner=runner if example is not None else None)
+    return CNN(name, tuple(operators), runner=runner if example is not None else None)
 
 
 def graph_values(graph: ModelGraph, module: nn.Module) -> tuple[torch.fx.GraphModule, NodeValues]:

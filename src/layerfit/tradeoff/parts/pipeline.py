@@ -61,7 +61,7 @@ class TwoStagePipeline:
         )
         first_out = self.first.stage.outputs
         # The second stage reads the first stage's outputs and possibly the graph inputs.
-        inputs = [i for i, layer in enumerate(cnn.layers) if layer.op == "input"]
+        inputs = cnn.graph_inputs()
         self._reads = [(first_out.index(i), None) if i in first_out else (None, inputs.index(i)) for i in self.second.stage.inputs]
         self._slots = [(cnn.layers[i].shape, self.first.runner.kernels[i].dtype) for i in first_out]
         if any(not shape for shape, _ in self._slots):

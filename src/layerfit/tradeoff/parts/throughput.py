@@ -175,7 +175,7 @@ class MeasuredThroughput:
         if key in self.cache:
             return self.cache[key]
         runs, engine = self.runs(cnn), self.engines.get(cnn.name)
-        placeholders = [i for i, layer in enumerate(cnn.layers) if layer.op == "input"]
+        placeholders = cnn.graph_inputs()
         values = dict(zip(placeholders, runner_of(runs).example, strict=True))
         result = {}
         for p in app.partitions_of(cnn.name):
