@@ -371,10 +371,6 @@ class _PartitionPlanner:
         self.ext = list(self.stage.inputs)
         self.members = list(self.stage.members)
         self.local = {g: k for k, g in enumerate(self.members)}
-        self.remote = {
-            i: sorted({app.partition_of(p.cnn, c).name for c in self.consumers[i] if c not in p})
-            for i in self.inside
-        }
         self.names = [layer.name for layer in cnn.layers]
 
     def plan(self, parts: tuple[bool, ...], phase_rows: int) -> PartitionPlan:
@@ -435,9 +431,8 @@ class _PartitionPlanner:
             if not elems:
                 continue
             if self.app.fanout == "tensor":
-                row_plan = timing.row_plan
-                end_g = timing.read_end[g] if row_plan is None else max(row_plan.last_read[self.local[g]], 0)
-                edges.append(AppEdge(p.cnn, names[g], tuple(names[c] for c in readers), p.name, 2, elems, elems, 0, max(end_g, 0)))
+                end = max(timing.read_end[g], 0)
+                edges.append(AppEdge(p.cnn, names[g], tuple(names[c] for c in readers), p.name, 2, elems, elems, 0, end))
             else:
                 for c in readers:
                     edges.append(AppEdge(p.cnn, names[g], (names[c],), p.name, 2, elems, elems, 0, max(timing.last[c], 0)))
@@ -454,15 +449,14 @@ class _PartitionPlanner:
             if not layer.elems or first.get(i, -1) < 0:
                 continue
             readers = [c for c in consumers[i] if c in p]
-            crossing = bool(self.remote[i])
+            crossing = len(readers) < len(consumers[i])  # read by a later stage
             if self.app.fanout == "tensor":
                 if crossing or not consumers[i]:
                     edges.append(AppEdge(p.cnn, layer.name, tuple(names[c] for c in consumers[i]), p.name,
                                          1 if crossing else 0, layer.elems, layer.elems, first[i], end))
                 else:
-                    stop = read_end[i] if read_end[i] >= 0 else first[i]
                     edges.append(AppEdge(p.cnn, layer.name, tuple(names[c] for c in readers), p.name, 0,
-                                         self._size(timing, i, None), layer.elems, first[i], max(stop, first[i])))
+                                         self._size(timing, i, None), layer.elems, first[i], max(read_end[i], first[i])))
                 continue
             for c in readers:
                 edges.append(AppEdge(p.cnn, layer.name, (names[c],), p.name, 0, self._size(timing, i, c), layer.elems,

@@ -58,7 +58,7 @@ from layerfit.engine.stripes import (
 from layerfit.errors import TradeoffError
 from layerfit.memory.profiles import max_breadth
 from layerfit.memory.records import TensorUsageRecord
-from layerfit.tradeoff.parts.cnn import CNN, Layer, Stage
+from layerfit.tradeoff.parts.cnn import CNN, Stage
 from layerfit.tradeoff.parts.flow import FlowGraph, RowPlan, plan_rows
 
 if TYPE_CHECKING:
@@ -142,13 +142,13 @@ class PartsExecutor:
         self.schedule = StripeSchedule(
             kernels=tuple(self.runner.kernels[t] for t in self.members),
             names=tuple(node.name for node in nodes),
-            shapes=tuple(self.node(k).shape for k in range(len(nodes))),
+            shapes=tuple(self.cnn.layers[t].shape for t in self.members),
             inputs=tuple(node.inputs for node in nodes),
             rows=tuple(node.rows for node in nodes),
             external=len(self.stage.inputs),
             outputs=self.flow.outputs,
             keeps=tuple(  # buffered for readers: not the caller's input or output, read by someone
-                not self._external(k) and k not in self.flow.outputs and bool(consumers[k]) for k in range(len(nodes))
+                k >= len(self.stage.inputs) and k not in self.flow.outputs and bool(consumers[k]) for k in range(len(nodes))
             ),
             by_parts=plan.by_parts,
             steps=plan.steps,
@@ -163,13 +163,6 @@ class PartsExecutor:
             owner = layer_units(engine, cnn)
             self.spans = held_spans(plan.steps, plan.by_parts, [owner[t] for t in self.members])
             holds_for(engine.stream, self.spans)  # refused now rather than at the first call
-
-    def node(self, k: int) -> Layer:
-        """The layer flow node ``k`` stands for."""
-        return self.cnn.layers[self.members[k]]
-
-    def _external(self, k: int) -> bool:
-        return k < len(self.stage.inputs) or self.node(k).kind == "input"
 
     def __call__(self, *inputs: Any, out: Sequence[torch.Tensor] | None = None) -> Any:
         return self.run(*inputs, out=out)
@@ -196,11 +189,9 @@ class PartsExecutor:
             raise TradeoffError(f"expected {len(self.flow.outputs)} output tensor(s), got {len(out)}")
         holds = holds_for(self.engine.stream, self.spans) if self.engine is not None else None
         values, self.last_stats = run_stripes(self.schedule, inputs, out, profile, holds)
-        results = dict(zip(self.flow.outputs, values, strict=True))
         if self.stage.first == 0 and self.stage.stop == len(self.cnn.layers):
-            local = {t: k for k, t in enumerate(self.members)}
-            return substitute(self.runner.output_arg, lambda t: results[local[t]])
-        return tuple(results[o] for o in self.flow.outputs)
+            return substitute(self.runner.output_arg, dict(zip(self.stage.outputs, values, strict=True)).__getitem__)
+        return tuple(values)
 
 
 def layer_units(engine: Engine, cnn: CNN) -> list[int | None]:
