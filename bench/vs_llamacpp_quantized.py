@@ -16,20 +16,24 @@ helpers (``timed_passes``, ``fastest``, ``llamacpp_status``, the footprint rule)
   sentencepiece vocabulary, quantized by llama.cpp's own quantizer
   (``llama_model_quantize`` through llama-cpp-python), cached under
   ``bench/.cache/vs_llamacpp_quantized/``: *smol-135m-q4_1* (SmolLM2-135M's shape, Q4_1:
-  98 MB, the size of the published file) and *llama-1g-q4* (TinyLlama-1.1B's shape, Q4_0:
-  about 0.64 GB; the limits run below the file). layerfit's folder is ``prepare("gguf:" +
+  98 MB, the size of the published file) and *llama-1g-q4* (TinyLlama-1.1B's shape, Q4_1:
+  about 0.7 GB). Q4_1 for both: llama.cpp's CPU backend repacks Q4_0 (and Q4_K) weights
+  into anonymous memory at load (the Q4_0 file of llama-1g-q4: 588 MB of anonymous memory
+  for a 637 MB file), so they no longer run from its mmap; Q4_1's stay in the mapping. layerfit's folder is ``prepare("gguf:" +
   file)``; the *fp32* route is the same seeded model saved with ``save_pretrained`` and
   prepared with ``prepare("hf:" + folder)``.
 - Configurations: *llamacpp* (llama-cpp-python, mmap loading, an f16 KV cache,
   ``n_threads`` = ``n_threads_batch`` = ``--threads``), *packed* (layerfit's default for a
   GGUF folder: int4 kernels), *dequantize* (``dequantize=True``, bit-equal to
   transformers), *fp32*; layerfit's children run ``torch.set_num_threads(--threads)``.
-- Limits: layerfit's footprint beside its weights F is measured once per route as in
-  vs_mmap (a child without a limit at the minimum budget: anonymous peak minus the weight
-  bytes held, plus ``FILE_ROOM`` for its libraries); the limits run from the packed
-  route's minimum budget + F to max(its weights + F, llama.cpp's cgroup peak without a
-  limit) + ``HEADROOM``. At each limit: llamacpp and packed (budget min(limit - F, the
-  weights): everything where it fits, streaming below). dequantize runs once, every
+- Limits: layerfit's footprint beside its weights F is measured per route as in vs_mmap
+  (a child without a limit: anonymous peak minus the weight bytes held, plus
+  ``FILE_ROOM`` for its libraries). The packed route's F grows with what it holds, so it
+  is measured at its minimum budget and with every weight held and taken as linear
+  between; the limits run from the minimum budget + its F to max(the weights + their F,
+  llama.cpp's cgroup peak without a limit) + ``HEADROOM``. At each limit: llamacpp and
+  packed (the largest budget B with B + F(B) within the limit: everything where it fits,
+  streaming below). dequantize runs once, every
   weight held, at the larger of the top limit and the weights + its own F (measured
   the same way, with every weight held; the packed route's F is the larger of the two
   measured at its minimum budget and with every weight held). At 40 % of the fp32 weights (limit = that budget + the fp32 route's F) fp32
@@ -94,7 +98,7 @@ MODELS: dict[str, dict[str, Any]] = {
                    "bos_token_id": 1, "eos_token_id": 2},
     },
     "llama-1g-q4": {
-        "quant": "Q4_0",
+        "quant": "Q4_1",
         "config": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
                    "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 2048,
                    "tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
@@ -340,21 +344,22 @@ def footprint(config: str, files: dict[str, Any], args: argparse.Namespace, budg
 
 def plan(files: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """The footprints, llama.cpp's peak without a limit, and the limits to run. The packed
-    route's F is the larger of its two at the minimum budget and with every weight held
-    (its int4 kernels' layout adds to the anonymous memory of a preloaded model)."""
+    route's F grows with the weights it holds (their int4 kernels' layout is anonymous memory
+    beside the blocks read), so it is measured at the minimum budget and with every weight
+    held, and taken as linear between the two (``packed_budget``)."""
     packed, fp32 = files["packed"], files["fp32"]
-    f_packed = max(footprint("packed", files, args, packed["minimum_budget_bytes"]),
-                   footprint("packed", files, args, packed["weights_bytes"]))
+    f_min = footprint("packed", files, args, packed["minimum_budget_bytes"])
+    f_full = footprint("packed", files, args, packed["weights_bytes"])
     f_dequantize = footprint("dequantize", files, args, packed["weights_bytes"])
     fp32_budget = max(int(FP32_SHARE * fp32["weights_bytes"]), fp32["minimum_budget_bytes"])
     f_fp32 = footprint("fp32", files, args, fp32_budget)
     free = row("llamacpp", files, args, None)
     if free.get("returncode") != 0:
         raise SystemExit(f"llama.cpp without a limit failed: {free.get('error')}")
-    low = packed["minimum_budget_bytes"] + f_packed
-    high = max(packed["weights_bytes"] + f_packed, free["cgroup_peak_bytes"]) + HEADROOM
+    low = packed["minimum_budget_bytes"] + f_min
+    high = max(packed["weights_bytes"] + f_full, free["cgroup_peak_bytes"]) + HEADROOM
     limits = [megabytes_up(low + (high - low) * i / (args.limits - 1)) for i in range(args.limits)]
-    return {"footprint_packed_bytes": f_packed, "footprint_dequantize_bytes": f_dequantize,
+    return {"footprint_packed_bytes": [f_min, f_full], "footprint_dequantize_bytes": f_dequantize,
             "footprint_fp32_bytes": f_fp32, "llamacpp_unlimited": free, "limits_bytes": limits,
             "dequantize_limit_bytes": max(limits[-1], megabytes_up(packed["weights_bytes"] + f_dequantize)),
             "fp32_budget_bytes": fp32_budget, "fp32_limit_bytes": megabytes_up(fp32_budget + f_fp32)}
@@ -365,16 +370,25 @@ def megabytes_up(x: float) -> int:
     return -int(-x // 1_000_000) * 1_000_000
 
 
+def packed_budget(packed: dict[str, Any], p: dict[str, Any], limit: int) -> int:
+    """The packed route's budget at ``limit``: the largest B with B + F(B) <= limit, F linear
+    between its two measurements, within [the minimum budget, the weights]."""
+    low, high = packed["minimum_budget_bytes"], packed["weights_bytes"]
+    f_min, f_full = p["footprint_packed_bytes"]
+    slope = (f_full - f_min) / (high - low) if high > low else 0.0
+    return int(min(max((limit - f_min + slope * low) / (1 + slope), low), high))
+
+
 def configurations(files: dict[str, Any], p: dict[str, Any]) -> list[tuple[str, int | None, int]]:
     """(configuration, limit, budget) of every row of a round, alternating llama.cpp and layerfit."""
     weights = files["packed"]["weights_bytes"]
     out: list[tuple[str, int | None, int]] = []
     for limit in p["limits_bytes"]:
-        out += [("llamacpp", limit, 0), ("packed", limit, min(limit - p["footprint_packed_bytes"], weights))]
+        out += [("llamacpp", limit, 0), ("packed", limit, packed_budget(files["packed"], p, limit))]
     out.append(("dequantize", p["dequantize_limit_bytes"], weights))
     at40 = p["fp32_limit_bytes"]
     out += [("fp32", at40, p["fp32_budget_bytes"]),
-            ("packed", at40, min(at40 - p["footprint_packed_bytes"], weights))]
+            ("packed", at40, packed_budget(files["packed"], p, at40))]
     return out
 
 
@@ -492,7 +506,8 @@ def model_markdown(name: str, model: dict[str, Any]) -> list[str]:
         "", f"## {name}: {model['quant']} file {mb(model['gguf_bytes'])} MB",
         "",
         f"layerfit's packed folder {mb(pk['weights_bytes'])} MB (minimum budget {mb(pk['minimum_budget_bytes'])} MB, "
-        f"F = {mb(model['footprint_packed_bytes'])} MB); fp32 folder {mb(fp['weights_bytes'])} MB (F = "
+        f"F = {mb(model['footprint_packed_bytes'][0])} MB there, {mb(model['footprint_packed_bytes'][1])} MB with "
+        f"every weight held); fp32 folder {mb(fp['weights_bytes'])} MB (F = "
         f"{mb(model['footprint_fp32_bytes'])} MB); dequantize's F {mb(model['footprint_dequantize_bytes'])} MB "
         f"(its row runs at {mb(model['dequantize_limit_bytes'])} MB); llama.cpp without a limit: cgroup peak "
         f"{mb(model['llamacpp_unlimited']['cgroup_peak_bytes'])} MB, VmHWM "
