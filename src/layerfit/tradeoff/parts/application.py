@@ -196,12 +196,6 @@ class Application:
     def partitions_of(self, cnn: str) -> list[Partition]:
         return [p for p in self.partitions if p.cnn == cnn]
 
-    def partition_of(self, cnn: str, layer: int) -> Partition:
-        for p in self.partitions:
-            if p.cnn == cnn and layer in p:
-                return p
-        raise TradeoffError(f"layer {layer} of {cnn!r} is in no partition")
-
     def is_parallel(self, a: str, b: str) -> bool:
         """Do partitions ``a`` and ``b`` run in parallel (some ``J_r`` holds both)?"""
         return a != b and any(a in j and b in j for j in self.parallel)

@@ -64,11 +64,6 @@ class FlowNode:
         if self.rows < 1:
             raise ValueError(f"node {self.name!r}: rows must be >= 1")
 
-    @property
-    def elems(self) -> int:
-        """Elements of the whole output tensor."""
-        return self.rows * self.row_elems
-
 
 @dataclass(frozen=True)
 class FlowGraph:
@@ -216,8 +211,6 @@ def plan_rows(graph: FlowGraph, parts: Sequence[bool], phase_rows: int = 1) -> R
     for n in graph.outputs:
         simulation.pull(n, graph.nodes[n].rows - 1)
     return simulation.plan(consumers)
-
-
 
 
 class _Simulation:

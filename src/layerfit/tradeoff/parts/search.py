@@ -257,7 +257,7 @@ def reduce_buffers(
         picked = _select(feasible, base["reuse_only"], select, cnns)
         violations: list[Violation] = []
     else:
-        picked = min(front, key=lambda e: (e.memory.total, *(-e.throughput[c] for c in cnns)))
+        picked = min(front, key=lambda e: e.objectives(cnns))
         violations = _violations(list(evaluator.cache.values()), constraints)
     chosen, derived = evaluator.final(picked.bits)  # never more memory than ``picked``
     return TradeoffResult(
@@ -267,7 +267,7 @@ def reduce_buffers(
 
 def _select(feasible: list[Evaluation], reference: Evaluation, select: Selection, cnns: Sequence[str]) -> Evaluation:
     if select == "memory":
-        return min(feasible, key=lambda e: (e.memory.total, *(-e.throughput[c] for c in cnns)))
+        return min(feasible, key=lambda e: e.objectives(cnns))
 
     def relative(e: Evaluation) -> float:
         return min(e.throughput[c] / reference.throughput[c] for c in cnns)
