@@ -40,6 +40,7 @@ LIBRARY_DEFAULTS = {
     "cache_weights": False,
     "trust_factory": (),
     "verify": "first",
+    "dequantize": False,
 }
 
 
