@@ -74,6 +74,19 @@ def test_each_type_prepares_as_blocks_and_runs_bit_equal(tmp_path: Path, kind: s
     _check_equal(gguf, out, budget="30%")
 
 
+@pytest.mark.compat  # the gguf extra's range: transformers' GGUF loader and gguf on each leg's wheel
+def test_both_modes_on_each_installed_wheel(tmp_path: Path):
+    """Bit-equal dequantized, and packed close to it (int4 where the torch has the CPU
+    kernels, 2.6 on; bf16 below)."""
+    gguf, out = _prepared(tmp_path, "llama", "Q4_0")
+    _check_equal(gguf, out)
+    ids = _ids(400)
+    with layerfit.from_pretrained(out, dequantize=True) as exact, layerfit.from_pretrained(out) as packed, \
+            torch.no_grad():
+        want, got = exact(ids).logits, packed(ids).logits
+    assert (got - want).abs().max() <= 0.02 * (want.max() - want.min())
+
+
 def test_the_prepared_folder_carries_the_files_tokenizer_and_config(tmp_path: Path):
     gguf, out = _prepared(tmp_path, "llama", "Q8_0")
     _, tokenizer = G.load_gguf(gguf)
