@@ -426,8 +426,8 @@ def config_metadata(arch: str, config) -> dict[str, Any]:
         meta[f"{p}.attention.layer_norm_epsilon"] = f32(config.norm_epsilon)
         return meta
     meta[f"{p}.attention.layer_norm_rms_epsilon"] = f32(config.rms_norm_eps)
-    rope = config.rope_parameters
-    theta = rope.get("full_attention", rope).get("rope_theta")
+    rope = getattr(config, "rope_parameters", None)  # transformers 5; 4.x states rope_theta itself
+    theta = rope.get("full_attention", rope).get("rope_theta") if rope else config.rope_theta
     meta[f"{p}.rope.freq_base"] = f32(theta)
     meta[f"{p}.rope.dimension_count"] = u32(head_dim)
     if arch in ("llama", "mistral"):

@@ -455,7 +455,12 @@ def build_model(
         with quiet_transformers():
             model = cls._from_config(AutoConfig.for_model(config["model_type"], **fields), **options)
             if isinstance(generation_config, dict) and _generates(model):
-                model.generation_config = GenerationConfig.from_dict(generation_config)
+                settings = GenerationConfig.from_dict(generation_config)
+                if settings._from_model_config and not hasattr(settings, "_original_object_hash"):
+                    # transformers 4.x marks a config made from the model's by this hash
+                    # (from_model_config sets it, from_dict does not) and reads it in generate
+                    settings._original_object_hash = hash(settings)
+                model.generation_config = settings
     except Exception as exc:  # transformers' own checks of a config: any of its errors
         import transformers
 
