@@ -38,10 +38,13 @@ class Binder:
         self.extra_bytes = 0  # bytes held outside the read buffer right now
         self.peak_bytes = 0  # their peak since the last reset
         self._made: dict[int, int] = {}  # id(first binding) -> dequantized bytes it holds
+        # whether bound units may make bytes (a model with GGML blocks): the engine says so
+        # once, so a float model's per-unit bind does not look at every binding
+        self.counts_made = False
 
     def bind(self, bindings: list[Binding], buffer: torch.Tensor, base: int) -> None:
         bind(bindings, buffer, base)
-        made = sum(b.made_nbytes for b in bindings)
+        made = sum(b.made_nbytes for b in bindings) if self.counts_made else 0
         if made:  # a quantized unit's values live beside the read buffer until unbound
             self._made[id(bindings[0])] = made
             self._hold(made)
@@ -132,9 +135,12 @@ BINDERS: dict[str, Callable[[], Binder]] = {
 }
 
 
-def get_binder(name: str) -> Binder:
-    """A fresh binder for mode ``name``; a clear error listing the modes otherwise."""
+def get_binder(name: str, *, counts_made: bool = False) -> Binder:
+    """A fresh binder for mode ``name`` (``counts_made``: the model has GGML blocks, whose
+    bound values it counts); a clear error listing the modes otherwise."""
     try:
-        return BINDERS[name]()
+        binder = BINDERS[name]()
     except KeyError:
         raise LayerfitError(f"unknown binding mode {name!r}: choose one of {', '.join(BINDERS)}") from None
+    binder.counts_made = counts_made
+    return binder

@@ -92,8 +92,8 @@ class Engine:
         cfg = self.config
         self.directory = Path(directory)
         self.device: Device = get_device(cfg.device, cfg.stages)
-        self.binder: Binder = get_binder(cfg.binding)
         self.manifest: Manifest = read_manifest(self.directory)
+        self.binder: Binder = get_binder(cfg.binding, counts_made=self.manifest.quantized)
         self.model: nn.Module = build_skeleton(self.manifest, str(self.directory))
         report_device(self.model, self.device.torch_device)  # not meta, between passes
         self._modules: dict[str, nn.Module] = dict(self.model.named_modules(remove_duplicate=False))
@@ -131,8 +131,8 @@ class Engine:
         self.arena: PlannedActivations | None = None  # activations="planned": one arena
         try:
             self.arena = make_activations(cfg.activations, self.manifest)
-            packed = not cfg.dequantize  # quantized linear weights (a GGUF model's) run packed
-            self._resident_buf = read_resident(self.manifest, self.reader, self.model, self.device, cfg.verify, packed=packed)
+            self._resident_buf = read_resident(self.manifest, self.reader, self.model, self.device, cfg.verify,
+                                               packed=not cfg.dequantize)  # a GGUF model's linears run packed
             self._configure(cfg)
         except BaseException:
             self.close()

@@ -106,10 +106,8 @@ class _RowIndex:
             return None
         first = self.tensors[sources[0][0]]
         data = torch.from_numpy(np.concatenate(list(self._rows_of(sources))).copy())
-        again = self.dequantize(data.numpy(), GGUFTensor(first.name, first.ggml_type, tuple(weight.shape), 0, data.numel()))
-        if again.shape != rows.shape and again.numel() == rows.numel():
-            again = again.reshape(rows.shape)
-        if not torch.equal(again.to(weight.dtype).view(rows.shape), rows):
+        again = self.dequantize(data.numpy(), GGUFTensor(first.name, first.ggml_type, tuple(rows.shape), 0, data.numel()))
+        if not torch.equal(again.to(weight.dtype), rows):
             return None
         return StoredBlocks(data, Encoding(first.ggml_type.name, transposed))
 
