@@ -19,6 +19,7 @@ loads with: the values matched are the values of transformers' model.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -123,16 +124,9 @@ class _RowIndex:
                 stop += 1
             if tensor not in raws:
                 t = self.tensors[tensor]
-                raws[tensor] = self._raw(t).reshape(-1, t.nbytes // max(1, _row_count(t)))
+                raws[tensor] = self._raw(t).reshape(-1, t.nbytes // max(1, math.prod(t.shape[:-1])))
             yield raws[tensor][row : row + stop - start].reshape(-1)
             start = stop
-
-
-def _row_count(t: GGUFTensor) -> int:
-    count = 1
-    for d in t.shape[:-1]:
-        count *= d
-    return count
 
 
 def _digests(rows: torch.Tensor) -> list[bytes]:

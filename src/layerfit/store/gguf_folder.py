@@ -18,6 +18,7 @@ the memory available before anything is built.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import stat
 import tempfile
@@ -66,7 +67,7 @@ class _TensorsOfFile:
     """What the size rule reads of a checkpoint, for a GGUF file's tensors."""
 
     def __init__(self, gguf: GGUFFile, size: int) -> None:
-        self.elements = sum(_count(t.shape) for t in gguf.tensors)
+        self.elements = sum(math.prod(t.shape) for t in gguf.tensors)
         self.nbytes = size
         self._names = [t.name for t in gguf.tensors]
 
@@ -74,14 +75,7 @@ class _TensorsOfFile:
         return self._names
 
     def stored_dtype(self) -> None:
-        return None  # building the model dequantizes: the memory rule applies (see check_size's convert)
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+        return None  # building the model dequantizes: check_size(converts=True) applies the memory rule
 
 
 def load_gguf(path: Path, options: HFOptions, free_disk: int | None = None) -> LoadedGGUF:
