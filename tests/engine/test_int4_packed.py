@@ -10,6 +10,7 @@ from torch import nn
 from layerfit.engine import int4_packed
 from layerfit.engine.dequantize import TYPES, dequantize
 from layerfit.engine.int4_packed import PACKED_TYPES, bind_packed, pack, packed_linear
+from layerfit.store import int4_form
 
 pytestmark = pytest.mark.skipif(not int4_packed.int4_packed_available(), reason="torch < 2.6")
 
@@ -35,7 +36,7 @@ def _codes(blocks: torch.Tensor, type_name: str, shape: tuple[int, int]) -> torc
     """The 0..15 codes ``[N, K]`` of the blocks."""
     n, k = shape
     spec = TYPES[type_name]
-    code_bytes, width = int4_packed._codes(
+    code_bytes, width = int4_form.code_bytes(
         blocks.view(n, k // spec.elements, spec.nbytes), type_name
     )
     return torch.stack((code_bytes & 0xF, code_bytes >> 4), dim=2).reshape(n, k).long()
@@ -64,7 +65,7 @@ def test_mapping_gives_the_gguf_values(type_name: str) -> None:
     shape = (32, 512)
     blocks = _blocks(type_name, shape)
     spec = TYPES[type_name]
-    scale, zero = int4_packed._scales_and_zeros(blocks.view(32, -1, spec.nbytes), type_name)
+    scale, zero = int4_form.float_scales_and_zeros(blocks.view(32, -1, spec.nbytes), type_name)
     codes = _codes(blocks, type_name, shape)
     mapped = (codes - 8) * scale.repeat_interleave(32, 1) + zero.repeat_interleave(32, 1)
     reference = dequantize(blocks, type_name, shape)
@@ -81,7 +82,7 @@ def test_layout_is_torchs(type_name: str, n: int, monkeypatch) -> None:
     shape = (n, 512)
     blocks = _blocks(type_name, shape)
     packed = pack(blocks, type_name, shape).packed
-    monkeypatch.setattr(int4_packed, "_block_rows", lambda: None)
+    monkeypatch.setattr(int4_packed, "cpu_block_rows", lambda: None)
     assert torch.equal(packed, pack(blocks, type_name, shape).packed)
 
 

@@ -52,7 +52,11 @@ def _check_equal(gguf: Path, out: Path, budget: str = "50%") -> None:
 
 
 def _stored_ratio(gguf: Path, out: Path) -> float:
-    return (out / "weights.safetensors").stat().st_size / gguf.stat().st_size
+    """The prepared tensors' bytes over the GGUF file's. Alignment padding (up to a page
+    a unit) is left out: it is a large share of a tiny test model, none of a real one."""
+    manifest = read_manifest(out)
+    segments = ((manifest.resident,) if manifest.resident else ()) + manifest.units
+    return sum(s.payload_bytes for s in segments) / gguf.stat().st_size
 
 
 @pytest.mark.parametrize("arch", G.ARCHS)
@@ -141,6 +145,38 @@ def test_packed_runs_close_to_the_dequantized_model(tmp_path: Path, kind: str):
     assert not torch.equal(got, want)  # it did run packed
     assert (got - want).abs().max() <= 0.02 * (want.max() - want.min())
     assert torch.equal(got_tokens, want_tokens)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_K"])
+def test_q4_linear_weights_are_stored_for_the_int4_kernel_and_bound_as_they_lie(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+):
+    """A linear layer's Q4 weight is stored re-expressed (:mod:`layerfit.store.int4_form`):
+    bound packed on this CPU it is a view of the read buffer (no byte made); a folder
+    prepared for another CPU's layout runs the same (its blocks rebuilt and packed here)."""
+    from layerfit.engine.int4_packed import PackedInt4, PackedWeight, cpu_block_rows
+
+    if cpu_block_rows() is None:
+        pytest.skip("this torch has no int4 packing op of a known layout")
+    gguf, out = _prepared(tmp_path, "llama", kind)
+    tensors = [t for u in read_manifest(out).units for t in u.tensors]
+    assert {t.name for t in tensors if t.encoding and t.encoding.int4_rows} >= {
+        t.name for t in tensors if t.name.endswith(("q_proj.weight", "gate_proj.weight", "down_proj.weight"))
+    }
+    ids = _ids(400)
+    with layerfit.from_pretrained(out, budget="100%") as native, torch.no_grad():
+        want = native(ids).logits
+        weight = native.engine.model.model.layers[0].mlp.gate_proj.weight
+        assert isinstance(weight, PackedWeight) and isinstance(weight.operand, PackedInt4)
+        assert weight.operand.packed.untyped_storage().nbytes() > weight.operand.nbytes  # the read buffer's
+    monkeypatch.setattr("layerfit.store.int4_form.form_rows", lambda: 32 if cpu_block_rows() != 32 else 64)
+    other = tmp_path / "other-layout"
+    prepare(f"gguf:{gguf}", other, hf=FIXED)
+    assert {t.encoding.int4_rows for u in read_manifest(other).units for t in u.tensors if t.encoding} - {0} != {
+        cpu_block_rows()
+    }
+    with layerfit.from_pretrained(other, budget="100%") as foreign, torch.no_grad():
+        assert torch.equal(foreign(ids).logits, want)
 
 
 # --- bad input: one line naming the file, nothing written --------------------------------

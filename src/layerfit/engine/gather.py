@@ -53,7 +53,7 @@ def gatherable_segment(segment: Segment) -> bool:
     weight = f"{segment.name}.weight" if segment.name else "weight"
     if t.kind != "param" or t.places != (weight,) or len(t.shape) != 2 or t.stride is not None:
         return False
-    if t.encoding is not None and t.encoding.transposed:
+    if t.encoding is not None and (t.encoding.transposed or t.encoding.int4_rows):  # rows not a byte range
         return False
     return least_room(segment) < segment.nbytes  # a table of a few pages is read whole
 

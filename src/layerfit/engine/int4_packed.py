@@ -1,58 +1,28 @@
 """Q4_0, Q4_1 and Q4_K weights computed packed, on PyTorch's CPU int4 kernel (issue #54).
 
-PyTorch's weight-only int4 kernel, ``torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed,
-group_size, scales_and_zeros)``, computes ``y = x @ w.T`` for an ``[N, K]`` weight kept as
-4-bit codes ``q`` (0..15) with, for each output row ``n`` and each group ``g`` of
-``group_size`` consecutive inputs, a scale and a zero (``scales_and_zeros[g, n] = (scale,
-zero)``, bf16 when ``x`` is bf16)::
-
-    w[n, k] = (q[n, k] - 8) * scale[k // group_size, n] + zero[k // group_size, n]
-
-(the tinygemm convention torchao's int4 layouts quantize for; checked against the kernel in
-``tests/engine/test_int4_packed.py`` with float32 operands, where it is exact, while
-``w = q * scale + zero`` is off by far more than rounding). With ``group_size = 32`` the GGUF
-block formulas map onto it exactly, per 32-value (sub-)block, with the same codes ``q``:
-
-======  ==============================  ===========  ===============================
-type    GGUF value (per 32 values)      scale        zero
-======  ==============================  ===========  ===============================
-Q4_0    ``d * (q - 8)``                 ``d``        ``0``
-Q4_1    ``d * q + m``                   ``d``        ``m + 8 * d``
-Q4_K    ``d * sc_j * q - dmin * m_j``   ``d * sc_j`` ``8 * d * sc_j - dmin * m_j``
-======  ==============================  ===========  ===============================
-
-``d``, ``m``, ``dmin`` are the blocks' f16 scalars, ``sc_j``, ``m_j`` Q4_K's 6-bit scale and
-min of sub-block ``j``. Scale and zero are computed in float32 (exact for Q4_0, Q4_K's scale
-and Q4_1's; one rounding for the zeros), then rounded to bf16 once: that rounding (relative
-2**-9) and the bf16 activations are the only differences from the dequantized weight; the
-bound is measured in the tests (and in bench/quant_kernels.py).
-
-What is stored and what is converted when a unit is bound. The packed operand is *not* a
-plain function of the codes: ``_convert_weight_to_int4pack_for_cpu`` lays out ``[N, K]``
-codes as ``[N/B, K, B/2]`` bytes, byte ``(b, k, i)`` holding rows ``bB + i`` (low nibble) and
-``bB + B/2 + i`` (high), with ``B`` the vector width of the CPU it runs on (64 with AVX512,
-32 with AVX2, another layout again without either), and the ``_for_cpu`` ops exist only from torch 2.6
-(pytorch#139611 split them out; 2.5's CPU path is ``_convert_weight_to_int4pack`` on uint8
-``[N, K/2]`` with ``_weight_int4pack_mm``, not supported here: `operand` falls back to bf16). So a prepared
-folder stores the GGUF blocks as published (the same bytes ``--dequantize`` reads: one
-folder, both modes, any torch and CPU), and `pack` converts a weight when its unit is bound:
-for a layout it recognises (probed once against torch's own op), the bytes are re-paired and
-transposed in uint8 without unpacking; otherwise torch's op converts unpacked int32 codes.
-Packing costs about what dequantizing the weight to bf16 does (about 2 ms for 576x1536, 120 ms
-for 4096x11008 on one core, against 0.1 and 4 ms for the one-token product): cheap for a unit
-kept resident (packed once), the larger part of a streamed unit's time.
+The GGUF block formulas map exactly onto the kernel's ``(q - 8) * scale + zero`` per 32
+inputs; :mod:`layerfit.store.int4_form` states the mapping and the form a prepared folder
+stores such a weight in: the kernel's operands as they lie in the read buffer (codes in
+the preparing CPU's layout, bf16 scales and zeros), then the blocks' heads. Binding it on
+a CPU of that layout converts nothing (:func:`operand_of_form` returns views); on a CPU of
+another layout the blocks are rebuilt and packed for it (:func:`pack`: the bytes re-paired
+and transposed in uint8 where the layout is of the known form, torch's own op on unpacked
+int32 codes otherwise), about what dequantizing the weight to bf16 costs (2 ms for
+576x1536 on one core, against 0.1 ms for the one-token product). The ``_for_cpu`` ops
+exist from torch 2.6 (pytorch#139611); without them the weight runs dequantized to bf16.
 `int4_packed_available` says whether this torch has the kernel at all.
 
-Every other type (Q8_0 included) is dequantized per unit to bf16 and multiplied in bf16
-(`operand`, `linear`): ``_weight_int8pack_mm`` takes one scale per output channel, and
-re-quantizing Q8_0's block-32 scales to that was 10-30x the error of the bf16 weight (median
-relative error of the product 1e-2 to 5e-2 against 3e-3) and slower to make per unit (a
-re-quantization against a dequantization), see bench/results/quant_kernels.md.
+Every other type (Q8_0 included), and a Q4 weight stored as plain blocks (a GGUF weight
+whose rows are not a multiple of the layout's), is dequantized per unit to bf16 and
+multiplied in bf16 (`operand`, `linear`): ``_weight_int8pack_mm`` takes one scale per
+output channel, and re-quantizing Q8_0's block-32 scales to that was 10-30x the error of
+the bf16 weight (median relative error of the product 1e-2 to 5e-2 against 3e-3) and slower
+to make per unit (a re-quantization against a dequantization), see
+bench/results/quant_kernels.md.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,10 +31,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from layerfit.engine.dequantize import TYPES, dequantize
+from layerfit.store import int4_form
+from layerfit.store.int4_form import GROUP_SIZE, INT4_TYPES, cpu_block_rows
 
-GROUP_SIZE = 32
 #: the GGUF types this module computes packed
-PACKED_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+PACKED_TYPES = INT4_TYPES
 
 
 def int4_packed_available() -> bool:
@@ -84,95 +55,32 @@ class PackedInt4:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the operands hold (what binding makes beside the read buffer)."""
+        """Bytes the operands hold."""
         return self.packed.nbytes + self.scales_and_zeros.nbytes
 
 
 def pack(blocks: torch.Tensor, type_name: str, shape: tuple[int, int]) -> PackedInt4:
-    """The GGUF blocks (uint8) of an ``[N, K]`` weight of `type_name` as the kernel's operands."""
+    """The GGUF blocks (uint8) of an ``[N, K]`` weight of `type_name` as the kernel's
+    operands, in this CPU's layout."""
     if type_name not in PACKED_TYPES:
         raise ValueError(f"{type_name} is not packed (only {', '.join(PACKED_TYPES)})")
     n, k = shape
     spec = TYPES[type_name]
     if k % spec.elements or n % 16:
         raise ValueError(f"{type_name} [N, K] = {shape}: K must divide into blocks, N into 16 rows")
-    if blocks.storage_offset() % 2:  # the f16 views need an even start: copy (rare)
-        blocks = blocks.clone()
-    rows = blocks.view(n, k // spec.elements, spec.nbytes)
-    codes, width = _codes(rows, type_name)
-    scale, zero = _scales_and_zeros(rows, type_name)
-    # rounded to bf16 once, here; each (scale, zero) pair moved as one 4-byte item (a transpose
-    # of int32 is 3x faster than of bf16 pairs)
-    pairs = torch.stack((scale.to(torch.bfloat16), zero.to(torch.bfloat16)), dim=-1)
-    moved = pairs.view(n, -1).view(torch.int32).T.contiguous()
-    scales_and_zeros = moved.view(torch.bfloat16).view(k // GROUP_SIZE, n, 2)
-    return PackedInt4(_layout(codes, width, n, k), scales_and_zeros, (n, k))
-
-
-def _codes(rows: torch.Tensor, type_name: str) -> tuple[torch.Tensor, int]:
-    """The code bytes ``[N, G, W]``: byte ``j`` of group ``g`` holds inputs ``2Wg + j`` (low
-    nibble) and ``2Wg + W + j`` (high); W is 16 for Q4_0/Q4_1, 32 for Q4_K."""
-    n = rows.shape[0]
-    if type_name == "Q4_0":
-        return rows[:, :, 2:18].reshape(n, -1, 16), 16
-    if type_name == "Q4_1":
-        return rows[:, :, 4:20].reshape(n, -1, 16), 16
-    return rows[:, :, 16:144].reshape(n, -1, 32), 32
-
-
-def _half(rows: torch.Tensor, start: int) -> torch.Tensor:
-    """The f16 scalar at byte `start` of every block, float32 ``[N, blocks]``."""
-    return rows[:, :, start : start + 2].contiguous().view(torch.float16).squeeze(-1).float()
-
-
-def _scales_and_zeros(rows: torch.Tensor, type_name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float32 ``[N, K/32]`` scale and zero of each 32-value group (the table above)."""
-    d = _half(rows, 0)
-    if type_name == "Q4_0":
-        return d, torch.zeros_like(d)
-    if type_name == "Q4_1":
-        return d, _half(rows, 2) + 8 * d
-    n, blocks = d.shape
-    packed = rows[:, :, 4:16].reshape(n * blocks, 12)
-    low, mid, high = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
-    sc = torch.cat((low & 63, (high & 0xF) | ((low >> 6) << 4)), dim=1).float().view(n, blocks, 8)
-    mins = torch.cat((mid & 63, (high >> 4) | ((mid >> 6) << 4)), dim=1).float().view(n, blocks, 8)
-    scale = d.unsqueeze(2) * sc
-    zero = 8 * scale - _half(rows, 2).unsqueeze(2) * mins
-    return scale.reshape(n, -1), zero.reshape(n, -1)
-
-
-@functools.cache
-def _block_rows() -> int | None:
-    """This CPU's ``B`` (rows per packed block), probed against torch's op; None if not B-form."""
-    probe = torch.randint(
-        0, 16, (128, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(54)
-    )
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
-    for b in (64, 32, 16):
-        split = probe.view(128 // b, 2, b // 2, 64)
-        mine = (split[:, 0] | (split[:, 1] << 4)).transpose(1, 2).to(torch.uint8).reshape(128, 32)
-        if torch.equal(mine, packed):
-            return b
-    return None
+    rows = int4_form.blocks_by_row(blocks, type_name, shape)
+    codes, width = int4_form.code_bytes(rows, type_name)
+    return PackedInt4(_layout(codes, width, n, k), int4_form.scales_and_zeros(rows, type_name), (n, k))
 
 
 def _layout(codes: torch.Tensor, width: int, n: int, k: int) -> torch.Tensor:
     """Code bytes ``[N, G, W]`` -> this CPU's packed ``[N, K/2]`` uint8."""
-    b = _block_rows()
+    b = cpu_block_rows()
     if b is None or n % b:
         low, high = codes & 0xF, codes >> 4
         plain = torch.stack((low, high), dim=2).reshape(n, k).to(torch.int32)
         return torch.ops.aten._convert_weight_to_int4pack_for_cpu(plain, 1)
-    half = b // 2
-    groups = k // (2 * width)
-    # rows bB+i and bB+B/2+i share a byte; inputs 2Wg+j and 2Wg+W+j share a code byte
-    pairs = codes.view(n // b, 2, half, groups, width)
-    first, second = pairs[:, 0], pairs[:, 1]
-    out = torch.empty(n // b, groups, 2, width, half, dtype=torch.uint8)
-    torch.bitwise_or(first & 0xF, second << 4, out=out[:, :, 0].permute(0, 3, 1, 2))
-    torch.bitwise_or(first >> 4, second & 0xF0, out=out[:, :, 1].permute(0, 3, 1, 2))
-    return out.view(n, k // 2)
+    return int4_form.layout(codes, width, n, k, b)
 
 
 def packed_linear(
@@ -200,6 +108,26 @@ def operand(
     if type_name in PACKED_TYPES and int4_packed_available() and shape[0] % 16 == 0:
         return pack(blocks, type_name, shape)
     return dequantize(blocks, type_name, shape, torch.bfloat16, out=out)
+
+
+def operand_of_form(form: torch.Tensor, type_name: str, shape: tuple[int, int], rows: int) -> PackedInt4 | torch.Tensor:
+    """What a bound unit computes with from a weight stored in :mod:`~layerfit.store.int4_form`'s
+    form of `rows` rows per block: views of `form` where this CPU packs in that layout,
+    else the rebuilt blocks packed for this CPU (or dequantized to bf16 without the kernel)."""
+    if int4_packed_available() and cpu_block_rows() == rows:
+        codes, pairs = int4_form.operands(form, type_name, shape)
+        return PackedInt4(codes, pairs, shape)
+    return operand(int4_form.to_blocks(form, type_name, shape, rows), type_name, shape)
+
+
+def made_nbytes(type_name: str, shape: tuple[int, int], rows: int) -> int:
+    """Bytes `operand_of_form` makes beside the read buffer: none where it returns views, else
+    the rebuilt blocks and the operand made from them."""
+    count = shape[0] * shape[1]
+    if int4_packed_available() and cpu_block_rows() == rows:
+        return 0
+    blocks = int4_form.form_nbytes(type_name, shape)  # the rebuilt blocks take less: a bound
+    return blocks + (count // 2 + count // 8 if int4_packed_available() and shape[0] % 16 == 0 else count * 2)
 
 
 def linear(

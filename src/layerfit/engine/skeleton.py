@@ -50,10 +50,13 @@ class Binding:
             return 0
         count = math.prod(self.shape)
         if self.packed:
-            from layerfit.engine.int4_packed import PACKED_TYPES
+            from layerfit.engine.int4_packed import PACKED_TYPES, made_nbytes
 
+            if self.encoding.int4_rows:
+                return made_nbytes(self.encoding.ggml, self.shape, self.encoding.int4_rows)
             return count // 2 + count // 8 if self.encoding.ggml in PACKED_TYPES else count * 2
-        return count * self.dtype.itemsize
+        rebuilt = self.nbytes if self.encoding.int4_rows else 0  # the blocks, rebuilt from the form
+        return count * self.dtype.itemsize + rebuilt
 
     def view(self, buffer: torch.Tensor, start: int) -> torch.Tensor:
         """The tensor as a view of ``buffer`` (uint8) from byte ``start``, in the layout it
@@ -66,9 +69,13 @@ class Binding:
 
                 return QuantizedTable(buffer[start : start + self.nbytes], self.encoding.ggml, self.shape, self.dtype)
             if self.packed:
-                from layerfit.engine.int4_packed import PackedWeight, operand
+                from layerfit.engine.int4_packed import PackedWeight, operand, operand_of_form
 
-                weight = operand(buffer[start : start + self.nbytes], self.encoding.ggml, self.shape)
+                stored = buffer[start : start + self.nbytes]
+                if self.encoding.int4_rows:
+                    weight = operand_of_form(stored, self.encoding.ggml, self.shape, self.encoding.int4_rows)
+                else:
+                    weight = operand(stored, self.encoding.ggml, self.shape)
                 return PackedWeight(weight, self.dtype)
             return self.dequantized(buffer[start : start + self.nbytes])
         typed = buffer[start : start + self.nbytes].view(self.dtype)
@@ -80,6 +87,11 @@ class Binding:
         from layerfit.engine.dequantize import dequantize
 
         assert self.encoding is not None
+        if self.encoding.int4_rows:  # a linear layer's weight, bound whole: its blocks rebuilt
+            from layerfit.store.int4_form import to_blocks
+
+            assert rows is None
+            blocks = to_blocks(blocks, self.encoding.ggml, self.shape, self.encoding.int4_rows)
         shape = self.shape if rows is None else (rows, *self.shape[1:])
         if self.encoding.transposed:
             shape = shape[:-2] + (shape[-1], shape[-2])
@@ -221,7 +233,7 @@ def segment_bindings(
                 )
             blocks = t.encoding is not None and not t.encoding.transposed and attr == "weight" and len(t.shape) == 2
             runs_packed = blocks and packed and isinstance(module, nn.Linear)
-            table = blocks and type(module) is nn.Embedding and module.max_norm is None
+            table = blocks and not t.encoding.int4_rows and type(module) is nn.Embedding and module.max_norm is None
             out.append(
                 Binding(module, attr, t.kind, t.torch_dtype, t.shape, base + t.offset, t.nbytes, meta, t.stride,
                         t.encoding, runs_packed, table)

@@ -84,19 +84,33 @@ class Encoding:
     """How a tensor stored as GGML quantization blocks (from a GGUF file) becomes the
     tensor the model holds: the blocks are rows of the tensor (of its transpose where
     ``transposed``: GGUF keeps a weight ``[out, in]`` that the model holds ``[in, out]``,
-    GPT-2's ``Conv1D``), each row ``ggml``'s blocks along the last dimension."""
+    GPT-2's ``Conv1D``), each row ``ggml``'s blocks along the last dimension. Where
+    ``int4_rows`` is set, a linear layer's Q4_0/Q4_1/Q4_K weight is stored re-expressed for
+    PyTorch's int4 kernel, its codes in the layout of that many rows per block
+    (:mod:`layerfit.store.int4_form`), from which the blocks are rebuilt byte for byte."""
 
     ggml: str  # the GGML type name (Q4_0, Q6_K, ...): :mod:`layerfit.store.ggml_types`
     transposed: bool = False
+    int4_rows: int = 0  # 0: stored as the file's blocks
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ggml": self.ggml, **({"transposed": True} if self.transposed else {})}
+        return {
+            "ggml": self.ggml,
+            **({"transposed": True} if self.transposed else {}),
+            **({"int4_rows": self.int4_rows} if self.int4_rows else {}),
+        }
 
     @classmethod
     def from_dict(cls, d: Any) -> Encoding:
-        if not isinstance(d, dict) or not isinstance(d.get("ggml"), str) or not isinstance(d.get("transposed", False), bool):
-            raise ValueError("a tensor's encoding is not {'ggml': NAME, 'transposed': BOOL}")
-        return cls(d["ggml"], d.get("transposed", False))
+        if (
+            not isinstance(d, dict)
+            or not set(d) <= {"ggml", "transposed", "int4_rows"}
+            or not isinstance(d.get("ggml"), str)
+            or not isinstance(d.get("transposed", False), bool)
+            or type(d.get("int4_rows", 0)) is not int
+        ):
+            raise ValueError("a tensor's encoding is not {'ggml': NAME, 'transposed': BOOL, 'int4_rows': ROWS}")
+        return cls(d["ggml"], d.get("transposed", False), d.get("int4_rows", 0))
 
 
 @dataclass(frozen=True)
@@ -570,6 +584,18 @@ def _check_encoding(t: TensorLayout, what: str) -> None:
         raise ManifestError(f"tensor {t.name!r} in {what} is encoded as {enc.ggml!r}, not one of {', '.join(sorted(SUPPORTED))}")
     if not DTYPES[t.dtype].is_floating_point or t.stride is not None or len(t.shape) < 1 + enc.transposed:
         raise ManifestError(f"tensor {t.name!r} in {what} is quantized as a {t.dtype} {list(t.shape)} with strides {t.stride}")
+    if enc.int4_rows:
+        from layerfit.store.int4_form import BLOCK_ROWS, eligible, form_nbytes
+
+        if enc.transposed or not eligible(enc.ggml, t.shape, enc.int4_rows):
+            raise ManifestError(
+                f"tensor {t.name!r} in {what}: a {enc.ggml} {list(t.shape)} weight cannot be stored for the int4 "
+                f"kernel in blocks of {enc.int4_rows} rows (Q4_0/Q4_1/Q4_K [N, K], N a multiple of one of {BLOCK_ROWS})"
+            )
+        expected = form_nbytes(enc.ggml, t.shape)
+        if t.nbytes != expected:
+            raise ManifestError(f"tensor {t.name!r} in {what} has {t.nbytes} bytes; its int4 form needs {expected}")
+        return
     try:
         expected = tensor_nbytes(ggml_type(enc.ggml), t.block_shape)
     except ValueError as exc:

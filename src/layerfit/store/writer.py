@@ -32,6 +32,7 @@ from layerfit.capture import capture
 from layerfit.capture.graph import ModelGraph
 from layerfit.errors import CheckpointError, InputError, OutputPathError, UnknownModelError
 from layerfit.sizes import align_up, format_bytes
+from layerfit.store import int4_form
 from layerfit.store.examples import example_call, example_input  # noqa: F401 (re-exported)
 from layerfit.store.gguf_blocks import StoredBlocks
 from layerfit.store.gguf_folder import gguf_path, is_gguf, load_gguf, save_files
@@ -86,9 +87,14 @@ def _state_by_id(model: nn.Module) -> dict[int, torch.Tensor]:
     return out
 
 
+def _module(model: nn.Module, place: str) -> nn.Module:
+    """The module that holds ``place`` ("module.attr")."""
+    module_name = place.rpartition(".")[0]
+    return model.get_submodule(module_name) if module_name else model
+
+
 def _lookup(model: nn.Module, place: str) -> torch.Tensor:
-    module_name, _, attr = place.rpartition(".")
-    module = model.get_submodule(module_name) if module_name else model
+    module, attr = _module(model, place), place.rpartition(".")[2]
     t = module._parameters.get(attr)
     if t is None:
         t = module._buffers.get(attr)
@@ -251,14 +257,20 @@ def _stored(t: torch.Tensor, lay: TensorLayout) -> tuple[torch.Tensor, TensorLay
 
 def _groups(model: nn.Module, graph: ModelGraph, blocks: dict[int, StoredBlocks] | None = None) -> list:
     """(index, name, type, items, d, f) of each segment; a tensor ``blocks`` holds (by
-    ``id``) is stored as its GGML blocks."""
+    ``id``) is stored as its GGML blocks, a linear layer's Q4 weight re-expressed for the
+    int4 kernel (:mod:`.int4_form`)."""
     blocks = blocks or {}
 
     def item(t: torch.Tensor, lay: TensorLayout) -> tuple[torch.Tensor, TensorLayout]:
         stored = blocks.get(id(t))
         if stored is None:
             return _stored(t, lay)
-        return stored.data, replace(lay, nbytes=stored.data.numel(), encoding=stored.encoding)
+        data, encoding = stored.data, stored.encoding
+        rows = int4_form.form_rows()
+        linear = all(isinstance(_module(model, place), nn.Linear) and place.endswith(".weight") for place in lay.places)
+        if linear and not encoding.transposed and int4_form.eligible(encoding.ggml, lay.shape, rows):
+            data, encoding = int4_form.to_form(data, encoding.ggml, lay.shape, rows), replace(encoding, int4_rows=rows)
+        return data, replace(lay, nbytes=data.numel(), encoding=encoding)
 
     groups = []
     if graph.resident:
