@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -266,6 +267,17 @@ def manifest_info(folder: Path) -> dict[str, Any]:
             "minimum_budget_bytes": manifest.resident_bytes + streamed_minimum(manifest.units)}
 
 
+def prepared_form_key() -> str:
+    """A digest of the sources that decide how a GGUF file is prepared."""
+    import layerfit.store as store
+
+    root = Path(store.__file__).parent
+    digest = hashlib.sha256()
+    for name in ("writer.py", "int4_form.py", "gguf_blocks.py", "gguf_folder.py", "manifest.py"):
+        digest.update((root / name).read_bytes())
+    return digest.hexdigest()
+
+
 def model_files(name: str, llamacpp_python: str) -> dict[str, Any]:
     """The quantized GGUF file and both prepared folders of ``name`` (made once, cached
     while the model's description is the same)."""
@@ -291,10 +303,15 @@ def model_files(name: str, llamacpp_python: str) -> dict[str, Any]:
         if proc.returncode != 0:
             raise SystemExit(f"{name}: quantizing failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
         (work / "model.F16.gguf").unlink()
-        prepare("gguf:" + str(gguf_path), work / "packed", force=True)
         prepare("hf:" + str(work / "hf"), work / "fp32", force=True)
         shutil.rmtree(work / "hf")
         stamp.write_text(key)
+    # the GGUF folder again whenever the code that writes it changed (the stored form of its
+    # weights is layerfit's, not the file's)
+    packed_stamp, packed_key = work / "packed.key", prepared_form_key()
+    if not (packed_stamp.is_file() and packed_stamp.read_text() == packed_key):
+        prepare("gguf:" + str(gguf_path), work / "packed", force=True)
+        packed_stamp.write_text(packed_key)
     return {"gguf_path": str(gguf_path), "gguf_bytes": gguf_path.stat().st_size, "quant": spec["quant"],
             "config": spec["config"], "packed": manifest_info(work / "packed"), "fp32": manifest_info(work / "fp32")}
 
