@@ -767,8 +767,35 @@ class RunStats:
 
 # Per input slot of an operator run in stripes: (input, code, extent, stride, pad_top,
 # in_rows, first reading row); code 1 = read a window by parts, 0 = read every row at
-# once, 2 = broadcast row 0.
+# once, 2 = broadcast row 0. The first reading row is the first output row whose window
+# reaches a real input row, ceil((pad_top - extent + 1) / stride): rows before it read
+# only the top padding.
 Slot = tuple[int, int, int, int, int, int, int]
+
+
+def slot_reads(slot: Slot, a: int, b: int) -> tuple[int, int]:
+    """Rows ``[lo, hi]`` of the slot's input that the phase producing rows ``a..b`` reads:
+    the window clipped to the input (``lo > hi`` when it lies wholly in padding), every row
+    (read at once) or row 0 (broadcast)."""
+    _, code, extent, stride, pad, in_rows, _ = slot
+    if code == 2:
+        return 0, 0
+    if code == 0:
+        return 0, in_rows - 1
+    lo, hi = a * stride - pad, b * stride - pad + extent - 1
+    return (lo if lo > 0 else 0), (hi if hi < in_rows else in_rows - 1)
+
+
+def release_point(slot: Slot, produced: int, rows: int) -> int:
+    """Rows of the slot's input below this index are read no more by its reader, which
+    has produced ``produced`` of its ``rows`` rows; ``in_rows`` means "nothing more"."""
+    _, code, _, stride, pad, in_rows, first = slot
+    if produced >= rows:
+        return in_rows
+    if code != 1:  # read at once (or a broadcast row): everything until done
+        return 0
+    row = (produced if produced > first else first) * stride - pad
+    return 0 if row < 0 else (in_rows if row > in_rows else row)
 
 
 @dataclass(frozen=True)
@@ -826,12 +853,7 @@ def run_stripes(
 
 class _Run:
     """The state of one :func:`run_stripes`: every node's whole value or row buffer, the
-    rows it has produced, and the bytes its buffers hold (``stats``, the ledger).
-
-    :meth:`oldest` and the reads in :meth:`execute` are ``phase_reads`` and
-    ``release_point`` of :mod:`layerfit.tradeoff.parts.flow` unrolled over the
-    schedule's tables, as every phase of every node runs them.
-    """
+    rows it has produced, and the bytes its buffers hold (``stats``, the ledger)."""
 
     def __init__(self, schedule: StripeSchedule, inputs: Sequence[Any], out: Sequence[torch.Tensor] | None) -> None:
         count = len(schedule.names)
@@ -874,13 +896,12 @@ class _Run:
                 whole(k)
             elif is_output[k] or b >= oldest(k):
                 args = []
-                for i, code, extent, stride, pad, in_rows, _ in reads_of[k]:
-                    if code != 1:  # a broadcast row (a by-parts node reads no input whole)
+                for slot in reads_of[k]:
+                    i = slot[0]
+                    if slot[1] != 1:  # a broadcast row (a by-parts node reads no input whole)
                         args.append(values[i] if buffers[i] is None else rows_of(i, 0, 0))
-                        continue
-                    lo = a * stride - pad
-                    hi = b * stride - pad + extent - 1
-                    args.append(rows_of(i, lo if lo > 0 else 0, hi if hi < in_rows else in_rows - 1))
+                    else:
+                        args.append(rows_of(i, *slot_reads(slot, a, b)))
                 store(k, a, stripes[k](args, a, b))  # type: ignore[misc]
             elif buffers[k] is not None:
                 buffers[k].skip_to(b + 1)  # type: ignore[union-attr]
@@ -911,19 +932,12 @@ class _Run:
 
     def oldest(self, i: int) -> int:
         """First row of ``i`` a consumer may still read (beyond the rows produced when
-        the next rows are gaps no consumer reads; very large when all are done)."""
+        the next rows are gaps no consumer reads; its row count when all are done)."""
         produced, rows = self.produced, self.schedule.rows
-        low = 1 << 62
-        for c, (_, code, _, stride, pad, _, skip) in self.schedule.readers[i]:
-            pc = produced[c]
-            if pc >= rows[c]:
-                continue  # done: reads nothing more
-            if code != 1:  # read whole (or a broadcast row): everything until done
-                return 0
-            row = (pc if pc > skip else skip) * stride - pad
-            if row < low:
-                low = row if row > 0 else 0
-        return low
+        return min(
+            (release_point(slot, produced[c], rows[c]) for c, slot in self.schedule.readers[i]),
+            default=rows[i],
+        )
 
     def _whole(self, k: int) -> None:
         """Run node ``k`` whole on whole inputs; hold its result until its last reader."""
@@ -1051,6 +1065,8 @@ __all__ = [
     "holds_for",
     "operators_of",
     "refs",
+    "release_point",
     "run_stripes",
+    "slot_reads",
     "substitute",
 ]

@@ -11,13 +11,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from layerfit.tradeoff.parts.flow import (
-    FlowGraph,
-    effective_parts,
-    phase_range,
-    phase_reads,
-    release_point,
-)
+from layerfit.engine.stripes import release_point, slot_reads
+from layerfit.tradeoff.parts.flow import FlowGraph, effective_parts, phase_range, read_slots
 
 
 def _phase_counts(graph: FlowGraph, parts: Sequence[bool], phase_rows: int) -> list[int]:
@@ -36,6 +31,7 @@ def brute_force_min_windows(
     count = len(nodes)
     total = _phase_counts(graph, parts, phase_rows)
     consumers = graph.consumers()
+    slots = read_slots(graph, parts)
 
     def produced(state: tuple[int, ...], n: int) -> int:
         if state[n] == 0:
@@ -43,7 +39,7 @@ def brute_force_min_windows(
         return phase_range(nodes[n], parts[n], phase_rows, state[n] - 1)[1] + 1
 
     def oldest(state: tuple[int, ...], c: int, slot: int) -> int:
-        return release_point(nodes[c], parts[c], slot, produced(state, c))
+        return release_point(slots[c][slot], produced(state, c), nodes[c].rows)
 
     def costs(state: tuple[int, ...]) -> tuple[list[int], dict[tuple[int, int], int]]:
         tensor = [0] * count
@@ -64,9 +60,9 @@ def brute_force_min_windows(
                 continue
             a, b = phase_range(nodes[n], parts[n], phase_rows, state[n])
             ok = True
-            for slot, i in enumerate(nodes[n].inputs):
-                lo, hi = phase_reads(nodes[n], parts[n], slot, a, b)
-                if lo <= hi and produced(state, i) <= hi:
+            for slot in slots[n]:
+                lo, hi = slot_reads(slot, a, b)
+                if lo <= hi and produced(state, slot[0]) <= hi:
                     ok = False
                     break
             if ok:

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from layerfit.engine.stripes import release_point, slot_reads
 from layerfit.tradeoff.parts.flow import FlowGraph, FlowNode, format_schedule, plan_rows
 from layerfit.tradeoff.parts.rows import RowMap, edge_part_height, window_extent
 
@@ -25,17 +26,23 @@ def chain(height: int, *layers: tuple[str, int, int, int]) -> FlowGraph:
 
 def test_row_map_window_with_padding_and_dilation():
     rmap = RowMap("window", 10, window_extent(3, 2), 2, 2)  # k=3, d=2 -> extent 5
-    assert rmap.needs(0, 0) == (0, 2)  # rows -2..2, the top two are padding
-    assert rmap.needs(1, 1) == (0, 4)
-    assert rmap.needs(4, 4) == (6, 9)  # 6..10 clipped at the bottom
+    slot = rmap.slot(0, by_parts=True)
+    assert slot_reads(slot, 0, 0) == (0, 2)  # rows -2..2, the top two are padding
+    assert slot_reads(slot, 1, 1) == (0, 4)
+    assert slot_reads(slot, 4, 4) == (6, 9)  # 6..10 clipped at the bottom
     assert rmap.min_height == 5
-    assert rmap.oldest(3) == 4
+    assert release_point(slot, 3, 5) == 4
+    assert release_point(slot, 5, 5) == 10  # done: reads nothing more
+    whole = rmap.slot(0, by_parts=False)  # read at once: every row, until done
+    assert (slot_reads(whole, 4, 4), release_point(whole, 3, 5)) == ((0, 9), 0)
 
 
 def test_row_map_oldest_skips_padding_only_rows():
     rmap = RowMap("window", 8, 1, 3, 1)  # 1x1 conv, stride 3, pad 1: row 0 reads only padding
-    assert rmap.needs(0, 0)[0] > rmap.needs(0, 0)[1]
-    assert rmap.oldest(0) == 2
+    slot = rmap.slot(0, by_parts=True)
+    lo, hi = slot_reads(slot, 0, 0)
+    assert lo > hi
+    assert release_point(slot, 0, 3) == 2
 
 
 def test_table2_and_eq5_minimum_heights():

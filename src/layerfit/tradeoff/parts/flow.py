@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from layerfit.engine.stripes import Slot
+from layerfit.engine.stripes import Slot, release_point, slot_reads
 from layerfit.tradeoff.parts.rows import RowMap
 
 
@@ -133,31 +133,6 @@ def phase_range(node: FlowNode, by_parts: bool, phase_rows: int, k: int) -> tupl
     return a, min(a + phase_rows, node.rows) - 1
 
 
-def phase_reads(node: FlowNode, by_parts: bool, slot: int, a: int, b: int) -> tuple[int, int]:
-    """Rows ``[lo, hi]`` of input ``slot`` read by the phase producing rows ``a..b``.
-
-    A layer run whole reads its whole input (the operator needs the full tensor), even
-    rows its outputs do not depend on.
-    """
-    rmap = node.maps[slot]
-    if by_parts or rmap.kind != "window":
-        return rmap.needs(a, b)
-    return 0, rmap.in_rows - 1
-
-
-def release_point(node: FlowNode, by_parts: bool, slot: int, produced: int) -> int:
-    """Rows of input ``slot`` below this index are no longer read by ``node``.
-
-    ``produced`` is how many output rows ``node`` has produced so far.
-    """
-    rmap = node.maps[slot]
-    if produced >= node.rows:
-        return rmap.in_rows
-    if not by_parts:
-        return 0
-    return rmap.oldest(produced)
-
-
 def effective_parts(graph: FlowGraph, parts: Sequence[bool]) -> tuple[bool, ...]:
     """``parts`` restricted to tileable nodes (others always run whole)."""
     if len(parts) != len(graph.nodes):
@@ -165,8 +140,16 @@ def effective_parts(graph: FlowGraph, parts: Sequence[bool]) -> tuple[bool, ...]
     return tuple(bool(p) and n.tileable for p, n in zip(parts, graph.nodes, strict=True))
 
 
+def read_slots(graph: FlowGraph, by_parts: Sequence[bool]) -> list[list[Slot]]:
+    """For each node, how its phases read each of its inputs."""
+    return [
+        [m.slot(i, by_parts[n]) for i, m in zip(node.inputs, node.maps, strict=True)]
+        for n, node in enumerate(graph.nodes)
+    ]
+
+
 def needed_rows(
-    graph: FlowGraph, by_parts: Sequence[bool], phase_rows: int
+    graph: FlowGraph, slots: Sequence[Sequence[Slot]], by_parts: Sequence[bool], phase_rows: int
 ) -> list[tuple[int, int] | None]:
     """For each node, the range of its rows that the outputs depend on (None: none).
 
@@ -187,10 +170,11 @@ def needed_rows(
             b = phase_range(node, True, phase_rows, rng[1] // phase_rows)[1]
         else:
             a, b = 0, node.rows - 1
-        for slot, i in enumerate(node.inputs):
-            lo, hi = phase_reads(node, by_parts[n], slot, a, b)
+        for slot in slots[n]:
+            lo, hi = slot_reads(slot, a, b)
             if lo > hi:
                 continue
+            i = slot[0]
             old = needed[i]
             needed[i] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
     return needed
@@ -202,7 +186,7 @@ def plan_rows(graph: FlowGraph, parts: Sequence[bool], phase_rows: int = 1) -> R
         raise ValueError("phase_rows must be >= 1")
     by_parts = effective_parts(graph, parts)
     simulation = _Simulation(graph, by_parts, phase_rows)
-    needed = needed_rows(graph, by_parts, phase_rows)
+    needed = needed_rows(graph, simulation.slots, by_parts, phase_rows)
     consumers = graph.consumers()
     order = graph.order if graph.order is not None else range(len(graph.nodes))
     for n in order:
@@ -215,11 +199,8 @@ def plan_rows(graph: FlowGraph, parts: Sequence[bool], phase_rows: int = 1) -> R
 
 class _Simulation:
     """The state of :func:`plan_rows`' simulation: what each node has produced, the
-    widest window of each tensor (and of each edge), and the steps so far.
-
-    :meth:`pull` and :meth:`execute` are :func:`phase_reads` and :func:`release_point`
-    unrolled over precomputed slot tables (the genetic search plans thousands of
-    partitions), with the state bound to locals in the loops.
+    widest window of each tensor (and of each edge), and the steps so far. The state is
+    bound to locals in the loops: the genetic search plans thousands of partitions.
     """
 
     def __init__(self, graph: FlowGraph, by_parts: tuple[bool, ...], phase_rows: int) -> None:
@@ -237,18 +218,11 @@ class _Simulation:
         self.last_step = [-1] * count
         self.last_read = [-1] * count
         self.steps: list[tuple[int, int, int]] = []
-        self.slots: list[list[Slot]] = []
-        for n, node in enumerate(nodes):
-            info = []
-            for i, m in zip(node.inputs, node.maps, strict=True):
-                code = 2 if m.kind == "broadcast" else (1 if by_parts[n] and m.kind == "window" else 0)
-                skip = -(-(m.pad_top - m.extent + 1) // m.stride)
-                info.append((i, code, m.extent, m.stride, m.pad_top, m.in_rows, skip))
-            self.slots.append(info)
+        self.slots = read_slots(graph, by_parts)
         self.readers: list[list[tuple[int, Slot]]] = [[] for _ in nodes]
         for c in range(count):
-            for info in self.slots[c]:
-                self.readers[info[0]].append((c, info))
+            for slot in self.slots[c]:
+                self.readers[slot[0]].append((c, slot))
 
     def execute(self, n: int, a: int, b: int) -> None:
         """Run the phase of node ``n`` producing rows ``a..b`` and grow its windows."""
@@ -259,24 +233,17 @@ class _Simulation:
             self.first_step[n] = step
         self.last_step[n] = step
         last_read = self.last_read
-        for i, code, extent, stride, pad, in_rows, _ in self.slots[n]:
-            if code != 1 or (a * stride - pad <= in_rows - 1 and b * stride - pad + extent - 1 >= 0):
-                last_read[i] = step
+        for slot in self.slots[n]:
+            lo, hi = slot_reads(slot, a, b)
+            if lo <= hi:
+                last_read[slot[0]] = step
         done = b + 1
         produced[n] = done
         self.next_phase[n] += 1
         # The window of n grows only now; measure it against its consumers' positions.
         oldest_all = done
-        for c, (_, code, _, stride, pad, in_rows, skip) in self.readers[n]:
-            pc = produced[c]
-            if pc >= rows[c]:
-                oldest = in_rows
-            elif code != 1:
-                oldest = 0
-            else:
-                f = pc if pc > skip else skip
-                oldest = f * stride - pad
-                oldest = 0 if oldest < 0 else (in_rows if oldest > in_rows else oldest)
+        for c, slot in self.readers[n]:
+            oldest = release_point(slot, produced[c], rows[c])
             if oldest < oldest_all:
                 oldest_all = oldest
             key = (n, c)
@@ -301,20 +268,10 @@ class _Simulation:
                 b = min(a + phase_rows, rows[n]) - 1
             else:
                 a, b = 0, rows[n] - 1
-            for i, code, extent, stride, pad, in_rows, _ in slots[n]:
-                if code == 1:
-                    lo = a * stride - pad
-                    hi = b * stride - pad + extent - 1
-                    if hi > in_rows - 1:
-                        hi = in_rows - 1
-                    if lo > hi or hi < 0:
-                        continue
-                elif code == 2:
-                    hi = 0
-                else:
-                    hi = in_rows - 1
-                if produced[i] <= hi:
-                    stack.append((i, hi))
+            for slot in slots[n]:
+                lo, hi = slot_reads(slot, a, b)
+                if lo <= hi and produced[slot[0]] <= hi:
+                    stack.append((slot[0], hi))
                     break
             else:
                 self.execute(n, a, b)

@@ -9,14 +9,18 @@ Activations, batch norm and elementwise operators read the same row (``K = 1``);
 operators with a full-height receptive field (global pooling, fully connected) read all
 rows and cannot be processed by parts.
 
-:class:`RowMap` captures one such dependency and answers "which input rows does a
-phase producing output rows ``a..b`` read?"; every later analysis builds on it.
+:class:`RowMap` captures one such dependency; its :meth:`RowMap.slot` is what the
+engine's stripes read it as (:data:`~layerfit.engine.stripes.Slot`), which answers
+"which input rows does a phase producing output rows ``a..b`` read?" and "which rows will
+it read no more?"; every later analysis builds on it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+from layerfit.engine.stripes import Slot
 
 RowMapKind = Literal["window", "all", "broadcast"]
 
@@ -47,35 +51,13 @@ class RowMap:
         """Pointwise operators: output row ``o`` reads input row ``o``."""
         return cls("window", in_rows)
 
-    def unclipped(self, first: int, last: int) -> tuple[int, int]:
-        """Rows ``[lo, hi]`` that output rows ``first..last`` read, padding included."""
-        if self.kind == "all":
-            return 0, self.in_rows - 1
-        if self.kind == "broadcast":
-            return 0, 0
-        lo = first * self.stride - self.pad_top
-        return lo, last * self.stride - self.pad_top + self.extent - 1
-
-    def needs(self, first: int, last: int) -> tuple[int, int]:
-        """Real input rows ``[lo, hi]`` read by output rows ``first..last``.
-
-        Empty (``lo > hi``) when the window lies entirely in padding.
-        """
-        lo, hi = self.unclipped(first, last)
-        return max(lo, 0), min(hi, self.in_rows - 1)
-
-    def oldest(self, first: int) -> int:
-        """Lowest input row that output row ``first`` or any later row may read.
-
-        Rows below it can be released once the phase producing ``first - 1`` is done.
-        Lies in ``[0, in_rows]``; ``in_rows`` means "nothing more is read".
-        """
-        if self.kind != "window":
-            return 0
-        # Output rows whose window lies wholly in the top padding read nothing; the
-        # first row that reads a real row is ceil((pad_top - extent + 1) / stride).
-        first = max(first, -(-(self.pad_top - self.extent + 1) // self.stride))
-        return min(max(first * self.stride - self.pad_top, 0), self.in_rows)
+    def slot(self, source: int, by_parts: bool) -> Slot:
+        """How a phase of its reader reads this input, node ``source``
+        (:data:`~layerfit.engine.stripes.Slot`): a reader run whole reads a window input
+        at once, every row, even rows its outputs do not depend on."""
+        code = 2 if self.kind == "broadcast" else (1 if by_parts and self.kind == "window" else 0)
+        first = -(-(self.pad_top - self.extent + 1) // self.stride)
+        return (source, code, self.extent, self.stride, self.pad_top, self.in_rows, first)
 
     @property
     def min_height(self) -> int:
