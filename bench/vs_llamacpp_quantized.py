@@ -187,6 +187,32 @@ def child_llamacpp(path: Path, passes: int, threads: int) -> dict[str, Any]:
     return {"load_s": load_s, **greedy_decode(step, passes), "threads": threads, "policy": "mmap"}
 
 
+def child_floor(config: dict[str, Any], passes: int, threads: int) -> dict[str, Any]:
+    """transformers' own eager decode of the architecture with nothing of size to compute
+    (width 64, one head, a 512-token vocabulary; the layers the model has): the time its
+    Python code and small ops take per step, which layerfit, running the model unchanged,
+    cannot go below."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    transformers.logging.set_verbosity_error()
+    narrow = {**config, "hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 1,
+              "num_key_value_heads": 1, "vocab_size": 512}
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**narrow)).eval()
+    prompt, state = [i % 500 + 3 for i in prompt_tokens(narrow["vocab_size"] + 300)], {"past": None}
+
+    def step(token: int | None) -> Any:
+        ids = torch.tensor([prompt if token is None else [token]])
+        with torch.no_grad():
+            out = model(ids, past_key_values=state["past"], use_cache=True)
+        state["past"] = out.past_key_values
+        return out.logits[0, -1]
+
+    return {"load_s": 0.0, **greedy_decode(step, passes), "threads": torch.get_num_threads(), "policy": "transformers"}
+
+
 def child_quantize(source: Path, target: Path, kind: str) -> dict[str, Any]:
     """llama.cpp's own quantizer (``llama_model_quantize``) from ``source`` to ``target``."""
     import llama_cpp
@@ -206,6 +232,8 @@ def run_child(argv: list[str]) -> dict[str, Any]:
         return child_quantize(Path(rest[0]), Path(rest[1]), rest[2])
     if side == "llamacpp":
         return child_llamacpp(Path(rest[0]), int(rest[1]), int(rest[2]))
+    if side == "floor":
+        return child_floor(json.loads(rest[0]), int(rest[1]), int(rest[2]))
     return child_layerfit(Path(rest[0]), int(rest[1]), int(rest[2]), int(rest[3]), dequantize=side == "dequantize")
 
 
@@ -327,6 +355,8 @@ def row(config: str, files: dict[str, Any], args: argparse.Namespace, limit: int
     passes, threads = str(args.steps + 1), str(args.threads)
     if config == "llamacpp":
         child, python = ["llamacpp", files["gguf_path"], passes, threads], str(args.llamacpp_python)
+    elif config == "floor":
+        child, python = ["floor", json.dumps(files["config"]), passes, threads], sys.executable
     else:
         folder = Path(files["gguf_path"]).parent / ("fp32" if config == "fp32" else "packed")
         child, python = [config, str(folder), passes, str(budget), threads], sys.executable
@@ -409,7 +439,8 @@ def configurations(files: dict[str, Any], p: dict[str, Any]) -> list[tuple[str, 
     out.append(("dequantize", p["dequantize_limit_bytes"], weights))
     at40 = p["fp32_limit_bytes"]
     out += [("fp32", at40, p["fp32_budget_bytes"]),
-            ("packed", at40, packed_budget(files["packed"], p, at40))]
+            ("packed", at40, packed_budget(files["packed"], p, at40)),
+            ("floor", None, 0)]
     return out
 
 
@@ -476,6 +507,12 @@ def derive(model: dict[str, Any]) -> None:
     model["packed_over_fp32_at_40"] = {"limit_bytes": at40, "ratio": x, "goal": GOAL_FP32,
                                        "met": None if x is None else x >= GOAL_FP32,
                                        "packed_all_held_ratio": held}
+    floor, lc_top = find(rows, "floor", None), find(rows, "llamacpp", top)
+    model["transformers_floor"] = {
+        "step_s": floor["step_s"] if floor else None,
+        "share_of_llamacpp_step": floor["step_s"] / lc_top["step_s"] if floor and lc_top else None,
+        "packed_bound_over_llamacpp": lc_top["step_s"] / floor["step_s"] if floor and lc_top else None,
+    }
     where = {"packed": top, "llamacpp": top, "dequantize": model["dequantize_limit_bytes"]}
     tokens = {c: (find(rows, c, limit) or {}).get("tokens") for c, limit in where.items()}
     model["agreement"] = {"packed_vs_dequantize": agreement(tokens["packed"], tokens["dequantize"]),
@@ -542,6 +579,8 @@ def model_markdown(name: str, model: dict[str, Any]) -> list[str]:
         "difference in the last bits changes the greedy token where two nearly tie; the tokens are reported, "
         "not asserted).",
         "",
+        floor_line(model),
+        "",
         "| limit (MB) | llama.cpp holds the file | packed ÷ llama.cpp | goal | met | layerfit VmHWM (MB) | llama.cpp VmHWM "
         "(MB) | layerfit anon (MB) | llama.cpp anon (MB) | layerfit cgroup (MB) | llama.cpp cgroup (MB) |",
         "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
@@ -571,6 +610,18 @@ def model_markdown(name: str, model: dict[str, Any]) -> list[str]:
                      f"{mb(r.get('engine_read_per_step_bytes'))} | {mb(r['vm_hwm_bytes'])} | "
                      f"{mb(r['anon_peak_bytes'])} | {mb(r['cgroup_peak_bytes'])} | {r['load_average_1m']:.1f} |")
     return lines
+
+
+def floor_line(model: dict[str, Any]) -> str:
+    """What transformers' own code costs a step of this architecture (the *floor* row)."""
+    f = model.get("transformers_floor") or {}
+    if f.get("step_s") is None:
+        return "transformers' floor: not measured."
+    return (f"*floor*: transformers' own eager decode of this architecture (its {model['config']['num_hidden_layers']} "
+            f"layers at width 64: its Python code and small ops, nothing of size to compute) takes "
+            f"{f['step_s'] * 1e3:.1f} ms a step, {number(f['share_of_llamacpp_step'])}× llama.cpp's whole step at the "
+            f"top limit: running the model unchanged, layerfit's tokens/s cannot exceed "
+            f"{number(f['packed_bound_over_llamacpp'], '×')} llama.cpp's, whatever its kernels.")
 
 
 def verdict(met: bool | None) -> str:
