@@ -473,6 +473,12 @@ def assemble(view: torch.Tensor, top: int, bottom: int, value: float) -> torch.T
     return torch.cat(parts, dim=2)
 
 
+def window_extent(kernel: int, dilation: int = 1) -> int:
+    """Rows spanned by a kernel of ``kernel`` taps spaced ``dilation`` apart (Table 2's
+    ``H_min^in`` of a window operator)."""
+    return dilation * (kernel - 1) + 1
+
+
 def _window_stripe(
     in_rows: int, extent: int, stride: int, pad: int, fill: float, op: Callable[[torch.Tensor], torch.Tensor]
 ) -> StripeKernel:
@@ -511,7 +517,7 @@ def _conv_node(site: _Site, mod: nn.Conv2d, params: int) -> tuple[Operator, Kern
         return _untileable(site, "conv", f"padding mode {mod.padding_mode!r}", **common)
     if src is None or not site.is_spatial:
         return _untileable(site, "conv", "input is not [N, C, H, W]", **common)
-    window = (src.rows, dh * (kh - 1) + 1, sh, ph)
+    window = (src.rows, window_extent(kh, dh), sh, ph)
     weights, groups = mod._parameters, mod.groups  # read at each call: the weights bound now
 
     def op(x: torch.Tensor) -> torch.Tensor:
@@ -529,7 +535,7 @@ def _maxpool_node(site: _Site, mod: nn.MaxPool2d) -> tuple[Operator, Kernel]:
     geometry = dict(kernel=kh, stride=sh, padding=ph, dilation=dh)
     if src is None or mod.return_indices or not site.is_spatial:
         return _untileable(site, "pool", "pooling with indices or non-4D input", **geometry)
-    window = (src.rows, dh * (kh - 1) + 1, sh, ph)
+    window = (src.rows, window_extent(kh, dh), sh, ph)
     ceil = mod.ceil_mode
 
     def op(x: torch.Tensor) -> torch.Tensor:
@@ -1068,5 +1074,6 @@ __all__ = [
     "release_point",
     "run_stripes",
     "slot_reads",
+    "window_extent",
     "substitute",
 ]

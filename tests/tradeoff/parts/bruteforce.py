@@ -30,8 +30,11 @@ def brute_force_min_windows(
     nodes = graph.nodes
     count = len(nodes)
     total = _phase_counts(graph, parts, phase_rows)
-    consumers = graph.consumers()
     slots = read_slots(graph, parts)
+    consumers: list[list[tuple[int, int]]] = [[] for _ in nodes]  # (consumer, input slot) per node
+    for c, node in enumerate(nodes):
+        for slot, i in enumerate(node.inputs):
+            consumers[i].append((c, slot))
 
     def produced(state: tuple[int, ...], n: int) -> int:
         if state[n] == 0:

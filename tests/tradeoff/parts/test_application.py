@@ -203,7 +203,7 @@ def test_reuse_is_never_worse_than_the_memory_planner_on_a_single_cnn():
         assert total_elems(ours.buffers) <= best_planner
         check_buffers(ours.buffers, app.is_parallel)
     # processing by parts shrinks the buffers
-    assert app.memory([True] * app.n_layers).buffers < app.memory().buffers
+    assert app.derive([True] * app.n_layers).memory().buffers < app.derive().memory().buffers
 
 
 def test_reuse_by_size_is_the_planners_greedy_by_size_when_no_partitions_run_in_parallel():
@@ -278,4 +278,4 @@ def test_algorithm1_invariants_on_random_applications(case):
     best = total_elems(app.derive(bits, order="best").buffers)
     assert best == min(total_elems(reuse_buffers(app.derive(bits).edges, app.is_parallel, o)) for o in ("paper", "size"))
     # processing by parts never needs more buffer memory than running whole
-    assert app.memory(bits, reuse=False).buffers <= app.memory(None, reuse=False).buffers
+    assert app.derive(bits, reuse=False).memory().buffers <= app.derive(None, reuse=False).memory().buffers

@@ -6,22 +6,26 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from layerfit.engine.stripes import release_point, slot_reads
-from layerfit.tradeoff.parts.flow import FlowGraph, FlowNode, format_schedule, plan_rows
-from layerfit.tradeoff.parts.rows import RowMap, edge_part_height, window_extent
+from layerfit.engine.stripes import release_point, slot_reads, window_extent
+from layerfit.tradeoff.parts.flow import FlowGraph, FlowNode, RowPlan, plan_rows
+from layerfit.tradeoff.parts.rows import RowMap
 
 from .bruteforce import brute_force_min_windows
 
 
 def chain(height: int, *layers: tuple[str, int, int, int]) -> FlowGraph:
     """An input of ``height`` rows followed by (name, extent, stride, pad) window layers."""
-    nodes = [FlowNode("in", (), (), height, 1, True)]
+    nodes = [FlowNode("in", (), (), height, True)]
     for name, extent, stride, pad in layers:
         h_in = nodes[-1].rows
         h_out = (h_in + 2 * pad - extent) // stride + 1
         rmap = RowMap("window", h_in, extent, stride, pad)
-        nodes.append(FlowNode(name, (len(nodes) - 1,), (rmap,), h_out, 1, True))
+        nodes.append(FlowNode(name, (len(nodes) - 1,), (rmap,), h_out, True))
     return FlowGraph(tuple(nodes), (len(nodes) - 1,))
+
+
+def step_names(plan: RowPlan) -> list[str]:
+    return [plan.graph.nodes[n].name for n, _, _ in plan.steps]
 
 
 def test_row_map_window_with_padding_and_dilation():
@@ -45,12 +49,11 @@ def test_row_map_oldest_skips_padding_only_rows():
     assert release_point(slot, 0, 3) == 2
 
 
-def test_table2_and_eq5_minimum_heights():
+def test_table2_minimum_heights():
     conv = RowMap("window", 32, 5)
     act = RowMap.identity(32)
     fc = RowMap("all", 32)
     assert (conv.min_height, act.min_height, fc.min_height) == (5, 1, 32)
-    assert edge_part_height(1, conv) == 5  # H' = max(H_out_min(l_i) = 1, H_in_min(l_j) = ks)
 
 
 def test_paper_figure3_two_conv_layers():
@@ -60,9 +63,9 @@ def test_paper_figure3_two_conv_layers():
     assert plan.buffer_rows[0] == 5
     assert plan.phases == (32, 32)
     # With 'same' padding the first phase of l2 needs 3 rows, then the layers alternate.
-    assert format_schedule(plan) == "[in]x3, [l2, in]x29, [l2]x3"
+    assert step_names(plan) == ["in"] * 3 + ["l2", "in"] * 29 + ["l2"] * 3
     unpadded = chain(32, ("l2", 5, 1, 0))
-    assert format_schedule(plan_rows(unpadded, [True, True])) == "[in]x5, [l2, in]x27, [l2]"
+    assert step_names(plan_rows(unpadded, [True, True])) == ["in"] * 5 + ["l2", "in"] * 27 + ["l2"]
 
 
 def test_whole_layer_needs_its_full_input():
@@ -76,10 +79,10 @@ def test_whole_layer_needs_its_full_input():
 def test_skip_connection_buffer_covers_the_halo_of_the_main_path():
     # x -> c1(3x3) -> c2(3x3) -> add(x): when add runs row r, c1 has read x up to r + 2
     # and add still needs x row r: x holds the 2-row halo of the main path plus one row.
-    nodes = [FlowNode("x", (), (), 12, 4, True)]
-    nodes.append(FlowNode("c1", (0,), (RowMap("window", 12, 3, 1, 1),), 12, 4, True))
-    nodes.append(FlowNode("c2", (1,), (RowMap("window", 12, 3, 1, 1),), 12, 4, True))
-    nodes.append(FlowNode("add", (2, 0), (RowMap.identity(12), RowMap.identity(12)), 12, 4, True))
+    nodes = [FlowNode("x", (), (), 12, True)]
+    nodes.append(FlowNode("c1", (0,), (RowMap("window", 12, 3, 1, 1),), 12, True))
+    nodes.append(FlowNode("c2", (1,), (RowMap("window", 12, 3, 1, 1),), 12, True))
+    nodes.append(FlowNode("add", (2, 0), (RowMap.identity(12), RowMap.identity(12)), 12, True))
     graph = FlowGraph(tuple(nodes), (3,))
     plan = plan_rows(graph, [True] * 4)
     assert plan.buffer_rows == (3, 3, 1, 0)
@@ -92,7 +95,7 @@ def flow_graphs(draw):
     """Small random graphs: windows with stride/dilation/padding, pointwise, whole layers,
     skip connections and two-input merges."""
     height = draw(st.integers(3, 8))
-    nodes = [FlowNode("in", (), (), height, 1, True)]
+    nodes = [FlowNode("in", (), (), height, True)]
     for k in range(draw(st.integers(1, 4))):
         prev = len(nodes) - 1
         h_in = nodes[prev].rows
@@ -102,14 +105,14 @@ def flow_graphs(draw):
             if same:
                 j = draw(st.sampled_from(same))
                 maps = (RowMap.identity(h_in), RowMap.identity(h_in))
-                nodes.append(FlowNode(f"m{k}", (prev, j), maps, h_in, 1, True))
+                nodes.append(FlowNode(f"m{k}", (prev, j), maps, h_in, True))
                 continue
             kind = "pointwise"
         if kind == "whole":
-            nodes.append(FlowNode(f"w{k}", (prev,), (RowMap("all", h_in),), h_in, 1, False))
+            nodes.append(FlowNode(f"w{k}", (prev,), (RowMap("all", h_in),), h_in, False))
             continue
         if kind == "pointwise":
-            nodes.append(FlowNode(f"p{k}", (prev,), (RowMap.identity(h_in),), h_in, 1, True))
+            nodes.append(FlowNode(f"p{k}", (prev,), (RowMap.identity(h_in),), h_in, True))
             continue
         kernel = draw(st.sampled_from([1, 2, 3, 5]))
         dilation = draw(st.sampled_from([1, 1, 2]))
@@ -124,10 +127,10 @@ def flow_graphs(draw):
             r * stride - pad <= h_in - 1 and r * stride - pad + extent - 1 >= 0 for r in range(max(h_out, 0))
         )
         if h_out < 1 or not touches:
-            nodes.append(FlowNode(f"p{k}", (prev,), (RowMap.identity(h_in),), h_in, 1, True))
+            nodes.append(FlowNode(f"p{k}", (prev,), (RowMap.identity(h_in),), h_in, True))
             continue
         rmap = RowMap("window", h_in, extent, stride, pad)
-        nodes.append(FlowNode(f"c{k}", (prev,), (rmap,), h_out, 1, True))
+        nodes.append(FlowNode(f"c{k}", (prev,), (rmap,), h_out, True))
     parts = draw(st.lists(st.booleans(), min_size=len(nodes), max_size=len(nodes)))
     return FlowGraph(tuple(nodes), (len(nodes) - 1,)), parts, draw(st.sampled_from([1, 1, 2]))
 
@@ -150,6 +153,6 @@ def test_minimum_buffers_equal_exhaustive_search(case):
 
 def test_graph_validation():
     with pytest.raises(ValueError):
-        FlowGraph((FlowNode("a", (1,), (RowMap.identity(2),), 2, 1, True),), (0,))
+        FlowGraph((FlowNode("a", (1,), (RowMap.identity(2),), 2, True),), (0,))
     with pytest.raises(ValueError):
         plan_rows(chain(4, ("a", 3, 1, 1)), [True])

@@ -15,7 +15,6 @@ from layerfit.errors import TradeoffError
 from layerfit.tradeoff.parts.executor import (
     TOLERANCE,
     PartsExecutor,
-    describe_tiling,
     untiled_peak_bytes,
 )
 from layerfit.tradeoff.parts.kernels import cnn_from_module
@@ -147,16 +146,13 @@ def test_kernels_read_the_weights_bound_when_they_run():
 def test_untileable_layers_are_marked_and_run_whole():
     model = mobile_block_net()
     cnn = cnn_from_module("net", model, torch.randn(1, 3, 20, 20))
-    info = {row["name"]: row for row in describe_tiling(cnn)}
-    untileable = {row["op"] for row in info.values() if not row["tileable"]}
-    assert {"global_pool", "flatten", "fc"} <= untileable
-    assert all(row["reason"] for row in info.values() if not row["tileable"])
+    untileable = [i for i in range(len(cnn.layers)) if not cnn.tileable(i)]
+    assert {"global_pool", "flatten", "fc"} <= {cnn.layers[i].kind for i in untileable}
+    assert all(cnn.tiling_reason(i) for i in untileable)
     executor = PartsExecutor(cnn, "all")
     for k, flag in enumerate(executor.plan.by_parts):
         if not cnn.tileable(executor.members[k]):
             assert not flag and executor.plan.phases[k] <= 1
-    # the SE gate needs the whole input of its global pooling: that tensor is kept whole
-    assert any(r["op"] == "global_pool" for r in info.values())
 
 
 def test_partial_tiling_by_names_and_phase_rows():

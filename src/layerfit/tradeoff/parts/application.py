@@ -105,19 +105,28 @@ class MemoryCost:
 
 @dataclass
 class PartitionPlan:
-    """A partition's schedule after choosing which layers process by parts.
+    """A partition's schedule after choosing which layers process by parts, and its edges.
 
     ``steps`` lists the layers run at each step (a by-parts layer appears once per
-    phase); ``phases`` is ``Phi`` per layer; ``row_plan`` is the row-level analysis
-    (None when no layer of the partition processes by parts).
+    phase); ``phases`` is ``Phi`` per layer; ``first``/``last`` are the first and last
+    step of each layer (by global layer index) and ``read_end`` the last step its data is
+    read inside the partition (-1: never); ``row_plan`` is the row-level analysis (None
+    when no layer of the partition processes by parts).
     """
 
     partition: Partition
     steps: tuple[tuple[str, ...], ...]
     phases: dict[str, int]
-    by_parts: tuple[bool, ...]
+    first: dict[int, int]
+    last: dict[int, int]
+    read_end: dict[int, int]
     row_plan: RowPlan | None
-    edges: tuple[AppEdge, ...]
+    edges: tuple[AppEdge, ...] = ()
+
+    @property
+    def end(self) -> int:
+        """The partition's last step."""
+        return len(self.steps) - 1
 
 
 @dataclass
@@ -137,7 +146,8 @@ class DerivedApplication:
 
     def memory(self, precision: Precision | None = None) -> MemoryCost:
         """Eq. 1-4 for this application's buffers at ``precision`` (default: the app's)."""
-        return self.app.memory_of(self.buffers, precision)
+        size = BYTES_PER_ELEMENT[precision or self.app.precision]
+        return MemoryCost(self.app.param_bytes(precision), total_elems(self.buffers) * size)
 
 
 class Application:
@@ -212,11 +222,6 @@ class Application:
         """Eq. 2: parameters of every layer of every CNN times ``par_bytes``."""
         return sum(c.param_count for c in self.cnns) * BYTES_PER_ELEMENT[precision or self.precision]
 
-    def memory_of(self, buffers: Sequence[SharedBuffer], precision: Precision | None = None) -> MemoryCost:
-        """Eq. 1-4 for the given buffers."""
-        size = BYTES_PER_ELEMENT[precision or self.precision]
-        return MemoryCost(self.param_bytes(precision), total_elems(buffers) * size)
-
     def _check_partitions(self) -> None:
         names = [p.name for p in self.partitions]
         for p in self.partitions:
@@ -270,7 +275,7 @@ class Application:
                     raise TradeoffError(f"{where}[{k}]: layer {name!r} is scheduled twice")
                 indices.append(i)
             for i in indices:
-                for j in cnn.inputs_of(i):
+                for j in cnn.layers[i].inputs:
                     if j in p and seen.get(j, k) >= k:
                         raise TradeoffError(
                             f"{where}[{k}]: layer {cnn.layers[i].name!r} runs before or with its input "
@@ -316,34 +321,8 @@ class Application:
         buffers = reuse_buffers(edges, self.is_parallel, order) if reuse else naive_buffers(edges)
         return DerivedApplication(self, chromosome, plans, edges, buffers)
 
-    def memory(self, bits: Sequence[bool] | None = None, reuse: bool = True, precision: Precision | None = None) -> MemoryCost:
-        """Memory cost of the application under chromosome ``bits``."""
-        return self.derive(bits, reuse).memory(precision)
-
     def _plan_partition(self, p: Partition, parts: tuple[bool, ...], phase_rows: int) -> PartitionPlan:
         return _PartitionPlanner(self, p).plan(parts, phase_rows)
-
-
-@dataclass(frozen=True)
-class _Timing:
-    """When each layer of a partition runs and its data is read, in schedule steps.
-
-    ``first``/``last``: first and last step of each layer (by global layer index);
-    ``read_end``: last step a layer's data is read inside the partition (-1: never);
-    ``row_plan``: the row analysis when some layer processes by parts.
-    """
-
-    steps: tuple[tuple[str, ...], ...]
-    phases: dict[str, int]
-    first: dict[int, int]
-    last: dict[int, int]
-    read_end: dict[int, int]
-    row_plan: RowPlan | None
-
-    @property
-    def end(self) -> int:
-        """The partition's last step."""
-        return len(self.steps) - 1
 
 
 class _PartitionPlanner:
@@ -368,17 +347,18 @@ class _PartitionPlanner:
         self.names = [layer.name for layer in cnn.layers]
 
     def plan(self, parts: tuple[bool, ...], phase_rows: int) -> PartitionPlan:
-        timing = self._by_rows(parts, phase_rows) if any(parts) else self._by_steps()
-        edges = self._incoming(timing) + self._produced(timing)
-        return PartitionPlan(self.p, timing.steps, timing.phases, parts, timing.row_plan, tuple(edges))
+        plan = self._by_rows(parts, phase_rows) if any(parts) else self._by_steps()
+        plan.edges = tuple(self._incoming(plan) + self._produced(plan))
+        return plan
 
-    def _by_steps(self) -> _Timing:
+    def _by_steps(self) -> PartitionPlan:
         """The partition's own schedule: every layer whole, at its step."""
         cnn, p = self.cnn, self.p
         schedule = self.app.schedules[p.name]
         step_of = {i: k for k, step in enumerate(schedule) for i in step}
         read_end = {i: max((step_of[c] for c in self.consumers[i] if c in p), default=-1) for i in self.members}
-        return _Timing(
+        return PartitionPlan(
+            partition=p,
             steps=tuple(tuple(cnn.layers[i].name for i in step) for step in schedule),
             phases={cnn.layers[i].name: 1 for i in self.inside},
             first=dict(step_of),
@@ -387,7 +367,7 @@ class _PartitionPlanner:
             row_plan=None,
         )
 
-    def _by_rows(self, parts: tuple[bool, ...], phase_rows: int) -> _Timing:
+    def _by_rows(self, parts: tuple[bool, ...], phase_rows: int) -> PartitionPlan:
         """The row analysis' schedule: a by-parts layer runs once per phase."""
         cnn, local, members = self.cnn, self.local, self.members
         schedule = self.app.schedules[self.p.name]
@@ -395,7 +375,8 @@ class _PartitionPlanner:
         graph = cnn.flow_graph(self.stage, order)
         row_plan = plan_rows(graph, (False,) * len(self.ext) + parts, phase_rows)
         counts = row_plan.phases
-        return _Timing(
+        return PartitionPlan(
+            partition=self.p,
             steps=tuple((cnn.layers[members[n]].name,) for n, _, _ in row_plan.steps),
             phases={cnn.layers[i].name: max(1, counts[local[i]]) for i in self.inside},
             first={members[n]: row_plan.first_step[n] for n in range(len(members))},
@@ -404,10 +385,10 @@ class _PartitionPlanner:
             row_plan=row_plan,
         )
 
-    def _size(self, timing: _Timing, i: int, consumer: int | None) -> int:
+    def _size(self, plan: PartitionPlan, i: int, consumer: int | None) -> int:
         """Elements the buffer of layer ``i``'s data needs (for one consumer, or all)."""
         layer = self.cnn.layers[i]
-        row_plan = timing.row_plan
+        row_plan = plan.row_plan
         if row_plan is None:
             return layer.elems
         n = self.local[i]
@@ -415,49 +396,49 @@ class _PartitionPlanner:
             return row_plan.buffer_rows[n] * layer.row_elems
         return row_plan.edge_rows.get((n, self.local[consumer]), layer.rows) * layer.row_elems
 
-    def _incoming(self, timing: _Timing) -> list[AppEdge]:
+    def _edge(
+        self, producer: int, consumers: Iterable[int], copy: int, start: int, end: int, elems: int | None = None
+    ) -> AppEdge:
+        """An edge of layer ``producer``'s data to ``consumers`` (a copy: see :class:`AppEdge`),
+        live over steps ``start..end``, needing ``elems`` (default: the whole data)."""
+        names, full = self.names, self.cnn.layers[producer].elems
+        readers = tuple(names[c] for c in consumers)
+        size = full if elems is None else elems
+        return AppEdge(self.p.cnn, names[producer], readers, self.p.name, copy, size, full, start, end)
+
+    def _incoming(self, plan: PartitionPlan) -> list[AppEdge]:
         """Consumer-side copies of data produced by an earlier stage."""
-        cnn, p, names = self.cnn, self.p, self.names
         edges = []
         for g in self.ext:
-            readers = [c for c in self.consumers[g] if c in p]
-            elems = cnn.layers[g].elems
-            if not elems:
+            if not self.cnn.layers[g].elems:
                 continue
+            readers = [c for c in self.consumers[g] if c in self.p]
             if self.app.fanout == "tensor":
-                end = max(timing.read_end[g], 0)
-                edges.append(AppEdge(p.cnn, names[g], tuple(names[c] for c in readers), p.name, 2, elems, elems, 0, end))
+                edges.append(self._edge(g, readers, 2, 0, max(plan.read_end[g], 0)))
             else:
-                for c in readers:
-                    edges.append(AppEdge(p.cnn, names[g], (names[c],), p.name, 2, elems, elems, 0, max(timing.last[c], 0)))
+                edges += [self._edge(g, [c], 2, 0, max(plan.last[c], 0)) for c in readers]
         return edges
 
-    def _produced(self, timing: _Timing) -> list[AppEdge]:
+    def _produced(self, plan: PartitionPlan) -> list[AppEdge]:
         """The data the partition's layers produce: inside it, and producer-side copies of
         what crosses to another stage (or leaves the CNN)."""
-        cnn, p, names, consumers = self.cnn, self.p, self.names, self.consumers
-        first, last, read_end, end = timing.first, timing.last, timing.read_end, timing.end
+        first, last, end = plan.first, plan.last, plan.end
         edges = []
         for i in self.inside:
-            layer = cnn.layers[i]
-            if not layer.elems or first.get(i, -1) < 0:
+            if not self.cnn.layers[i].elems or first.get(i, -1) < 0:
                 continue
-            readers = [c for c in consumers[i] if c in p]
-            crossing = len(readers) < len(consumers[i])  # read by a later stage
-            if self.app.fanout == "tensor":
-                if crossing or not consumers[i]:
-                    edges.append(AppEdge(p.cnn, layer.name, tuple(names[c] for c in consumers[i]), p.name,
-                                         1 if crossing else 0, layer.elems, layer.elems, first[i], end))
-                else:
-                    edges.append(AppEdge(p.cnn, layer.name, tuple(names[c] for c in readers), p.name, 0,
-                                         self._size(timing, i, None), layer.elems, first[i], max(read_end[i], first[i])))
-                continue
-            for c in readers:
-                edges.append(AppEdge(p.cnn, layer.name, (names[c],), p.name, 0, self._size(timing, i, c), layer.elems,
-                                     first[i], max(last[c], first[i])))
-            for c in consumers[i]:
-                if c not in p:
-                    edges.append(AppEdge(p.cnn, layer.name, (names[c],), p.name, 1, layer.elems, layer.elems, first[i], end))
+            consumers = self.consumers[i]
+            readers = [c for c in consumers if c in self.p]
+            crossing = len(readers) < len(consumers)  # read by a later stage
+            if self.app.fanout == "edge":
+                for c in readers:
+                    edges.append(self._edge(i, [c], 0, first[i], max(last[c], first[i]), self._size(plan, i, c)))
+                edges += [self._edge(i, [c], 1, first[i], end) for c in consumers if c not in self.p]
+            elif crossing or not consumers:
+                edges.append(self._edge(i, consumers, 1 if crossing else 0, first[i], end))
+            else:
+                end_read = max(plan.read_end[i], first[i])
+                edges.append(self._edge(i, readers, 0, first[i], end_read, self._size(plan, i, None)))
         return edges
 
 

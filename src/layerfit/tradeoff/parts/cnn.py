@@ -19,10 +19,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from layerfit.engine.stripes import Operator
+from layerfit.engine.stripes import Operator, window_extent
 from layerfit.errors import TradeoffError
 from layerfit.tradeoff.parts.flow import FlowGraph, FlowNode
-from layerfit.tradeoff.parts.rows import RowMap, window_extent
+from layerfit.tradeoff.parts.rows import RowMap
 
 # Operators that can process data by parts (Table 2): windows and row-wise operators.
 WINDOW_OPS = frozenset({"conv", "pool"})
@@ -96,10 +96,6 @@ class CNN:
         except KeyError:
             raise TradeoffError(f"cnn {self.name!r} has no layer {name!r}") from None
 
-    def inputs_of(self, i: int) -> tuple[int, ...]:
-        """Indices of the layers layer ``i`` reads, in argument order."""
-        return self.layers[i].inputs
-
     def consumers(self) -> list[list[int]]:
         """For each layer, the layers reading its output (each listed once)."""
         return [list(c) for c in self._consumers]
@@ -150,10 +146,10 @@ class CNN:
         for k, g in enumerate(members):
             layer = self.layers[g]
             if k < len(stage.inputs):
-                nodes.append(FlowNode(layer.name, (), (), layer.rows, layer.row_elems, False))
+                nodes.append(FlowNode(layer.name, (), (), layer.rows, False))
             else:
                 inputs = tuple(local[j] for j in layer.inputs)
-                nodes.append(FlowNode(layer.name, inputs, self.maps(g), layer.rows, layer.row_elems, self.tileable(g)))
+                nodes.append(FlowNode(layer.name, inputs, self.maps(g), layer.rows, self.tileable(g)))
         return FlowGraph(tuple(nodes), tuple(local[o] for o in stage.outputs), None if order is None else tuple(order))
 
     def _row_maps(self, i: int) -> tuple[tuple[RowMap, ...], bool, str]:

@@ -17,24 +17,18 @@ so sums can be ordered differently. Pooling, batch norm, ReLU-like activations a
 are element-for-element the same; whole networks are often bit-exact when oneDNN is
 disabled, never off by more than ``TOLERANCE``.
 
-Memory is accounted in the run's ledger: every edge buffer (row buffers at capacity, whole
-intermediate tensors at full size) counts from allocation until its last reader has
-run. Graph inputs and outputs belong to the caller and are not counted; the transient
-one-phase result and the padded stripes of border phases are not counted either.
-With no layer by parts the ledger is the memory planner's tensor usage records, so
-:func:`untiled_peak_bytes` reads its peak from them without a run.
+Memory is accounted in the run's ledger (:class:`~layerfit.engine.stripes.RunStats`, whose
+module says what it counts). With no layer by parts the ledger is the memory planner's
+tensor usage records, so :func:`untiled_peak_bytes` reads its peak from them without a run.
 
 Given an :class:`~layerfit.engine.engine.Engine` of the model the CNN was read from
 (:func:`~layerfit.tradeoff.parts.kernels.cnn_from_engine`), the executor's stage runs as
 one pass of the engine that may run only the units holding the stage's modules
 (:meth:`Engine.run_pass <layerfit.engine.engine.Engine.run_pass>`, as
 :mod:`layerfit.engine.parts` runs a submodule): the engine checks its file and binds the
-weights, and a streaming engine refuses a unit outside the stage. A layer run whole
-calls its module, so its unit's hooks bind it as in any pass; a layer by parts calls its
-operator in row stripes on its module's weights as bound, and the phases of a chain of
-such layers interleave, so the engine binds the chain's units as one from its first
-phase to its last (:func:`~layerfit.engine.stripes.held_spans`), under any policy that
-can hold them.
+weights, and a streaming engine refuses a unit outside the stage; how the units of
+layers run whole and by parts are bound is the engine's stripes' to say
+(:func:`~layerfit.engine.stripes.held_spans`).
 """
 
 from __future__ import annotations
@@ -138,7 +132,7 @@ class PartsExecutor:
         flags = resolve_parts(cnn, parts)
         self.plan: RowPlan = plan_rows(self.flow, [flags[t] for t in self.members], phase_rows)
         self.last_stats = RunStats()
-        nodes, plan, consumers = self.flow.nodes, self.plan, self.flow.consumers()
+        nodes, plan = self.flow.nodes, self.plan
         self.schedule = StripeSchedule(
             kernels=tuple(self.runner.kernels[t] for t in self.members),
             names=tuple(node.name for node in nodes),
@@ -148,7 +142,7 @@ class PartsExecutor:
             external=len(self.stage.inputs),
             outputs=self.flow.outputs,
             keeps=tuple(  # buffered for readers: not the caller's input or output, read by someone
-                k >= len(self.stage.inputs) and k not in self.flow.outputs and bool(consumers[k]) for k in range(len(nodes))
+                k >= len(self.stage.inputs) and k not in self.flow.outputs and bool(plan.readers[k]) for k in range(len(nodes))
             ),
             by_parts=plan.by_parts,
             steps=plan.steps,
@@ -240,30 +234,3 @@ def untiled_peak_bytes(cnn: CNN) -> int:
             records.append(TensorUsageRecord(i, i, max(readers), layer.elems * itemsize))
     return max_breadth(records)
 
-
-def describe_tiling(cnn: CNN) -> list[dict[str, Any]]:
-    """Per layer: kind, output shape, whether it can process by parts, and why not."""
-    return [
-        {
-            "name": layer.name,
-            "op": layer.kind,
-            "shape": layer.shape,
-            "tileable": cnn.tileable(i),
-            "min_height": max((m.min_height for m in cnn.maps(i)), default=0) if cnn.tileable(i) else None,
-            "reason": "" if cnn.tileable(i) else cnn.tiling_reason(i),
-        }
-        for i, layer in enumerate(cnn.layers)
-    ]
-
-
-__all__ = [
-    "TOLERANCE",
-    "PartsExecutor",
-    "Stage",
-    "describe_tiling",
-    "layer_units",
-    "resolve_parts",
-    "stage_of",
-    "stage_units",
-    "untiled_peak_bytes",
-]

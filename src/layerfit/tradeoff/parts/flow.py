@@ -45,17 +45,16 @@ class FlowNode:
     """One layer of a partition as the row analysis sees it.
 
     ``inputs`` are indices of earlier nodes, ``maps[k]`` says how input ``k`` is read.
-    ``rows`` is the output height (1 for tensors without a height, e.g. FC outputs) and
-    ``row_elems`` the number of elements in one output row. ``tileable`` is false for
-    layers that cannot process data by parts (global pooling, fully connected, flatten,
-    anything with a full-height receptive field); such layers always run whole.
+    ``rows`` is the output height (1 for tensors without a height, e.g. FC outputs).
+    ``tileable`` is false for layers that cannot process data by parts (global pooling,
+    fully connected, flatten, anything with a full-height receptive field); such layers
+    always run whole.
     """
 
     name: str
     inputs: tuple[int, ...]
     maps: tuple[RowMap, ...]
     rows: int
-    row_elems: int
     tileable: bool
 
     def __post_init__(self) -> None:
@@ -86,14 +85,6 @@ class FlowGraph:
                     raise ValueError(f"node {node.name!r} reads node {j}, not an earlier node")
         if self.order is not None and sorted(self.order) != list(range(len(self.nodes))):
             raise ValueError("order must be a permutation of the node indices")
-
-    def consumers(self) -> list[list[tuple[int, int]]]:
-        """For each node, the ``(consumer, input slot)`` pairs reading its tensor."""
-        result: list[list[tuple[int, int]]] = [[] for _ in self.nodes]
-        for c, node in enumerate(self.nodes):
-            for slot, i in enumerate(node.inputs):
-                result[i].append((c, slot))
-        return result
 
 
 @dataclass(frozen=True)
@@ -187,14 +178,13 @@ def plan_rows(graph: FlowGraph, parts: Sequence[bool], phase_rows: int = 1) -> R
     by_parts = effective_parts(graph, parts)
     simulation = _Simulation(graph, by_parts, phase_rows)
     needed = needed_rows(graph, simulation.slots, by_parts, phase_rows)
-    consumers = graph.consumers()
     order = graph.order if graph.order is not None else range(len(graph.nodes))
     for n in order:
-        if needed[n] is not None and (not by_parts[n] or not consumers[n]):
+        if needed[n] is not None and (not by_parts[n] or not simulation.readers[n]):
             simulation.pull(n, needed[n][1])
     for n in graph.outputs:
         simulation.pull(n, graph.nodes[n].rows - 1)
-    return simulation.plan(consumers)
+    return simulation.plan()
 
 
 class _Simulation:
@@ -276,7 +266,7 @@ class _Simulation:
             else:
                 self.execute(n, a, b)
 
-    def plan(self, consumers: list[list[tuple[int, int]]]) -> RowPlan:
+    def plan(self) -> RowPlan:
         """The schedule simulated so far, with the minimum buffers it needs."""
         count = len(self.rows)
         return RowPlan(
@@ -284,7 +274,7 @@ class _Simulation:
             by_parts=self.by_parts,
             phase_rows=self.phase_rows,
             steps=tuple(self.steps),
-            buffer_rows=tuple(self.window[n] if consumers[n] else 0 for n in range(count)),
+            buffer_rows=tuple(self.window[n] if self.readers[n] else 0 for n in range(count)),
             edge_rows=self.edge_window,
             first_step=tuple(self.first_step),
             last_step=tuple(self.last_step),
@@ -294,30 +284,3 @@ class _Simulation:
             readers=tuple(tuple(r) for r in self.readers),
         )
 
-
-def format_schedule(plan: RowPlan, limit: int = 12) -> str:
-    """The schedule in the paper's run-length notation, e.g. ``[conv1]x5, [conv2]``.
-
-    Repeated single steps become ``[name]xN`` and a repeated alternation of several
-    layers ``[a, b]xN``; at most ``limit`` groups are shown.
-    """
-    names = [plan.graph.nodes[n].name for n, _, _ in plan.steps]
-    groups: list[tuple[tuple[str, ...], int]] = []
-    i = 0
-    while i < len(names):
-        best = ((names[i],), 1)
-        for width in range(1, 5):
-            unit = tuple(names[i : i + width])
-            if len(unit) < width:
-                break
-            reps = 1
-            while tuple(names[i + reps * width : i + (reps + 1) * width]) == unit:
-                reps += 1
-            if reps > 1 and reps * width > best[1] * len(best[0]):
-                best = (unit, reps)
-        groups.append(best)
-        i += len(best[0]) * best[1]
-    text = [f"[{', '.join(u)}]" + (f"x{r}" if r > 1 else "") for u, r in groups[:limit]]
-    if len(groups) > limit:
-        text.append(f"... ({len(groups) - limit} more)")
-    return ", ".join(text)

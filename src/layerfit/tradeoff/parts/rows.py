@@ -68,12 +68,3 @@ class RowMap:
             return 1
         return min(self.extent, self.in_rows)
 
-
-def window_extent(kernel: int, dilation: int = 1) -> int:
-    """Rows spanned by a kernel of ``kernel`` taps spaced ``dilation`` apart."""
-    return dilation * (kernel - 1) + 1
-
-
-def edge_part_height(producer_out_min: int, consumer: RowMap) -> int:
-    """Eq. 5: ``H' = max(H_min^out(l_i), H_min^in(l_j))`` rows exchanged by two layers."""
-    return max(producer_out_min, consumer.min_height)
