@@ -289,11 +289,10 @@ def parse_throughput(value: Any, cnn_names: set[str], where: str) -> dict[str, f
     if value is None:
         return {}
     if not isinstance(value, dict):
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise TradeoffError(f"{where}: expected a number or a mapping CNN -> fps, got {value!r}")
         if not _is_fps(value):
             raise TradeoffError(
-                f"{where}: expected a finite, non-negative number of frames per second (e.g. 40), got {value}"
+                f"{where}: expected a finite, non-negative number of frames per second (e.g. 40) or a "
+                f"mapping CNN -> fps, got {value!r}"
             )
         return dict.fromkeys(sorted(cnn_names), float(value))
     for key, fps in value.items():

@@ -29,40 +29,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
 from layerfit.memory.objects_grouped import grouped_objects
 from layerfit.memory.plans import SharedObjectsPlan
 
+if TYPE_CHECKING:  # Algorithm 1 reads an edge's partition, live steps start..end and elems
+    from layerfit.tradeoff.parts.application import AppEdge
+
 ReuseOrder = Literal["paper", "size", "best", "planner"]
-
-
-class ReuseEdge(Protocol):
-    """What Algorithm 1 needs to know about an edge."""
-
-    @property
-    def partition(self) -> str: ...
-
-    @property
-    def elems(self) -> int: ...
-
-    @property
-    def start(self) -> int: ...
-
-    @property
-    def end(self) -> int: ...
 
 
 @dataclass
 class SharedBuffer:
     """A buffer shared by edges never used at the same time; ``size`` in elements (Eq. 4)."""
 
-    edges: list = field(default_factory=list)
+    edges: list[AppEdge] = field(default_factory=list)
     size: int = 0
 
 
 def algorithm1(
-    edges: Sequence[ReuseEdge], parallel: Callable[[str, str], bool], smallest_on_tie: bool = False
+    edges: Sequence[AppEdge], parallel: Callable[[str, str], bool], smallest_on_tie: bool = False
 ) -> list[SharedBuffer]:
     """Algorithm 1 visiting ``edges`` in the given order: the memory planner's shared
     objects over groups (:func:`~layerfit.memory.objects_grouped.grouped_objects`), a
@@ -71,7 +58,7 @@ def algorithm1(
     return _buffers(edges, grouped_objects(tensors, parallel, smallest_on_tie))
 
 
-def planner_buffers(edges: Sequence[ReuseEdge], strategy: str = "greedy_by_size_improved") -> list[SharedBuffer]:
+def planner_buffers(edges: Sequence[AppEdge], strategy: str = "greedy_by_size_improved") -> list[SharedBuffer]:
     """Shared objects from the per-network memory planner (Pisarchyk & Lee).
 
     Valid only when no two partitions run in parallel: the partitions' schedules are then
@@ -88,7 +75,7 @@ def planner_buffers(edges: Sequence[ReuseEdge], strategy: str = "greedy_by_size_
     return _buffers(edges, plan_objects(make_records(records, alignment=1), strategy))
 
 
-def _buffers(edges: Sequence[ReuseEdge], plan: SharedObjectsPlan) -> list[SharedBuffer]:
+def _buffers(edges: Sequence[AppEdge], plan: SharedObjectsPlan) -> list[SharedBuffer]:
     """The plan's objects as buffers holding ``edges`` (by position), in visiting order."""
     buffers = [SharedBuffer([], size) for size in plan.object_sizes]
     for k, e in enumerate(edges):
@@ -97,7 +84,7 @@ def _buffers(edges: Sequence[ReuseEdge], plan: SharedObjectsPlan) -> list[Shared
 
 
 def reuse_buffers(
-    edges: Sequence[ReuseEdge], parallel: Callable[[str, str], bool], order: ReuseOrder = "best"
+    edges: Sequence[AppEdge], parallel: Callable[[str, str], bool], order: ReuseOrder = "best"
 ) -> list[SharedBuffer]:
     """Shared buffers for ``edges`` under Algorithm 1 (see the module docstring for orders)."""
     if order == "paper":
@@ -116,7 +103,7 @@ def reuse_buffers(
     return min(candidates, key=total_elems)
 
 
-def naive_buffers(edges: Sequence[ReuseEdge]) -> list[SharedBuffer]:
+def naive_buffers(edges: Sequence[AppEdge]) -> list[SharedBuffer]:
     """The naive allocation: every edge has a buffer of its own (Table 1)."""
     return [SharedBuffer([e], e.elems) for e in edges]
 

@@ -169,26 +169,18 @@ class Evaluator:
         self.phase_rows = phase_rows
         self.cache: dict[tuple[bool, ...], Evaluation] = {}
 
-    def derive(self, bits: Sequence[bool] | None, reuse: bool = True) -> DerivedApplication:
-        return self.app.derive(bits, reuse=reuse, order=self.order, phase_rows=self.phase_rows)
-
     def __call__(self, bits: Sequence[bool] | None) -> Evaluation:
         key = self.app.bits_of(bits)
         if key not in self.cache:
-            derived = self.derive(key)
+            derived = self.app.derive(key, order=self.order, phase_rows=self.phase_rows)
             self.cache[key] = Evaluation(key, derived.memory(), self.estimator.throughput(self.app, derived))
         return self.cache[key]
 
-    def unshared(self, bits: Sequence[bool] | None) -> Evaluation:
-        """Evaluation without buffer reuse (naive allocation), not cached."""
+    def final(self, bits: Sequence[bool] | None, reuse: bool = True) -> tuple[Evaluation, DerivedApplication]:
+        """Evaluation, not cached, with the most thorough reuse (Algorithm 1 and the memory
+        planner), or none (``reuse=False``: the naive allocation); throughput as cached."""
         key = self.app.bits_of(bits)
-        derived = self.derive(key, reuse=False)
-        return Evaluation(key, derived.memory(), self(key).throughput)
-
-    def final(self, bits: Sequence[bool] | None) -> tuple[Evaluation, DerivedApplication]:
-        """Evaluation with the most thorough reuse (Algorithm 1 and the memory planner)."""
-        key = self.app.bits_of(bits)
-        derived = self.app.derive(key, order="planner", phase_rows=self.phase_rows)
+        derived = self.app.derive(key, reuse, order="planner", phase_rows=self.phase_rows)
         return Evaluation(key, derived.memory(), self(key).throughput), derived
 
 
@@ -206,9 +198,9 @@ def baselines(evaluator: Evaluator) -> dict[str, Evaluation]:
     """No reduction, reuse only ([23]-style), all layers by parts without reuse ([17]) and with."""
     every = [True] * evaluator.app.n_layers
     return {
-        "no_reduction": evaluator.unshared(None),
+        "no_reduction": evaluator.final(None, reuse=False)[0],
         "reuse_only": evaluator.final(None)[0],
-        "all_parts": evaluator.unshared(every),
+        "all_parts": evaluator.final(every, reuse=False)[0],
         "all_parts_reuse": evaluator.final(every)[0],
     }
 

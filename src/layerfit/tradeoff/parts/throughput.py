@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -52,18 +51,6 @@ class LayerTimes:
     parts: tuple[float, ...]
 
 
-def stage_seconds(app: Application, derived: DerivedApplication, times: dict[str, LayerTimes]) -> dict[str, float]:
-    """Seconds per frame of every partition, from per-layer times."""
-    result = {}
-    for p in app.partitions:
-        t = times[p.cnn]
-        offset = app.offsets[p.cnn]
-        result[p.name] = sum(
-            t.parts[i] if derived.bits[offset + i] else t.whole[i] for i in range(p.start, p.stop)
-        )
-    return result
-
-
 def throughput_of_stages(app: Application, seconds: dict[str, float]) -> dict[str, float]:
     """``T_n``: 1 / slowest stage for pipelined CNNs, 1 / total otherwise."""
     result = {}
@@ -81,8 +68,13 @@ class _PerLayer:
         raise NotImplementedError
 
     def throughput(self, app: Application, derived: DerivedApplication) -> dict[str, float]:
+        """Each partition takes the sum of its layers' times in their chosen modes."""
         times = {c.name: self.layer_times(c) for c in app.cnns}
-        return throughput_of_stages(app, stage_seconds(app, derived, times))
+        seconds = {}
+        for p in app.partitions:
+            t, offset = times[p.cnn], app.offsets[p.cnn]
+            seconds[p.name] = sum(t.parts[i] if derived.bits[offset + i] else t.whole[i] for i in range(p.start, p.stop))
+        return throughput_of_stages(app, seconds)
 
 
 @dataclass
@@ -207,14 +199,3 @@ def estimator_for(app: Application, model: bool = False, phase_rows: int = 1) ->
         return AnalyticThroughput(phase_rows=phase_rows)
     return ProfiledThroughput(phase_rows=phase_rows)
 
-
-__all__: Sequence[str] = [
-    "AnalyticThroughput",
-    "LayerTimes",
-    "MeasuredThroughput",
-    "ProfiledThroughput",
-    "ThroughputEstimator",
-    "estimator_for",
-    "stage_seconds",
-    "throughput_of_stages",
-]
