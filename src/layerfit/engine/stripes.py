@@ -940,10 +940,12 @@ class _Run:
         """First row of ``i`` a consumer may still read (beyond the rows produced when
         the next rows are gaps no consumer reads; its row count when all are done)."""
         produced, rows = self.produced, self.schedule.rows
-        return min(
-            (release_point(slot, produced[c], rows[c]) for c, slot in self.schedule.readers[i]),
-            default=rows[i],
-        )
+        low = rows[i]
+        for c, slot in self.schedule.readers[i]:  # a loop, not min(): it runs at every step
+            row = release_point(slot, produced[c], rows[c])
+            if row < low:
+                low = row
+        return low
 
     def _whole(self, k: int) -> None:
         """Run node ``k`` whole on whole inputs; hold its result until its last reader."""
