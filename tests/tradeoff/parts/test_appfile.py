@@ -57,7 +57,7 @@ def test_load_paper_application(tmp_path):
     ("edit", "message"),
     [
         (lambda d: d.update(precision="fp8"), "precision"),
-        (lambda d: d.update(colour="red"), "unknown top-level field"),
+        (lambda d: d.update(colour="red"), r"the application file: unknown field\(s\) \['colour'\]"),
         (lambda d: d.pop("cnns"), "cnns"),
         (lambda d: d["cnns"][0]["layers"][1].update(kernel="x"), r"cnns\[0\]\.layers\[1\]\.kernel"),
         (lambda d: d["cnns"][0]["layers"][1].update(shape=[1, -8]), r"cnns\[0\]\.layers\[1\]\.shape"),

@@ -119,11 +119,8 @@ def _names(value: Any) -> bool:
 
 def application_from_dict(data: Any) -> tuple[Application, Constraints]:
     """Build the application and constraints from parsed YAML."""
-    if not isinstance(data, dict):
-        raise TradeoffError("the application file must be a mapping with a `cnns` list")
     known = {"name", "precision", "fanout", "cnns", "parallel", "schedules", "constraints"}
-    if set(data) - known:
-        raise TradeoffError(f"unknown top-level field(s) {sorted(set(data) - known)} (known: {sorted(known)})")
+    data = _mapping(data, known, "the application file", "a mapping with a `cnns` list")
     name = data.get("name", "application")
     if not isinstance(name, str):
         raise TradeoffError(f"name: expected a string, got {name!r}")

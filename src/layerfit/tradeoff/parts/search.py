@@ -153,21 +153,15 @@ class TradeoffResult:
         }
 
 
+@dataclass(eq=False)
 class Evaluator:
     """``EvalMemory`` and ``EvalThroughput`` of Algorithm 2, cached per chromosome."""
 
-    def __init__(
-        self,
-        app: Application,
-        estimator: ThroughputEstimator,
-        order: ReuseOrder = "best",
-        phase_rows: int = 1,
-    ) -> None:
-        self.app = app
-        self.estimator = estimator
-        self.order = order
-        self.phase_rows = phase_rows
-        self.cache: dict[tuple[bool, ...], Evaluation] = {}
+    app: Application
+    estimator: ThroughputEstimator
+    order: ReuseOrder = "best"
+    phase_rows: int = 1
+    cache: dict[tuple[bool, ...], Evaluation] = field(default_factory=dict)
 
     def __call__(self, bits: Sequence[bool] | None) -> Evaluation:
         key = self.app.bits_of(bits)
