@@ -100,7 +100,7 @@ def test_non_finite_throughput_option_is_refused(tmp_path, capsys, value):
     path.write_text(APP)
     code, out, err = run(capsys, "tradeoff", "parts", str(path), "--budget", "1MB", "--throughput", value, "--json", *ARGS)
     assert code == 2 and out == ""
-    assert "--throughput" in err and "finite, non-negative" in err
+    assert "--throughput" in err and "finite number of frames per second >= 0" in err
 
 
 def test_plot_over_a_directory_fails_before_the_search(tmp_path, capsys, monkeypatch):
