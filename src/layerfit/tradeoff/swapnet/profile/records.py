@@ -2,8 +2,8 @@
 
 :class:`LayerTimes` is one model's per-layer table, :class:`Fit` one regression and
 :class:`DeviceProfile` the coefficients with both. ``to_dict`` gives the JSON a profile
-file stores; ``from_dict`` reads it back, checking every field (:mod:`.fields`), so a
-malformed file raises :class:`~layerfit.errors.ProfileError` naming the field.
+file stores; ``from_dict`` reads it back, checking every field (:mod:`layerfit.fields`),
+so a malformed file raises :class:`~layerfit.errors.ProfileError` naming the field.
 """
 
 from __future__ import annotations
@@ -14,14 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from layerfit.errors import ProfileError
-from layerfit.tradeoff.swapnet.profile.fields import (
-    is_int,
-    is_number,
-    mapping,
-    per_layer,
-    seconds,
-    string,
-)
+from layerfit.fields import expect, integer, is_int, mapping, number
 from layerfit.tradeoff.swapnet.profile.storage import FORMAT, VERSION, write_profile
 
 
@@ -61,10 +54,7 @@ class LayerTimes:
     @classmethod
     def from_dict(cls, d: Any, where: str = "model") -> LayerTimes:
         """Read one model's table, checking every field (ProfileError naming it)."""
-        d = mapping(d, where)
-        unknown = set(d) - _LAYER_FIELDS
-        if unknown:
-            raise ProfileError(f"{where}: unknown field(s) {sorted(unknown)}")
+        d = mapping(d, where, ProfileError, _LAYER_FIELDS)
         missing = [k for k in _LAYER_FIELDS if k not in d and k not in ("tail_s", "latency_s", "stream_latency_s")]
         if missing:
             raise ProfileError(f"{where}: missing field(s) {sorted(missing)}")
@@ -76,22 +66,44 @@ class LayerTimes:
             raise ProfileError(f"{where}.input_shape: expected a list of positive integers, got {shape!r}")
         lists: dict[str, list] = {}
         for key in ("nbytes", "payload_bytes", "d", "f"):
-            lists[key] = per_layer(d[key], f"{where}.{key}", len(names), integer=True)
+            lists[key] = _per_layer(d[key], f"{where}.{key}", len(names), integer=True)
         for key in ("read_s", "bind_s", "unbind_s", "kernel_s", "glue_s"):
-            lists[key] = per_layer(d[key], f"{where}.{key}", len(names), integer=False)
+            lists[key] = _per_layer(d[key], f"{where}.{key}", len(names), integer=False)
         return cls(
-            key=string(d["key"], f"{where}.key"),
-            name=string(d["name"], f"{where}.name"),
+            key=_string(d["key"], f"{where}.key"),
+            name=_string(d["name"], f"{where}.name"),
             input_shape=tuple(shape),
             layer_names=list(names),
-            tail_s=seconds(d.get("tail_s", 0.0), f"{where}.tail_s"),
-            latency_s=seconds(d.get("latency_s", 0.0), f"{where}.latency_s"),
-            stream_latency_s=seconds(d.get("stream_latency_s", 0.0), f"{where}.stream_latency_s"),
+            tail_s=number(d.get("tail_s", 0.0), f"{where}.tail_s", ProfileError, 0),
+            latency_s=number(d.get("latency_s", 0.0), f"{where}.latency_s", ProfileError, 0),
+            stream_latency_s=number(d.get("stream_latency_s", 0.0), f"{where}.stream_latency_s", ProfileError, 0),
             **lists,
         )
 
 
 _LAYER_FIELDS = {f.name for f in dataclass_fields(LayerTimes)}
+
+
+def _string(value: Any, where: str) -> str:
+    expect(isinstance(value, str), where, "a string", value, ProfileError)
+    return value
+
+
+def _per_layer(value: Any, where: str, length: int, *, integer: bool) -> list:
+    """One value per layer: ``length`` non-negative integers or finite seconds."""
+    if not isinstance(value, list) or len(value) != length:
+        got = f"{len(value)} values" if isinstance(value, list) else f"{type(value).__name__} {value!r:.60}"
+        raise ProfileError(f"{where}: expected a list of {length} values (one per layer), got {got}")
+    check = _count if integer else _seconds
+    return [check(v, f"{where}[{k}]") for k, v in enumerate(value)]
+
+
+def _count(value: Any, where: str) -> int:
+    return integer(value, where, ProfileError, 0)
+
+
+def _seconds(value: Any, where: str) -> float:
+    return number(value, where, ProfileError, 0)
 
 
 @dataclass(frozen=True)
@@ -105,15 +117,11 @@ class Fit:
     @classmethod
     def from_dict(cls, fit: Any, where: str) -> Fit:
         """Read one regression, checking every field (ProfileError naming it)."""
-        fit = mapping(fit, where)
-        coefs = mapping(fit.get("coefficients"), f"{where}.coefficients")
-        r2, samples = fit.get("r2"), fit.get("samples")
-        if not is_number(r2):
-            raise ProfileError(f"{where}.r2: expected a finite number, got {r2!r}")
-        if not (is_int(samples) and samples >= 0):
-            raise ProfileError(f"{where}.samples: expected a non-negative integer, got {samples!r}")
-        return cls({str(k): seconds(v, f"{where}.coefficients.{k}", negative=True) for k, v in coefs.items()},
-                   float(r2), int(samples))
+        fit = mapping(fit, where, ProfileError)
+        coefs = mapping(fit.get("coefficients"), f"{where}.coefficients", ProfileError)
+        r2 = number(fit.get("r2"), f"{where}.r2", ProfileError)
+        samples = integer(fit.get("samples"), f"{where}.samples", ProfileError, 0)
+        return cls({str(k): number(v, f"{where}.coefficients.{k}", ProfileError) for k, v in coefs.items()}, r2, samples)
 
 
 # the stored coefficients by their JSON names; the last three came after the first profiles
@@ -134,7 +142,7 @@ def _coefficients(c: dict[str, Any]) -> dict[str, float]:
     coefficient = {}
     for key in _COEFFICIENTS:
         if key in c:
-            coefficient[key] = seconds(c[key], f"coefficients.{key}")
+            coefficient[key] = _seconds(c[key], f"coefficients.{key}")
         elif key in _OPTIONAL_COEFFICIENTS:
             coefficient[key] = 0.0
         else:
@@ -184,23 +192,20 @@ class DeviceProfile:
     def from_dict(cls, d: Any) -> DeviceProfile:
         """Read a profile, checking every field: a malformed one raises ProfileError
         naming the field (e.g. ``coefficients.alpha_s_per_byte``) and what it expects."""
-        d = mapping(d, "the profile")
+        d = mapping(d, "the profile", ProfileError)
         for key in ("version", "device", "coefficients"):
             if key not in d:
                 raise ProfileError(f"missing field {key!r}")
-        coefficient = _coefficients(mapping(d["coefficients"], "coefficients"))
-        fits = {str(name): Fit.from_dict(fit, f"fits.{name}") for name, fit in mapping(d.get("fits", {}), "fits").items()}
+        coefficient = _coefficients(mapping(d["coefficients"], "coefficients", ProfileError))
+        fits = {str(name): Fit.from_dict(fit, f"fits.{name}") for name, fit in mapping(d.get("fits", {}), "fits", ProfileError).items()}
         models = {
             str(key): LayerTimes.from_dict(value, f"models[{key!r}]")
-            for key, value in mapping(d.get("models", {}), "models").items()
+            for key, value in mapping(d.get("models", {}), "models", ProfileError).items()
         }
-        version, repeats = d["version"], d.get("repeats", 0)
-        if not is_int(version):
-            raise ProfileError(f"version: expected an integer, got {version!r}")
-        if not (is_int(repeats) and repeats >= 0):
-            raise ProfileError(f"repeats: expected a non-negative integer, got {repeats!r}")
+        version = integer(d["version"], "version", ProfileError)
+        repeats = integer(d.get("repeats", 0), "repeats", ProfileError, 0)
         return cls(
-            device=dict(mapping(d["device"], "device")),
+            device=dict(mapping(d["device"], "device", ProfileError)),
             alpha=coefficient["alpha_s_per_byte"],
             beta=coefficient["beta_s_per_tensor"],
             gamma=coefficient["gamma_s_per_mac"],
@@ -211,8 +216,8 @@ class DeviceProfile:
             fits=fits,
             models=models,
             created=str(d.get("created", "")),
-            repeats=int(repeats),
-            version=int(version),
+            repeats=repeats,
+            version=version,
         )
 
     def save(self, path: str | Path) -> Path:
