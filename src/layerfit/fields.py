@@ -62,22 +62,27 @@ def unknown_fields(data: Mapping[Any, Any], known: Collection[str]) -> list[str]
     return sorted(str(key) for key in data if key not in known)
 
 
-def integer(value: Any, where: str, error: type[Exception], least: int | None = None, unit: str = "") -> int:
-    """``value`` if it is an integer (not a bool) of at least ``least``; ``unit`` names
-    what it counts in the message (``" of bytes"``)."""
+def integer(value: Any, where: str, error: type[Exception], least: int | None = None, what: str = "an integer") -> int:
+    """``value`` if it is an integer (not a bool) of at least ``least``; ``what`` names it
+    in the message (``"a whole number of bytes"``)."""
     bound = "" if least is None else f" >= {least}"
-    expect(is_int(value, least), where, f"an integer{unit}{bound}", value, error)
+    expect(is_int(value, least), where, f"{what}{bound}", value, error)
     return value
 
 
 def number(
-    value: Any, where: str, error: type[Exception], least: float | None = None, unit: str = "", above: bool = False
+    value: Any,
+    where: str,
+    error: type[Exception],
+    least: float | None = None,
+    what: str = "a finite number",
+    above: bool = False,
 ) -> float:
     """``value`` as a float if it is a finite number of at least ``least`` (more than
-    ``least`` if ``above``); ``unit`` names what it counts in the message (``" of seconds"``)."""
+    ``least`` if ``above``); ``what`` names it in the message (``"a finite number of seconds"``)."""
     ok = is_number(value, least) and not (above and value == least)
     bound = "" if least is None else f" {'>' if above else '>='} {least}"
-    expect(ok, where, f"a finite number{unit}{bound}", value, error)
+    expect(ok, where, f"{what}{bound}", value, error)
     return float(value)
 
 

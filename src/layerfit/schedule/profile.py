@@ -18,12 +18,13 @@ import itertools
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from layerfit.errors import ScheduleError
 from layerfit.extras import require
+from layerfit.fields import integer, mapping, number
 from layerfit.schedule.files import read_text, write_text
 
 if TYPE_CHECKING:
@@ -221,43 +222,18 @@ class NetworkProfile:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "profile") -> NetworkProfile:
         """Build a profile from plain data; errors name ``where`` (the file) and the field."""
-        if not isinstance(data, Mapping):
-            raise ScheduleError(f"{where}: expected a mapping with 'name' and 'layers'")
-        known = {
-            "name",
-            "layers",
-            "init_time",
-            "init_memory",
-            "unload_time",
-            "architecture",
-            "source",
-            "notes",
-        }
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ScheduleError(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
+        known = {f.name for f in fields(cls)}
+        data = mapping(data, where, ScheduleError, known, "a mapping with 'name' and 'layers'")
         if "name" not in data or "layers" not in data:
             raise ScheduleError(f"{where}: a profile needs 'name' and 'layers'")
         raw_layers = data["layers"]
         if not isinstance(raw_layers, list):
             raise ScheduleError(f"{where}.layers: expected a list of layers")
-        layer_fields = {
-            "name",
-            "kind",
-            "load_time",
-            "exec_time",
-            "memory",
-            "load_memory",
-            "exec_memory",
-        }
+        layer_fields = {f.name for f in fields(LayerProfile)}
         layers = []
         for index, raw in enumerate(raw_layers):
             at = f"{where}.layers[{index}]"
-            if not isinstance(raw, Mapping):
-                raise ScheduleError(f"{at}: expected a mapping")
-            bad = sorted(set(raw) - layer_fields)
-            if bad:
-                raise ScheduleError(f"{at}: unknown field(s) {bad}; known: {sorted(layer_fields)}")
+            mapping(raw, at, ScheduleError, layer_fields)
             try:
                 layers.append(LayerProfile(**raw))
             except TypeError as exc:
@@ -276,35 +252,20 @@ def _validate(profile: NetworkProfile) -> None:
     if not profile.layers:
         raise ScheduleError(f"{where}: needs at least one layer")
     for key in ("init_time", "unload_time"):
-        _non_negative(getattr(profile, key), f"{where}.{key}")
-    _non_negative_int(profile.init_memory, f"{where}.init_memory")
+        number(getattr(profile, key), f"{where}.{key}", ScheduleError, 0, "a finite number of seconds")
+    integer(profile.init_memory, f"{where}.init_memory", ScheduleError, 0, "a whole number of bytes")
     for index, layer in enumerate(profile.layers):
         at = f"{where}.layers[{index}]"
         if not isinstance(layer.name, str) or not layer.name:
             raise ScheduleError(f"{at}.name: expected a non-empty string")
         if layer.kind not in LAYER_KINDS:
             raise ScheduleError(f"{at}.kind: {layer.kind!r} is not one of {LAYER_KINDS}")
-        _non_negative(layer.load_time, f"{at}.load_time")
-        _non_negative(layer.exec_time, f"{at}.exec_time")
-        _non_negative_int(layer.memory, f"{at}.memory")
-        _non_negative_int(layer.exec_memory, f"{at}.exec_memory")
+        for key in ("load_time", "exec_time"):
+            number(getattr(layer, key), f"{at}.{key}", ScheduleError, 0, "a finite number of seconds")
+        integer(layer.memory, f"{at}.memory", ScheduleError, 0, "a whole number of bytes")
+        integer(layer.exec_memory, f"{at}.exec_memory", ScheduleError, 0, "a whole number of bytes")
         if layer.load_memory is not None:
-            _non_negative_int(layer.load_memory, f"{at}.load_memory")
-
-
-def _non_negative(value: Any, where: str) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise ScheduleError(f"{where}: expected a finite number of seconds >= 0, got {value!r}")
-
-
-def _non_negative_int(value: Any, where: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ScheduleError(f"{where}: expected a whole number of bytes >= 0, got {value!r}")
+            integer(layer.load_memory, f"{at}.load_memory", ScheduleError, 0, "a whole number of bytes")
 
 
 class ProfileSet(Mapping[str, NetworkProfile]):

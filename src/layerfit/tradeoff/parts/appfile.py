@@ -235,5 +235,5 @@ def parse_throughput(value: Any, cnn_names: set[str], where: str) -> dict[str, f
     for key in value:
         if key not in cnn_names:
             raise TradeoffError(f"{where}.{key}: unknown CNN (have {sorted(cnn_names)})")
-    return {key: number(fps, f"{where}.{key}", TradeoffError, 0, " of frames per second") for key, fps in value.items()}
+    return {key: number(fps, f"{where}.{key}", TradeoffError, 0, "a finite number of frames per second") for key, fps in value.items()}
 
