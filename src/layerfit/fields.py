@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, TypeVar
 
 from layerfit.extras import require
+
+T = TypeVar("T")
 
 
 def is_int(value: Any, least: int | None = None) -> bool:
@@ -47,13 +49,20 @@ def mapping(
     error: type[Exception],
     known: Collection[str] | None = None,
     what: str = "a mapping",
+    path: str | None = None,
 ) -> dict[str, Any]:
     """``data`` if it is a mapping (``what`` says of what, for the message) and, where
-    ``known`` is given, of those fields only; else ``error`` naming ``where``."""
+    ``known`` is given, of those fields only; else ``error`` naming ``where``.
+
+    An unknown field is named by its own path, ``path`` (default ``where``; ``""`` at the
+    top of a file) and its key, so that the message leads to its line."""
     expect(isinstance(data, Mapping), where, what, data, error)
     unknown = unknown_fields(data, known) if known is not None else []
     if unknown:
-        raise error(f"{where}: unknown field(s) {unknown} (known: {sorted(known or ())})")
+        prefix = where if path is None else path
+        more = f" (also unknown: {', '.join(unknown[1:])})" if len(unknown) > 1 else ""
+        field = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
+        raise error(f"{field}: unknown field{more}; known: {', '.join(sorted(known or ()))}")
     return data
 
 
@@ -86,26 +95,75 @@ def number(
     return float(value)
 
 
-_FIELD = re.compile(r"^[A-Za-z_][\w-]*(?:\[[^\]]+\]|\.[\w-]+)*")
+def load_yaml(text: str, label: str, error: type[Exception], build: Callable[[Any], T]) -> T:
+    """``build`` applied to what the YAML ``text`` (of the file ``label``) holds, read by
+    PyYAML's safe loader.
+
+    Text that is not YAML, a mapping that gives a key twice (the loader would silently
+    keep the last) and every ``error`` of ``build`` become one line of ``error``: the file,
+    the line and the message, ``app.yaml, line 12: cnns[0].layers[1].kernel: expected ...``.
+    The line of a message of ``build`` is that of the field the message starts with (the
+    deepest part of its path the text has); a message that starts with no field of the
+    text, such as a field that is missing, gets none.
+    """
+    yaml = require("yaml")
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or str(exc).splitlines()[0]
+        raise error(_located(label, mark.line + 1 if mark else None, f"not valid YAML: {problem}")) from None
+    except yaml.YAMLError as exc:
+        raise error(_located(label, None, f"not valid YAML: {str(exc).splitlines()[0]}")) from None
+    twice = _key_given_twice(yaml, root)
+    if twice is not None:
+        message = f"{twice.value!r}: appears twice in the same mapping"
+        raise error(_located(label, twice.start_mark.line + 1, message))
+    try:
+        return build(data)
+    except error as exc:
+        raise error(_located(label, _field_line(yaml, root, str(exc)), str(exc))) from exc
+
+
+def _located(label: str, line: int | None, message: str) -> str:
+    return f"{label}, line {line}: {message}" if line else f"{label}: {message}"
+
+
+def _key_given_twice(yaml: Any, root: Any) -> Any:
+    """The first key node that a mapping under ``root`` (a composed YAML node) gives a
+    second time, or None; walked without recursion, each aliased node once."""
+    stack, seen = [root], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys = set()
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if (key.tag, key.value) in keys:
+                        return key
+                    keys.add((key.tag, key.value))
+                stack += [key, value]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += node.value
+    return None
+
+
+_FIELD = re.compile(r"^[A-Za-z_][\w-]*(?:\[[^\]]+\]|\.[\w-]+)*(?=:)")
 _TOKEN = re.compile(r"\[([^\]]+)\]|\.?([\w-]+)")
 
 
-def field_line(text: str, message: str) -> int | None:
-    """Line (1-based) in the YAML ``text`` of the field an error message starts with,
-    e.g. ``cnns[0].layers[1].kernel``.
-
-    The deepest part of the path found in the text counts; None when the message names
-    no field of the file or the text is not YAML.
-    """
+def _field_line(yaml: Any, root: Any, message: str) -> int | None:
+    """Line (1-based) under the composed YAML node ``root`` of the field ``message``
+    starts with, e.g. ``cnns[0].layers[1].kernel:``: that of the deepest part of the path
+    found; None when the message starts with no field of the text."""
     match = _FIELD.match(message)
     if match is None:
         return None
-    yaml = require("yaml")
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return None
-    line = None
+    node, line = root, None
     for token in _TOKEN.finditer(match.group(0)):
         key = token.group(1) if token.group(1) is not None else token.group(2)
         child = None
@@ -119,4 +177,4 @@ def field_line(text: str, message: str) -> int | None:
     return line
 
 
-__all__ = ["expect", "field_line", "integer", "is_int", "is_number", "mapping", "number", "unknown_fields"]
+__all__ = ["expect", "integer", "is_int", "is_number", "load_yaml", "mapping", "number", "unknown_fields"]

@@ -56,7 +56,7 @@ def test_profile_validation_names_the_field():
         NetworkProfile("x", (LayerProfile("l", memory=-1),))
     with pytest.raises(ScheduleError, match="needs at least one layer"):
         NetworkProfile("x", ())
-    with pytest.raises(ScheduleError, match=r"p.layers\[0\]: unknown field\(s\) \['speed'\]"):
+    with pytest.raises(ScheduleError, match=r"p.layers\[0\].speed: unknown field; known: "):
         NetworkProfile.from_dict({"name": "x", "layers": [{"name": "l", "speed": 1}]}, "p")
     with pytest.raises(ScheduleError, match="unknown network 'zzz'"):
         thesis_profiles()["zzz"]

@@ -59,11 +59,11 @@ def test_a_workload_file_reads_and_round_trips(tmp_path):
         ),
         (
             "arrivals:\n  - at: soon\n    networks: [agenet]\n",
-            r"line 2: arrivals\[0\].at: expected a number >= 0",
+            r"line 2: arrivals\[0\].at: expected a number of seconds >= 0",
         ),
         (
             "arrivals:\n  - at: -1\n    networks: [agenet]\n",
-            r"line 2: arrivals\[0\].at: expected a number >= 0",
+            r"line 2: arrivals\[0\].at: expected a number of seconds >= 0",
         ),
         (
             "arrivals:\n  - at: 1\n    netwrks: [agenet]\n",
@@ -79,16 +79,16 @@ def test_a_workload_file_reads_and_round_trips(tmp_path):
             r"line 3: arrivals\[0\].networks\[0\]: expected a network name",
         ),
         ("mode: burst\narrivals: []\n", r"line 1: mode: expected one of open, closed"),
-        ("deadline: 0\narrivals: []\n", r"line 1: deadline: expected a number > 0"),
+        ("deadline: 0\narrivals: []\n", r"line 1: deadline: expected a number of seconds > 0"),
         ("arrivals: []\n", r"line 1: arrivals: expected a non-empty list"),
-        ("name: x\n", r"line 1: arrivals: missing"),
+        ("name: x\n", r"w.yaml: arrivals: missing"),
         ("speed: 3\narrivals: []\n", r"line 1: speed: unknown field"),
         (
             "arrivals:\n  - at: 1\n    at: 2\n    networks: [agenet]\n",
             r"line 3: 'at': appears twice",
         ),
         ("arrivals:\n  - [at, 1]\n", r"line 2: arrivals\[0\]: expected a mapping"),
-        ("- 1\n- 2\n", r"line 1: the workload must be a mapping"),
+        ("- 1\n- 2\n", r"w.yaml: the workload: expected a mapping with an 'arrivals' list, got \[1, 2\]"),
         ("arrivals:\n  - at: [1\n", r"w.yaml, line \d+: not valid YAML"),
         (
             "profiles: nowhere.yaml\narrivals:\n  - networks: [agenet]\n",

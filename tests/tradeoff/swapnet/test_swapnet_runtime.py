@@ -332,7 +332,7 @@ def test_cli_profile_to_an_unwritable_path_fails_before_measuring(chain: Path, t
         (lambda d: d.update(coefficients=None), "coefficients: expected a mapping"),
         (lambda d: next(iter(d["models"].values())).update(kernel_s=[1.0]), r"\.kernel_s: expected a list of 6"),
         (lambda d: next(iter(d["models"].values())).update(glue_s=["x"] * 6), r"\.glue_s\[0\]"),
-        (lambda d: next(iter(d["models"].values())).update(colour=1), r"unknown field\(s\) \['colour'\]"),
+        (lambda d: next(iter(d["models"].values())).update(colour=1), r"\.colour: unknown field; known: "),
     ],
 )
 def test_malformed_profile_names_the_file_and_field(chain: Path, profile_file: Path, tmp_path: Path, capsys, change, field):

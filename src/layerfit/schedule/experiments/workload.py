@@ -14,12 +14,12 @@ A workload is YAML::
         deadline: 20             # optional, overrides the workload's
 
 A malformed file raises :class:`~layerfit.errors.WorkloadError` whose message names the
-file, the line and the field (``arrivals[3].networks[1]``).
+file, the line and the field (``arrivals[3].networks[1]``); the checks are
+:mod:`layerfit.fields`'.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +27,7 @@ from typing import Any
 
 from layerfit.errors import ScheduleError, WorkloadError
 from layerfit.extras import require
+from layerfit.fields import expect, load_yaml, mapping, number
 from layerfit.schedule.experiments.profile_sets import resolve_profiles
 from layerfit.schedule.files import read_text, write_text
 from layerfit.schedule.profile import ProfileSet
@@ -115,171 +116,67 @@ class Workload:
         return write_text(path, self.to_yaml())
 
 
-# --- reading with line numbers --------------------------------------------------------
-
-
-class _Map(dict):
-    line: int = 0
-    key_lines: dict[Any, int]
-
-
-class _Seq(list):
-    line: int = 0
-    item_lines: list[int]
-
-
-class _LineLoader(yaml.SafeLoader):
-    """A safe loader whose mappings and sequences remember their source lines."""
-
-
-def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Map:
-    loader.flatten_mapping(node)
-    result = _Map()
-    result.line = node.start_mark.line + 1
-    result.key_lines = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        line = key_node.start_mark.line + 1
-        if key in result:
-            raise WorkloadError(f"line {line}: {key!r}: appears twice in the same mapping")
-        result[key] = loader.construct_object(value_node, deep=True)
-        result.key_lines[key] = line
-    return result
-
-
-def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode) -> _Seq:
-    result = _Seq(loader.construct_object(child, deep=True) for child in node.value)
-    result.line = node.start_mark.line + 1
-    result.item_lines = [child.start_mark.line + 1 for child in node.value]
-    return result
-
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
-
-
-def _number(value: Any, where: str, line: int, *, positive: bool = False) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (positive and value == 0):
-        need = "a number > 0" if positive else "a number >= 0"
-        raise WorkloadError(f"line {line}: {where}: expected {need} (seconds), got {value!r}")
-    return float(value)
-
-
 def parse_workload(
     text: str, source: str | Path = "<workload>", profiles: ProfileSet | None = None
 ) -> Workload:
-    """Parse workload YAML; with ``profiles``, every network name is checked against it."""
+    """Parse workload YAML; with ``profiles``, every network name is checked against it.
+    Errors name the file, the line of the field and the field."""
     label = str(source)
-    try:
-        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
-    except WorkloadError as exc:
-        raise WorkloadError(f"{label}, {exc}") from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else "?"
-        raise WorkloadError(f"{label}, line {line}: not valid YAML: {exc.problem or exc}") from None
-    except yaml.YAMLError as exc:
-        raise WorkloadError(f"{label}: not valid YAML: {exc}") from None
-    try:
-        return _build(data, label, Path(source) if source != "<workload>" else None, profiles)
-    except WorkloadError as exc:
-        raise WorkloadError(f"{label}, {exc}") from None
+    path = Path(source) if source != "<workload>" else None
+    return load_yaml(text, label, WorkloadError, lambda data: _build(data, label, path, profiles))
+
+
+def _seconds(value: Any, where: str, *, positive: bool = False) -> float:
+    return number(value, where, WorkloadError, 0, "a number of seconds", above=positive)
 
 
 def _build(data: Any, label: str, source: Path | None, profiles: ProfileSet | None) -> Workload:
-    if not isinstance(data, _Map):
-        raise WorkloadError("line 1: the workload must be a mapping with an 'arrivals' list")
-    for key, line in data.key_lines.items():
-        if key not in TOP_FIELDS:
-            raise WorkloadError(
-                f"line {line}: {key}: unknown field; known fields: {', '.join(TOP_FIELDS)}"
-            )
+    data = mapping(data, "the workload", WorkloadError, TOP_FIELDS, "a mapping with an 'arrivals' list", path="")
     name = data.get("name", Path(label).stem)
-    if not isinstance(name, str):
-        raise WorkloadError(f"line {data.key_lines['name']}: name: expected text, got {name!r}")
+    expect(isinstance(name, str), "name", "text", name, WorkloadError)
     mode = data.get("mode", "open")
-    if mode not in MODES:
-        raise WorkloadError(
-            f"line {data.key_lines['mode']}: mode: expected one of {', '.join(MODES)}, got {mode!r}"
-        )
+    expect(mode in MODES, "mode", f"one of {', '.join(MODES)}", mode, WorkloadError)
     deadline = data.get("deadline")
     if deadline is not None:
-        deadline = _number(deadline, "deadline", data.key_lines["deadline"], positive=True)
+        deadline = _seconds(deadline, "deadline", positive=True)
     spec = data.get("profiles")
-    if spec is not None and not isinstance(spec, str):
-        raise WorkloadError(
-            f"line {data.key_lines['profiles']}: profiles: expected 'thesis' or a file path"
-        )
+    expect(spec is None or isinstance(spec, str), "profiles", "'thesis' or a file path", spec, WorkloadError)
     if "arrivals" not in data:
-        raise WorkloadError(
-            f"line {data.line}: arrivals: missing; a workload needs a list of arrivals"
-        )
+        raise WorkloadError("arrivals: missing; a workload needs a list of arrivals")
     arrivals_raw = data["arrivals"]
-    arrivals_line = data.key_lines["arrivals"]
-    if not isinstance(arrivals_raw, _Seq) or not arrivals_raw:
-        raise WorkloadError(
-            f"line {arrivals_line}: arrivals: expected a non-empty list of arrivals"
-        )
+    ok = isinstance(arrivals_raw, list) and arrivals_raw
+    expect(ok, "arrivals", "a non-empty list of arrivals", arrivals_raw, WorkloadError)
     if profiles is None:
         try:
             profiles = Workload((), profiles=spec, source=source).profile_set()
         except ScheduleError as exc:
-            raise WorkloadError(
-                f"line {data.key_lines.get('profiles', 1)}: profiles: {exc}"
-            ) from None
-    arrivals = [
-        _arrival(item, f"arrivals[{i}]", arrivals_raw.item_lines[i], profiles)
-        for i, item in enumerate(arrivals_raw)
-    ]
+            raise WorkloadError(f"profiles: {exc}") from None
+    arrivals = [_arrival(item, f"arrivals[{i}]", profiles) for i, item in enumerate(arrivals_raw)]
     return Workload(
         tuple(arrivals), name=name, mode=mode, deadline=deadline, profiles=spec, source=source
     )
 
 
-def _arrival(item: Any, where: str, line: int, profiles: ProfileSet) -> Arrival:
-    if not isinstance(item, _Map):
-        raise WorkloadError(
-            f"line {line}: {where}: expected a mapping with 'at' and 'networks', got {item!r}"
-        )
-    for key, key_line in item.key_lines.items():
-        if key not in ARRIVAL_FIELDS:
-            raise WorkloadError(
-                f"line {key_line}: {where}.{key}: unknown field; known fields: {', '.join(ARRIVAL_FIELDS)}"
-            )
-    at = _number(item.get("at", 0.0), f"{where}.at", item.key_lines.get("at", line))
+def _arrival(item: Any, where: str, profiles: ProfileSet) -> Arrival:
+    item = mapping(item, where, WorkloadError, ARRIVAL_FIELDS, "a mapping with 'at' and 'networks'")
+    at = _seconds(item.get("at", 0.0), f"{where}.at")
     if "networks" not in item:
-        raise WorkloadError(
-            f"line {line}: {where}.networks: missing; name the networks that analyse this input"
-        )
+        raise WorkloadError(f"{where}.networks: missing; name the networks that analyse this input")
     networks = item["networks"]
-    networks_line = item.key_lines["networks"]
-    if isinstance(networks, str):
-        networks = _Seq([networks])
-        networks.item_lines = [networks_line]
-    if not isinstance(networks, _Seq) or not networks:
-        raise WorkloadError(
-            f"line {networks_line}: {where}.networks: expected a non-empty list of network names"
-        )
+    networks = [networks] if isinstance(networks, str) else networks
+    ok = isinstance(networks, list) and networks
+    expect(ok, f"{where}.networks", "a non-empty list of network names", networks, WorkloadError)
     for index, name in enumerate(networks):
-        name_line = networks.item_lines[index]
-        if not isinstance(name, str):
-            raise WorkloadError(
-                f"line {name_line}: {where}.networks[{index}]: expected a network name, got {name!r}"
-            )
+        expect(isinstance(name, str), f"{where}.networks[{index}]", "a network name", name, WorkloadError)
         if name not in profiles:
             raise WorkloadError(
-                f"line {name_line}: {where}.networks[{index}]: unknown network {name!r}; "
-                f"known: {', '.join(profiles.names())}"
+                f"{where}.networks[{index}]: unknown network {name!r}; known: {', '.join(profiles.names())}"
             )
     input_ = item.get("input")
-    if input_ is not None and not isinstance(input_, str):
-        raise WorkloadError(
-            f"line {item.key_lines['input']}: {where}.input: expected a path or tag, got {input_!r}"
-        )
+    expect(input_ is None or isinstance(input_, str), f"{where}.input", "a path or tag", input_, WorkloadError)
     deadline = item.get("deadline")
     if deadline is not None:
-        deadline = _number(deadline, f"{where}.deadline", item.key_lines["deadline"], positive=True)
+        deadline = _seconds(deadline, f"{where}.deadline", positive=True)
     return Arrival(at=at, networks=tuple(networks), input=input_, deadline=deadline)
 
 

@@ -32,14 +32,14 @@ from typing import Any
 
 from layerfit.errors import BudgetError, LayerfitError, TradeoffError
 from layerfit.extras import require
-from layerfit.fields import expect, field_line, integer, is_int, is_number, mapping, number
+from layerfit.fields import expect, integer, is_int, is_number, load_yaml, mapping, number
 from layerfit.sizes import parse_bytes
 from layerfit.tradeoff.parts.application import Application, Partition, split_partitions
 from layerfit.tradeoff.parts.cnn import CNN, LAYER_OPS, Layer
 from layerfit.tradeoff.parts.kernels import cnn_from_module
 
 # PyYAML comes with the tradeoff extra too: application files are YAML
-yaml = require("yaml", extra="tradeoff")
+require("yaml", extra="tradeoff")
 
 
 @dataclass(frozen=True)
@@ -61,15 +61,7 @@ def load_application(path: str | Path) -> tuple[Application, Constraints]:
         raise TradeoffError(
             f"{path}: not a text file (byte {exc.start} is not UTF-8): give a YAML application file"
         ) from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise TradeoffError(f"{path}: not valid YAML: {exc}") from exc
-    try:
-        return application_from_dict(data)
-    except TradeoffError as exc:
-        line = field_line(text, str(exc))
-        raise TradeoffError(f"{path}: {exc}" + (f" (line {line})" if line else "")) from exc
+    return load_yaml(text, str(path), TradeoffError, application_from_dict)
 
 
 def _names(value: Any) -> bool:
@@ -79,7 +71,7 @@ def _names(value: Any) -> bool:
 def application_from_dict(data: Any) -> tuple[Application, Constraints]:
     """Build the application and constraints from parsed YAML."""
     known = {"name", "precision", "fanout", "cnns", "parallel", "schedules", "constraints"}
-    data = mapping(data, "the application file", TradeoffError, known, "a mapping with a `cnns` list")
+    data = mapping(data, "the application file", TradeoffError, known, "a mapping with a `cnns` list", "")
     name = data.get("name", "application")
     expect(isinstance(name, str), "name", "a string", name, TradeoffError)
     items = data.get("cnns")
