@@ -37,6 +37,11 @@ def is_number(value: Any, least: float | None = None) -> bool:
         return False
 
 
+def is_names(value: Any) -> bool:
+    """A list of strings (names of layers, partitions, networks)."""
+    return isinstance(value, list) and all(isinstance(x, str) for x in value)
+
+
 def expect(ok: object, where: str, expected: str, value: Any, error: type[Exception]) -> None:
     """Raise ``error("{where}: expected {expected}, got {value!r}")`` unless ``ok`` is true."""
     if not ok:
@@ -177,4 +182,4 @@ def _field_line(yaml: Any, root: Any, message: str) -> int | None:
     return line
 
 
-__all__ = ["expect", "integer", "is_int", "is_number", "load_yaml", "mapping", "number", "unknown_fields"]
+__all__ = ["expect", "integer", "is_int", "is_names", "is_number", "load_yaml", "mapping", "number", "unknown_fields"]

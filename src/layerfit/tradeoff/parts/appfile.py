@@ -32,7 +32,7 @@ from typing import Any
 
 from layerfit.errors import BudgetError, LayerfitError, TradeoffError
 from layerfit.extras import require
-from layerfit.fields import expect, integer, is_int, is_number, load_yaml, mapping, number
+from layerfit.fields import expect, integer, is_int, is_names, is_number, load_yaml, mapping, number
 from layerfit.sizes import parse_bytes
 from layerfit.tradeoff.parts.application import Application, Partition, split_partitions
 from layerfit.tradeoff.parts.cnn import CNN, LAYER_OPS, Layer
@@ -64,10 +64,6 @@ def load_application(path: str | Path) -> tuple[Application, Constraints]:
     return load_yaml(text, str(path), TradeoffError, application_from_dict)
 
 
-def _names(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(x, str) for x in value)
-
-
 def application_from_dict(data: Any) -> tuple[Application, Constraints]:
     """Build the application and constraints from parsed YAML."""
     known = {"name", "precision", "fanout", "cnns", "parallel", "schedules", "constraints"}
@@ -79,13 +75,13 @@ def application_from_dict(data: Any) -> tuple[Application, Constraints]:
         raise TradeoffError("cnns: expected a non-empty list of CNNs")
     cnns = [_cnn_from_item(item, f"cnns[{k}]") for k, item in enumerate(items)]
     parallel = data.get("parallel")
-    ok = parallel is None or (isinstance(parallel, list) and all(_names(j) for j in parallel))
+    ok = parallel is None or (isinstance(parallel, list) and all(is_names(j) for j in parallel))
     expect(ok, "parallel", "a list of lists of partition names", parallel, TradeoffError)
     schedules = data.get("schedules")
     ok = schedules is None or isinstance(schedules, dict)
     expect(ok, "schedules", "a mapping partition -> list of steps", schedules, TradeoffError)
     for key, steps in (schedules or {}).items():
-        if not isinstance(steps, list) or not all(isinstance(step, str) or _names(step) for step in steps):
+        if not isinstance(steps, list) or not all(isinstance(step, str) or is_names(step) for step in steps):
             raise TradeoffError(f"schedules[{key}]: expected a list of steps (layer names or lists of them)")
     partitions = [p for _, parts in cnns for p in parts]
     precision, fanout = data.get("precision", "fp32"), data.get("fanout", "tensor")
@@ -173,7 +169,7 @@ def layer_from_dict(data: Any, where: str, previous: str | None) -> Layer:
     expect(op in LAYER_OPS, f"{where}.op", f"one of {sorted(LAYER_OPS)}", op, TradeoffError)
     inputs = data.get("inputs", [previous] if previous is not None and op != "input" else [])
     inputs = [inputs] if isinstance(inputs, str) else inputs
-    expect(_names(inputs), f"{where}.inputs", "a list of layer names", inputs, TradeoffError)
+    expect(is_names(inputs), f"{where}.inputs", "a list of layer names", inputs, TradeoffError)
     shape = data.get("shape")
     ok = isinstance(shape, list) and shape and all(is_int(s, 1) for s in shape)
     expect(ok, f"{where}.shape", "a list of positive integers", shape, TradeoffError)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from layerfit.errors import ProfileError
-from layerfit.fields import expect, integer, is_int, mapping, number
+from layerfit.fields import expect, integer, is_int, is_names, mapping, number
 from layerfit.tradeoff.swapnet.profile.storage import FORMAT, VERSION, write_profile
 
 
@@ -59,7 +59,7 @@ class LayerTimes:
         if missing:
             raise ProfileError(f"{where}: missing field(s) {sorted(missing)}")
         names = d["layer_names"]
-        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        if not names or not is_names(names):
             raise ProfileError(f"{where}.layer_names: expected a non-empty list of layer names")
         shape = d["input_shape"]
         if not isinstance(shape, list) or not all(is_int(v) and v > 0 for v in shape):
