@@ -6,7 +6,8 @@ same way: a mapping of known fields only, integers and finite numbers with a lea
 and, for a YAML file, the line a field is on. Each reader raises its own error class (a
 :class:`~layerfit.errors.LayerfitError`), so every check takes it as ``error``; the
 message is one line that starts with ``where``, the field's path in the file
-(``cnns[0].layers[1].kernel``), or whatever the reader puts before it (a line number).
+(``cnns[0].layers[1].kernel``). :func:`load_yaml` puts the file and the line of that
+field before it.
 """
 
 from __future__ import annotations
@@ -62,18 +63,13 @@ def mapping(
     An unknown field is named by its own path, ``path`` (default ``where``; ``""`` at the
     top of a file) and its key, so that the message leads to its line."""
     expect(isinstance(data, Mapping), where, what, data, error)
-    unknown = unknown_fields(data, known) if known is not None else []
+    unknown = sorted(str(key) for key in data if key not in known) if known is not None else []
     if unknown:
         prefix = where if path is None else path
         more = f" (also unknown: {', '.join(unknown[1:])})" if len(unknown) > 1 else ""
         field = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
         raise error(f"{field}: unknown field{more}; known: {', '.join(sorted(known or ()))}")
     return data
-
-
-def unknown_fields(data: Mapping[Any, Any], known: Collection[str]) -> list[str]:
-    """The fields of ``data`` not in ``known``, sorted (as text: YAML keys may be numbers)."""
-    return sorted(str(key) for key in data if key not in known)
 
 
 def integer(value: Any, where: str, error: type[Exception], least: int | None = None, what: str = "an integer") -> int:
@@ -182,4 +178,4 @@ def _field_line(yaml: Any, root: Any, message: str) -> int | None:
     return line
 
 
-__all__ = ["expect", "integer", "is_int", "is_names", "is_number", "load_yaml", "mapping", "number", "unknown_fields"]
+__all__ = ["expect", "integer", "is_int", "is_names", "is_number", "load_yaml", "mapping", "number"]
