@@ -28,7 +28,9 @@ def test_demo_streams_and_keeps_a_small_model_exactly(tmp_path: Path, capsys):
     preload = float(rows["preload"][0])
     for name in ("async", "auto"):
         latency, delay = float(rows[name][0]), float(rows[name][1].rstrip("%")) / 100
-        assert abs((1 + delay) * preload - latency) <= 0.02 * latency + 1, (name, rows)  # the ms are rounded
+        # each ms is printed rounded to a whole ms (off by 0.5 at most) and the delay to 0.1 %:
+        # the delay times the printed preload is off by (1 + delay) * 0.5 + 0.5 + 0.0005 * preload
+        assert abs((1 + delay) * preload - latency) <= 0.5 * (2 + delay) + 0.001 * preload, (name, rows)
     assert len(re.findall(r"[-+]\d+\.\d%", out)) == 2, out  # async's and auto's delay, once each
 
 
