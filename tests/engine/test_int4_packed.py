@@ -163,3 +163,18 @@ def test_blocks_at_an_odd_byte_offset() -> None:
     moved, packed = pack(buffer[1:], "Q4_K", shape), pack(blocks, "Q4_K", shape)
     assert torch.equal(moved.packed, packed.packed)
     assert torch.equal(moved.scales_and_zeros, packed.scales_and_zeros)
+
+
+@pytest.mark.parametrize("type_name, shape", [("Q4_0", (64, 256)), ("Q4_K", (40, 256)), ("Q8_0", (64, 256))])
+def test_the_bytes_an_operand_makes_are_counted_as_made(type_name: str, shape: tuple[int, int]) -> None:
+    """`operand_nbytes` is what `operand` makes (a Q4 weight whose rows the kernel cannot
+    take is bf16); a stored int4 form in this CPU's layout makes nothing, in another the
+    operand of its rebuilt blocks."""
+    made = int4_packed.operand(_blocks(type_name, shape), type_name, shape)
+    nbytes = made.nbytes if isinstance(made, int4_packed.PackedInt4) else made.numel() * made.element_size()
+    assert int4_packed.operand_nbytes(type_name, shape) == nbytes
+    rows = int4_form.cpu_block_rows()
+    if type_name == "Q4_0" and rows is not None:
+        assert int4_packed.made_nbytes(type_name, shape, rows) == 0
+        other = 32 if rows != 32 else 64
+        assert int4_packed.made_nbytes(type_name, shape, other) == nbytes

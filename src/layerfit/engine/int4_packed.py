@@ -105,9 +105,20 @@ def operand(
     """What a bound unit computes an ``[N, K]`` GGUF weight with in the packed mode: Q4_0, Q4_1
     and Q4_K packed for the int4 kernel (where this torch has it), any other type dequantized
     to bf16 (into `out` when given: the engine's buffer)."""
-    if type_name in PACKED_TYPES and int4_packed_available() and shape[0] % 16 == 0:
+    if _runs_int4(type_name, shape):
         return pack(blocks, type_name, shape)
     return dequantize(blocks, type_name, shape, torch.bfloat16, out=out)
+
+
+def _runs_int4(type_name: str, shape: tuple[int, ...]) -> bool:
+    """Whether `operand` packs a weight for the int4 kernel (else it is bf16)."""
+    return type_name in PACKED_TYPES and int4_packed_available() and shape[0] % 16 == 0
+
+
+def operand_nbytes(type_name: str, shape: tuple[int, ...]) -> int:
+    """Bytes `operand` makes: int4 codes and a bf16 scale and zero per 32, or bf16 values."""
+    count = shape[0] * shape[1]
+    return count // 2 + count // 8 if _runs_int4(type_name, shape) else count * 2
 
 
 def operand_of_form(form: torch.Tensor, type_name: str, shape: tuple[int, int], rows: int) -> PackedInt4 | torch.Tensor:
@@ -121,13 +132,11 @@ def operand_of_form(form: torch.Tensor, type_name: str, shape: tuple[int, int], 
 
 
 def made_nbytes(type_name: str, shape: tuple[int, int], rows: int) -> int:
-    """Bytes `operand_of_form` makes beside the read buffer: none where it returns views, else
-    the rebuilt blocks and the operand made from them."""
-    count = shape[0] * shape[1]
+    """Bytes `operand_of_form` makes beside the read buffer: none where it returns views,
+    else the operand made from the rebuilt blocks (the blocks themselves are transient)."""
     if int4_packed_available() and cpu_block_rows() == rows:
         return 0
-    blocks = int4_form.form_nbytes(type_name, shape)  # the rebuilt blocks take less: a bound
-    return blocks + (count // 2 + count // 8 if int4_packed_available() and shape[0] % 16 == 0 else count * 2)
+    return operand_nbytes(type_name, shape)
 
 
 def linear(

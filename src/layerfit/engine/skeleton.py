@@ -48,15 +48,13 @@ class Binding:
         packed operand (int4 codes and a bf16 scale and zero per 32, or bf16)."""
         if self.encoding is None or self.table:
             return 0
-        count = math.prod(self.shape)
         if self.packed:
-            from layerfit.engine.int4_packed import PACKED_TYPES, made_nbytes
+            from layerfit.engine.int4_packed import made_nbytes, operand_nbytes
 
             if self.encoding.int4_rows:
                 return made_nbytes(self.encoding.ggml, self.shape, self.encoding.int4_rows)
-            return count // 2 + count // 8 if self.encoding.ggml in PACKED_TYPES else count * 2
-        rebuilt = self.nbytes if self.encoding.int4_rows else 0  # the blocks, rebuilt from the form
-        return count * self.dtype.itemsize + rebuilt
+            return operand_nbytes(self.encoding.ggml, self.shape)
+        return math.prod(self.shape) * self.dtype.itemsize
 
     def view(self, buffer: torch.Tensor, start: int) -> torch.Tensor:
         """The tensor as a view of ``buffer`` (uint8) from byte ``start``, in the layout it

@@ -267,7 +267,9 @@ def _groups(model: nn.Module, graph: ModelGraph, blocks: dict[int, StoredBlocks]
             return _stored(t, lay)
         data, encoding = stored.data, stored.encoding
         rows = int4_form.form_rows()
-        linear = all(isinstance(_module(model, place), nn.Linear) and place.endswith(".weight") for place in lay.places)
+        linear = all(
+            isinstance(_module(model, place), nn.Linear) and place.rpartition(".")[2] == "weight" for place in lay.places
+        )
         if linear and not encoding.transposed and int4_form.eligible(encoding.ggml, lay.shape, rows):
             data, encoding = int4_form.to_form(data, encoding.ggml, lay.shape, rows), replace(encoding, int4_rows=rows)
         return data, replace(lay, nbytes=data.numel(), encoding=encoding)
