@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import hashlib
 import json
 import math
 import platform
@@ -74,7 +73,7 @@ import torch
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from model_setup import train_step  # noqa: E402
+from model_setup import cached_training, train_step  # noqa: E402
 from moe_decoding import corpus  # noqa: E402
 from reporting import machine, mb, write_results  # noqa: E402
 from vs_llamacpp_quantized import LLAMACPP_FTYPES, write_f16_gguf  # noqa: E402
@@ -131,13 +130,7 @@ def windows(held: torch.Tensor, count: int) -> torch.Tensor:
 
 def trained(data: bytes) -> tuple[Path, dict[str, Any]]:
     """The trained model's folder and its training record (trained once, then cached)."""
-    digest = hashlib.sha256(data).hexdigest()
-    key = hashlib.sha256(json.dumps([CONFIG, TRAINING, digest], sort_keys=True).encode()).hexdigest()[:12]
-    out = CACHE / f"trained-{key}"
-    record_file = out / "training.json"
-    if record_file.is_file() and (out / "config.json").is_file():
-        return out, json.loads(record_file.read_text())
-    return out, _train(data, digest, out)
+    return cached_training(CACHE, [CONFIG, TRAINING], data, lambda digest, out: _train(data, digest, out))
 
 
 def held_out_loss(model: Any, held: torch.Tensor) -> float:

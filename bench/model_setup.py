@@ -7,6 +7,9 @@ environment (bench/vs_mmap.py's llama.cpp) uses it too. Nothing here asserts a t
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +48,19 @@ def train_step(model: Any, optimizer: Any, schedule: Any, ids: Any, labels: Any,
     schedule.step()
     return loss
 
+
+
+def cached_training(
+    cache: Path, description: list[Any], data: bytes, train: Callable[[str, Path], dict[str, Any]]
+) -> tuple[Path, dict[str, Any]]:
+    """A model trained once and cached: its folder under ``cache``, keyed by a hash of
+    ``description`` (its config and training settings) and of the training ``data``, and
+    its training record. ``train(data_digest, folder)`` trains and saves it there when the
+    folder holds none yet, and returns the record."""
+    digest = hashlib.sha256(data).hexdigest()
+    key = hashlib.sha256(json.dumps([*description, digest], sort_keys=True).encode()).hexdigest()[:12]
+    out = cache / f"trained-{key}"
+    record_file = out / "training.json"
+    if record_file.is_file() and (out / "config.json").is_file():
+        return out, json.loads(record_file.read_text())
+    return out, train(digest, out)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import hashlib
 import json
 import shutil
 import statistics
@@ -52,7 +51,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model_setup import train_step  # noqa: E402
+from model_setup import cached_training, train_step  # noqa: E402
 from processes import off_main  # noqa: E402
 from reporting import machine, mb, progress, write_results  # noqa: E402
 from storage import direct_read_bandwidth  # noqa: E402
@@ -92,13 +91,7 @@ def corpus() -> bytes:
 def trained_folder() -> tuple[Path, dict[str, Any]]:
     """The trained decoder's folder and its training record (trained once, then cached)."""
     data = corpus()
-    digest = hashlib.sha256(data).hexdigest()
-    key = hashlib.sha256(json.dumps([TRAINED, TRAINING, digest], sort_keys=True).encode()).hexdigest()[:12]
-    out = CACHE / f"trained-{key}"
-    record_file = out / "training.json"
-    if record_file.is_file() and (out / "config.json").is_file():
-        return out, json.loads(record_file.read_text())
-    return out, off_main(lambda: _train(data, digest, out))
+    return cached_training(CACHE, [TRAINED, TRAINING], data, lambda digest, out: off_main(lambda: _train(data, digest, out)))
 
 
 def _train(data: bytes, digest: str, out: Path) -> dict[str, Any]:
