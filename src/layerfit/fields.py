@@ -108,15 +108,18 @@ def load_yaml(text: str, label: str, error: type[Exception], build: Callable[[An
     text, such as a field that is missing, gets none.
     """
     yaml = require("yaml")
+    loader = yaml.SafeLoader(text)  # one parse: the node tree (for lines) and the data built from it
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or str(exc).splitlines()[0]
         raise error(_located(label, mark.line + 1 if mark else None, f"not valid YAML: {problem}")) from None
     except yaml.YAMLError as exc:
         raise error(_located(label, None, f"not valid YAML: {str(exc).splitlines()[0]}")) from None
+    finally:
+        loader.dispose()
     twice = _key_given_twice(yaml, root)
     if twice is not None:
         message = f"{twice.value!r}: appears twice in the same mapping"
