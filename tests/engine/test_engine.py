@@ -142,7 +142,7 @@ def test_coalesced_reads_cover_every_unit_once_in_fewer_requests(tiny: Path, ref
         engine.model.conv1.register_forward_pre_hook(lambda module, args: time.sleep(0.05))
         monkeypatch.setattr(reader_mod.os, "preadv", spy)
         assert torch.equal(engine(x), y)
-        cap = min(engine.coalesce_bytes, engine.memory.buffer_bytes // 2)
+        cap = min(engine.config.coalesce_bytes, engine.memory.buffer_bytes // 2)
     # the requests tile the units' bytes exactly, in order
     assert [off for off, _ in reads][0] == units[0].offset
     assert sum(n for _, n in reads) == sum(u.nbytes for u in units)
@@ -178,7 +178,7 @@ def test_reader_coalesces_while_the_woken_kernel_thread_is_not_yet_running(tiny:
         engine.stream.ready = _SlowWaker(engine.stream.state)
         monkeypatch.setattr(reader_mod.os, "preadv", spy)
         assert torch.equal(engine(x), y)
-        cap = min(engine.coalesce_bytes, engine.memory.buffer_bytes // 2)
+        cap = min(engine.config.coalesce_bytes, engine.memory.buffer_bytes // 2)
     # The kernel waited for unit 0 only: the units after it are read in requests as
     # large as the cap allows, not one by one as if the kernel still waited for each.
     assert sum(n for _, n in reads) == sum(u.nbytes for u in units)

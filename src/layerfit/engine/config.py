@@ -58,7 +58,10 @@ class EngineConfig:
     to the values transformers' GGUF loader gives, so outputs are bit-equal to its model;
     off (default), a linear layer's weight runs packed (Q4_0, Q4_1, Q4_K on PyTorch's int4
     kernels, other types in bfloat16: :mod:`layerfit.engine.int4_packed`), faster, within
-    the tolerance that module states.
+    the tolerance that module states. ``memory_limit`` (bytes) bounds the whole process,
+    not the weights alone: the engine measures its footprint at load and spends what the
+    limit leaves on weights, ``budget`` then at most that (:mod:`layerfit.engine.memory_limit`);
+    ``kv_positions`` positions of KV cache are reserved in it for a decoder's generation.
     """
 
     budget: Budget | None = None
@@ -77,6 +80,8 @@ class EngineConfig:
     expert_prefetch: bool = True
     verify: str = "first"
     dequantize: bool = False
+    memory_limit: int | None = None
+    kv_positions: int = 0
 
     def __post_init__(self) -> None:
         # (imported here: the command line reads the defaults without importing torch)
@@ -92,6 +97,10 @@ class EngineConfig:
             )
         if self.device != "cpu" and self.activations != "default":
             raise LayerfitError("planned activations are laid out in host memory: use activations='default' on cuda")
+        if self.memory_limit is not None and self.device != "cpu":
+            raise LayerfitError("a memory limit bounds this process's host memory: it runs on device cpu")
+        if isinstance(self.kv_positions, bool) or not isinstance(self.kv_positions, int) or self.kv_positions < 0:
+            raise LayerfitError(f"kv_positions must be a whole number of positions, 0 or more, not {self.kv_positions!r}")
         resolve_pipeline(self.pipeline, 0, None)  # an unknown name is refused here
         get_binder(self.binding)
         check_units_spec(self.units)
@@ -103,12 +112,17 @@ class EngineConfig:
         budget: Budget | int | str | None = None,
         units: str | Sequence[int] = "layers",
         coalesce: int | str = DEFAULT_COALESCE_BYTES,
+        memory_limit: int | str | None = None,
         **settings: Any,
     ) -> EngineConfig:
         """The config the Python API's keyword arguments denote: ``budget`` as
         :meth:`Budget.parse` reads it, ``units`` a spec or partition points,
-        ``coalesce`` bytes or a size (``0``: none); the rest as the fields."""
+        ``coalesce`` bytes or a size (``0``: none), ``memory_limit`` bytes or a size with
+        its unit; the rest as the fields."""
+        from layerfit.engine.memory_limit import parse_memory_limit
+
         return cls(
+            memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit),
             budget=None if budget is None else Budget.parse(budget),
             units=units if isinstance(units, str) else tuple(units),
             coalesce_bytes=0 if coalesce in (0, "0") else parse_bytes(coalesce),

@@ -36,9 +36,11 @@ from layerfit.engine.config import EngineConfig
 from layerfit.engine.device import Device, get_device
 from layerfit.engine.expert_guess import ExpertMemory, expert_memory
 from layerfit.engine.experts import experts_segment
+from layerfit.engine.fit_memory import MemoryRoom, within
 from layerfit.engine.gather import table_of
 from layerfit.engine.generation import generate
 from layerfit.engine.hooks import install_hooks
+from layerfit.engine.memory_limit import Footprint
 from layerfit.engine.parts import Part
 from layerfit.engine.pass_state import PassState
 from layerfit.engine.plan import EnginePlan, MemoryPlan, plan
@@ -129,11 +131,16 @@ class Engine:
         self._lost: str | None = None  # why the configuration was lost (a failed re-read)
         self._closed = False
         self.arena: PlannedActivations | None = None  # activations="planned": one arena
+        self.footprint: Footprint | None = None  # measured where a memory limit bounds the process
         try:
             self.arena = make_activations(cfg.activations, self.manifest)
+            room = None if cfg.memory_limit is None else MemoryRoom(self, cfg)  # refused before a weight is read
             self._resident_buf = read_resident(self.manifest, self.reader, self.model, self.device, cfg.verify,
                                                packed=not cfg.dequantize)  # a GGUF model's linears run packed
-            self._configure(cfg)
+            if room is None:
+                self._configure(cfg)
+            else:
+                self.footprint = room.fit()
         except BaseException:
             self.close()
             raise
@@ -197,7 +204,8 @@ class Engine:
         Either a whole ``config`` that differs from the current one only in those three,
         or the three as keywords (a budget not given is none: the pipeline's own size).
         The model is not reloaded: only the buffer and the unit grouping change. A
-        budget below the minimum is refused and the old configuration keeps running.
+        budget below the minimum, or beyond what a memory limit leaves (the budget it
+        leaves is the one not given then), is refused and the old configuration keeps running.
         """
         t0 = time.perf_counter()
         with self._lock:
@@ -211,7 +219,7 @@ class Engine:
                 config = self.config.replace(**changes)  # checked before anything changes
             else:
                 self._check_reconfigurable(config)
-            self._configure(config)
+            self._configure(config if self.footprint is None else within(self.footprint, config, self.manifest))
         return time.perf_counter() - t0
 
     def _check_reconfigurable(self, config: EngineConfig) -> None:
@@ -390,10 +398,6 @@ class Engine:
         return self.config.pipeline
 
     @property
-    def verify(self) -> str:
-        return self.config.verify
-
-    @property
     def trace(self) -> bool:
         """Whether each pass records a timeline (``last_timeline``)."""
         return self.config.trace
@@ -406,10 +410,6 @@ class Engine:
         self.stream.trace = self.buffers.trace = on
         for ring in self.buffers.streaming_rings:
             ring.record_history = on
-
-    @property
-    def coalesce_bytes(self) -> int:
-        return self.config.coalesce_bytes
 
     @property
     def bytes_read(self) -> int:

@@ -94,11 +94,13 @@ def measure(
         "rss_peak_bytes": peak_rss_bytes(),
         "rss_peak_reset": reset_ok,
         "io_mode": engine.io_mode,
-        "coalesce_bytes": engine.coalesce_bytes,
+        "coalesce_bytes": engine.config.coalesce_bytes,
         "output_shape": [list(t.shape) for t in outs] if len(outs) != 1 else list(outs[0].shape),
         "output_sha256": output_digest(out),
         "read_bytes_per_pass": read_per_pass,  # from storage (a quantized model's blocks as stored)
         "read_bytes_per_token": read_per_pass / tokens if tokens else None,
+        # the process's footprint beside the weights, where a memory limit bounds it
+        "memory_limit": None if engine.footprint is None else engine.footprint.to_dict(),
     }
     report.update(engine_activation_report(engine))
     if timelines:

@@ -29,22 +29,19 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from layerfit.engine.memory_limit import kv_bytes_per_token as engine_kv_bytes_per_token
 from layerfit.errors import LayerfitError
 from layerfit.store.manifest import DTYPES
 
 
 def kv_bytes_per_token(config: Any, dtype: torch.dtype | str = "float32") -> int:
-    """Bytes of KV cache one position of one sequence takes: layers × 2 (keys, values) ×
-    KV heads × head dimension × bytes per value, from a Hugging Face config."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layers = getattr(text, "num_hidden_layers", None)
-    heads = getattr(text, "num_attention_heads", None)
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
-    if not (layers and kv_heads and head_dim):
+    """Bytes of KV cache one position of one sequence takes (the engine's one rule,
+    :func:`layerfit.engine.memory_limit.kv_bytes_per_token`); a config that states no
+    layers, heads and head size is refused: the runtime cannot admit what it cannot count."""
+    per_token = engine_kv_bytes_per_token(config, DTYPES[str(dtype).removeprefix("torch.")].itemsize)
+    if not per_token:
         raise LayerfitError(f"{type(config).__name__} states no layers, heads and head size: its KV cache cannot be counted")
-    itemsize = DTYPES[str(dtype).removeprefix("torch.")].itemsize
-    return int(layers) * 2 * int(kv_heads) * int(head_dim) * itemsize
+    return per_token
 
 
 def step_kv_bytes(lengths: list[int], per_token: int) -> int:
