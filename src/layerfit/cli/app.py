@@ -154,6 +154,21 @@ def print_warnings(caught: list) -> None:
         _print_warning(str(w.message))
 
 
+def limit_label(memory: dict[str, int]) -> str:
+    """A ``memory_limit`` report (:meth:`~layerfit.engine.memory_limit.Footprint.to_dict`) as
+    one line: the limit, the footprint measured beside the weights, what weights got."""
+    from layerfit.sizes import format_bytes
+
+    return (
+        f"memory limit {format_bytes(memory['memory_limit_bytes'])}: footprint "
+        f"{format_bytes(memory['footprint_bytes'])} beside the weights ({format_bytes(memory['footprint_anon_bytes'])} "
+        f"anonymous, {format_bytes(memory['footprint_file_bytes'])} of files, "
+        f"{format_bytes(memory['activation_bytes'])} activations, {format_bytes(memory['kv_reserved_bytes'])} KV "
+        f"cache, {format_bytes(memory['headroom_bytes'])} headroom), weights "
+        f"{format_bytes(memory['weight_budget_bytes'])}"
+    )
+
+
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
     from layerfit.errors import InputError
 

@@ -31,6 +31,11 @@ OPTIONS: Mapping[str, Option] = {
         str | None, ("--budget",),
         "weight memory, e.g. 24MB, or a share of the model's weights, e.g. 50% (default: the pipeline's own)",
     ),
+    "memory_limit": Option(
+        str | None, ("--memory-limit",),
+        "bound the whole process, not only its weights, e.g. 800MB: layerfit measures its own footprint "
+        "(libraries, activations, KV cache) and spends the rest on weights (--budget then at most that)",
+    ),
     "units": Option(
         str, ("--units",),
         "layers, blocks:N, merge:SIZE (consecutive layers up to SIZE per block) or swapnet (SwapNet "

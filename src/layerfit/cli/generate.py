@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from layerfit.cli.app import app, print_json
+from layerfit.cli.app import app, limit_label, print_json
 from layerfit.cli.engine_options import ENGINE_OPTIONS, EngineOptions, engine_options
 from layerfit.console import make_console
 from layerfit.engine.openmp import COMPUTE_THREADS_HELP, kernels_on, set_compute_threads
@@ -84,7 +84,7 @@ class Decoding:
 
 @app.command()
 @engine_options(
-    "pipeline", "budget", "units", "direct_io", "coalesce", "gather_rows", "read_ahead", "expert_cache", "expert_prefetch",
+    "pipeline", "budget", "memory_limit", "units", "direct_io", "coalesce", "gather_rows", "read_ahead", "expert_cache", "expert_prefetch",
     "dequantize", "device", "stages",
 )
 def generate(
@@ -120,14 +120,17 @@ def generate(
     tokenizer_folder = _tokenizer_folder(directory, tokenizer_dir)
     tokenizer = _load_tokenizer(tokenizer_folder)
     set_compute_threads(threads, "--threads")
-    with load(directory, options.config()) as engine:
+    # A memory limit reserves the KV cache of every position the generation may reach.
+    known_ids = given_ids if given_ids is not None or tokenizer is None else _encode(tokenizer, prompt or "")
+    positions = len(known_ids or ()) + decoding.max_new_tokens
+    with load(directory, options.config(kv_positions=positions)) as engine:
         _check_generates(engine, directory, manifest)
         if given_ids is None and tokenizer_folder is None:  # said after what the model is: that comes first
             raise InputError(
                 f"--prompt needs a tokenizer and {directory} holds none ({' or '.join(TOKENIZER_FILES)}): "
                 "pass --tokenizer FOLDER, or give the prompt as token ids with --ids 1,2,3"
             )
-        prompt_ids = given_ids if given_ids is not None else _encode(tokenizer, prompt or "")
+        prompt_ids = known_ids if known_ids is not None else _encode(tokenizer, prompt or "")
         _check_prompt(engine, prompt_ids, decoding.max_new_tokens)
         # One generation config, the flags set on a copy of the folder's (or the model's):
         # transformers deprecates passing a config together with generation arguments.
@@ -278,6 +281,8 @@ def _report(
     """Everything ``--json`` prints, and the summary reads."""
     import torch
 
+    from layerfit.engine.osmem import peak_rss_bytes
+
     text = None if tokenizer is None else tokenizer.decode(stream.tokens, skip_special_tokens=True)
     return {
         "model": engine.manifest.model["name"],
@@ -293,6 +298,8 @@ def _report(
         "read_bytes_per_token": stream.read_bytes_per_token,
         "weights_peak_bytes": stream.peak_bytes,
         "budget_bytes": engine.plan.budget_bytes if engine.plan is not None else None,
+        "memory_limit": None if engine.footprint is None else engine.footprint.to_dict(),
+        "rss_peak_bytes": peak_rss_bytes(),
         "weight_buffer_bytes": engine.memory.weight_bytes,
         "weights_total_bytes": engine.memory.total_weight_bytes,
         "pipeline": engine.policy.name,
@@ -316,7 +323,9 @@ def _print_summary(report: dict[str, Any]) -> None:
         f"{'' if read is None else f' reading {format_bytes(int(read))} a token'}; weights peak {format_bytes(report['weights_peak_bytes'])} "
         f"of {'no budget' if budget is None else f'a {format_bytes(budget)} budget'} "
         f"({format_bytes(report['weights_total_bytes'])} of weights; {report['pipeline']} on {report['device']}, "
-        f"{kernels_on(report['compute_threads'])})",
+        f"{kernels_on(report['compute_threads'])})"
+        + (f"\n{limit_label(report['memory_limit'])}, peak RSS {format_bytes(report['rss_peak_bytes'])}"
+           if report["memory_limit"] else ""),
         markup=False, highlight=False, soft_wrap=True,
     )
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from layerfit.cli.app import app, console, parse_shape, print_json, print_warnings
+from layerfit.cli.app import app, console, limit_label, parse_shape, print_json, print_warnings
 from layerfit.cli.engine_options import ENGINE_OPTIONS, EngineOptions, engine_options
 from layerfit.engine.openmp import COMPUTE_THREADS_HELP, kernels_on, set_compute_threads
 from layerfit.errors import InputError, LayerfitError
@@ -156,6 +156,10 @@ def inspect(
         None, "--budget", help="also show how `run --pipeline auto` spends this weight budget, e.g. 24MB or 50% (units kept, bytes read)"
     ),
     stages: int = typer.Option(2, "--stages", help="with --budget: 2 (cpu) or 3 (a copy stage, as on cuda)"),
+    memory_limit: str = typer.Option(
+        None, "--memory-limit", help="load the model within this process memory, e.g. 800MB, and show the footprint "
+        "measured beside the weights and how `run --pipeline auto` spends what it leaves (with --budget: at most that)",
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Show a prepared model: units with sizes and offsets, resident tensors, totals."""
@@ -165,6 +169,9 @@ def inspect(
     from layerfit.store import read_manifest
 
     m = read_manifest(directory)
+    footprint = None if memory_limit is None else _measured_footprint(directory, memory_limit, budget)
+    if footprint is not None and budget is None:  # a budget given was checked against the limit by the load
+        budget = str(footprint["weight_budget_bytes"])
     plan = None if budget is None else _auto_plan(m, budget, stages)
     reasons = {r.name: r.reason for r in m.graph.resident}  # why each is kept, from the capture
     units = [
@@ -198,6 +205,8 @@ def inspect(
     }
     if plan is not None:
         info["auto_plan"] = plan
+    if footprint is not None:
+        info["memory_limit"] = footprint
     if as_json:
         print_json(info)
         _check_weights_file(directory, m)
@@ -222,6 +231,8 @@ def inspect(
             else ""
         )
     )
+    if footprint is not None:
+        console.print(limit_label(footprint), markup=False, highlight=False)
     _print_units(m, plan)
     if info["resident_tensors"]:
         # resident tensors count against every budget: say which they are and why
@@ -280,6 +291,15 @@ def _inputs_label(m: Manifest) -> str:
     if not m.input_keywords:
         return f"{tuple(m.input_shape)} {m.input_dtype}"
     return ", ".join(f"{n}={tuple(shape)} {d}" for n, shape, d in m.input_keywords)
+
+
+def _measured_footprint(directory: str, memory_limit: str, budget: str | None) -> dict[str, int]:
+    """The footprint an engine measures loading ``directory`` within ``memory_limit``
+    (:mod:`layerfit.engine.memory_limit`), as ``run --json`` reports it."""
+    from layerfit.engine import EngineConfig, load
+
+    with load(directory, EngineConfig.parse(memory_limit=memory_limit, budget=budget)) as engine:
+        return engine.footprint.to_dict()
 
 
 def _auto_plan(m: Manifest, budget: str, stages: int) -> dict[str, Any]:
@@ -548,7 +568,7 @@ def _units_label(report: dict) -> str:
 
 @app.command()
 @engine_options(
-    "pipeline", "budget", "units", "direct_io", "activations", "coalesce", "gather_rows", "read_ahead", "expert_cache",
+    "pipeline", "budget", "memory_limit", "units", "direct_io", "activations", "coalesce", "gather_rows", "read_ahead", "expert_cache",
     "expert_prefetch", "dequantize", "device", "stages",
 )
 def run(
@@ -579,6 +599,9 @@ def run(
     set_compute_threads(threads, "--threads")
     budget = options["budget"]
     swapnet = options["units"] == "swapnet"  # the budget is the model's memory in all: SwapNet splits it
+    if swapnet and options["memory_limit"] is not None:
+        raise InputError("--units swapnet splits --budget between its blocks: with --memory-limit give layers, "
+                         "blocks:N or merge:SIZE")
     config = options.config(trace=trace is not None, **({"budget": None, "units": "layers"} if swapnet else {}))
     if swapnet:
         import warnings
@@ -609,7 +632,8 @@ def run(
         f"latency {report['latency_s'] * 1e3:.1f} ms (median of {repeats}), weights peak "
         f"{format_bytes(report['weights_peak_bytes'])} of {format_bytes(report['weights_total_bytes'])}, "
         f"peak RSS {format_bytes(report['rss_peak_bytes'])}\n"
-        f"activations {report['activations']}: planned arena {format_bytes(report['activation_arena_bytes'])}, "
+        + (f"{limit_label(report['memory_limit'])}\n" if report["memory_limit"] else "")
+        + f"activations {report['activations']}: planned arena {format_bytes(report['activation_arena_bytes'])}, "
         f"planned total {format_bytes(report['planned_total_bytes'])} (weight buffers + arena)\n"
         f"output {report['output_shape']} sha256 {report['output_sha256'][:16]}",
         markup=False,  # the [pipeline, ...] part is text, not a rich style tag
