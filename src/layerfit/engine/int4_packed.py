@@ -145,7 +145,10 @@ def linear(
     """``F.linear`` on an `operand`: bf16 activations either way, the result in ``x``'s dtype."""
     if isinstance(weight, PackedInt4):
         return packed_linear(x, weight, bias)
-    y = F.linear(x.to(torch.bfloat16), weight).to(x.dtype)
+    # As 2-D rows: a 3-D input PyTorch does not fold into one matrix product (a decode step's
+    # [1, 1, K] slice) goes through bmm, which copies the whole weight contiguous each call.
+    flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+    y = F.linear(flat, weight).to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
     return y if bias is None else y + bias
 
 
