@@ -34,6 +34,8 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -54,11 +56,18 @@ IMPORTS = {
 LEVERS: dict[str, str] = {
     "baseline": "the library as it is",
     "trim-after-load": "malloc_trim(0) (osmem.trim_heap) once layerfit.load returns",
+    "page-out-libraries": "the shared libraries' pages paged out once layerfit.load returns "
+    "(osmem.page_out_libraries: madvise MADV_PAGEOUT on their read-only mappings)",
     "trim-after-pass": "malloc_trim(0) after each pass",
+    "planned-activations": "activations='planned': one arena planned for a pass's activations "
+    "(Pisarchyk & Lee), not PyTorch's allocator",
+    "without-scipy": "SciPy not installed (`layerfit[hf]` without the tradeoff extra, whose pymoo needs it): "
+    "transformers' modeling code imports scipy.optimize wherever SciPy is installed",
     "arenas-2": "glibc keeps at most 2 heap arenas (osmem.limit_heap_arenas(2)) from the start",
     "large-frees-to-os": "allocations of 4 MiB or more mapped alone and freed to the OS, heap trimmed above 128 KiB "
     "(osmem.return_large_frees_to_os()) from the start",
 }
+LEVERS["page-out-libraries+without-scipy"] = "the two levers that cut F, together"
 DEFAULT_LEVERS = list(LEVERS)
 TOP_MAPPINGS = 6
 
@@ -116,6 +125,29 @@ def largest_mappings(top: int = TOP_MAPPINGS) -> dict[str, list[list[Any]]]:
     }
 
 
+class _Blind:
+    """An import finder that does not see some top-level packages: ``import x`` fails
+    and ``importlib.util.find_spec("x")`` is None, as where ``x`` is not installed
+    (tests/install/hiding.py's)."""
+
+    def __init__(self, finder: Any, hidden: set[str]) -> None:
+        self.finder, self.hidden = finder, hidden
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name.split(".")[0] in self.hidden:
+            return None
+        find = getattr(self.finder, "find_spec", None)
+        return find(name, path, target) if find else None
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.finder, attr)
+
+
+def hide_packages(hidden: set[str]) -> None:
+    """Run on as if ``hidden`` were not installed."""
+    sys.meta_path[:] = [_Blind(f, hidden) for f in sys.meta_path]
+
+
 def child_import(statement: str) -> dict[str, Any]:
     peaks = Peaks()
     t0 = time.perf_counter()
@@ -135,13 +167,16 @@ def child_run(folder: str, budget: int, passes: int, lever: str) -> dict[str, An
     """One model at ``budget``: load, ``passes`` passes of its example call, with ``lever``."""
     peaks = Peaks()
     sys.path.insert(0, str(BENCH))
-    from vs_mmap import mapped_file_referenced
+    from vs_mmap import disk_read_bytes, mapped_file_referenced
 
-    if lever == "arenas-2":
+    parts = set(lever.split("+"))  # a row may combine levers
+    if "without-scipy" in parts:
+        hide_packages({"scipy"})
+    elif "arenas-2" in parts:
         from layerfit.engine.osmem import limit_heap_arenas
 
         assert limit_heap_arenas(2)
-    elif lever == "large-frees-to-os":
+    elif "large-frees-to-os" in parts:
         from layerfit.engine.osmem import return_large_frees_to_os
 
         assert return_large_frees_to_os()
@@ -151,22 +186,28 @@ def child_run(folder: str, budget: int, passes: int, lever: str) -> dict[str, An
     from layerfit.store import read_manifest
     from layerfit.store.examples import example_call
 
-    engine = layerfit.load(folder, budget=budget)
-    if lever == "trim-after-load":
+    planned = {"activations": "planned"} if "planned-activations" in parts else {}
+    engine = layerfit.load(folder, budget=budget, **planned)
+    if "trim-after-load" in parts:
         trim_heap()
+    elif "page-out-libraries" in parts:
+        from layerfit.engine.osmem import page_out_libraries
+
+        assert page_out_libraries() > 0
     load_s = time.perf_counter() - t0
     peaks.take()
     loaded = status_kb("RssAnon")["RssAnon"]
     args, kwargs = example_call(read_manifest(folder))
-    seconds, weights = [], 0
+    seconds, reads, weights = [], [], 0
     for k in range(passes):
         if k == passes - 1:  # the pages the last pass touches get their accessed bit
             Path("/proc/self/clear_refs").write_text("1")
-        t = time.perf_counter()
+        t, r = time.perf_counter(), disk_read_bytes()
         engine(*args, **kwargs)
-        if lever == "trim-after-pass":
+        if "trim-after-pass" in parts:
             trim_heap()
         seconds.append(time.perf_counter() - t)
+        reads.append(disk_read_bytes() - r)
         weights = max(weights, engine.last_weights_peak)
     referenced = mapped_file_referenced()
     peaks.take()
@@ -177,6 +218,7 @@ def child_run(folder: str, budget: int, passes: int, lever: str) -> dict[str, An
         "first_s": seconds[0],
         "step_s": statistics.median(seconds[1:]),
         "steps_s": seconds[1:],
+        "step_read_bytes": statistics.median(reads[1:]),
         "anon_peak_bytes": peaks.anon,
         "anon_loaded_bytes": loaded,
         "anon_end_bytes": end["RssAnon"],
@@ -185,6 +227,7 @@ def child_run(folder: str, budget: int, passes: int, lever: str) -> dict[str, An
         "file_referenced_bytes": referenced,
         "weights_peak_bytes": weights,
         "modules": len(sys.modules),
+        "torch_path": str(Path(sys.modules["torch"].__file__).parent),
         "transformers": "transformers" in sys.modules,
         "dynamo": "torch._dynamo" in sys.modules,
         "transformers_modules": sum(m.split(".")[0] == "transformers" for m in sys.modules),
@@ -195,9 +238,16 @@ def child_run(folder: str, budget: int, passes: int, lever: str) -> dict[str, An
 # --- the parent -----------------------------------------------------------------------------
 
 
+CHILD_ENV: dict[str, str] = dict(os.environ)
+
+
 def run_child(args: list[str]) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", *args], capture_output=True, text=True, timeout=600
+        [sys.executable, __file__, "--child", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=CHILD_ENV,
     )
     if proc.returncode != 0:
         raise SystemExit(f"child {args} failed: {(proc.stderr or proc.stdout).strip()[-2000:]}")
@@ -239,7 +289,19 @@ def markdown(data: dict[str, Any]) -> str:
         f"{m['torch']} ({m['torch_threads']} threads), transformers {data['transformers']}, layerfit "
         f"{m['layerfit_commit']}; load average {m['load_average_at_start'][0]:.1f} at the start. "
         f"`bench/footprint.py`: medians of {data['rounds']} fresh children per row, the variants of a model "
-        "alternating (order rotated each round).",
+        "alternating (order rotated each round). "
+        + (
+            "The children import a private copy of torch (no other process maps its libraries' pages). "
+            if data["torch_copy"]
+            else "The children import the installed torch. "
+        )
+        + (
+            f"DAMON runs on this machine ({', '.join(data['damon'])}): it pages cold memory out on its own "
+            "and clears accessed bits as it samples, so RssFile falls as pages age and *referenced* may "
+            "miss pages."
+            if data["damon"]
+            else ""
+        ),
         "",
         "F = peak anonymous memory (RssAnon, sampled every 10 ms) − the weight bytes the engine held "
         "(`engine.last_weights_peak`) + resident file pages at the end (RssFile). Each child runs "
@@ -305,6 +367,12 @@ def main(argv: list[str] | None = None) -> int:
         "--passes", type=int, default=4, help="passes of the example call (the first is cold)"
     )
     p.add_argument("--output", default="footprint")
+    p.add_argument(
+        "--system-torch",
+        action="store_true",
+        help="children import the installed torch, not a private copy (its pages are then shared "
+        "with any other PyTorch process on the machine)",
+    )
     args = p.parse_args(argv)
     if args.child:
         kind, rest = args.child[0], args.child[1:]
@@ -316,20 +384,74 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
     names, levers = args.models.split(","), args.levers.split(",")
-    unknown = [n for n in names if n not in MODELS] + [x for x in levers if x not in LEVERS]
+    unknown = [n for n in names if n not in MODELS] + [
+        x for x in levers for part in x.split("+") if part not in LEVERS
+    ]
     if unknown or "baseline" not in levers or args.rounds < 1 or args.passes < 2:
         p.error(f"unknown {unknown}, or no baseline lever, or --rounds < 1, or --passes < 2")
     sys.path.insert(0, str(BENCH))
+    from reporting import write_results
+
+    t_start = time.perf_counter()
+    copy = None if args.system_torch else private_torch()
+    try:
+        data = measure(args, names, levers, copy)
+    finally:
+        if copy is not None:
+            shutil.rmtree(copy, ignore_errors=True)
+    data["wall_s"] = time.perf_counter() - t_start
+    js, md = write_results(args.output, data, markdown(data))
+    print(md)
+    print(f"wrote {js} and {md} in {data['wall_s']:.0f} s")
+    return 0
+
+
+def damon() -> list[str]:
+    """The actions of the DAMON schemes running on this machine (``pageout`` pages cold
+    memory out on its own and clears the pages' accessed bits as it samples them)."""
+    root = Path("/sys/kernel/mm/damon/admin/kdamonds")
+    actions = []
+    for kdamond in root.glob("[0-9]*"):
+        if (kdamond / "state").read_text().strip() == "on":
+            actions += [a.read_text().strip() for a in kdamond.glob("contexts/*/schemes/*/action")]
+    return actions
+
+
+def private_torch() -> Path:
+    """A copy of the installed torch package (its bytes copied, not linked) that the
+    children import: the kernel pages out, and a process's RssFile counts, a library
+    page only where no other process maps it, and on a shared machine other PyTorch
+    processes map the installed libraries' pages (a board running layerfit has none)."""
+    import tempfile
+
+    import torch
+
+    root = Path(tempfile.mkdtemp(prefix="footprint-torch-", dir=BENCH / ".cache"))
+    shutil.copytree(Path(torch.__file__).parent, root / "torch", symlinks=True)
+    os.sync()  # clean pages: the page cache may drop them
+    CHILD_ENV["PYTHONPATH"] = os.pathsep.join(
+        [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    return root
+
+
+def measure(
+    args: argparse.Namespace, names: list[str], levers: list[str], copy: Path | None
+) -> dict[str, Any]:
+    """Every row: the imports alone, then each model's levers."""
     from importlib.metadata import version
 
-    from reporting import machine, progress, write_results
+    from reporting import machine, progress
     from vs_mmap import CACHE, prepared
 
+    import layerfit
     from layerfit.store import read_manifest
     from layerfit.store.examples import example_call
 
-    t_start = time.perf_counter()
     data: dict[str, Any] = {
+        "layerfit_path": str(Path(layerfit.__file__).parent),
+        "torch_copy": copy is not None,
+        "damon": damon(),
         "machine": machine(),
         "transformers": version("transformers"),
         "rounds": args.rounds,
@@ -376,11 +498,7 @@ def main(argv: list[str] | None = None) -> int:
             "example": example,
             "rows": {lever: medians(rs) for lever, rs in by_lever.items()},
         }
-    data["wall_s"] = time.perf_counter() - t_start
-    js, md = write_results(args.output, data, markdown(data))
-    print(md)
-    print(f"wrote {js} and {md} in {data['wall_s']:.0f} s")
-    return 0
+    return data
 
 
 if __name__ == "__main__":

@@ -7,10 +7,16 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from layerfit.engine.osmem import is_glibc, limit_heap_arenas, return_large_frees_to_os
+from layerfit.engine.osmem import (
+    is_glibc,
+    library_mappings,
+    limit_heap_arenas,
+    return_large_frees_to_os,
+)
 from layerfit.errors import BudgetError
 
 MB = 1024 * 1024
@@ -154,3 +160,76 @@ def test_a_threshold_mallopt_cannot_take_is_refused() -> None:
             return_large_frees_to_os(bad)
         with pytest.raises(BudgetError, match="heap trim threshold"):
             return_large_frees_to_os(trim_threshold_bytes=bad)
+
+
+_MAPS = """\
+7f0000000000-7f0000100000 r--p 00000000 fd:01 1234 /usr/lib/libtorch_cpu.so
+7f0000100000-7f0000200000 r-xp 00100000 fd:01 1234 /usr/lib/libtorch_cpu.so
+7f0000200000-7f0000210000 rw-p 00200000 fd:01 1234 /usr/lib/libtorch_cpu.so
+7f0000300000-7f0000301000 r--p 00000000 fd:01 99 /usr/lib/libpython3.11.so.1.0
+7f0000400000-7f0000500000 r--p 00000000 fd:01 77 /data/weights.safetensors
+7f0000600000-7f0000700000 rw-p 00000000 00:00 0
+7f0000800000-7f0000801000 r-xp 00000000 00:00 0 [vdso]
+7f0000900000-7f0000901000 r--s 00000000 00:05 12 /dev/shm/not-a.so-file
+"""
+
+
+def test_library_mappings_are_the_read_only_mappings_of_shared_objects() -> None:
+    assert library_mappings(_MAPS) == [
+        (0x7F0000000000, 0x7F0000100000, "/usr/lib/libtorch_cpu.so"),
+        (0x7F0000100000, 0x7F0000200000, "/usr/lib/libtorch_cpu.so"),
+        (0x7F0000300000, 0x7F0000301000, "/usr/lib/libpython3.11.so.1.0"),
+    ]
+
+
+def _on_tmpfs(path: Path) -> bool:
+    """Whether ``path`` lies on a memory file system (its pages cannot be paged out without swap)."""
+    best, kind = "", ""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        mount, fs = line.split()[1], line.split()[2]
+        if str(path).startswith(mount) and len(mount) > len(best):
+            best, kind = mount, fs
+    return kind in ("tmpfs", "ramfs")
+
+
+# A file named like a library, mapped read-only by this process alone (a page another
+# process maps is left alone by the kernel), its pages touched; then paged out.
+_PAGE_OUT = """
+import json, mmap, os, sys
+from layerfit.engine.osmem import page_out_libraries
+
+path = sys.argv[1]
+with open(path, "wb") as fh:
+    fh.write(os.urandom(8 << 20))
+    fh.flush()
+    os.fsync(fh.fileno())  # clean pages: nothing to write back before they go
+fd = os.open(path, os.O_RDONLY)
+mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+sum(mapped[k] for k in range(0, len(mapped), mmap.PAGESIZE))
+
+def rss():
+    total, ours = 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            fields = line.split()
+            if len(fields) >= 5 and "-" in fields[0] and ":" in fields[3]:
+                ours = len(fields) > 5 and fields[5] == path
+            elif ours and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+    return total
+
+before = rss()
+advised = page_out_libraries()
+print(json.dumps({"before": before, "advised": advised, "after": rss()}))
+"""
+
+
+def test_library_pages_leave_the_process_when_paged_out(tmp_path: Path) -> None:
+    if _on_tmpfs(tmp_path):
+        pytest.skip("the temporary folder is a memory file system: its pages cannot be paged out")
+    run = run_script(_PAGE_OUT, str(tmp_path / "libdata.so"))
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    if out["advised"] == 0:
+        pytest.skip("this kernel has no MADV_PAGEOUT (Linux 5.4)")
+    assert out["before"] >= 7 * MB
+    assert out["after"] <= out["before"] // 4
