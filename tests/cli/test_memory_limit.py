@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cgroups import memory_cgroup, unavailable
 
-from layerfit.engine.memory_limit import machine_memory_bytes
+from layerfit.memory_limit import machine_memory_bytes
 
 CLI = [sys.executable, "-m", "layerfit.cli"]
 IDS = "5,17,83,9,61,30,7,2"

@@ -11,8 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import layerfit
-from layerfit.engine import memory_limit
-from layerfit.engine.memory_limit import (
+from layerfit import memory_limit
+from layerfit.errors import BudgetError, LayerfitError
+from layerfit.memory_limit import (
     MIN_HEADROOM,
     Footprint,
     effective_limit,
@@ -20,7 +21,6 @@ from layerfit.engine.memory_limit import (
     machine_memory_bytes,
     parse_memory_limit,
 )
-from layerfit.errors import BudgetError, LayerfitError
 from layerfit.sizes import parse_bytes
 
 MB = 1000**2

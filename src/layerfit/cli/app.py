@@ -155,7 +155,7 @@ def print_warnings(caught: list) -> None:
 
 
 def limit_label(memory: dict[str, int]) -> str:
-    """A ``memory_limit`` report (:meth:`~layerfit.engine.memory_limit.Footprint.to_dict`) as
+    """A ``memory_limit`` report (:meth:`~layerfit.memory_limit.Footprint.to_dict`) as
     one line: the limit, the footprint measured beside the weights, what weights got."""
     from layerfit.sizes import format_bytes
 

@@ -295,7 +295,7 @@ def _inputs_label(m: Manifest) -> str:
 
 def _measured_footprint(directory: str, memory_limit: str, budget: str | None) -> dict[str, int]:
     """The footprint an engine measures loading ``directory`` within ``memory_limit``
-    (:mod:`layerfit.engine.memory_limit`), as ``run --json`` reports it."""
+    (:mod:`layerfit.memory_limit`), as ``run --json`` reports it."""
     from layerfit.engine import EngineConfig, load
 
     with load(directory, EngineConfig.parse(memory_limit=memory_limit, budget=budget)) as engine:

@@ -29,6 +29,11 @@ def serve_command(
         None, "--budget", help=f"memory budget of the runtime, e.g. 512MB (default {_DEFAULT_BUDGET})"
     ),
     memory_budget: str | None = typer.Option(None, "--memory-budget", hidden=True),
+    memory_limit: str | None = typer.Option(
+        None, "--memory-limit",
+        help="bound the whole server process, e.g. 1GB: its models are loaded and warmed up, the process "
+        "measured, and --budget becomes what the footprint and --request-memory leave (given: at most that)",
+    ),
     runtime: RuntimeOptions = RUNTIME_OPTIONS,  # --workers, --policy, --units, ... (runtime_options)
     warm_up: bool = typer.Option(
         False, "--warm-up",
@@ -79,9 +84,11 @@ def serve_command(
     """Serve the repository's models over the Open Inference Protocol (KServe v2 REST)."""
     from layerfit.serve.server import ServeSettings, serve
 
-    given_budget = renamed_option(budget, "--budget", memory_budget, "--memory-budget", _DEFAULT_BUDGET)
+    # under --memory-limit without --budget, the budget is what the limit leaves (ServeSettings.budget_given)
+    given_budget = renamed_option(budget, "--budget", memory_budget, "--memory-budget",
+                                  _DEFAULT_BUDGET if memory_limit is None else memory_limit)
     settings = ServeSettings(
-        runtime=runtime.config(repository, given_budget), warm_up=warm_up, threads=threads, host=host,
+        runtime=runtime.config(repository, given_budget), memory_limit=memory_limit, warm_up=warm_up, threads=threads, host=host,
         port=port, max_body=max_body, request_memory=request_memory, body_timeout=body_timeout,
         min_body_rate=min_body_rate, repository_api=repository_api, timeout=timeout,
         reverify_every=reverify_every, generation_weights=generation_weights, shutdown_grace=shutdown_grace, log_level=log_level,

@@ -60,7 +60,7 @@ class EngineConfig:
     kernels, other types in bfloat16: :mod:`layerfit.engine.int4_packed`), faster, within
     the tolerance that module states. ``memory_limit`` (bytes) bounds the whole process,
     not the weights alone: the engine measures its footprint at load and spends what the
-    limit leaves on weights, ``budget`` then at most that (:mod:`layerfit.engine.memory_limit`);
+    limit leaves on weights, ``budget`` then at most that (:mod:`layerfit.memory_limit`);
     ``kv_positions`` positions of KV cache are reserved in it for a decoder's generation.
     """
 
@@ -119,7 +119,7 @@ class EngineConfig:
         :meth:`Budget.parse` reads it, ``units`` a spec or partition points,
         ``coalesce`` bytes or a size (``0``: none), ``memory_limit`` bytes or a size with
         its unit; the rest as the fields."""
-        from layerfit.engine.memory_limit import parse_memory_limit
+        from layerfit.memory_limit import parse_memory_limit
 
         return cls(
             memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit),

@@ -40,7 +40,6 @@ from layerfit.engine.fit_memory import MemoryRoom, within
 from layerfit.engine.gather import table_of
 from layerfit.engine.generation import generate
 from layerfit.engine.hooks import install_hooks
-from layerfit.engine.memory_limit import Footprint
 from layerfit.engine.parts import Part
 from layerfit.engine.pass_state import PassState
 from layerfit.engine.plan import EnginePlan, MemoryPlan, plan
@@ -60,6 +59,7 @@ from layerfit.engine.trace import Timeline
 from layerfit.engine.unit_reader import UnitReader
 from layerfit.engine.units import Block
 from layerfit.errors import BudgetError, CorruptStoreError, LayerfitError
+from layerfit.memory_limit import Footprint
 from layerfit.sizes import Budget
 from layerfit.store.manifest import Manifest, read_manifest
 from layerfit.store.reader import SegmentReader, aligned_buffer, verify_segment

@@ -1,6 +1,6 @@
 """An engine fitted to a memory limit: configured at its minimum, measured, then given the
 weight budget its footprint leaves (the rule and what is measured:
-:mod:`layerfit.engine.memory_limit`)."""
+:mod:`layerfit.memory_limit`)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import warnings
 from typing import TYPE_CHECKING
 
 from layerfit.engine.config import EngineConfig
-from layerfit.engine.memory_limit import (
+from layerfit.engine.osmem import reset_peak_rss, trim_heap
+from layerfit.engine.plan import plan
+from layerfit.errors import BudgetError
+from layerfit.memory_limit import (
     Footprint,
     effective_limit,
     kv_bytes_per_token,
     measured_footprint,
     process_memory,
 )
-from layerfit.engine.osmem import reset_peak_rss, trim_heap
-from layerfit.engine.plan import plan
-from layerfit.errors import BudgetError
 from layerfit.sizes import Budget, format_bytes
 from layerfit.store.examples import example_call
 from layerfit.store.manifest import Manifest

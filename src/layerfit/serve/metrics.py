@@ -90,6 +90,31 @@ def runtime_families(stats: dict[str, Any]) -> Iterator[Metric]:
     if cache is not None:
         memory.add_metric(["weight_cache"], float(cache["bytes"]))
     yield memory
+    process = stats.get("process_memory")
+    if process is not None:
+        held = GaugeMetricFamily(
+            "layerfit_process_bytes",
+            "The server process's memory as the kernel counts it now: anonymous pages (anon), mapped file "
+            "pages (file) and the resident set's peak (peak)",
+            labels=["kind"],
+        )
+        for kind, key in (("anon", "anon_bytes"), ("file", "file_bytes"), ("peak", "peak_bytes")):
+            held.add_metric([kind], float(process[key]))
+        yield held
+    limit = stats.get("memory_limit")
+    if limit is not None:
+        footprint = GaugeMetricFamily(
+            "layerfit_memory_limit_bytes",
+            "--memory-limit and how it was spent: the limit, the footprint measured beside the weights "
+            "(anonymous, files, request memory, headroom) and the budget it left the runtime",
+            labels=["kind"],
+        )
+        for kind, key in (("limit", "memory_limit_bytes"), ("footprint", "footprint_bytes"),
+                          ("anon", "footprint_anon_bytes"), ("file", "footprint_file_bytes"),
+                          ("requests", "request_memory_bytes"), ("headroom", "headroom_bytes"),
+                          ("budget", "weight_budget_bytes")):
+            footprint.add_metric([kind], float(limit[key]))
+        yield footprint
     if cache is not None:
         loads = CounterMetricFamily(
             "layerfit_weight_cache_loads", "Unit loads served by the weight cache (hit) or read from storage (miss)",

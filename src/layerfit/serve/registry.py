@@ -117,8 +117,8 @@ def _shape(shape: tuple[int, ...], varying: dict[int, str]) -> tuple[int, ...]:
 
 class ModelRuntime(Protocol):
     """What the registry asks of the runtime (:class:`~layerfit.Runtime` is one): its
-    repository's models and their index, its budget, loading and unloading, and a
-    warm-up request."""
+    repository's models and their index, its budget and what each model needs of it,
+    loading, unloading and taking out of service, and a warm-up request."""
 
     repository: Path
 
@@ -132,6 +132,10 @@ class ModelRuntime(Protocol):
     def load_model(self, name: str, *, within_budget: bool = False) -> ModelInfo: ...
 
     def unload_model(self, name: str) -> None: ...
+
+    def mark_unavailable(self, name: str, reason: str) -> None: ...
+
+    def required_budget(self, name: str) -> int: ...
 
     def example_input(self, name: str, seed: int | None = None) -> Any: ...
 
@@ -312,6 +316,23 @@ class ModelRegistry:
             f"to serve {least}, or {format_bytes(need[most])} ({need[most]} bytes) to serve all "
             f"{len(need)} that load"
         )
+
+    def apply_budget(self, budget: int) -> dict[str, str]:
+        """The runtime's budget is now ``budget`` (a memory limit's, measured after loading):
+        a READY model that needs more is taken out of service as if it had loaded over
+        budget; returns those models' reasons by name."""
+        self.budget = budget
+        refused = {}
+        for name in self.names():
+            needed = self.runtime.required_budget(name) if self.is_ready(name) else 0
+            if needed > budget:
+                self.over_budget[name] = needed
+                refused[name] = self.load_errors[name] = (
+                    f"the model needs a memory budget of at least {format_bytes(needed)} ({needed} bytes), "
+                    f"more than the {format_bytes(budget)} the server's --memory-limit leaves"
+                )
+                self.runtime.mark_unavailable(name, refused[name])
+        return refused
 
     def load_all(self) -> dict[str, str]:
         """Load every model of the repository; returns the failures by name."""

@@ -26,6 +26,7 @@ import uvicorn
 from uvicorn.config import LOG_LEVELS
 
 from layerfit.errors import LayerfitError
+from layerfit.memory_limit import parse_memory_limit
 from layerfit.schedule.runtime.compute import check_compute_threads, set_compute_threads
 from layerfit.schedule.runtime.config import RuntimeConfig, server_config, size_setting
 from layerfit.serve.body import BodyLimits, RequestMemory
@@ -86,6 +87,9 @@ class ServeSettings:
     # share of the memory budget a language model's decode engine may keep weights in while
     # it generates (0: stream every unit each step)
     generation_weights: float = 0.5
+    # bytes the whole process may use (None: no limit): the runtime's budget is what the
+    # process's footprint and the request memory leave (schedule.runtime.memory_fit)
+    memory_limit: int | None = None
 
     def __init__(
         self, repository: str | Path | None = None, *, runtime: RuntimeConfig | None = None, **options: Any
@@ -96,6 +100,10 @@ class ServeSettings:
         if unknown:
             raise TypeError(f"ServeSettings got unexpected keyword arguments: {', '.join(unknown)}")
         given = {name: value for name, value in options.items() if name in shared}
+        if options.get("memory_limit") is not None:
+            options["memory_limit"] = parse_memory_limit(options["memory_limit"])
+            if runtime is None:  # no budget given: the limit's own (budget_given)
+                given.setdefault("memory_budget", options["memory_limit"])
         if runtime is None:
             if repository is None and "repository" not in given:
                 raise TypeError("ServeSettings needs a repository, or runtime=RuntimeConfig(...)")
@@ -108,6 +116,13 @@ class ServeSettings:
             if name in SIZES and value is not None:  # the one place their text is read
                 value = size_setting(value, flag(name))
             setattr(self, name, value)
+
+    @property
+    def budget_given(self) -> bool:
+        """Whether the runtime's budget was given beside a memory limit (it is then held to
+        what the limit leaves); a budget of the limit itself stands for none given: the
+        budget is what the limit leaves."""
+        return self.memory_limit is None or self.runtime.memory_budget != self.memory_limit
 
     @property
     def request_memory_bytes(self) -> int:
@@ -182,6 +197,7 @@ def build(settings: ServeSettings) -> Built:
     a budget under which no model can run is refused (:meth:`ModelRegistry.check_budget`).
     """
     from layerfit.schedule.runtime.executor import Runtime
+    from layerfit.schedule.runtime.memory_fit import fit_runtime
     from layerfit.serve.app import create_app
 
     settings.validate()
@@ -191,10 +207,17 @@ def build(settings: ServeSettings) -> Built:
     trust = config.trust_factory
     trust_factories([trust] if isinstance(trust, str) else trust)  # before any folder is read; never from a request
     set_compute_threads(settings.threads, "--threads")  # before the runtime's threads run a kernel
-    runtime = Runtime(replace(config, load=False))  # the registry loads the models, within the budget
+    limited = settings.memory_limit is not None
+    # the registry loads the models within the budget; under a memory limit, first within the
+    # limit, each warmed up, then the process is measured and the budget set to what it leaves
+    runtime = Runtime(replace(config, load=False, **({"memory_budget": settings.memory_limit} if limited else {})))
     try:
-        registry = ModelRegistry(runtime, warm_up=settings.warm_up, warm_up_timeout=settings.timeout)
+        registry = ModelRegistry(runtime, warm_up=settings.warm_up or limited, warm_up_timeout=settings.timeout)
         load_errors = registry.load_all() if settings.load_models else {}
+        if limited:
+            fit_runtime(runtime, settings.memory_limit, settings.request_memory_bytes,
+                        config.memory_budget if settings.budget_given else None)
+            load_errors.update(registry.apply_budget(runtime.ledger.budget))
         registry.check_budget()
         metrics = ServerMetrics()
         dataplane = DataPlane(

@@ -29,16 +29,16 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from layerfit.engine.memory_limit import kv_bytes_per_token as engine_kv_bytes_per_token
 from layerfit.errors import LayerfitError
+from layerfit.memory_limit import kv_bytes_per_token as counted_kv_bytes
 from layerfit.store.manifest import DTYPES
 
 
 def kv_bytes_per_token(config: Any, dtype: torch.dtype | str = "float32") -> int:
     """Bytes of KV cache one position of one sequence takes (the engine's one rule,
-    :func:`layerfit.engine.memory_limit.kv_bytes_per_token`); a config that states no
+    :func:`layerfit.memory_limit.kv_bytes_per_token`); a config that states no
     layers, heads and head size is refused: the runtime cannot admit what it cannot count."""
-    per_token = engine_kv_bytes_per_token(config, DTYPES[str(dtype).removeprefix("torch.")].itemsize)
+    per_token = counted_kv_bytes(config, DTYPES[str(dtype).removeprefix("torch.")].itemsize)
     if not per_token:
         raise LayerfitError(f"{type(config).__name__} states no layers, heads and head size: its KV cache cannot be counted")
     return per_token

@@ -52,6 +52,7 @@ import os
 import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,7 @@ from layerfit.engine.osmem import (
     return_large_frees_to_os,
 )
 from layerfit.errors import LayerfitError, ScheduleError
+from layerfit.memory_limit import Footprint, process_memory
 from layerfit.schedule.ledger import MemoryLedger
 from layerfit.schedule.profile import NetworkProfile, ProfileSet
 from layerfit.schedule.report import RunReport
@@ -136,6 +138,7 @@ class Runtime:
         self.policy = core.policy.name
         self._repo = ModelRepository(core, config, profiles)
         self.models: dict[str, ModelInfo] = self._repo.models
+        self.footprint: Footprint | None = None  # measured where a memory limit bounds the process (memory_fit)
         self._decoders = Decoders(self.models, core.ledger, self._decode_engine, max_waiting=config.queue_limit)
         # every setting and the repository are valid; before any model loads, since only
         # later allocations follow the fixed thresholds
@@ -350,6 +353,8 @@ class Runtime:
                 "returns_freed_memory": self.freed_memory != "never",
                 "freed_memory": self.freed_memory,
                 "compute_threads": torch.get_num_threads(),
+                "process_memory": asdict(process_memory()),
+                "memory_limit": None if self.footprint is None else self.footprint.to_dict(),
             }
 
     def release_cached_weights(self) -> int:

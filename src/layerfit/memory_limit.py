@@ -183,11 +183,13 @@ class Footprint:
     kv_bytes: int
     headroom_bytes: int
     minimum_weight_bytes: int
+    requests_bytes: int = 0  # a server's request memory (bodies and their decoding)
 
     @property
     def beside_weights_bytes(self) -> int:
         """Everything the limit holds that is not weights."""
-        return self.anon_bytes + self.file_bytes + self.activation_bytes + self.kv_bytes + self.headroom_bytes
+        return (self.anon_bytes + self.file_bytes + self.activation_bytes + self.kv_bytes + self.headroom_bytes
+                + self.requests_bytes)
 
     @property
     def weight_budget_bytes(self) -> int:
@@ -222,7 +224,9 @@ class Footprint:
         return (
             f"footprint {format_bytes(self.beside_weights_bytes)} ({format_bytes(self.anon_bytes)} anonymous, "
             f"{format_bytes(self.file_bytes)} of files, {format_bytes(self.activation_bytes)} for activations, "
-            f"{format_bytes(self.kv_bytes)} of KV cache, {format_bytes(self.headroom_bytes)} headroom)"
+            f"{format_bytes(self.kv_bytes)} of KV cache, "
+            + (f"{format_bytes(self.requests_bytes)} of request memory, " if self.requests_bytes else "")
+            + f"{format_bytes(self.headroom_bytes)} headroom)"
         )
 
     def to_dict(self) -> dict[str, int]:
@@ -235,6 +239,7 @@ class Footprint:
             "activation_bytes": self.activation_bytes,
             "kv_reserved_bytes": self.kv_bytes,
             "headroom_bytes": self.headroom_bytes,
+            "request_memory_bytes": self.requests_bytes,
             "weight_budget_bytes": self.weight_budget_bytes,
             "minimum_weight_bytes": self.minimum_weight_bytes,
         }
