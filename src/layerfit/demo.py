@@ -2,8 +2,9 @@
 
 Prepares ResNet-152 from the zoo (seeded weights), runs it with every weight resident
 (``preload``), with the asynchronous pipeline at a budget of twice its largest layer, and
-with ``auto`` (``layerfit run``'s default) at half its weights, which keeps what it can
-resident and streams the rest; checks the outputs are bit-identical, prints memory and
+with ``auto`` (``layerfit run``'s default) within a memory limit for the whole process of
+preload's peak less half the weights: it measures its own footprint (interpreter,
+libraries, activations) and keeps what the rest holds resident, streaming the others; checks the outputs are bit-identical, prints memory and
 latency of each, and writes the Gantt chart of the streamed run. Everything lands in
 ``demo-out/``.
 
@@ -29,8 +30,13 @@ from layerfit.console import make_console, progress_bar, table
 from layerfit.engine import load, measure
 from layerfit.engine.plot import plot_timeline
 from layerfit.errors import LayerfitError
+from layerfit.memory_limit import MIN_HEADROOM
 from layerfit.sizes import format_bytes
 from layerfit.store import example_input, read_manifest
+
+SLACK = 2 * MIN_HEADROOM
+"""What the demo's memory limit adds to the memory preload used less half the weights: the
+headroom the engine keeps beyond its measured footprint, and as much for its growth."""
 
 
 def in_turn(runs: Mapping[str, Callable[[], object]], rounds: int) -> dict[str, float]:
@@ -65,17 +71,28 @@ def main(model: str = "resnet152", out: str = "demo-out", rounds: int = 5) -> in
         f"{model}: {len(manifest.units)} layers, {format_bytes(manifest.total_bytes)} of weights, "
         f"largest layer {format_bytes(manifest.largest_unit_bytes)}, input {tuple(manifest.input_shape)}"
     )
-    half = max(manifest.resident_bytes + manifest.total_bytes // 2, budget)  # at least async's budget
     settings = {
         "preload": {"pipeline": "preload"},
         "async": {"pipeline": "async", "budget": budget},
-        "auto": {"pipeline": "auto", "budget": half},
     }
     reports = {}
     # The steps' bar (on a terminal only), as prepare's in the child before it.
     with progress_bar(f"{model}: preload", total=4) as bar:
         with load(prepared, **settings["preload"]) as engine:
             _, reports["preload"] = measure(engine, (x,), repeats=3, warmup=1)
+        # auto within the memory preload's process took, less half the weights, plus the
+        # headroom a limit keeps for the allocator's slack: the engine measures its own
+        # footprint and spends what the limit leaves on weights
+        limit = reports["preload"]["rss_peak_bytes"] - manifest.total_bytes // 2 + SLACK
+        settings["auto"] = {"pipeline": "auto", "memory_limit": limit}
+        bar.update(advance=1, description=f"{model}: auto within {format_bytes(limit)}")
+        with load(prepared, **settings["auto"]) as engine:
+            _, reports["auto"] = measure(engine, (x,), repeats=3, warmup=1)
+            kept, footprint = len(engine.kept_units), engine.footprint
+            kept = len(manifest.units) if engine.policy.resident else kept
+        # Loaded beside the others, a limit would count their weights as its footprint: the
+        # rounds run auto at the budget its own limit left it.
+        settings["auto"] = {"pipeline": "auto", "budget": footprint.weight_budget_bytes}
         bar.update(advance=1, description=f"{model}: async at {format_bytes(budget)}")
         with load(prepared, **settings["async"], trace=True) as engine:
             _, reports["async"] = measure(engine, (x,), repeats=3, warmup=1)
@@ -83,10 +100,6 @@ def main(model: str = "resnet152", out: str = "demo-out", rounds: int = 5) -> in
             engine.last_timeline.save(trace)
             gantt = out_dir / "gantt.png"
             plot_timeline(engine.last_timeline, gantt, title=f"{model}: async at {format_bytes(budget)}")
-        bar.update(advance=1, description=f"{model}: auto at {format_bytes(half)}")
-        with load(prepared, **settings["auto"]) as engine:
-            _, reports["auto"] = measure(engine, (x,), repeats=3, warmup=1)
-            kept = len(engine.kept_units)
         bar.update(advance=1, description=f"{model}: {rounds} rounds of the three in turn")
         with load(prepared, **settings["preload"]) as pre, load(prepared, **settings["async"]) as asy, \
                 load(prepared, **settings["auto"]) as auto:
@@ -97,7 +110,8 @@ def main(model: str = "resnet152", out: str = "demo-out", rounds: int = 5) -> in
     results = table(
         "pipeline", "weight memory held", "peak RSS", f"latency (median of {rounds} rounds)", "delay vs preload",
     )
-    for name, r in reports.items():
+    for name in ("preload", "async", "auto"):
+        r = reports[name]
         delay = "-" if name == "preload" else f"{latency[name] / latency['preload'] - 1:+.1%}"
         results.add_row(
             name, format_bytes(r["weights_peak_bytes"]), format_bytes(r["rss_peak_bytes"]),
@@ -108,8 +122,10 @@ def main(model: str = "resnet152", out: str = "demo-out", rounds: int = 5) -> in
         "memory: each pipeline loaded alone (weight memory held: the most its buffers held in a pass).\n"
         f"time: the three loaded together and run in turn, {rounds} rounds after one to warm up; the delay is a "
         "pipeline's latency over preload's, both from those rounds.\n"
-        f"async at {format_bytes(budget)} streams every layer; auto at {format_bytes(half)} keeps {kept} of "
-        f"{len(manifest.units)} layers resident and streams the rest."
+        f"async at {format_bytes(budget)} streams every layer; auto within a memory limit of {format_bytes(limit)} "
+        f"(preload's peak RSS less half the weights, plus {format_bytes(SLACK)}) measured its {footprint.describe()} and gave the weights "
+        f"{format_bytes(footprint.weight_budget_bytes)}: it keeps {kept} of {len(manifest.units)} layers resident "
+        "and streams the rest."
     )
     pre_r, asy_r, auto_r = reports["preload"], reports["async"], reports["auto"]
     same = pre_r["output_sha256"] == asy_r["output_sha256"] == auto_r["output_sha256"]
