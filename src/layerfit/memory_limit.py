@@ -184,6 +184,7 @@ class Footprint:
     headroom_bytes: int
     minimum_weight_bytes: int
     requests_bytes: int = 0  # a server's request memory (bodies and their decoding)
+    made_bytes: int = 0  # what the weights held for good make beside their stored bytes (GGUF values)
 
     @property
     def beside_weights_bytes(self) -> int:
@@ -193,7 +194,8 @@ class Footprint:
 
     @property
     def weight_budget_bytes(self) -> int:
-        return self.limit_bytes - self.beside_weights_bytes
+        """The weights' stored bytes the limit leaves room for (with what they make)."""
+        return self.limit_bytes - self.beside_weights_bytes - self.made_bytes
 
     @property
     def needed_bytes(self) -> int:
@@ -242,6 +244,7 @@ class Footprint:
             "request_memory_bytes": self.requests_bytes,
             "weight_budget_bytes": self.weight_budget_bytes,
             "minimum_weight_bytes": self.minimum_weight_bytes,
+            "made_bytes": self.made_bytes,
         }
 
 

@@ -298,3 +298,26 @@ def test_run_reports_the_bytes_a_pass_reads(tmp_path: Path, capsys: pytest.Captu
     report = json.loads(capsys.readouterr().out)
     assert report["read_bytes_per_pass"] > 0
     assert report["read_bytes_per_token"] == pytest.approx(report["read_bytes_per_pass"] / 8)  # the 8 prepared ids
+
+
+@pytest.mark.parametrize("dequantize", [True, False])
+def test_under_a_memory_limit_what_held_units_make_counts_with_their_blocks(tmp_path: Path, dequantize: bool):
+    """A GGUF model's units held for good make their values beside their stored blocks
+    (4x them dequantized to float32): a memory limit leaves room for both (#55)."""
+    from layerfit.memory_limit import process_memory
+
+    _, out = _prepared(tmp_path, "llama", "Q4_0")
+    manifest = read_manifest(out)
+    probe = layerfit.load(out, dequantize=dequantize, memory_limit=process_memory().resident_bytes + 2**30)
+    need = probe.footprint
+    probe.close()
+    # room for every block but not for what they make: held units' made bytes decide what fits
+    limit = need.beside_weights_bytes + need.minimum_weight_bytes + manifest.total_bytes
+    with layerfit.load(out, dequantize=dequantize, memory_limit=limit) as engine:
+        footprint = engine.footprint
+        engine(_ids(engine.model.config.vocab_size))
+        assert engine.memory.weight_bytes <= footprint.weight_budget_bytes
+        assert footprint.weight_budget_bytes + footprint.made_bytes + footprint.beside_weights_bytes == limit
+        if dequantize:  # float32 values of every held Q4_0 weight: 7x its blocks
+            assert footprint.made_bytes > 0
+            assert engine.memory.weight_bytes < manifest.total_bytes  # not all of them fit beside their values

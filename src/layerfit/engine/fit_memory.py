@@ -4,12 +4,14 @@ weight budget its footprint leaves (the rule and what is measured:
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import TYPE_CHECKING
 
 from layerfit.engine.config import EngineConfig
 from layerfit.engine.osmem import reset_peak_rss, trim_heap
 from layerfit.engine.plan import plan
+from layerfit.engine.skeleton import segment_bindings
 from layerfit.errors import BudgetError
 from layerfit.memory_limit import (
     Footprint,
@@ -72,9 +74,39 @@ class MemoryRoom:
             self.limit, first, peak, engine.memory.weight_bytes, after.resident_bytes - first.resident_bytes,
             config.kv_positions * _kv_bytes(engine), self.minimum,
         )
-        budget = footprint.check(self.asked, self.notice)
-        engine.reconfigure(config.replace(budget=Budget(nbytes=budget)))
+        footprint.check(self.asked, self.notice)
+        footprint = self._with_made_bytes(footprint)
+        engine.reconfigure(config.replace(budget=Budget(nbytes=footprint.check(self.asked, self.notice))))
         return footprint
+
+    def _with_made_bytes(self, footprint: Footprint) -> Footprint:
+        """``footprint`` with the bytes the units held for good make beside the budget (a
+        GGUF model's dequantized or packed values, which the budget's stored bytes do not
+        count): the largest budget whose plan, with what its held units make, fits what
+        the limit leaves (found by bisection: a larger budget holds a superset)."""
+        engine, config = self.engine, self.config
+        if not engine.binder.counts_made:
+            return footprint
+        room = footprint.weight_budget_bytes
+        packed = not config.dequantize
+        made_of: dict[int, int] = {}
+
+        def made(budget: int) -> int:
+            chosen = plan(engine.manifest, config.replace(budget=Budget(nbytes=budget)), engine.model)
+            held = range(len(chosen.blocks)) if chosen.weights.policy.resident else chosen.weights.kept
+            for i in held:
+                if i not in made_of:
+                    made_of[i] = sum(b.made_nbytes for seg in chosen.blocks[i].segments
+                                     for b in segment_bindings(engine.model, seg, packed=packed))
+            return sum(made_of[i] for i in held)
+
+        if room + made(room) <= room:  # nothing held is made
+            return footprint
+        low, high = self.minimum, room  # low fits (it holds nothing for good), high does not
+        while high - low > max(1, room // 1000):
+            middle = (low + high) // 2
+            low, high = (middle, high) if middle + made(middle) <= room else (low, middle)
+        return dataclasses.replace(footprint, made_bytes=room - low)
 
 
 def within(footprint: Footprint, config: EngineConfig, manifest: Manifest) -> EngineConfig:
