@@ -18,22 +18,31 @@ which is dropped before each child. Configurations:
   weights are tied again afterwards where the model ties them.
 - *layerfit*: the model prepared once with ``prepare("hf:" + folder)`` (a folder written
   by ``save_pretrained``; the zoo's ResNet-152 by name), loaded with
-  ``layerfit.engine.load(prepared, budget=B)`` (pipeline ``auto``) at the largest budget
-  B that fits the limit. **Footprint rule**: B = limit - F, where F, the child's own
-  footprint beside its weights, is measured per model by one child without a limit
-  running the same passes at layerfit's minimum budget: F = its peak anonymous memory
-  (RssAnon, sampled every 20 ms) minus the weight bytes the engine held, plus
-  ``FILE_ROOM`` (128 MB) of page cache for the files the child keeps using (its
-  libraries' code). A step touches about 6 MB of them (each layerfit child measures
-  one more step with ``/proc/self/clear_refs`` and its mappings' ``Referenced``
-  pages), but every fault reads the disk's read-ahead around it (8 MB on the machine
-  of the results): with 32 MB left, the 2.1 GB decoder's child at its minimum budget
-  ran in some runs and in others livelocked re-reading library code (870 GB read in
-  15 minutes); with 64 MB one cached step took 11 s; with 128 MB none stalled. A
-  layerfit child killed for memory, or past ``CHILD_TIMEOUT``, runs again with B lower
-  by ``FILE_ROOM`` (three tries); each row says how many it took, and its disk reads
-  per step beside the engine's own show any library page the limit evicted and a step
-  read again.
+  ``layerfit.engine.load(prepared, memory_limit=L)`` (pipeline ``auto``) inside the cgroup
+  of L: the bench's budget rule is layerfit's own. The engine runs its folder's example
+  call twice at its minimum budget, measures the process beside its weights (anonymous
+  memory, mapped file pages, a pass's activations, KV cache reserved, headroom: its
+  ``Footprint``) and spends what L leaves on weights; the row's budget is the one it
+  chose, and its footprint is in the JSON. A limit it finds too small is a row with its
+  one-line error.
+- *layerfit-budget*: hand-chosen plain budgets, ``load(prepared, budget=B)`` in the same
+  cgroup of L, to say how close the memory limit's choice comes to the best budget at
+  that limit. Each is chosen by: *memory limit* (the budget the layerfit child chose,
+  run plainly), *F rule* (the rule of the earlier runs: B = L − F_anon − ``FILE_ROOM``
+  (128 MB of page cache for the libraries' code), with F_anon the peak anonymous memory
+  (RssAnon, sampled every 20 ms) beside the weights the engine held of a child without a
+  limit at the minimum budget), and *sweep*: ``--sweep`` budgets evenly above the
+  minimum budget up to L less the smallest footprint measured (F_anon, the footprints
+  the memory limit measured), at most the weights. They run in ascending order; once one
+  is killed for memory or stalls (past ``SWEEP_TIMEOUT_FACTOR`` times the slowest peer
+  child's time at that limit, ``SWEEP_TIMEOUT_MIN`` seconds at least: too little room for
+  the libraries' pages livelocks re-reading them, every fault bringing the disk's
+  read-ahead in), the larger ones do not run in that round and their rows say so. The
+  best hand-chosen budget is the fastest that completed; the goal is layerfit within the
+  limit at most ``GOAL_VS_SWEEP`` (1.1) times its step. A child's disk reads per step
+  beside the engine's own show any library page the limit evicted and a step read again
+  (each layerfit child measures one more step with ``/proc/self/clear_refs`` and its
+  mappings' ``Referenced`` pages).
 - *llama.cpp* (decoders): the same weights written as an f32 GGUF file with the ``gguf``
   package, run by ``llama-cpp-python`` with its defaults (mmap loading, an f16 KV cache),
   in its own virtual environment (``--llamacpp-python``); where it is not there the
@@ -54,10 +63,12 @@ every configuration, and each pass's logits are compared with the model's own
 kernels differ, so its rows give the largest difference from the reference's last-position
 logits and whether the greedy token agrees. The CNN runs one cold pass and then
 ``--cnn-passes`` more. Each configuration runs ``--rounds`` times at each limit, mmap's
-and layerfit's alternating, and the fastest run is shown (a busy machine only ever slows
-a run down); the JSON keeps every run. Limits run from layerfit's minimum (its minimum budget plus F) to
-where everything fits (the weights plus F); the model does not fit a limit where the
-mmap peer's cached steps read 1 % of its weights or more from the disk. The disk's direct-I/O read bandwidth is
+layerfit's and the plain budgets' alternating, and the fastest run is shown (a busy machine
+only ever slows a run down); the JSON keeps every run. Limits run from layerfit's own need
+(its minimum weight budget plus its footprint F, both as reported by one child within a
+roomy memory limit, the weights + ``ROOMY``, without a cgroup limit) to where everything
+fits (the weights plus F); the model does not fit a limit where the mmap peer's cached
+steps read 1 % of its weights or more from the disk. The disk's direct-I/O read bandwidth is
 measured in the same run (the largest prepared weights file read with ``O_DIRECT`` in
 8 MiB and in 256 MiB reads, at the start and at the end), and
 each layerfit row is set against its bound: max(bytes the engine read in a step ÷
@@ -69,7 +80,7 @@ GGUF files are written for a model's rows and removed after them (the disk of th
 development machine holds only one model's three copies at a time). Writes
 ``bench/results/vs_mmap.{json,md}``::
 
-    .venv/bin/python bench/vs_mmap.py [--models llama-0.5g,llama-2.1g,resnet152] [--limits 5] [--steps 8] [--rounds 2]
+    .venv/bin/python bench/vs_mmap.py [--models llama-0.5g,llama-2.1g,resnet152] [--limits 5] [--steps 8] [--rounds 2] [--sweep 4]
 
 layerfit's children load with its defaults, the read-ahead across passes on; with
 ``--no-read-ahead`` they load with ``read_ahead=False`` (give another ``--output``).
@@ -99,8 +110,11 @@ GENERATED = 16  # tokens of the reference decode; a run feeds the first --steps 
 CNN_SHAPE = (1, 3, 224, 224)
 LLAMACPP_PYTHON = Path("/work/cache/llamacpp-venv/bin/python")
 FILE_ROOM = 128_000_000  # page cache left to the files a layerfit child keeps using (its libraries' code)
-LAYERFIT_TRIES = 3  # a layerfit child killed for memory or stalled runs again, FILE_ROOM lower each time
 CHILD_TIMEOUT = 300  # seconds: the slowest child of the full run takes about 30
+ROOMY = 2_000_000_000  # beyond the weights: the memory limit of the child that measures layerfit's footprint
+SWEEP = 4  # hand-chosen budgets spread at each limit (--sweep), beside the memory limit's and the F rule's
+SWEEP_TIMEOUT_FACTOR, SWEEP_TIMEOUT_MIN = 4, 60  # a plain-budget child past 4x the slowest peer's time (60 s at least) stalled
+GOAL_VS_SWEEP = 1.1  # layerfit within the limit: its step at most this times the best hand-chosen budget's
 FITS_READ_SHARE = 0.01  # a limit fits the model where mmap's steps read less than this share of it
 
 # Llama-style decoders, float32, seeded weights. The small one is bench/decoding.py's
@@ -278,23 +292,29 @@ def child_mmap(model: str, work: Path, passes: int) -> dict[str, Any]:
     return {"load_s": load_s, **run_and_check(model, runner(model, net, expected), expected, passes)}
 
 
-def child_layerfit(model: str, work: Path, passes: int, budget: int, read_ahead: bool = True) -> dict[str, Any]:
-    """layerfit: the prepared model at ``budget`` bytes of weights (pipeline auto, the
-    read-ahead across passes on unless ``read_ahead`` is False); then one more pass,
+def child_layerfit(model: str, work: Path, passes: int, budget: int | None = None, read_ahead: bool = True,
+                   memory_limit: int | None = None) -> dict[str, Any]:
+    """layerfit: the prepared model at ``budget`` bytes of weights, or within
+    ``memory_limit`` bytes for the whole process (``load(..., memory_limit=)``: the engine
+    measures its own footprint and spends the rest on weights), pipeline auto, the
+    read-ahead across passes on unless ``read_ahead`` is False; then one more pass,
     untimed and traced, for the weight bytes a pass reads."""
     from layerfit.engine import load
 
     expected = json.loads((work / "expected.json").read_text())
     t0 = time.perf_counter()
-    engine = load(work / "prepared", budget=budget, read_ahead=read_ahead)
+    engine = load(work / "prepared", budget=budget, memory_limit=memory_limit, read_ahead=read_ahead)
     load_s = time.perf_counter() - t0
+    footprint = {} if engine.footprint is None else {
+        **engine.footprint.to_dict(), "budget_bytes": engine.footprint.weight_budget_bytes,
+        "footprint_describe": engine.footprint.describe()}
     run = runner(model, engine, expected)
     result = run_and_check(model, run, expected, passes)
     engine.trace = True
     Path("/proc/self/clear_refs").write_text("1")  # the pages the next step touches get their accessed bit
     run(passes)
     return {
-        "load_s": load_s, **result, "policy": engine.policy.name, "io_mode": engine.io_mode,
+        "load_s": load_s, **result, **footprint, "policy": engine.policy.name, "io_mode": engine.io_mode,
         "weights_held_bytes": engine.memory.weight_bytes, "kept_units": len(engine.kept_units),
         "units": len(engine.blocks),
         "engine_read_per_step_bytes": sum(e.nbytes for e in engine.last_timeline.events if e.stage == "read"),
@@ -530,64 +550,131 @@ def read_ahead_kb(path: Path) -> int:
 
 
 def child_row(config: str, name: str, work: Path, passes: int, limit: int | None, budget: int | None = None,
-              python: Path | str = sys.executable, read_ahead: bool = True) -> dict[str, Any]:
-    """One configuration in a fresh child at ``limit``; a child past its time is a row too."""
+              python: Path | str = sys.executable, read_ahead: bool = True, memory_limit: int | None = None,
+              timeout: float = CHILD_TIMEOUT) -> dict[str, Any]:
+    """One configuration in a fresh child at ``limit``; a child past its time is a row too.
+    A layerfit child (``layerfit``, ``layerfit-budget``) runs at ``budget`` bytes of weights
+    or within ``memory_limit`` (its row's ``budget_bytes`` is then the one it chose)."""
     import subprocess
 
     from memory_limits import limited_child
 
-    args = [config, name, str(work), str(passes), *([] if budget is None else [str(budget)]),
-            *([] if read_ahead else ["no-read-ahead"])]
-    load_average = os.getloadavg()[0]
+    args = [config, name, str(work), str(passes)]
+    if config.startswith("layerfit"):
+        args += [*([] if budget is None else [f"budget={budget}"]),
+                 *([] if memory_limit is None else [f"memory-limit={memory_limit}"]),
+                 *([] if read_ahead else ["no-read-ahead"])]
+    load_average, t0 = os.getloadavg()[0], time.perf_counter()
     try:
-        r = limited_child(__file__, args, limit, python=python, timeout=CHILD_TIMEOUT)
+        r = limited_child(__file__, args, limit, python=python, timeout=timeout)
     except subprocess.TimeoutExpired:
-        r = {"returncode": None, "error": f"stalled: killed after {CHILD_TIMEOUT} s", "timed_out": True}
+        r = {"returncode": None, "error": f"stalled: killed after {timeout:.0f} s", "timed_out": True}
     return {"model": name, "config": config, "limit_bytes": limit, "budget_bytes": budget,
-            "load_average_1m": load_average, **r}
+            "load_average_1m": load_average, "wall_s": time.perf_counter() - t0, **r}
+
+
+def failed(r: dict[str, Any]) -> bool:
+    """Whether a child did not complete (killed for memory, stalled, or raised)."""
+    return r.get("returncode") != 0
+
+
+def sweep_budgets(limit: int, spread: int, minimum: int, weights: int, anon_footprint: int | None,
+                  footprints: list[int], chosen: int | None) -> dict[int, str]:
+    """The plain budgets layerfit runs at ``limit`` beside its memory limit, each with what
+    chose it, ascending: the budget the memory limit chose (``chosen``), the earlier runs'
+    F rule (``limit`` − the anonymous footprint − ``FILE_ROOM``), and ``spread`` budgets
+    evenly above the ``minimum`` up to ``limit`` less the smallest footprint measured
+    (``footprints``, ``anon_footprint`` among them), none above the ``weights``."""
+    found = [f for f in [*footprints, anon_footprint] if f is not None]
+    top = min(limit - min(found), weights)
+    budgets: dict[int, str] = {}
+
+    def add(budget: int, why: str) -> None:
+        if minimum <= budget and all(abs(budget - b) >= 1_000_000 for b in budgets):
+            budgets[budget] = why
+
+    if chosen is not None:
+        add(min(chosen, weights), "memory limit")
+    if anon_footprint is not None:
+        add(min(limit - anon_footprint - FILE_ROOM, weights), "F rule")
+    for i in range(1, spread + 1):  # whole megabytes, but every weight where the top holds them all
+        budget = minimum + (top - minimum) * i // spread
+        add(budget if budget == weights else max(minimum, budget // 1_000_000 * 1_000_000), "sweep")
+    return dict(sorted(budgets.items()))
 
 
 def run_model(name: str, info: dict[str, Any], args: argparse.Namespace, llamacpp: dict[str, Any]) -> dict[str, Any]:
     """Every configuration of ``name`` at each limit; see the module's docstring."""
     import subprocess
 
+    from layerfit.memory_limit import machine_memory_bytes
     from layerfit.sizes import format_bytes
 
     work = CACHE / name
     info = {**info, "state_dict_bytes": peer_files(name, work)}
     passes = (args.cnn_passes if name == CNN else args.steps) + 1
-    footprint = child_row("layerfit", name, work, passes, None, info["minimum_budget_bytes"],
-                          read_ahead=not args.no_read_ahead)
-    if footprint.get("returncode") != 0:
-        raise SystemExit(f"{name}: layerfit at its minimum budget failed: {footprint.get('error')}")
-    extra = footprint["anon_peak_bytes"] - footprint["weights_held_bytes"] + FILE_ROOM
-    low, high = info["minimum_budget_bytes"] + extra, info["weights_bytes"] + extra
+    read_ahead = not args.no_read_ahead
+    # layerfit's own footprint: one child within a roomy memory limit (no cgroup limit).
+    roomy = min(info["weights_bytes"] + ROOMY, machine_memory_bytes())
+    measured = child_row("layerfit", name, work, passes, None, read_ahead=read_ahead, memory_limit=roomy)
+    if failed(measured):
+        raise SystemExit(f"{name}: layerfit within a memory limit of {format_bytes(roomy)} failed: {measured.get('error')}")
+    footprint, minimum = measured["footprint_bytes"], measured["minimum_weight_bytes"]
+    # The earlier runs' rule: one child without a limit at the minimum budget; its anonymous
+    # peak beside the weights it held (plus FILE_ROOM) gave B = limit - F.
+    rule = child_row("layerfit-budget", name, work, passes, None, info["minimum_budget_bytes"], read_ahead=read_ahead)
+    anon_footprint = None if failed(rule) else rule["anon_peak_bytes"] - rule["weights_held_bytes"]
+    low, high = minimum + footprint, info["weights_bytes"] + footprint
     limits = [int(low + (high - low) * i / (args.limits - 1)) // 1_000_000 * 1_000_000 + 1_000_000
               for i in range(args.limits)]
-    print(f"{name}: weights {format_bytes(info['weights_bytes'])}, footprint {format_bytes(extra)}, limits "
+    print(f"{name}: weights {format_bytes(info['weights_bytes'])}, layerfit's footprint {format_bytes(footprint)} "
+          f"({measured['footprint_describe']}), its minimum weight budget {format_bytes(minimum)}; anonymous beside "
+          f"the weights at the minimum budget {format_bytes(anon_footprint or 0)}; limits "
           + ", ".join(format_bytes(x) for x in limits), flush=True)
     from reporting import progress
     from storage import direct_read_once
 
     rows = []
     for limit in progress(limits, f"vs mmap {name}: memory limits"):
-        mmap_runs, layerfit_runs, budget, tries = [], [], limit - extra, 1
-        for _ in range(args.rounds):  # the two alternate, so a slow stretch of the machine hits both
+        mmap_runs: list[dict[str, Any]] = []
+        ours_runs: list[dict[str, Any]] = []
+        swept: dict[int, list[dict[str, Any]]] = {}
+        budgets: dict[int, str] | None = None
+        for _ in range(args.rounds):  # they alternate, so a slow stretch of the machine hits each
             mmap_runs.append(child_row("mmap", name, work, passes, limit))
             print(" ", summary(mmap_runs[-1]), flush=True)
-            while True:
-                # The disk's rate the minute this child runs (its own weights file, the
-                # engine's request size): the bound at that rate says what the reader lost.
-                rate = direct_read_once(work / "prepared" / "weights.safetensors", BANDWIDTH_CHUNKS[0])
-                layerfit_runs.append({**child_row("layerfit", name, work, passes, limit, budget,
-                                                  read_ahead=not args.no_read_ahead),
-                                      "bandwidth_before_bytes_per_s": rate["bytes_per_s"]})
-                print(" ", summary(layerfit_runs[-1]), flush=True)
-                failed = layerfit_runs[-1].get("oom_kills") or layerfit_runs[-1].get("timed_out")
-                if not failed or tries == LAYERFIT_TRIES:
-                    break
-                budget, tries = budget - FILE_ROOM, tries + 1
-        rows += [fastest(mmap_runs), {**fastest(layerfit_runs), "tries": tries}]
+            # The disk's rate the minute this child runs (its own weights file, the
+            # engine's request size): the bound at that rate says what the reader lost.
+            rate = direct_read_once(work / "prepared" / "weights.safetensors", BANDWIDTH_CHUNKS[0])
+            ours_runs.append({**child_row("layerfit", name, work, passes, limit, read_ahead=read_ahead,
+                                          memory_limit=limit),
+                              "bandwidth_before_bytes_per_s": rate["bytes_per_s"]})
+            print(" ", summary(ours_runs[-1]), flush=True)
+            ours = ours_runs[-1]
+            if budgets is None:
+                budgets = sweep_budgets(
+                    limit, args.sweep, minimum, info["weights_bytes"], anon_footprint,
+                    [footprint, *([] if failed(ours) else [ours["footprint_bytes"]])],
+                    None if failed(ours) else ours["budget_bytes"])
+            # A plain budget that stalls is past its time well before CHILD_TIMEOUT.
+            timeout = min(CHILD_TIMEOUT, max(SWEEP_TIMEOUT_MIN, SWEEP_TIMEOUT_FACTOR * max(
+                ours["wall_s"], *(r["wall_s"] for r in mmap_runs if not failed(r)))))
+            below: int | None = None  # a budget killed or stalled: no larger one runs after it
+            for budget, why in budgets.items():
+                earlier = swept.setdefault(budget, [])
+                if below is None:
+                    below = next((b for b, runs in swept.items() if b <= budget and runs and all(map(failed, runs))), None)
+                if below is not None:
+                    if not earlier:
+                        earlier.append({"model": name, "config": "layerfit-budget", "limit_bytes": limit,
+                                        "budget_bytes": budget, "chosen_by": why, "returncode": None,
+                                        "error": f"not run: the smaller budget {format_bytes(below)} failed",
+                                        "not_run": True, "load_average_1m": os.getloadavg()[0]})
+                    continue
+                earlier.append({**child_row("layerfit-budget", name, work, passes, limit, budget,
+                                            read_ahead=read_ahead, timeout=timeout), "chosen_by": why})
+                print(" ", summary(earlier[-1]), flush=True)
+        rows += [fastest(mmap_runs), fastest(ours_runs), *(fastest(runs) for runs in swept.values())]
     (work / "state.pt").unlink()
     gguf_note = None
     if name != CNN and "num_local_experts" in DECODERS[name]:
@@ -605,7 +692,8 @@ def run_model(name: str, info: dict[str, Any], args: argparse.Namespace, llamacp
                     print(" ", summary(r), flush=True)
                 rows.append(fastest(runs))
         (work / "model.gguf").unlink(missing_ok=True)
-    return {**info, "footprint_run": footprint, "footprint_bytes": extra, "limits_bytes": limits,
+    return {**info, "footprint_run": measured, "footprint_bytes": footprint, "minimum_weight_bytes": minimum,
+            "rule_run": rule, "anon_footprint_bytes": anon_footprint, "limits_bytes": limits,
             "gguf_note": gguf_note, "rows": rows}
 
 
@@ -622,17 +710,20 @@ def fastest(runs: list[dict[str, Any]]) -> dict[str, Any]:
     run down), with every run's times and peaks under ``rounds``; the last run if none
     completed."""
     done = [r for r in runs if r.get("returncode") == 0]
-    keys = ("returncode", "oom_kills", "budget_bytes", "first_s", "step_s", "step_read_bytes", "cgroup_peak_bytes",
-            "anon_peak_bytes", "load_average_1m", "outputs_equal", "bandwidth_before_bytes_per_s")
+    keys = ("returncode", "oom_kills", "timed_out", "error", "budget_bytes", "footprint_bytes", "first_s", "step_s",
+            "step_read_bytes", "cgroup_peak_bytes", "anon_peak_bytes", "load_average_1m", "wall_s", "outputs_equal",
+            "bandwidth_before_bytes_per_s")
     best = min(done, key=lambda r: r["step_s"]) if done else runs[-1]
     return {**best, "rounds": [{k: r.get(k) for k in keys} for r in runs]}
 
 
 def summary(r: dict[str, Any]) -> str:
     """One line of a row for the log."""
+    budget = "" if r.get("budget_bytes") is None else f" budget {r['budget_bytes']}"
     if r.get("returncode") != 0:
-        return f"{r['config']} at {r['limit_bytes']}: failed ({r.get('oom_kills', 0)} OOM kills): {r.get('error')}"
-    return (f"{r['config']} at {r['limit_bytes']}: first {r['first_s'] * 1e3:.0f} ms, step {r['step_s'] * 1e3:.1f} ms, "
+        return (f"{r['config']} at {r['limit_bytes']}{budget}: failed ({r.get('oom_kills', 0)} OOM kills): "
+                f"{r.get('error')}")
+    return (f"{r['config']} at {r['limit_bytes']}{budget}: first {r['first_s'] * 1e3:.0f} ms, step {r['step_s'] * 1e3:.1f} ms, "
             f"read/step {r['step_read_bytes'] / 1e6:.1f} MB, peak {r['cgroup_peak_bytes'] / 1e6:.0f} MB, "
             f"equal {r['outputs_equal']}")
 
@@ -655,7 +746,7 @@ def derive(data: dict[str, Any]) -> None:
                 r["first_vs_layerfit"] = r["first_s"] / ours["first_s"]
                 if ours["step_read_bytes"]:
                     r["read_vs_layerfit"] = r["step_read_bytes"] / ours["step_read_bytes"]
-            if r["config"] == "layerfit" and r.get("returncode") == 0:
+            if r["config"].startswith("layerfit") and r.get("returncode") == 0:
                 r["bound_s"] = max(r["engine_read_per_step_bytes"] / bandwidth, model["preloaded_step_s"] or 0.0)
                 r["step_over_bound"] = r["step_s"] / r["bound_s"] if r["bound_s"] else None
                 if r.get("bandwidth_before_bytes_per_s"):  # the bound at the rate of the child's minute
@@ -679,8 +770,31 @@ def derive(data: dict[str, Any]) -> None:
                 x["layerfit_over_any_reader_bound"] = ours["step_s"] / least if least else None
         reachable = [x for x in model["short_limits"] if (x.get("any_reader_ceiling") or 0) >= 3.0]
         model["target_3x_met_where_reachable"] = all(x["vs_layerfit"] >= 3.0 for x in reachable)
-        model["file_pages_per_step_bytes"] = max((r["file_pages_per_step_bytes"] for r in ok if r["config"] == "layerfit"),
-                                                 default=None)
+        model["file_pages_per_step_bytes"] = max(
+            (r["file_pages_per_step_bytes"] for r in ok if r["config"].startswith("layerfit")), default=None)
+        model["vs_sweep"] = [against_sweep(model["rows"], limit) for limit in model["limits_bytes"]]
+        ratios = [x["ratio"] for x in model["vs_sweep"] if x["best_budget_bytes"] is not None]
+        model["sweep_goal_met"] = bool(ratios) and all(x is not None and x <= GOAL_VS_SWEEP for x in ratios)
+
+
+def against_sweep(rows: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """At ``limit``: layerfit within the memory limit (its budget, its step) against the
+    best hand-chosen budget (the fastest plain budget that completed), and their ratio
+    (None where layerfit within the limit did not complete, or no plain budget did)."""
+    ours = next(r for r in rows if r["config"] == "layerfit" and r["limit_bytes"] == limit)
+    swept = [r for r in rows if r["config"] == "layerfit-budget" and r["limit_bytes"] == limit]
+    done = [r for r in swept if r.get("returncode") == 0]
+    best = min(done, key=lambda r: r["step_s"]) if done else None
+    ran = ours.get("returncode") == 0
+    return {
+        "limit_bytes": limit, "budget_bytes": ours.get("budget_bytes"), "step_s": ours.get("step_s") if ran else None,
+        "completed": ran, "error": None if ran else ours.get("error"), "oom_kills": ours.get("oom_kills"),
+        "best_budget_bytes": best and best["budget_bytes"], "best_chosen_by": best and best["chosen_by"],
+        "best_step_s": best and best["step_s"],
+        "ratio": ours["step_s"] / best["step_s"] if ran and best else None,
+        "budgets_completed": len(done), "budgets_failed": sum(1 for r in swept if r.get("returncode") != 0 and not r.get("not_run")),
+        "budgets_not_run": sum(1 for r in swept if r.get("not_run")),
+    }
 
 
 def number(x: float | None) -> str:
@@ -700,27 +814,35 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         "Each row is one fresh child process in its own memory cgroup at the limit (page cache counted, dropped "
         "before each child). *mmap*: `torch.load(mmap=True, weights_only=True)` + `load_state_dict(assign=True)` "
-        "into a skeleton with its parameters on meta; *layerfit*: `engine.load(prepared, budget=B)`, pipeline auto"
-        f"{' (the read-ahead across passes on)' if data.get('read_ahead') else ', with `read_ahead=False`'}; "
+        "into a skeleton with its parameters on meta; *layerfit*: `engine.load(prepared, memory_limit=limit)`, "
+        "pipeline auto"
+        f"{' (the read-ahead across passes on)' if data.get('read_ahead') else ', with `read_ahead=False`'}: "
+        "layerfit measures its own footprint and spends what the limit leaves on weights; *layerfit-budget*: "
+        "`engine.load(prepared, budget=B)` at a hand-chosen budget B, in the same cgroup; "
         "*llamacpp*: llama-cpp-python on an f32 GGUF of the same weights, its mmap loading. "
         f"Decoders: a {PROMPT}-token prompt (the first, cold pass), then {data['steps']} cached steps of one token; "
         f"the CNN ({CNN}, {CNN_SHAPE[-1]} px): a cold pass, then {data['cnn_passes']} more. "
         "*step* is the median of the steps after the first pass. Each configuration ran "
-        f"{data['rounds']} times at each limit (mmap's and layerfit's alternating); a row is its run with the fastest "
+        f"{data['rounds']} times at each limit (mmap's, layerfit's and the plain budgets' alternating); a row is its run "
+        "with the fastest "
         "step, the JSON has every run.",
         "",
-        "**Budget rule**: B = limit − F, with F the footprint beside the weights, measured per model by a child "
-        "without a limit running the same passes at layerfit's minimum budget: its peak anonymous memory (RssAnon, "
-        "sampled every 20 ms) minus the weight bytes the engine held, plus "
-        f"{FILE_ROOM / 1e6:.0f} MB of page cache for the files it keeps using (its libraries' code). A layerfit "
-        f"child killed for memory or stalled past {CHILD_TIMEOUT} s would run again {FILE_ROOM / 1e6:.0f} MB lower "
-        "(*tries*); with 32 MB for the files, the 2.1 GB decoder's child at its minimum budget sometimes livelocked "
-        "re-reading library code, every fault bringing the disk's read-ahead "
-        f"({data['read_ahead_kb'] // 1024} MB here) in. Limits run from the "
-        f"minimum budget + F to the weights + F; the model *fits* a limit where the mmap peer's steps read less than "
-        f"{FITS_READ_SHARE:.0%} of its weights from the disk (the peer's own footprint beside the weights is smaller "
-        "than F, which keeps room for layerfit's libraries apart, so it fits below the weights + F). "
-        "*disk read per step* is "
+        "**Budgets**: the layerfit row's budget is the one `memory_limit` chose inside the cgroup of the limit (the "
+        "engine runs its folder's example call twice at its minimum budget, measures the process beside its weights "
+        "— anonymous memory, mapped file pages, a pass's activations, KV cache reserved, headroom — and spends the "
+        "rest). *layerfit-budget* rows are plain budgets at the same limit, each chosen by: *memory limit* (the "
+        f"budget the layerfit row chose, run plainly), *F rule* (the earlier runs' rule: limit − F_anon − "
+        f"{FILE_ROOM / 1e6:.0f} MB, with F_anon a child's peak anonymous memory beside its weights at the minimum "
+        f"budget, no limit), and *sweep* ({data['sweep']} budgets evenly above the minimum budget up to the limit "
+        "less the smallest footprint measured, F_anon, and at most the weights). The plain budgets run in ascending "
+        "order; once one is killed for memory or stalls (past "
+        f"{SWEEP_TIMEOUT_FACTOR}× the slowest peer child's time, {SWEEP_TIMEOUT_MIN} s at least), the larger ones do "
+        "not run in that round (a row says so). The best hand-chosen budget is the fastest plain budget that "
+        f"completed; goal: layerfit within the limit at most {GOAL_VS_SWEEP}× its step. "
+        "Limits run from layerfit's own need (its minimum weight budget + its footprint F, both as a child within "
+        f"a roomy memory limit (the weights + {ROOMY / 1e9:.0f} GB) reported them) to the weights + F; the model "
+        f"*fits* a limit where the mmap peer's steps read less than {FITS_READ_SHARE:.0%} of its weights from the "
+        "disk. A child killed for memory is a row saying so. *disk read per step* is "
         "what the child read from the disk (`/proc/self/io`), library pages read again included; *layerfit read "
         "per step* is what the engine read (its timeline, one more traced step).",
         "",
@@ -734,6 +856,7 @@ def markdown(data: dict[str, Any]) -> str:
                          "environment." if lc["available"] else lc["note"]),
     ]
     for name, model in data["models"].items():
+        run = model["footprint_run"]
         target = "met" if model["target_3x_met"] else "not met"
         where = "; ".join(f"{mb(x['limit_bytes'])} MB: {number(x['vs_layerfit'])}× (mmap read "
                           f"{number(x['read_vs_layerfit'])}× layerfit's bytes; the most this budget allows: "
@@ -751,9 +874,24 @@ def markdown(data: dict[str, Any]) -> str:
         lines += [
             "",
             f"## {name}: {mb(model['weights_bytes'])} MB of weights, {model['units']} units, largest "
-            f"{mb(model['largest_unit_bytes'])} MB; layerfit's minimum budget {mb(model['minimum_budget_bytes'])} MB, "
-            f"F = {mb(model['footprint_bytes'])} MB, of which {mb(FILE_ROOM)} MB for the files a step uses (it "
-            f"touched at most {mb(model['file_pages_per_step_bytes'])} MB of them in a layerfit row)",
+            f"{mb(model['largest_unit_bytes'])} MB; layerfit's minimum budget {mb(model['minimum_weight_bytes'])} MB, "
+            f"F = {mb(model['footprint_bytes'])} MB (within a limit of {mb(run['memory_limit_bytes'])} MB: "
+            f"{run['footprint_describe']}); F_anon = {mb(model['anon_footprint_bytes'])} MB; a layerfit step touched "
+            f"at most {mb(model['file_pages_per_step_bytes'])} MB of file pages",
+            "",
+            f"layerfit within the limit against the best hand-chosen budget (goal: at most {GOAL_VS_SWEEP}×): "
+            f"{'met' if model['sweep_goal_met'] else 'not met'}.",
+            "",
+            "| limit (MB) | memory_limit's budget (MB) | its step (ms) | best hand-chosen budget (MB) | chosen by | "
+            "its step (ms) | memory_limit ÷ best | plain budgets completed / failed / not run |",
+            "|---:|---:|---:|---:|---|---:|---:|---|",
+            *(f"| {mb(x['limit_bytes'])} | {mb(x['budget_bytes'])} | "
+              + (f"{x['step_s'] * 1e3:.1f}" if x["completed"] else "killed by the OOM killer" if x.get("oom_kills")
+                 else f"failed: {x['error']}")
+              + f" | {mb(x['best_budget_bytes'])} | {x['best_chosen_by'] or '-'} | "
+              + ("-" if x["best_step_s"] is None else f"{x['best_step_s'] * 1e3:.1f}")
+              + f" | {number(x['ratio'])} | {x['budgets_completed']} / {x['budgets_failed']} / {x['budgets_not_run']} |"
+              for x in model["vs_sweep"]),
             "",
             f"Target (layerfit ≥ 3× faster per step than mmap at every limit where the model does not fit): {target}. "
             f"mmap's step ÷ layerfit's where it does not fit: {where}. *The most this budget allows* is mmap's "
@@ -765,19 +903,22 @@ def markdown(data: dict[str, Any]) -> str:
             + (f" Where any reader could reach 3×: {verdict}." if verdict else "")
             + (f" {model['gguf_note']}" if model.get("gguf_note") else ""),
             "",
-            "| limit (MB) | weights ÷ (limit − F) | configuration | budget (MB) | ran | tries | load (s) | first pass "
+            "| limit (MB) | weights ÷ (limit − F) | configuration | budget (MB) | chosen by | ran | load (s) | first pass "
             "(ms) | step (ms) | step ÷ layerfit's | disk read per step (MB) | layerfit read per step (MB) | step ÷ "
             "bound | ÷ bound at the minute's rate | cgroup peak (MB) | anonymous peak (MB) | load average | "
             "outputs equal |",
             "|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
-        for r in model["rows"]:
-            head = (f"| {mb(r['limit_bytes'])} | {model['weights_bytes'] / (r['limit_bytes'] - model['footprint_bytes']):.2f} "
-                    f"| {r['config']} | {mb(r['budget_bytes'])} |")
-            tries = r.get("tries", "-")
+        order = {"mmap": 0, "layerfit": 1, "layerfit-budget": 2, "llamacpp": 3}
+        for r in sorted(model["rows"], key=lambda r: (r["limit_bytes"], order[r["config"]], r.get("budget_bytes") or 0)):
+            room = r["limit_bytes"] - model["footprint_bytes"]
+            head = (f"| {mb(r['limit_bytes'])} | {model['weights_bytes'] / room if room > 0 else math.inf:.2f} "
+                    f"| {r['config']} | {mb(r['budget_bytes'])} | "
+                    f"{r.get('chosen_by') or ('memory limit' if r['config'] == 'layerfit' else '-')} |")
             if r.get("returncode") != 0:
-                why = "killed by the OOM killer" if r.get("oom_kills") else f"failed: {r.get('error')}"
-                lines.append(f"{head} {why} | {tries} | | | | | | | | | {mb(r.get('cgroup_peak_bytes'))} | | "
+                why = ("killed by the OOM killer" if r.get("oom_kills") else "not run" if r.get("not_run")
+                       else f"failed: {r.get('error')}")
+                lines.append(f"{head} {why} | | | | | | | | | {mb(r.get('cgroup_peak_bytes'))} | | "
                              f"{r['load_average_1m']:.1f} | |")
                 continue
             equal = "yes" if r["outputs_equal"] else "no"
@@ -785,7 +926,7 @@ def markdown(data: dict[str, Any]) -> str:
                 equal = (f"no: max abs diff {r['max_abs_diff']:.1e} (logits up to {r['reference_max_abs']:.1f}), "
                          f"argmax {'equal' if r['argmax_equal'] else 'differs'}")
             lines.append(
-                f"{head} {r.get('policy', '-')} | {tries} | {r['load_s']:.1f} | {r['first_s'] * 1e3:.0f} | "
+                f"{head} {r.get('policy', '-')} | {r['load_s']:.1f} | {r['first_s'] * 1e3:.0f} | "
                 f"{r['step_s'] * 1e3:.1f} | {number(r.get('vs_layerfit'))} | {mb(r['step_read_bytes'])} | "
                 f"{mb(r.get('engine_read_per_step_bytes'))} | {number(r.get('step_over_bound'))} | "
                 f"{number(r.get('step_over_minute_bound'))} | "
@@ -802,6 +943,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limits", type=int, default=5, help="memory limits per model (at least 2)")
     p.add_argument("--steps", type=int, default=8, help=f"cached decode steps (below {GENERATED})")
     p.add_argument("--cnn-passes", type=int, default=4, help="passes of the CNN after its first")
+    p.add_argument("--sweep", type=int, default=SWEEP,
+                   help="hand-chosen budgets spread at each limit, beside the memory limit's and the F rule's (0: those two)")
     p.add_argument("--rounds", type=int, default=2, help="runs of each configuration at each limit; the fastest is shown")
     p.add_argument("--llamacpp-python", type=Path, default=LLAMACPP_PYTHON,
                    help="the interpreter of a virtual environment with llama-cpp-python and gguf")
@@ -819,19 +962,29 @@ def main(argv: list[str] | None = None) -> int:
         if side == "gguf":
             result = child_gguf(Path(rest[0]))
         else:
-            name, work, passes = rest[0], Path(rest[1]), int(rest[2])
-            result = {"mmap": child_mmap, "llamacpp": child_llamacpp}[side](name, work, passes) if side != "layerfit" \
-                else child_layerfit(name, work, passes, int(rest[3]), read_ahead=rest[4:] != ["no-read-ahead"])
+            name, work, passes, options = rest[0], Path(rest[1]), int(rest[2]), rest[3:]
+            if side.startswith("layerfit"):  # options: budget=N, memory-limit=N, no-read-ahead
+                given = dict(o.partition("=")[::2] for o in options)
+                result = child_layerfit(
+                    name, work, passes, int(given["budget"]) if "budget" in given else None,
+                    read_ahead="no-read-ahead" not in given,
+                    memory_limit=int(given["memory-limit"]) if "memory-limit" in given else None)
+            else:
+                result = {"mmap": child_mmap, "llamacpp": child_llamacpp}[side](name, work, passes)
         print(json.dumps({**result, "anon_peak_bytes": sampler.peak_now()}))
         return 0
-    if not 1 <= args.steps < GENERATED or args.limits < 2 or args.cnn_passes < 1 or args.rounds < 1:
-        p.error(f"--steps must be 1..{GENERATED - 1}, --limits at least 2, --cnn-passes and --rounds at least 1")
+    if not 1 <= args.steps < GENERATED or args.limits < 2 or args.cnn_passes < 1 or args.rounds < 1 or args.sweep < 0:
+        p.error(f"--steps must be 1..{GENERATED - 1}, --limits at least 2, --cnn-passes and --rounds at least 1, "
+                "--sweep at least 0")
     sys.path.insert(0, str(BENCH))
     from reporting import RESULTS, machine, write_results
     from storage import direct_read_once
 
     if args.markdown_only:
         data = json.loads((RESULTS / f"{args.output}.json").read_text())
+        if "sweep" not in data:
+            p.error(f"{args.output}.json predates layerfit's memory-limit rows (its layerfit ran at B = limit - F): "
+                    "write its Markdown with the bench of its commit (git log bench/results)")
         for name, model in data["models"].items():  # a run before pass_bytes was recorded
             model.setdefault("pass_bytes", prepared(name, CACHE / name)["pass_bytes"])
         derive(data)
@@ -847,6 +1000,7 @@ def main(argv: list[str] | None = None) -> int:
     llamacpp = llamacpp_status(args.llamacpp_python)
     print("llama.cpp:", llamacpp, flush=True)
     data: dict[str, Any] = {"machine": machine(), "steps": args.steps, "cnn_passes": args.cnn_passes, "rounds": args.rounds,
+                            "sweep": args.sweep,
                             "read_ahead": not args.no_read_ahead,
                             "read_ahead_kb": read_ahead_kb(CACHE),
                             "prompt_tokens": PROMPT, "llamacpp": llamacpp, "bandwidth": [], "models": {}}
