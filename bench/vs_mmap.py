@@ -67,7 +67,8 @@ layerfit's and the plain budgets' alternating, and the fastest run is shown (a b
 only ever slows a run down); the JSON keeps every run. Limits run from layerfit's own need
 (its minimum weight budget plus its footprint F, both as reported by one child within a
 roomy memory limit, the weights + ``ROOMY``, without a cgroup limit) to where everything
-fits (the weights plus F); the model does not fit a limit where the mmap peer's cached
+fits (the weights plus F), each ``NEED_MARGIN`` (3 %) above (the measure varies by a few MB
+from one process to the next); the model does not fit a limit where the mmap peer's cached
 steps read 1 % of its weights or more from the disk. The disk's direct-I/O read bandwidth is
 measured in the same run (the largest prepared weights file read with ``O_DIRECT`` in
 8 MiB and in 256 MiB reads, at the start and at the end), and
@@ -148,6 +149,7 @@ def decoder(name: str) -> Any:
         return transformers.MixtralForCausalLM(transformers.MixtralConfig(**config))
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
 CNN = "resnet152"
+NEED_MARGIN = 1.03  # limits start this far above the need layerfit measured in the roomy child
 
 
 # --- shared by the children ---------------------------------------------------------------
@@ -624,7 +626,9 @@ def run_model(name: str, info: dict[str, Any], args: argparse.Namespace, llamacp
     # peak beside the weights it held (plus FILE_ROOM) gave B = limit - F.
     rule = child_row("layerfit-budget", name, work, passes, None, info["minimum_budget_bytes"], read_ahead=read_ahead)
     anon_footprint = None if failed(rule) else rule["anon_peak_bytes"] - rule["weights_held_bytes"]
-    low, high = minimum + footprint, info["weights_bytes"] + footprint
+    # From a little above what layerfit says it needs (its measure varies by a few MB from one
+    # process to the next) to where every weight fits beside the footprint.
+    low, high = (minimum + footprint) * NEED_MARGIN, (info["weights_bytes"] + footprint) * NEED_MARGIN
     limits = [int(low + (high - low) * i / (args.limits - 1)) // 1_000_000 * 1_000_000 + 1_000_000
               for i in range(args.limits)]
     print(f"{name}: weights {format_bytes(info['weights_bytes'])}, layerfit's footprint {format_bytes(footprint)} "
@@ -840,7 +844,8 @@ def markdown(data: dict[str, Any]) -> str:
         "not run in that round (a row says so). The best hand-chosen budget is the fastest plain budget that "
         f"completed; goal: layerfit within the limit at most {GOAL_VS_SWEEP}× its step. "
         "Limits run from layerfit's own need (its minimum weight budget + its footprint F, both as a child within "
-        f"a roomy memory limit (the weights + {ROOMY / 1e9:.0f} GB) reported them) to the weights + F; the model "
+        f"a roomy memory limit (the weights + {ROOMY / 1e9:.0f} GB) reported them) to the weights + F, each "
+        f"{NEED_MARGIN - 1:.0%} above (the measure varies by a few MB from one process to the next); the model "
         f"*fits* a limit where the mmap peer's steps read less than {FITS_READ_SHARE:.0%} of its weights from the "
         "disk. A child killed for memory is a row saying so. *disk read per step* is "
         "what the child read from the disk (`/proc/self/io`), library pages read again included; *layerfit read "
