@@ -3,22 +3,26 @@
 A server's process holds, beside the runtime's ledger (weights, activations and KV caches
 of its jobs and decode loops, each reserved there), the interpreter and its libraries,
 each model's skeleton and the request memory its routes read bodies into. Once the models
-are loaded and each has run its example (warm-up: the libraries' pages a pass needs are
-in), the weight cache is emptied and the process measured: what it holds beyond the
+are loaded and warmed up, the library pages the imports left resident are paged out and
+each model runs its example once more (faulting back the pages a pass runs), the weight
+cache is emptied and the process measured: what it holds beyond the
 ledger's reservations is the footprint, and the ledger's budget becomes the limit less
 the footprint, the request memory and :data:`~layerfit.memory_limit.MIN_HEADROOM`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import TYPE_CHECKING
 
-from layerfit.engine.osmem import trim_heap
+from layerfit.engine.osmem import page_out_libraries, trim_heap
 from layerfit.memory_limit import MIN_HEADROOM, Footprint, effective_limit, process_memory
 
 if TYPE_CHECKING:
     from layerfit.schedule.runtime.executor import Runtime
+
+WARM_UP_SECONDS = 120.0  # one example pass of a model, its units read from storage
 
 
 def fit_runtime(runtime: Runtime, memory_limit: int, requests_bytes: int, asked_budget: int | None) -> Footprint:
@@ -29,7 +33,13 @@ def fit_runtime(runtime: Runtime, memory_limit: int, requests_bytes: int, asked_
     limit, notice = effective_limit(memory_limit)
     if notice is not None:
         warnings.warn(notice, stacklevel=3)
-    runtime.release_cached_weights()  # what warm-up cached is not footprint
+    # The library pages the imports left resident go back, and each model runs its example
+    # once more to fault back the ones a pass runs, which the footprint then counts.
+    page_out_libraries()
+    for name in list(runtime.models):
+        with contextlib.suppress(Exception):  # a model that fails is the registry's to report
+            runtime.infer(name, runtime.example_input(name)).result(timeout=WARM_UP_SECONDS)
+    runtime.release_cached_weights()  # what the passes cached is not footprint
     trim_heap()
     now = process_memory()
     ledger = runtime.ledger
