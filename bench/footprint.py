@@ -1,7 +1,8 @@
 """layerfit's footprint beside the weights, and each lever that cuts it, measured.
 
 F is what a process running a prepared model holds beside the weight bytes the engine
-held (#55): a fresh child runs ``layerfit.load(folder, budget=<minimum budget>)`` and
+held (#55): a fresh child runs ``layerfit.load(folder, budget=<minimum budget>)`` (or,
+with ``--budget all``, every weight preloaded: a step is then compute alone) and
 ``--passes`` passes of the folder's example call (``layerfit.store.examples.example_call``);
 its peak anonymous memory (RssAnon, sampled every 10 ms on a thread, as
 bench/memory_limits.AnonPeak does) minus ``engine.last_weights_peak`` is F's anonymous
@@ -69,6 +70,13 @@ LEVERS: dict[str, str] = {
 }
 LEVERS["page-out-libraries+without-scipy"] = "the two levers that cut F, together"
 DEFAULT_LEVERS = list(LEVERS)
+# Levers that do not apply to every model: a decoder is captured by hooks, and planned
+# activations need a graph captured by torch.fx; a CNN's run never imports SciPy.
+ONLY = {
+    "planned-activations": {"resnet152"},
+    "without-scipy": {"llama-0.5g"},
+    "page-out-libraries+without-scipy": {"llama-0.5g"},
+}
 TOP_MAPPINGS = 6
 
 
@@ -228,6 +236,7 @@ def child_run(folder: str, budget: int, passes: int, lever: str) -> dict[str, An
         "weights_peak_bytes": weights,
         "modules": len(sys.modules),
         "torch_path": str(Path(sys.modules["torch"].__file__).parent),
+        "layerfit_path": str(Path(layerfit.__file__).parent),
         "transformers": "transformers" in sys.modules,
         "dynamo": "torch._dynamo" in sys.modules,
         "transformers_modules": sum(m.split(".")[0] == "transformers" for m in sys.modules),
@@ -280,6 +289,13 @@ def mb(n: float | None) -> str:
     return "-" if n is None else f"{n / 1e6:.0f}"
 
 
+def paired(p: dict[str, float] | None) -> str:
+    """A paired overhead (reporting.paired_overhead) as a ratio with its interval."""
+    if p is None:
+        return "-"
+    return f"{1 + p['median']:.2f} ({1 + p['ci90_low']:.2f}–{1 + p['ci90_high']:.2f})"
+
+
 def markdown(data: dict[str, Any]) -> str:
     m = data["machine"]
     lines = [
@@ -287,7 +303,12 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         f"{m['cpu']}, {m['cores']} CPUs, {m['memory_bytes'] / 2**30:.0f} GiB, Python {m['python']}, torch "
         f"{m['torch']} ({m['torch_threads']} threads), transformers {data['transformers']}, layerfit "
-        f"{m['layerfit_commit']}; load average {m['load_average_at_start'][0]:.1f} at the start. "
+        + (
+            f"{data['layerfit_commit']} (src/ as committed)"
+            if data.get("layerfit_commit")
+            else f"{m['layerfit_commit']} (the working tree)"
+        )
+        + f"; load average {m['load_average_at_start'][0]:.1f} at the start. "
         f"`bench/footprint.py`: medians of {data['rounds']} fresh children per row, the variants of a model "
         "alternating (order rotated each round). "
         + (
@@ -305,8 +326,10 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         "F = peak anonymous memory (RssAnon, sampled every 10 ms) − the weight bytes the engine held "
         "(`engine.last_weights_peak`) + resident file pages at the end (RssFile). Each child runs "
-        f"`layerfit.load(folder, budget=<minimum budget>)` and {data['passes']} passes of the folder's example "
-        "call; *step* is the median of the passes after the first (min–max over the children). *referenced* is "
+        f"`layerfit.load(folder, budget=<{'minimum budget' if data['budget'] == 'minimum' else 'all its weights'}>)` "
+        f"and {data['passes']} passes of the folder's example "
+        "call; *step* is the median of the passes after the first (min–max over the children); *paired* is the "
+        "median over rounds of a child's step over the baseline child's of the same round. *referenced* is "
         "the file pages the last pass touched: what the libraries need of a memory limit, the rest of RssFile "
         "being cold pages the kernel reclaims first.",
         "",
@@ -325,13 +348,16 @@ def markdown(data: dict[str, Any]) -> str:
         lines += [
             "",
             f"## {name}: {mb(model['weights_bytes'])} MB of weights, minimum budget "
-            f"{mb(model['minimum_budget_bytes'])} MB, {data['passes']} passes of its example call "
+            f"{mb(model['minimum_budget_bytes'])} MB, run at {mb(model['budget_bytes'])} MB"
+            f"{' (its minimum)' if data['budget'] == 'minimum' else ' (every weight preloaded)'}, "
+            f"{data['passes']} passes of its example call "
             f"{model['example']}",
             "",
             "| lever | F (MB) | F anonymous (MB) | F file: RssFile (MB) | file referenced by a pass (MB) | "
             "anonymous peak (MB) | weights held (MB) | anonymous once loaded (MB) | step (ms) | step min–max (ms) "
-            "| load (s) | transformers imported | torch._dynamo imported |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|",
+            "| step ÷ baseline's, paired rounds (90 % CI) | first pass (ms) | load (s) | transformers imported | "
+            "torch._dynamo imported |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---|---|",
         ]
         for lever, r in model["rows"].items():
             delta = (
@@ -341,7 +367,8 @@ def markdown(data: dict[str, Any]) -> str:
                 f"| {lever} | {mb(r['f_bytes'])}{delta} | {mb(r['f_anon_bytes'])} | {mb(r['file_bytes'])} | "
                 f"{mb(r['file_referenced_bytes'])} | {mb(r['anon_peak_bytes'])} | {mb(r['weights_peak_bytes'])} | "
                 f"{mb(r['anon_loaded_bytes'])} | {r['step_s'] * 1e3:.0f} | {r['step_min_s'] * 1e3:.0f}–"
-                f"{r['step_max_s'] * 1e3:.0f} | {r['load_s']:.2f} | {'yes' if r['transformers'] else 'no'} "
+                f"{r['step_max_s'] * 1e3:.0f} | {paired(r.get('paired'))} | {r['first_s'] * 1e3:.0f} | "
+                f"{r['load_s']:.2f} | {'yes' if r['transformers'] else 'no'} "
                 f"({r['transformers_modules']:.0f} modules) | {'yes' if r['dynamo'] else 'no'} |"
             )
         maps = base["largest_mappings"]
@@ -368,6 +395,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--output", default="footprint")
     p.add_argument(
+        "--budget",
+        choices=["minimum", "all"],
+        default="minimum",
+        help="the weight budget: the model's minimum (every pass streams its weights from the disk) or all "
+        "its weights (preloaded: a step is compute alone, which shows a lever's cost without the disk's noise)",
+    )
+    p.add_argument(
+        "--commit",
+        help="measure src/ as committed at this revision (git archive), not the working tree: "
+        "others may be editing it",
+    )
+    p.add_argument(
         "--system-torch",
         action="store_true",
         help="children import the installed torch, not a private copy (its pages are then shared "
@@ -393,15 +432,21 @@ def main(argv: list[str] | None = None) -> int:
     from reporting import write_results
 
     t_start = time.perf_counter()
-    copy = None if args.system_torch else private_torch()
+    made = []
     try:
+        if args.commit:
+            made.append(committed_src(args.commit))
+        copy = None if args.system_torch else private_torch()
+        if copy is not None:
+            made.append(copy)
         data = measure(args, names, levers, copy)
     finally:
-        if copy is not None:
-            shutil.rmtree(copy, ignore_errors=True)
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
     data["wall_s"] = time.perf_counter() - t_start
-    js, md = write_results(args.output, data, markdown(data))
-    print(md)
+    text = markdown(data)
+    js, md = write_results(args.output, data, text)
+    print(text)
     print(f"wrote {js} and {md} in {data['wall_s']:.0f} s")
     return 0
 
@@ -417,6 +462,34 @@ def damon() -> list[str]:
     return actions
 
 
+def child_path(folder: Path) -> None:
+    """The children import from ``folder`` first."""
+    CHILD_ENV["PYTHONPATH"] = os.pathsep.join(
+        [str(folder), *filter(None, [CHILD_ENV.get("PYTHONPATH")])]
+    )
+
+
+def committed_src(rev: str) -> Path:
+    """``src/`` as committed at ``rev``, in a folder the children import layerfit from;
+    the results name the commit."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="footprint-src-", dir=BENCH / ".cache"))
+    archive = subprocess.run(
+        ["git", "-C", str(BENCH.parent), "archive", rev, "src"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    child_path(root / "src")
+    sha = subprocess.run(
+        ["git", "-C", str(BENCH.parent), "rev-parse", "--short", rev],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    CHILD_ENV["FOOTPRINT_COMMIT"] = sha
+    return root
+
+
 def private_torch() -> Path:
     """A copy of the installed torch package (its bytes copied, not linked) that the
     children import: the kernel pages out, and a process's RssFile counts, a library
@@ -429,9 +502,7 @@ def private_torch() -> Path:
     root = Path(tempfile.mkdtemp(prefix="footprint-torch-", dir=BENCH / ".cache"))
     shutil.copytree(Path(torch.__file__).parent, root / "torch", symlinks=True)
     os.sync()  # clean pages: the page cache may drop them
-    CHILD_ENV["PYTHONPATH"] = os.pathsep.join(
-        [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )
+    child_path(root)
     return root
 
 
@@ -441,21 +512,21 @@ def measure(
     """Every row: the imports alone, then each model's levers."""
     from importlib.metadata import version
 
-    from reporting import machine, progress
+    from reporting import machine, paired_overhead, progress
     from vs_mmap import CACHE, prepared
 
-    import layerfit
     from layerfit.store import read_manifest
     from layerfit.store.examples import example_call
 
     data: dict[str, Any] = {
-        "layerfit_path": str(Path(layerfit.__file__).parent),
+        "layerfit_commit": CHILD_ENV.get("FOOTPRINT_COMMIT"),
         "torch_copy": copy is not None,
         "damon": damon(),
         "machine": machine(),
         "transformers": version("transformers"),
         "rounds": args.rounds,
         "passes": args.passes,
+        "budget": args.budget,
         "levers": levers,
         "imports": {},
         "models": {},
@@ -473,15 +544,18 @@ def measure(
             f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
             for t in [*call_args, *call_kwargs.values()]
         )
-        by_lever: dict[str, list[dict[str, Any]]] = {lever: [] for lever in levers}
+        # the minimum streams every weight each pass; "all" preloads them (a step is compute alone)
+        budget = info["minimum_budget_bytes"] if args.budget == "minimum" else info["weights_bytes"]
+        ours = [lever for lever in levers if name in ONLY.get(lever, {name})]
+        by_lever: dict[str, list[dict[str, Any]]] = {lever: [] for lever in ours}
         for k in progress(range(args.rounds), f"{name}: levers"):
-            for lever in levers[k % len(levers) :] + levers[: k % len(levers)]:
+            for lever in ours[k % len(ours) :] + ours[: k % len(ours)]:
                 by_lever[lever].append(
                     run_child(
                         [
                             "run",
                             str(folder),
-                            str(info["minimum_budget_bytes"]),
+                            str(budget),
                             str(args.passes),
                             lever,
                         ]
@@ -493,8 +567,14 @@ def measure(
                     f"file {r['file_bytes'] / 1e6:.0f} MB, step {r['step_s'] * 1e3:.0f} ms",
                     flush=True,
                 )
+        for lever, rs in by_lever.items():
+            if lever != "baseline":
+                steps = [r["step_s"] for r in rs]
+                reference = [r["step_s"] for r in by_lever["baseline"]]
+                rs[0]["paired"] = paired_overhead(steps, reference)
         data["models"][name] = {
             **info,
+            "budget_bytes": budget,
             "example": example,
             "rows": {lever: medians(rs) for lever, rs in by_lever.items()},
         }
