@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import cgroups
 import httpx
 import openai
 import pytest
 from generate_helpers import make_repository, reference_tokens, word_tokenizer
+from serve_helpers import child_env
 
 from layerfit.errors import BudgetError
 from layerfit.memory_limit import MIN_HEADROOM, machine_memory_bytes, process_memory
@@ -85,3 +87,45 @@ def test_a_limit_that_means_nothing_is_one_line(lm_folders, limit: str, says: st
     with pytest.raises(BudgetError, match=says) as caught:
         _limited(repository, limit)
     assert "\n" not in str(caught.value) and machine_memory_bytes() > 0
+
+
+@pytest.mark.skipif(cgroups.unavailable() is not None, reason=cgroups.unavailable() or "")
+def test_a_server_within_a_cgroup_of_its_limit_stays_up_and_answers(lm_folders, tmp_path: Path) -> None:
+    """``layerfit serve --memory-limit L`` inside a memory cgroup of exactly L: it measures
+    itself, serves concurrent completions with transformers' tokens, and is never killed."""
+    import concurrent.futures
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    folder, repository = lm_folders
+    limit = 700 * MB // 4096 * 4096
+    with cgroups.memory_cgroup(limit) as cgroup:
+        procs = cgroup.path / "cgroup.procs"
+        server = subprocess.Popen(
+            [sys.executable, "-m", "layerfit.cli", "--trust-factory", "tinymodels", "serve", "--repository",
+             str(repository), "--port", "0", "--memory-limit", f"{limit}B", "--max-body", "64kB"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+            preexec_fn=lambda: procs.write_text(str(os.getpid())),
+        )
+        try:
+            line = server.stdout.readline()
+            url = re.search(r"(http://\S+)/v2", line)
+            assert url is not None, line + server.stderr.read()
+            client = openai.OpenAI(base_url=f"{url.group(1)}/v1", api_key="none", max_retries=0, timeout=120)
+            tokenizer = word_tokenizer()
+            expected = tokenizer.decode(reference_tokens(folder, tokenizer(PROMPT)["input_ids"], 8),
+                                        skip_special_tokens=True)
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                answers = list(pool.map(lambda _: client.completions.create(
+                    model="lm", prompt=PROMPT, max_tokens=8, temperature=0).choices[0].text, range(8)))
+            assert answers == [expected] * 8
+            metrics = _gauges(httpx.get(f"{url.group(1)}/metrics").text)
+            assert metrics['layerfit_memory_limit_bytes{kind="limit"}'] == limit
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=60)
+        # ended by the SIGTERM it was sent (drained, then the signal re-raised), not killed for memory
+        assert cgroup.oom_kills() == 0 and server.returncode == -signal.SIGTERM, server.stderr.read()[-2000:]

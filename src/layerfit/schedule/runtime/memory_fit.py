@@ -17,6 +17,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from layerfit.engine.osmem import page_out_libraries, trim_heap
+from layerfit.errors import LayerfitError
 from layerfit.memory_limit import MIN_HEADROOM, Footprint, effective_limit, process_memory
 
 if TYPE_CHECKING:
@@ -43,7 +44,10 @@ def fit_runtime(runtime: Runtime, memory_limit: int, requests_bytes: int, asked_
     trim_heap()
     now = process_memory()
     ledger = runtime.ledger
-    needs = [runtime.required_budget(name) for name in runtime.models]
+    needs = []
+    for name in list(runtime.models):
+        with contextlib.suppress(LayerfitError):  # not ready (failed to load): it needs nothing
+            needs.append(runtime.required_budget(name))
     footprint = Footprint(
         limit_bytes=limit,
         anon_bytes=max(0, now.anon_bytes - ledger.used),
