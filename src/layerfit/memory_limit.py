@@ -211,7 +211,8 @@ class Footprint:
             raise BudgetError(
                 f"memory limit {format_bytes(self.limit_bytes)}{where} cannot run this model: it needs at least "
                 f"{format_bytes(self.needed_bytes)} ({self.describe()}, and its minimum weight budget "
-                f"{format_bytes(self.minimum_weight_bytes)})"
+                f"{format_bytes(self.minimum_weight_bytes)}); give {suggested_limit(self.needed_bytes)} or more "
+                "(the footprint measured varies by a few MB from one run to the next)"
             )
         if asked_budget is not None and asked_budget > self.weight_budget_bytes:
             raise BudgetError(
@@ -248,6 +249,11 @@ class Footprint:
         }
 
 
+def suggested_limit(needed: int) -> str:
+    """A limit to suggest for a measured need: 3 % above it, up to a whole MB."""
+    return f"{-(-int(needed * 1.03) // 1_000_000)}MB"
+
+
 def measured_footprint(
     limit: int, before: ProcessMemory, during_peak: int, weights_bytes: int, grown_bytes: int, kv_bytes: int,
     minimum_weight_bytes: int,
@@ -278,4 +284,5 @@ __all__ = [
     "measured_footprint",
     "parse_memory_limit",
     "process_memory",
+    "suggested_limit",
 ]
