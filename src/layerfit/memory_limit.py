@@ -9,9 +9,10 @@ engine spends on weights what its own footprint leaves:
     weight budget = limit − (anonymous + file pages beside the weights)
                           − activations − KV cache reserved − headroom
 
-The footprint is measured, never a constant: the engine is configured at its minimum
-budget and runs its folder's example call twice (:func:`~layerfit.store.examples.example_call`).
-The first pass brings in what a pass needs once (library pages, kernels' code and
+The footprint is measured, never a constant: the library pages the imports left resident
+are paged out (most never run again), the engine is configured at its minimum budget and
+runs its folder's example call twice (:func:`~layerfit.store.examples.example_call`). The
+first pass brings back what a pass needs (the library pages it runs, kernels' code and
 caches, the ring's pages); the second is measured: its peak resident set above the
 resident set it began from is the pass's activations and scratch, and what the process
 holds beside the weight buffers before it is the base (its anonymous memory and its
@@ -20,7 +21,8 @@ bench/vs_mmap.py found 32 MB of room for library pages livelocked). What the pro
 grew from the first pass to the second is added again as headroom, beside
 :data:`MIN_HEADROOM` for the allocator's slack. A decoder's KV cache grows with each token
 beyond the example's: ``kv_positions`` positions of it are reserved
-(:func:`kv_bytes_per_token`).
+(:func:`kv_bytes_per_token`). A GGUF model's units held for good make values beside their
+stored blocks (``made_bytes``), which the weight budget leaves room for.
 
 Where the process already runs in a memory cgroup whose limit is lower than the one
 asked, that lower limit is the one that holds, and is used (the caller is told).
@@ -143,7 +145,13 @@ def parse_memory_limit(value: str | int) -> int:
 
 def effective_limit(asked: int) -> tuple[int, str | None]:
     """The limit that holds for this process: ``asked``, or the lower limit of the memory
-    cgroup it runs in, with a line saying so."""
+    cgroup it runs in, with a line saying so. Where the kernel does not say what the
+    process holds (no ``/proc/self/status``: not Linux), a limit cannot be kept: refused."""
+    if not _STATUS.is_file():
+        raise BudgetError(
+            "a memory limit needs Linux's /proc/self/status to measure this process: give a weight budget "
+            "(--budget) instead"
+        )
     held = cgroup_limit_bytes()
     if held is None or held[0] >= asked:
         return asked, None

@@ -85,6 +85,12 @@ def test_a_v2_cgroup_says_max_for_no_limit(tmp_path, monkeypatch) -> None:
     assert effective_limit(600 * MB) == (600 * MB, None)
 
 
+def test_without_procfs_a_limit_is_refused(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(memory_limit, "_STATUS", tmp_path / "no-status")
+    with pytest.raises(BudgetError, match="needs Linux's /proc/self/status"):
+        effective_limit(600 * MB)
+
+
 def _footprint(limit: int, minimum: int = 30 * MB) -> Footprint:
     return Footprint(limit, anon_bytes=300 * MB, file_bytes=100 * MB, activation_bytes=10 * MB, kv_bytes=5 * MB,
                      headroom_bytes=MIN_HEADROOM, minimum_weight_bytes=minimum)
