@@ -491,17 +491,10 @@ def committed_src(rev: str) -> Path:
 
 
 def private_torch() -> Path:
-    """A copy of the installed torch package (its bytes copied, not linked) that the
-    children import: the kernel pages out, and a process's RssFile counts, a library
-    page only where no other process maps it, and on a shared machine other PyTorch
-    processes map the installed libraries' pages (a board running layerfit has none)."""
-    import tempfile
+    """The children import a private copy of torch (memory_limits.private_torch)."""
+    from memory_limits import private_torch as copy_torch
 
-    import torch
-
-    root = Path(tempfile.mkdtemp(prefix="footprint-torch-", dir=BENCH / ".cache"))
-    shutil.copytree(Path(torch.__file__).parent, root / "torch", symlinks=True)
-    os.sync()  # clean pages: the page cache may drop them
+    root = copy_torch(BENCH / ".cache")
     child_path(root)
     return root
 

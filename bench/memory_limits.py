@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -150,3 +151,19 @@ def limited_child(
             except OSError:
                 time.sleep(0.1)
 
+
+
+def private_torch(cache: Path) -> Path:
+    """A folder under ``cache`` holding a copy of the installed torch package (its bytes
+    copied, not linked), for children to import first (``PYTHONPATH``): the kernel pages out,
+    and a process's RssFile counts, a library page only where no other process maps it, and
+    the bench's own process (and any other PyTorch process on a shared machine) maps the
+    installed libraries' pages, where a board running layerfit alone has none."""
+    import tempfile
+
+    import torch
+
+    root = Path(tempfile.mkdtemp(prefix="private-torch-", dir=cache))
+    shutil.copytree(Path(torch.__file__).parent, root / "torch", symlinks=True)
+    os.sync()  # clean pages: the page cache may drop them
+    return root

@@ -829,7 +829,10 @@ def markdown(data: dict[str, Any]) -> str:
         "*step* is the median of the steps after the first pass. Each configuration ran "
         f"{data['rounds']} times at each limit (mmap's, layerfit's and the plain budgets' alternating); a row is its run "
         "with the fastest "
-        "step, the JSON has every run.",
+        "step, the JSON has every run."
+        + (" The children import a private copy of torch: the bench's own process maps the installed one, and a "
+           "library page another process maps is never paged out of a child nor left out of its footprint, where a "
+           "board running layerfit alone shares none." if data.get("private_torch") else ""),
         "",
         "**Budgets**: the layerfit row's budget is the one `memory_limit` chose inside the cgroup of the limit (the "
         "engine runs its folder's example call twice at its minimum budget, measures the process beside its weights "
@@ -956,6 +959,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", default="vs_mmap")
     p.add_argument("--no-read-ahead", action="store_true",
                    help="layerfit without the read-ahead across passes (read_ahead=False; write to another --output)")
+    p.add_argument("--system-torch", action="store_true",
+                   help="children import the installed torch, whose library pages this process shares (they are "
+                   "then never paged out of the children, and a memory limit's footprint counts them)")
     p.add_argument("--markdown-only", action="store_true",
                    help="write the Markdown again from the JSON of an earlier run (its summaries recomputed)")
     args = p.parse_args(argv)
@@ -982,8 +988,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--steps must be 1..{GENERATED - 1}, --limits at least 2, --cnn-passes and --rounds at least 1, "
                 "--sweep at least 0")
     sys.path.insert(0, str(BENCH))
-    from reporting import RESULTS, machine, write_results
-    from storage import direct_read_once
+    from reporting import RESULTS, write_results
 
     if args.markdown_only:
         data = json.loads((RESULTS / f"{args.output}.json").read_text())
@@ -1004,8 +1009,27 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown models {unknown}: use {', '.join([*DECODERS, CNN])}")
     llamacpp = llamacpp_status(args.llamacpp_python)
     print("llama.cpp:", llamacpp, flush=True)
+    copy = None
+    if not args.system_torch:  # this process maps torch's libraries: the children map a copy
+        from memory_limits import private_torch
+
+        CACHE.mkdir(parents=True, exist_ok=True)
+        copy = private_torch(CACHE)
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(copy), *filter(None, [os.environ.get("PYTHONPATH")])])
+    try:
+        return run_all(args, names, llamacpp, t_start)
+    finally:
+        if copy is not None:
+            shutil.rmtree(copy, ignore_errors=True)
+
+
+def run_all(args: argparse.Namespace, names: list[str], llamacpp: dict[str, Any], t_start: float) -> int:
+    """Every model at its limits, the disk's rate before and after; the results written."""
+    from reporting import machine, write_results
+    from storage import direct_read_once
+
     data: dict[str, Any] = {"machine": machine(), "steps": args.steps, "cnn_passes": args.cnn_passes, "rounds": args.rounds,
-                            "sweep": args.sweep,
+                            "sweep": args.sweep, "private_torch": not args.system_torch,
                             "read_ahead": not args.no_read_ahead,
                             "read_ahead_kb": read_ahead_kb(CACHE),
                             "prompt_tokens": PROMPT, "llamacpp": llamacpp, "bandwidth": [], "models": {}}
