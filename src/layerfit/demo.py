@@ -4,9 +4,9 @@ Prepares ResNet-152 from the zoo (seeded weights), runs it with every weight res
 (``preload``), with the asynchronous pipeline at a budget of twice its largest layer, and
 with ``auto`` (``layerfit run``'s default) within a memory limit for the whole process of
 preload's peak less half the weights: it measures its own footprint (interpreter,
-libraries, activations) and keeps what the rest holds resident, streaming the others; checks the outputs are bit-identical, prints memory and
-latency of each, and writes the Gantt chart of the streamed run. Everything lands in
-``demo-out/``.
+libraries, activations) and keeps what the rest holds resident, streaming the others.
+Checks the outputs are bit-identical, prints memory and latency of each, and writes the
+Gantt chart of the streamed run. Everything lands in ``demo-out/``.
 
 Memory is measured with one engine loaded at a time. Time is measured once, with the
 three loaded together, running them in turn round by round: on a shared or throttling
@@ -123,8 +123,8 @@ def main(model: str = "resnet152", out: str = "demo-out", rounds: int = 5) -> in
         f"time: the three loaded together and run in turn, {rounds} rounds after one to warm up; the delay is a "
         "pipeline's latency over preload's, both from those rounds.\n"
         f"async at {format_bytes(budget)} streams every layer; auto within a memory limit of {format_bytes(limit)} "
-        f"(preload's peak RSS less half the weights, plus {format_bytes(SLACK)}) measured its {footprint.describe()} and gave the weights "
-        f"{format_bytes(footprint.weight_budget_bytes)}: it keeps {kept} of {len(manifest.units)} layers resident "
+        f"(preload's peak RSS less half the weights, plus {format_bytes(SLACK)}) measured its {footprint.describe()} "
+        f"and gave the weights {format_bytes(footprint.weight_budget_bytes)}: it keeps {kept} of {len(manifest.units)} layers resident "
         "and streams the rest."
     )
     pre_r, asy_r, auto_r = reports["preload"], reports["async"], reports["auto"]

@@ -97,6 +97,20 @@ def cgroup_limit_bytes() -> tuple[int, Path] | None:
     return best
 
 
+def cgroup_room_bytes() -> int | None:
+    """What this process's memory cgroups still allow: the least, over its cgroup and its
+    ancestors that set a limit, of the limit less the usage (v1's ``memory.usage_in_bytes``,
+    v2's ``memory.current``); None where none sets one."""
+    rooms = []
+    for limit_file in _cgroup_limit_files():
+        usage = limit_file.with_name("memory.current" if limit_file.name == "memory.max" else "memory.usage_in_bytes")
+        with contextlib.suppress(OSError, ValueError):
+            text = limit_file.read_text().strip()
+            if text != "max" and int(text) < machine_memory_bytes():
+                rooms.append(max(int(text) - int(usage.read_text()), 0))
+    return min(rooms, default=None)
+
+
 def _cgroup_limit_files() -> list[Path]:
     """The limit files of this process's memory cgroup (v1 or v2) and of its ancestors."""
     files: list[Path] = []
@@ -231,14 +245,8 @@ class Footprint:
         return self.weight_budget_bytes if asked_budget is None else asked_budget
 
     def describe(self) -> str:
-        """The footprint as one phrase."""
-        return (
-            f"footprint {format_bytes(self.beside_weights_bytes)} ({format_bytes(self.anon_bytes)} anonymous, "
-            f"{format_bytes(self.file_bytes)} of files, {format_bytes(self.activation_bytes)} for activations, "
-            f"{format_bytes(self.kv_bytes)} of KV cache, "
-            + (f"{format_bytes(self.requests_bytes)} of request memory, " if self.requests_bytes else "")
-            + f"{format_bytes(self.headroom_bytes)} headroom)"
-        )
+        """The footprint as one phrase (:func:`describe_footprint`)."""
+        return describe_footprint(self.to_dict())
 
     def to_dict(self) -> dict[str, int]:
         """The report's fields (``--json``, metrics), in bytes."""
@@ -255,6 +263,20 @@ class Footprint:
             "minimum_weight_bytes": self.minimum_weight_bytes,
             "made_bytes": self.made_bytes,
         }
+
+
+def describe_footprint(memory: dict[str, int]) -> str:
+    """A footprint as one phrase, from its report (:meth:`Footprint.to_dict`, as ``--json``
+    and the server's stats carry it): the one wording of the messages and summaries."""
+    parts = [
+        f"{format_bytes(memory['footprint_anon_bytes'])} anonymous",
+        f"{format_bytes(memory['footprint_file_bytes'])} of files",
+        f"{format_bytes(memory['activation_bytes'])} for activations",
+        f"{format_bytes(memory['kv_reserved_bytes'])} of KV cache",
+        *([f"{format_bytes(memory['request_memory_bytes'])} of request memory"] if memory["request_memory_bytes"] else []),
+        f"{format_bytes(memory['headroom_bytes'])} headroom",
+    ]
+    return f"footprint {format_bytes(memory['footprint_bytes'])} ({', '.join(parts)})"
 
 
 def suggested_limit(needed: int) -> str:
@@ -286,6 +308,8 @@ __all__ = [
     "Footprint",
     "ProcessMemory",
     "cgroup_limit_bytes",
+    "cgroup_room_bytes",
+    "describe_footprint",
     "effective_limit",
     "kv_bytes_per_token",
     "machine_memory_bytes",

@@ -77,6 +77,21 @@ def test_the_lowest_limit_of_a_v1_cgroup_and_its_ancestors_holds(tmp_path, monke
     assert effective_limit(600 * MB) == (600 * MB, None)
 
 
+def test_the_room_left_is_the_least_over_the_cgroups_that_set_a_limit(tmp_path, monkeypatch) -> None:
+    _cgroups(tmp_path, monkeypatch, "4:memory:/user/job\n", {
+        "memory/memory.limit_in_bytes": str(2**63 - 4096),
+        "memory/memory.usage_in_bytes": str(5000 * MB),
+        "memory/user/memory.limit_in_bytes": str(900 * MB),
+        "memory/user/memory.usage_in_bytes": str(700 * MB),
+        "memory/user/job/memory.limit_in_bytes": str(800 * MB),
+        "memory/user/job/memory.usage_in_bytes": str(500 * MB),
+    })
+    assert memory_limit.cgroup_room_bytes() == 200 * MB  # the parent's: 900 - 700, below the job's 300
+    _cgroups(tmp_path, monkeypatch, "0::/app\n", {"memory.max": "max", "app/memory.max": str(512 * MB),
+                                                   "app/memory.current": str(500 * MB)})
+    assert memory_limit.cgroup_room_bytes() == 12 * MB
+
+
 def test_a_v2_cgroup_says_max_for_no_limit(tmp_path, monkeypatch) -> None:
     _cgroups(tmp_path, monkeypatch, "0::/app\n", {"memory.max": "max", "app/memory.max": str(512 * MB)})
     assert memory_limit.cgroup_limit_bytes()[0] == 512 * MB

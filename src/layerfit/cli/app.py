@@ -157,15 +157,12 @@ def print_warnings(caught: list) -> None:
 def limit_label(memory: dict[str, int]) -> str:
     """A ``memory_limit`` report (:meth:`~layerfit.memory_limit.Footprint.to_dict`) as
     one line: the limit, the footprint measured beside the weights, what weights got."""
+    from layerfit.memory_limit import describe_footprint
     from layerfit.sizes import format_bytes
 
     return (
-        f"memory limit {format_bytes(memory['memory_limit_bytes'])}: footprint "
-        f"{format_bytes(memory['footprint_bytes'])} beside the weights ({format_bytes(memory['footprint_anon_bytes'])} "
-        f"anonymous, {format_bytes(memory['footprint_file_bytes'])} of files, "
-        f"{format_bytes(memory['activation_bytes'])} activations, {format_bytes(memory['kv_reserved_bytes'])} KV "
-        f"cache, {format_bytes(memory['headroom_bytes'])} headroom), weights "
-        f"{format_bytes(memory['weight_budget_bytes'])}"
+        f"memory limit {format_bytes(memory['memory_limit_bytes'])}: {describe_footprint(memory)} beside the "
+        f"weights, weights {format_bytes(memory['weight_budget_bytes'])}"
     )
 
 

@@ -77,7 +77,7 @@ class MemoryRoom:
             self.limit, first, peak, engine.memory.weight_bytes, after.resident_bytes - first.resident_bytes,
             config.kv_positions * _kv_bytes(engine), self.minimum,
         )
-        footprint.check(self.asked, self.notice)
+        footprint.check(self.asked, self.notice)  # too small a limit says so before the search below
         footprint = self._with_made_bytes(footprint)
         engine.reconfigure(config.replace(budget=Budget(nbytes=footprint.check(self.asked, self.notice))))
         return footprint

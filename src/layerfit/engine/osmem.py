@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 
 from layerfit.errors import BudgetError
+from layerfit.memory_limit import process_memory
 
 _M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
 _M_MMAP_THRESHOLD = -3
@@ -37,13 +38,7 @@ def reset_peak_rss() -> bool:
 
 def peak_rss_bytes() -> int:
     """Peak resident set size since the process started or the last reset."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return psutil.Process().memory_info().rss
+    return process_memory().peak_bytes or psutil.Process().memory_info().rss
 
 
 def rss_bytes() -> int:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from layerfit.errors import InputError
+from layerfit.memory_limit import cgroup_room_bytes
 from layerfit.sizes import format_bytes
 from layerfit.store.manifest import HF_CONFIG as CONFIG
 from layerfit.store.mapped_safetensors import Checkpoint
@@ -65,8 +66,9 @@ def meta_parameters(cls: type[nn.Module], config: Any, dtype: torch.dtype) -> in
 
 
 def available_memory() -> int | None:
-    """Bytes this process may still allocate: MemAvailable, or less where a cgroup's
-    ``memory.max`` leaves less; None where neither can be read."""
+    """Bytes this process may still allocate: MemAvailable, or less where one of its memory
+    cgroups leaves less (:func:`~layerfit.memory_limit.cgroup_room_bytes`); None where
+    neither can be read."""
     found: list[int] = []
     try:
         with open("/proc/meminfo") as fh:
@@ -75,13 +77,9 @@ def available_memory() -> int | None:
                     found.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = Path("/sys/fs/cgroup/memory.current").read_text().strip()
-        if limit != "max":
-            found.append(max(int(limit) - int(used), 0))
-    except (OSError, ValueError):
-        pass
+    room = cgroup_room_bytes()  # the process's own cgroups, v1 or v2, ancestors included
+    if room is not None:
+        found.append(room)
     return min(found) if found else None
 
 
