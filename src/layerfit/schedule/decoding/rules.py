@@ -25,11 +25,37 @@ The loop serves many sequences at once with the four settings the HTTP APIs take
 **Which prompts** (:func:`check_prompt_ids`, :func:`check_generation_length`): not empty, every
 id in the vocabulary, the prompt and the new tokens within the model's positions (an
 encoder-decoder's prompt and new tokens each within its own).
+
+**A chat** (:func:`check_messages`, :func:`chat_prompt_ids`): messages of a known role
+(:data:`CHAT_ROLES`) and text content, made into token ids by the tokenizer's own chat
+template exactly as ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``
+tokenizes them (never through text a shell or a file could change, such as the
+template's trailing newline); a tokenizer without a template, or a template that fails
+on the messages, is one line.
+
+**How new tokens are counted** (:func:`completion_token_count`): every token the model
+made counts, *the end-of-sequence token that ended the generation included* (it was
+made, and cost a pass, like any other: transformers' ``generate`` returns it, vLLM counts
+it), and nothing after it (a token a batch or a speculative pass computed past the end was
+never made for this sequence). A stop string ends a generation after the token that
+completed it, which counts; the text is cut before the stop string. The end token is not
+part of the text. ``layerfit generate`` (``new_tokens``), the Python API (the ids
+``generate`` returns after the prompt) and the server's ``usage.completion_tokens`` all
+count so: 30 new tokens of which the last is the end token are 30 everywhere.
+
+**Several tokens per pass** (:class:`Speculation`): prompt lookup (the next tokens guessed
+from an earlier occurrence of the last ones in the prompt and text so far) or a small draft
+model's guesses, verified by one pass of the model; one of the two, not both. A pass
+accepts the guesses up to the first the model would not have made, and the model's own
+token after them, so greedy tokens are exactly plain decoding's; only the passes are fewer
+(:func:`tokens_per_pass`).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -163,15 +189,126 @@ def check_generation_length(
         )
 
 
+CHAT_ROLES = ("system", "user", "assistant", "developer", "tool")
+"""The roles a chat message may have (OpenAI's chat API's; a chat template reads them)."""
+
+
+def check_messages(messages: Any, what: str = "the messages") -> list[dict[str, str]]:
+    """``messages`` as a chat: a non-empty list of ``{"role", "content"}`` objects, each
+    role one of :data:`CHAT_ROLES` and each content text; one :class:`~layerfit.errors.InputError`
+    line naming the first thing wrong. The messages are returned as plain dicts of the
+    two keys (anything else a message holds is refused, not passed to the template)."""
+    if not isinstance(messages, list) or not messages:
+        raise InputError(f"{what} must be a non-empty list of {{\"role\": ..., \"content\": ...}} objects")
+    checked = []
+    for i, message in enumerate(messages):
+        where = f"{what}: message {i + 1}"
+        if not isinstance(message, dict):
+            raise InputError(f"{where} is not an object with \"role\" and \"content\"")
+        extra = sorted(set(message) - {"role", "content"})
+        if extra:
+            raise InputError(f"{where} has {', '.join(map(repr, extra))}: a message holds only \"role\" and \"content\"")
+        role, content = message.get("role"), message.get("content")
+        if role not in CHAT_ROLES:
+            raise InputError(f"{where} has role {role!r}: a role is one of {', '.join(CHAT_ROLES)}")
+        if not isinstance(content, str):
+            raise InputError(f"{where} ({role}) has no text \"content\" (a string)")
+        checked.append({"role": role, "content": content})
+    return checked
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]], model: str = "the model") -> list[int]:
+    """The prompt of the chat ``messages`` (checked by :func:`check_messages`) as
+    ``tokenizer``'s own chat template makes it, ready for the reply: the ids of
+    ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``, which
+    tokenizes the rendered text as it stands (no special tokens added again). A tokenizer
+    with no template, or a template that fails on the messages (a Jinja error, its own
+    ``raise_exception``), is one :class:`~layerfit.errors.InputError` line naming ``model``."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError(
+            f"{model}'s tokenizer has no chat template (tokenizer_config.json's chat_template or "
+            "chat_template.jinja): give the whole prompt as text instead"
+        )
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    except Exception as exc:  # a Jinja error of the template, or its own raise_exception: one line
+        raise InputError(f"{model}'s chat template failed on the messages: {' '.join(str(exc).split())}") from None
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise InputError("the messages make no tokens")
+    return ids
+
+
+def generated_tokens(new_ids: Sequence[int], ends: Collection[int]) -> list[int]:
+    """The tokens a generation made, by the rule of the module's docstring: ``new_ids``
+    (every id after the prompt) up to and including the first end token (an id of
+    ``ends``), nothing after it."""
+    for i, token in enumerate(new_ids):
+        if token in ends:
+            return list(new_ids[:i + 1])
+    return list(new_ids)
+
+
+def completion_token_count(new_ids: Sequence[int], ends: Collection[int]) -> int:
+    """How many new tokens a generation counts (``new_tokens``, ``usage.completion_tokens``):
+    those it made, the end token that ended it included, none after it
+    (:func:`generated_tokens`)."""
+    return len(generated_tokens(new_ids, ends))
+
+
+def tokens_per_pass(new_tokens: int, passes: int) -> float | None:
+    """New tokens (counted by :func:`completion_token_count`) per pass of the model that
+    made them (None: no pass): 1 for plain decoding, more where a pass accepted guesses."""
+    return new_tokens / passes if passes > 0 else None
+
+
+PROMPT_LOOKUP_MAX = 64
+"""The most tokens prompt lookup may guess per pass: each guess is a position the
+verifying pass computes, and past a few dozen one is all but never accepted."""
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How a generation guesses several tokens per pass of the model, as its caller gave
+    it: ``prompt_lookup`` tokens guessed from the prompt (None: off), or a ``draft``
+    model's guesses (its name or folder; None: none). :meth:`check` refuses what no
+    caller may ask, naming the settings as the caller spells them."""
+
+    prompt_lookup: int | None = None
+    draft: str | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether a pass may make more than one token."""
+        return self.prompt_lookup is not None or self.draft is not None
+
+    def check(self, lookup: str = "--prompt-lookup", draft: str = "--draft") -> None:
+        """One line (:class:`~layerfit.errors.InputError`) for prompt lookup and a draft
+        together, or a lookup outside 1..:data:`PROMPT_LOOKUP_MAX`."""
+        if self.prompt_lookup is not None and self.draft is not None:
+            raise InputError(f"{lookup} and {draft} are two ways to guess tokens: give one of the two")
+        n = self.prompt_lookup
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= PROMPT_LOOKUP_MAX):
+            raise InputError(f"{lookup} must be a number of tokens from 1 to {PROMPT_LOOKUP_MAX}, not {n!r}")
+
+
 __all__ = [
-    "TOKENIZER_FILES",
+    "CHAT_ROLES",
+    "PROMPT_LOOKUP_MAX",
     "Refusal",
+    "Speculation",
+    "TOKENIZER_FILES",
+    "chat_prompt_ids",
     "check_generation_length",
+    "check_messages",
     "check_prompt_ids",
+    "completion_token_count",
     "config_of",
     "end_tokens",
+    "generated_tokens",
     "has_tokenizer",
     "read_tokenizer",
     "refusal",
+    "tokens_per_pass",
     "vocab_of",
 ]
