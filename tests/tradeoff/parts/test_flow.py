@@ -34,7 +34,6 @@ def test_row_map_window_with_padding_and_dilation():
     assert slot_reads(slot, 0, 0) == (0, 2)  # rows -2..2, the top two are padding
     assert slot_reads(slot, 1, 1) == (0, 4)
     assert slot_reads(slot, 4, 4) == (6, 9)  # 6..10 clipped at the bottom
-    assert rmap.min_height == 5
     assert release_point(slot, 3, 5) == 4
     assert release_point(slot, 5, 5) == 10  # done: reads nothing more
     whole = rmap.slot(0, by_parts=False)  # read at once: every row, until done
@@ -47,13 +46,6 @@ def test_row_map_oldest_skips_padding_only_rows():
     lo, hi = slot_reads(slot, 0, 0)
     assert lo > hi
     assert release_point(slot, 0, 3) == 2
-
-
-def test_table2_minimum_heights():
-    conv = RowMap("window", 32, 5)
-    act = RowMap.identity(32)
-    fc = RowMap("all", 32)
-    assert (conv.min_height, act.min_height, fc.min_height) == (5, 1, 32)
 
 
 def test_paper_figure3_two_conv_layers():

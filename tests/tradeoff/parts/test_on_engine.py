@@ -45,13 +45,13 @@ def test_by_parts_on_the_engine_equals_the_model_whole_and_in_two_stages(folder:
         cnn = cnn_from_engine(engine)
         (x,) = cnn.runner.example
         reference = engine(x)
-        close(EngineStage(engine, cnn, "all")(x), reference)
-        assert torch.equal(EngineStage(engine, cnn, "none")(x), reference)
+        close(EngineStage(engine, cnn, "all").run(x), reference)
+        assert torch.equal(EngineStage(engine, cnn, "none").run(x), reference)
         cut = len(cnn.layers) // 2
         first, second = EngineStage(engine, cnn, "all", 0, cut), EngineStage(engine, cnn, "all", cut)
         assert first.units.stop == second.units.start  # the stages' units split the model's
         assert (first.units.start, second.units.stop) == (0, len(engine.blocks))
-        (out,) = second(*first(x))
+        (out,) = second.run(*first.run(x))
         close(out, reference)
 
 
@@ -65,18 +65,18 @@ def test_a_streaming_engine_runs_layers_whole_and_by_parts(folder: Path, pipelin
         reference = engine(x)
         cut = len(cnn.layers) // 2
         first, second = EngineStage(engine, cnn, "none", 0, cut), EngineStage(engine, cnn, "none", cut)
-        (out,) = second(*first(x))
+        (out,) = second.run(*first.run(x))
         assert torch.equal(out, reference)
         by_parts = EngineStage(engine, cnn, "all")
         assert by_parts.spans and all(len(units) >= 1 for _, _, units in by_parts.spans)
-        close(by_parts(x), reference)
+        close(by_parts.run(x), reference)
         assert not engine.stream.kernels.held  # every unit let go
         first, second = EngineStage(engine, cnn, "all", 0, cut), EngineStage(engine, cnn, "all", cut)
-        (out,) = second(*first(x))
+        (out,) = second.run(*first.run(x))
         close(out, reference)
         second.units = first.units  # a pass may run only its own units: the engine says so
         with pytest.raises(LayerfitError, match="units"):
-            second(*first(x))
+            second.run(*first.run(x))
 
 
 def test_by_parts_is_refused_where_a_chain_cannot_be_bound_at_once(folder: Path) -> None:

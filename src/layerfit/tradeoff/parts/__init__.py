@@ -19,7 +19,7 @@ from layerfit.tradeoff.parts.cnn import CNN, Layer
 from layerfit.tradeoff.parts.executor import TOLERANCE, PartsExecutor, stage_of, untiled_peak_bytes
 from layerfit.tradeoff.parts.flow import plan_rows
 from layerfit.tradeoff.parts.kernels import cnn_from_engine, cnn_from_graph, cnn_from_module
-from layerfit.tradeoff.parts.pipeline import TwoStagePipeline, measure_pipeline
+from layerfit.tradeoff.parts.pipeline import TwoStagePipeline
 from layerfit.tradeoff.parts.reuse import reuse_buffers
 from layerfit.tradeoff.parts.search import GAParams, TradeoffResult, reduce_buffers
 from layerfit.tradeoff.parts.throughput import (
@@ -48,7 +48,6 @@ __all__ = [
     "cnn_from_module",
     "estimator_for",
     "load_application",
-    "measure_pipeline",
     "plan_rows",
     "reduce_buffers",
     "reuse_buffers",

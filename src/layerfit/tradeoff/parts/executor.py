@@ -158,9 +158,6 @@ class PartsExecutor:
             self.spans = held_spans(plan.steps, plan.by_parts, [owner[t] for t in self.members])
             holds_for(engine.stream, self.spans)  # refused now rather than at the first call
 
-    def __call__(self, *inputs: Any, out: Sequence[torch.Tensor] | None = None) -> Any:
-        return self.run(*inputs, out=out)
-
     def run(self, *inputs: Any, out: Sequence[torch.Tensor] | None = None, profile: bool = False) -> Any:
         """Run on ``inputs`` (the stage's input tensors, in order) and return the result.
 

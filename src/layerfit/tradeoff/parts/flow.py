@@ -155,12 +155,8 @@ def needed_rows(
         rng = needed[n]
         if rng is None:
             continue
-        node = nodes[n]
-        if by_parts[n]:
-            a = phase_range(node, True, phase_rows, rng[0] // phase_rows)[0]
-            b = phase_range(node, True, phase_rows, rng[1] // phase_rows)[1]
-        else:
-            a, b = 0, node.rows - 1
+        a = phase_range(nodes[n], by_parts[n], phase_rows, rng[0] // phase_rows)[0]
+        b = phase_range(nodes[n], by_parts[n], phase_rows, rng[1] // phase_rows)[1]
         for slot in slots[n]:
             lo, hi = slot_reads(slot, a, b)
             if lo > hi:

@@ -5,24 +5,18 @@ frame ``i``. The data crossing the cut is *double buffered*: two preallocated sl
 one written by the first stage while the second stage reads the other, so the stages
 never wait for each other's buffer (only for each other's pace). Stage one runs on a
 worker thread, stage two on the caller's. Either stage may process some of its layers
-by parts.
-
-:func:`measure_pipeline` times the same frames run sequentially (both stages on one
-thread, one after the other) and pipelined, and checks both give identical outputs.
+by parts. :meth:`TwoStagePipeline.run_sequential` runs the same frames with both stages
+on one thread, one after the other: the reference ``bench/minakova.py`` times it against.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from layerfit.engine.stripes import substitute
 from layerfit.errors import TradeoffError
@@ -119,43 +113,3 @@ class TwoStagePipeline:
 
 def _as_tuple(frame: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     return (frame,) if isinstance(frame, torch.Tensor) else tuple(frame)
-
-
-@dataclass
-class PipelineReport:
-    """Frames per second sequential vs pipelined (median of repeats) and output equality."""
-
-    frames: int
-    sequential_fps: float
-    pipelined_fps: float
-    identical: bool
-    edge_bytes: int  # one slot; the pipeline allocates two
-
-    @property
-    def speedup(self) -> float:
-        return self.pipelined_fps / self.sequential_fps
-
-
-def measure_pipeline(pipeline: TwoStagePipeline, frames: Sequence[torch.Tensor], repeats: int = 3) -> PipelineReport:
-    """Time ``frames`` through the pipeline and sequentially; compare their outputs."""
-    pipeline.run_sequential(frames[:1])  # warm up both stages
-    seq_times, pipe_times = [], []
-    reference: list[Any] = []
-    piped: list[Any] = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        reference = pipeline.run_sequential(frames)
-        seq_times.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        piped = pipeline.run(frames)
-        pipe_times.append(time.perf_counter() - start)
-    identical = all(_equal(a, b) for a, b in zip(reference, piped, strict=True))
-    n = len(frames)
-    return PipelineReport(n, n / statistics.median(seq_times), n / statistics.median(pipe_times), identical, pipeline.edge_bytes())
-
-
-def _equal(a: Any, b: Any) -> bool:
-    (xs, spec_a), (ys, spec_b) = tree_flatten(a), tree_flatten(b)
-    return spec_a == spec_b and all(
-        torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(xs, ys, strict=True)
-    )

@@ -58,13 +58,3 @@ class RowMap:
         code = 2 if self.kind == "broadcast" else (1 if by_parts and self.kind == "window" else 0)
         first = -(-(self.pad_top - self.extent + 1) // self.stride)
         return (source, code, self.extent, self.stride, self.pad_top, self.in_rows, first)
-
-    @property
-    def min_height(self) -> int:
-        """Table 2's ``H_min^in``: rows one output row needs (``in_rows`` for FC-like)."""
-        if self.kind == "all":
-            return self.in_rows
-        if self.kind == "broadcast":
-            return 1
-        return min(self.extent, self.in_rows)
-
