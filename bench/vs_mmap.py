@@ -47,10 +47,11 @@ which is dropped before each child. Configurations:
   package, run by ``llama-cpp-python`` with its defaults (mmap loading, an f16 KV cache),
   in its own virtual environment (``--llamacpp-python``); where it is not there the
   output says so. To make one (it compiles llama.cpp with cmake and a C++ compiler: 9
-  minutes on 2 cores)::
+  minutes on 2 cores), in a folder of your choice, and give the bench its python::
 
-      python3 -m venv /work/cache/llamacpp-venv
-      /work/cache/llamacpp-venv/bin/pip install llama-cpp-python gguf
+      python3 -m venv LLAMACPP_VENV
+      LLAMACPP_VENV/bin/pip install llama-cpp-python gguf
+      .venv/bin/python bench/vs_mmap.py --llamacpp-python LLAMACPP_VENV/bin/python
 
   llama.cpp on quantized GGUF files (Q4), against layerfit's packed, ``--dequantize`` and
   float32 routes at the same limits, is bench/vs_llamacpp_quantized.py (#54), with these
