@@ -15,6 +15,13 @@
 ``make docs`` runs it before ``mkdocs build``; the generated pages are ignored by git (the
 picture is committed, since the README shows it outside the site). Run it by hand with
 ``python tools/docs_pages.py``.
+
+The headline bench pages (``result_charts.OPENINGS``) open with their charts and a summary
+of a few lines computed from the JSON, and ``docs/results.md``, the site's Results page,
+gathers one chart per area (committed: it changes only when a headline JSON does). Every
+result says the commit it measured; where a later commit changed the code it measured
+(``result_freshness``), its page says so and this tool prints a warning (not an error:
+the site still builds). No page shows a path of the machine that measured it.
 """
 
 from __future__ import annotations
@@ -29,6 +36,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tools beside this one, when imported
+
+import chart_style as style  # noqa: E402
+import result_charts  # noqa: E402
+import result_freshness as freshness  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -75,8 +88,27 @@ def _fmt(key: str, value: Any) -> str:
         return f"{value:.4g}"
     if isinstance(value, list):
         return _fmt_list(key, value)
-    text = str(value).replace("|", "\\|").replace("\n", " ")
+    text = without_machine_paths(str(value)).replace("|", "\\|").replace("\n", " ")
     return text if len(text) <= 120 else text[:117] + "…"
+
+
+_MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|home|root|tmp|Users|mnt|var|private|opt)(?:/[\w.+@=-]+)+")
+_REPOSITORY_PARTS = ("bench", "src", ".venv", "tests", "docs")
+
+
+def without_machine_paths(text: str) -> str:
+    """``text`` with each absolute path of the measuring machine made general: from the
+    repository's own folder on where it names one (``bench/.cache/...``), else its last
+    three parts after an ellipsis."""
+
+    def general(match: re.Match) -> str:
+        parts = match.group(0).split("/")[1:]
+        for k, part in enumerate(parts):
+            if part in _REPOSITORY_PARTS:
+                return "/".join(parts[k:])
+        return "…/" + "/".join(parts[-3:])
+
+    return _MACHINE_PATH.sub(general, text)
 
 
 def _fmt_list(key: str, values: list) -> str:
@@ -194,21 +226,6 @@ def render(value: Any, level: int, label: str = "") -> list[str]:
 # --------------------------------------------------------------------------- plots
 
 
-def _plot_setup():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({"svg.hashsalt": "layerfit", "figure.dpi": 100})
-    return plt
-
-
-def _save(fig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", metadata={"Software": None}, bbox_inches="tight")
-
-
 def _auto_pipeline_curve(model: dict) -> dict[str, tuple[list[float], list[float]]]:
     curves: dict[str, tuple[list[float], list[float]]] = {}
     for budget in model["budgets"]:
@@ -225,30 +242,26 @@ def _auto_pipeline_curve(model: dict) -> dict[str, tuple[list[float], list[float
 
 
 def _draw_curves(ax, curves, title: str, ylabel: str) -> None:
-    styles = {"preload": dict(marker="*", markersize=12, linestyle="none", color="tab:green"),
-              "async": dict(marker="o", color="tab:blue"), "auto": dict(marker="s", color="tab:orange")}
+    styles = {"preload": dict(marker="*", markersize=12, linestyle="none"), "auto": dict(marker="s")}
     for name, (xs, ys) in curves.items():
         points = sorted(zip(xs, ys, strict=True))
-        ax.plot([x for x, _ in points], [y for _, y in points], label=name,
+        ax.plot([x for x, _ in points], [y for _, y in points], label=name, color=style.colour(name),
                 **styles.get(name, dict(marker="o")))
     ax.set_xlabel("weights held in memory (MB)")
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title)
     ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend()
 
 
 def _plot_models(data: dict, path: Path, curves: Callable[[dict], dict], ylabel: str, width: float, height: float) -> None:
     """One panel per model of ``data["models"]``, each with the curves ``curves`` draws from it."""
-    plt = _plot_setup()
     models = data["models"]
-    fig, axes = plt.subplots(1, len(models), figsize=(width * len(models), height), squeeze=False)
-    for ax, (name, model) in zip(axes[0], models.items(), strict=True):
+    fig, axes = style.figure(len(models), height=height, width=min(width * len(models), 2 * style.PAGE_WIDTH))
+    for ax, (name, model) in zip(axes, models.items(), strict=True):
         _draw_curves(ax, curves(model), name, ylabel)
     fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    style.save(fig, path)
 
 
 def plot_auto_pipeline(data: dict, path: Path) -> str:
@@ -279,10 +292,9 @@ PLOTS: dict[str, Callable[[dict, Path], str]] = {
 
 def readme_picture(path: Path) -> None:
     """The README's picture: two real architectures, latency against weight memory."""
-    plt = _plot_setup()
     cnn = json.loads((RESULTS / "auto_pipeline.json").read_text())["models"]["resnet152@224"]
     lm = json.loads((RESULTS / "decoding.json").read_text())["models"]["gpt2"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig, (left, right) = style.figure(2, height=3.4, width=9)
     _draw_curves(left, _auto_pipeline_curve(cnn), "ResNet-152, 224 px: one inference",
                  "latency (ms)")
     _draw_curves(right, _decoding_points(lm), "GPT-2 small: greedy decoding with a KV cache",
@@ -290,8 +302,7 @@ def readme_picture(path: Path) -> None:
     fig.suptitle("Less memory for weights, more time (CPU, 2 cores; bench/results/auto_pipeline.json, "
                  "decoding.json)", fontsize=9)
     fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    style.save(fig, path)
 
 
 # --------------------------------------------------------------------------- bench pages
@@ -324,8 +335,77 @@ def _command(script: str, data: dict) -> str:
     return command
 
 
-def bench_pages(out: Path, img: Path) -> dict[Path, bytes]:
-    """Every generated bench page (and plot) by path: nothing is written here."""
+def machine_words(data: Any) -> str:
+    """The machine a result was measured on, in a few words, from its ``machine`` record."""
+    machine = data.get("machine") if isinstance(data, dict) else None
+    if not isinstance(machine, dict):
+        return "a machine the JSON does not describe"
+    words = [f"{machine.get('cores', '?')} cores ({machine.get('cpu', '?')})"]
+    if machine.get("memory_bytes"):
+        words.append(f"{machine['memory_bytes'] / 1e9:.0f} GB of memory")
+    if machine.get("torch"):
+        words.append(f"torch {machine['torch']}")
+    return ", ".join(words)
+
+
+def measured_line(data: Any, fresh: freshness.Freshness) -> str:
+    """Where and when: the machine, the commit measured and the date it was recorded."""
+    return f"Measured on {machine_words(data)}, {freshness.commit_words(fresh)}."
+
+
+def _stale_note(fresh: freshness.Freshness) -> list[str]:
+    note = freshness.warning(fresh)
+    return [] if note is None else ['!!! warning "Older than the code it measured"', "", f"    {note}", ""]
+
+
+def opening(script: str, data: Any, fresh: freshness.Freshness, img: Path, files: dict[Path, bytes],
+            link: str = "img", draw: bool = True) -> list[str]:
+    """A headline page's first lines: its charts (written to ``img``, linked as ``link``/name;
+    ``draw=False`` links them only) and a summary of at most five lines, every number
+    from ``data``."""
+    spec = result_charts.OPENINGS[script]
+    lines: list[str] = []
+    for chart in spec.charts:
+        png = img / f"{script}_{chart.name}.png"
+        if not draw:
+            lines += [f"![{chart.caption}]({link}/{png.name})", ""]
+            continue
+        try:
+            style.save(chart.draw(data), png)
+        except (KeyError, TypeError, ValueError, IndexError) as error:
+            raise SystemExit(f"bench/results/{script}.json: its chart {chart.name!r} cannot be drawn "
+                             f"({type(error).__name__}: {error}); update tools/result_charts.py") from None
+        files[png] = png.read_bytes()
+        lines += [f"![{chart.caption}]({link}/{png.name})", ""]
+    summary = [*spec.summary(data), measured_line(data, fresh)]
+    assert len(summary) <= 5, f"{script}: a summary is at most five lines"
+    return lines + [f"- {line}" for line in summary] + [""]
+
+
+def _result_section(script: str, result: Path, data: Any, fresh: freshness.Freshness, img: Path,
+                    files: dict[Path, bytes]) -> list[str]:
+    lines = [f"## {result.stem}", "", f"From `bench/results/{result.name}` "
+             f"(its own summary: `bench/results/{result.stem}.md`). {freshness.describe(fresh)}", ""]
+    lines += _stale_note(fresh)
+    if isinstance(data, dict) and isinstance(data.get("args"), dict):
+        lines += ["```sh", without_machine_paths(_command(script, data)), "```", ""]
+    plot = PLOTS.get(script)
+    if plot is not None:
+        png = img / f"{result.stem}.png"
+        caption = plot(data, png)
+        files[png] = png.read_bytes()
+        lines += [f"![{caption}](img/{png.name})", "", caption, ""]
+    rendered = render(data, 3)
+    if len(rendered) > MAX_LINES:
+        rendered = rendered[:MAX_LINES]
+        while rendered and rendered[-1].startswith("|"):
+            rendered.pop()  # end on a whole table
+        rendered += ["", f"*The rest is in `bench/results/{result.name}`.*", ""]
+    return lines + rendered
+
+
+def results_by_script() -> dict[str, list[Path]]:
+    """Each bench script's result files (``bench/results/*.json``), by the script's name."""
     scripts = {p.stem for p in BENCH.glob("*.py") if p.stem != "common"}
     by_script: dict[str, list[Path]] = {}
     for result in sorted(RESULTS.glob("*.json")):
@@ -333,45 +413,93 @@ def bench_pages(out: Path, img: Path) -> dict[Path, bytes]:
         if script is None:
             raise SystemExit(f"{result}: no bench/*.py wrote it; add it to SCRIPT_OF")
         by_script.setdefault(script, []).append(result)
+    return by_script
+
+
+def bench_page(script: str, results: list[Path], history: list[freshness.Commit], img: Path,
+               files: dict[Path, bytes], warnings: list[str]) -> str:
+    """One bench's page: its opening (for a headline bench), its method, then every result."""
+    doc = _docstring(BENCH / f"{script}.py")
+    lines = [f"# {script}", ""]
+    sections = []
+    for result in results:
+        data = json.loads(result.read_text())
+        fresh = freshness.freshness(history, f"bench/results/{result.name}", script, data)
+        if fresh.stale:
+            warnings.append(f"bench/results/{result.name}: {freshness.warning(fresh)}")
+        if result.stem == script and script in result_charts.OPENINGS:
+            lines += opening(script, data, fresh, img, files)
+        sections += _result_section(script, result, data, fresh, img, files)
+    lines += ["## Method", "", f"`bench/{script}.py`", "", doc, "",
+              "Reproduce (each result file below was written by this script; its own "
+              "arguments are shown where the file recorded them):", "", "```sh",
+              f".venv/bin/python bench/{script}.py --help", "```", ""]
+    return "\n".join(lines + sections).rstrip() + "\n"
+
+
+def bench_pages(out: Path, img: Path, warnings: list[str] | None = None,
+                history: list[freshness.Commit] | None = None, only: set[str] | None = None) -> dict[Path, bytes]:
+    """Every generated bench page (and plot) by path, plus the pictures, which are written
+    to ``img`` as they are drawn (``only``: just those benches' pages, and no index). A
+    result older than the code it measured adds a line to ``warnings``."""
+    history = freshness.read_history(ROOT) if history is None else history
+    warnings = [] if warnings is None else warnings
+    by_script = results_by_script()
     files: dict[Path, bytes] = {}
     index = ["# Benchmarks", "",
              "Every page here is generated by `tools/docs_pages.py` from the JSON files the "
              "benches write to `bench/results/` (run `make docs` after a bench to refresh "
              "them); nothing is typed by hand. Each script runs every configuration in its own "
-             "child process, and its page says which command reproduces it.", "",
+             "child process, and its page says which command reproduces it and the commit each "
+             "result measured. The headline results, one chart per area, are on the "
+             "[Results](../results.md) page.", "",
              "| bench | what it measures | result files |", "|---|---|---|"]
+    if only is not None:
+        for script in sorted(only):
+            page = bench_page(script, by_script[script], history, img, files, warnings)
+            files[out / f"{script}.md"] = page.encode()
+        return files
     for script in sorted(by_script):
         doc = _docstring(BENCH / f"{script}.py")
         summary = doc.splitlines()[0] if doc else ""
         index.append(f"| [`{script}`]({script}.md) | {summary.replace('|', '/')} | "
                      f"{len(by_script[script])} |")
-        lines = [f"# {script}", "", f"`bench/{script}.py`", "", doc, "",
-                 "Reproduce (each result file below was written by this script; its own "
-                 "arguments are shown where the file recorded them):", "", "```sh",
-                 f".venv/bin/python bench/{script}.py --help", "```", ""]
-        for result in by_script[script]:
-            data = json.loads(result.read_text())
-            lines += [f"## {result.stem}", "", f"From `bench/results/{result.name}` "
-                      f"(its own summary: `bench/results/{result.stem}.md`)."]
-            if isinstance(data, dict) and isinstance(data.get("args"), dict):
-                lines += ["", "```sh", _command(script, data), "```"]
-            lines.append("")
-            plot = PLOTS.get(script)
-            if plot is not None:
-                png = img / f"{result.stem}.png"
-                caption = plot(data, png)
-                files[png] = png.read_bytes()
-                lines += [f"![{caption}](img/{png.name})", "", caption, ""]
-            rendered = render(data, 3)
-            if len(rendered) > MAX_LINES:
-                rendered = rendered[:MAX_LINES]
-                while rendered and rendered[-1].startswith("|"):
-                    rendered.pop()  # end on a whole table
-                rendered += ["", f"*The rest is in `bench/results/{result.name}`.*", ""]
-            lines += rendered
-        files[out / f"{script}.md"] = "\n".join(lines).rstrip().encode() + b"\n"
+        page = bench_page(script, by_script[script], history, img, files, warnings)
+        files[out / f"{script}.md"] = page.encode()
     files[out / "index.md"] = ("\n".join(index) + "\n").encode()
     return files
+
+
+def results_page(history: list[freshness.Commit], img: Path, files: dict[Path, bytes], draw: bool = True) -> str:
+    """The site's Results page (``docs/results.md``): the README's picture, then one chart
+    per area (``result_charts.AREAS``), each with its summary, its machine and commit, and
+    links to its bench page and the area's other pages. The bench pages draw the same
+    charts; ``draw=False`` writes the text only."""
+    by_script = results_by_script()
+    readme = [(RESULTS / f"{name}.json") for name in ("auto_pipeline", "decoding")]
+    said = [f"`{path.name}`: {measured_line(json.loads(path.read_text()), fresh)}" for path in readme
+            for fresh in [freshness.freshness(history, f"bench/results/{path.name}", path.stem,
+                                              json.loads(path.read_text()))]]
+    lines = ["# Results", "",
+             "What layerfit measured, one chart per area, each drawn by `tools/docs_pages.py` from the JSON a "
+             "bench committed to `bench/results/`; the bench's page has the method, the full tables and the "
+             "command that reproduces it. Where the code has changed since a result was measured, its bench "
+             "page says so and `make docs` warns.", "",
+             "![Latency against the memory the weights may take, for ResNet-152 and GPT-2 small]"
+             "(img/memory_latency.png)", "",
+             "Less memory for the weights costs time, and how much depends on the model: one inference of "
+             "ResNet-152 and one generated token of GPT-2 small against the weights held, by pipeline "
+             "([auto_pipeline](benchmarks/auto_pipeline.md), [decoding](benchmarks/decoding.md)).", ""]
+    lines += [f"- {line}" for line in said] + [""]
+    for area, script, others in result_charts.AREAS:
+        path = RESULTS / f"{script}.json"
+        data = json.loads(path.read_text())
+        fresh = freshness.freshness(history, f"bench/results/{path.name}", script, data)
+        lines += [f"## {area}", ""]
+        lines += opening(script, data, fresh, img, files, link="benchmarks/img", draw=draw)
+        links = [f"[{name}](benchmarks/{name}.md)" for name in (script, *others) if name in by_script]
+        lines += [f"The method and every table: {', '.join(links)}.", ""]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 # --------------------------------------------------------------------------- CLI reference
@@ -475,8 +603,11 @@ def gantt(path: Path) -> None:
 # --------------------------------------------------------------------------- main
 
 
-def generate() -> dict[Path, bytes]:
-    files = bench_pages(DOCS / "benchmarks", DOCS / "benchmarks" / "img")
+def generate(warnings: list[str] | None = None) -> dict[Path, bytes]:
+    history = freshness.read_history(ROOT)
+    img = DOCS / "benchmarks" / "img"
+    files = bench_pages(DOCS / "benchmarks", img, warnings, history)
+    files[DOCS / "results.md"] = results_page(history, img, files, draw=False).encode()
     files[DOCS / "reference" / "cli.md"] = cli_reference().encode()
     files[DOCS / "reference" / "metrics.md"] = metrics_reference().encode()
     files[DOCS / "reference" / "http.md"] = http_reference(DOCS / "reference" / "http.md").encode()
@@ -492,9 +623,16 @@ def generate() -> dict[Path, bytes]:
 
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
-    for path, data in generate().items():
+    warnings: list[str] = []
+    for path, data in generate(warnings).items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
+    headline = [w for w in warnings if Path(w.split(":")[0]).stem in result_charts.OPENINGS]
+    for line in headline:
+        print(f"docs_pages: warning: {line}", file=sys.stderr)
+    if len(warnings) > len(headline):
+        print(f"docs_pages: warning: {len(warnings) - len(headline)} more result files are older than a change "
+              "to the code they measured; their bench pages say which.", file=sys.stderr)
     return 0
 
 
