@@ -10,18 +10,23 @@ how they are read, and the prompt's checks (vocabulary, positions) are that modu
 rules, the loop's too.
 
 The prompt is text read by a tokenizer (``--tokenizer FOLDER``, else the prepared folder's
-own tokenizer files) or token ids (``--ids``, no tokenizer needed). The new tokens are
-printed on stdout as they are made (text, or ids without a tokenizer) and a summary on
-stderr: the prompt's and the new tokens' counts, the time to the first new token, the
-decode rate after it and the most weight bytes any pass held, beside the budget.
-``--json`` prints all of it as one object instead. Greedy unless ``--do-sample``; the
-folder's ``generation_config.json`` (when it has one) gives generate's defaults and the
-flags override them. Everything the command line can get wrong is checked before a
-token is made, each as one line (:class:`~layerfit.errors.InputError`).
+own tokenizer files), token ids (``--ids``, no tokenizer needed) or a chat made by the
+tokenizer's own chat template (``--chat``, ``--system``, ``--messages FILE``:
+:mod:`.prompt_input`). The new tokens are printed on stdout as they are made (text, or
+ids without a tokenizer) and a summary on stderr: the prompt's and the new tokens' counts
+(the end token the model made counts: the rule of
+:func:`~layerfit.schedule.decoding.rules.completion_token_count`), the model's passes, the
+time to the first new token, the decode rate after it and the most weight bytes any pass
+held, beside the budget. ``--json`` prints all of it as one object instead. Greedy unless
+``--do-sample``; the folder's ``generation_config.json`` (when it has one) gives generate's
+defaults and the flags override them. ``--prompt-lookup N`` and ``--draft DIR`` make
+several tokens per pass (:mod:`.speculation`). Everything the command line can get wrong
+is checked before a token is made, each as one line (:class:`~layerfit.errors.InputError`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,10 +36,18 @@ import typer
 
 from layerfit.cli.app import app, limit_label, print_json
 from layerfit.cli.engine_options import ENGINE_OPTIONS, EngineOptions, engine_options
+from layerfit.cli.prompt_input import PromptInput
 from layerfit.console import make_console
 from layerfit.engine.openmp import COMPUTE_THREADS_HELP, kernels_on, set_compute_threads
 from layerfit.errors import InputError
-from layerfit.schedule.decoding.rules import TOKENIZER_FILES, Refusal, has_tokenizer, refusal
+from layerfit.schedule.decoding.rules import (
+    PROMPT_LOOKUP_MAX,
+    TOKENIZER_FILES,
+    Refusal,
+    Speculation,
+    has_tokenizer,
+    refusal,
+)
 
 if TYPE_CHECKING:
     from layerfit.engine import Engine
@@ -89,17 +102,28 @@ class Decoding:
 )
 def generate(
     directory: str = typer.Argument(..., help="prepared model directory (a Hugging Face language model)"),
-    prompt: str | None = typer.Option(None, "--prompt", help="the prompt as text (read by the tokenizer)"),
+    prompt: str | None = typer.Option(None, "--prompt", help="the prompt as text (read by the tokenizer); with --chat the user's message"),
     ids: str | None = typer.Option(None, "--ids", help="the prompt as token ids, e.g. 1,2,3 (no tokenizer needed)"),
+    chat: bool = typer.Option(False, "--chat", help="make --prompt the user's message of a chat, through the tokenizer's chat template"),
+    system: str | None = typer.Option(None, "--system", help="with --chat: the system message before the user's"),
+    messages: str | None = typer.Option(
+        None, "--messages", help='a chat as a JSON file: [{"role": "system"|"user"|"assistant", "content": "..."}, ...]'
+    ),
     tokenizer_dir: str | None = typer.Option(
         None, "--tokenizer", help="a folder of tokenizer files (default: DIR's own, when it has them)"
     ),
-    max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="tokens to make at most"),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="tokens to make at most (the end token counts)"),
     do_sample: bool = typer.Option(False, "--do-sample", help="sample each token (default: greedy)"),
     temperature: float | None = typer.Option(None, "--temperature", help="with --do-sample: above 0"),
     top_k: int | None = typer.Option(None, "--top-k", help="with --do-sample: sample from the k likeliest (0: all)"),
     top_p: float | None = typer.Option(None, "--top-p", help="with --do-sample: nucleus, in (0, 1]"),
     seed: int | None = typer.Option(None, "--seed", help="seed of the sampling: the same seed makes the same tokens"),
+    prompt_lookup: int | None = typer.Option(
+        None, "--prompt-lookup", help=f"guess up to N next tokens from the prompt, verified by one pass (1-{PROMPT_LOOKUP_MAX})"
+    ),
+    draft: str | None = typer.Option(
+        None, "--draft", help="a small prepared model of the same tokenizer that guesses tokens, held whole, its bytes in --budget"
+    ),
     options: EngineOptions = ENGINE_OPTIONS,  # --pipeline, --budget, --units, ... (engine_options)
     threads: int | None = typer.Option(None, "--threads", help=COMPUTE_THREADS_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of the streamed text"),
@@ -107,81 +131,82 @@ def generate(
     """Generate text with a prepared language model, its weights streamed within the budget."""
     decoding = Decoding(max_new_tokens, do_sample, temperature, top_k, top_p, seed)
     decoding.check()
+    speculation = Speculation(prompt_lookup, draft)
+    speculation.check()
     if options["units"] == "swapnet":
         raise InputError("--units swapnet partitions one pass for `layerfit run`: here give layers, blocks:N or merge:SIZE")
-    given_ids = _parse_ids(prompt, ids)
+    given = PromptInput.parse(prompt, ids, chat, system, messages)
 
     import torch  # after the checks of the command line alone, which need none of it
 
+    from layerfit.cli import speculation as speculative
     from layerfit.cli.token_stream import TokenStream
-    from layerfit.engine import load
+    from layerfit.engine.generation import PassCount
 
     manifest = _check_folder(directory)
+    draft_manifest = None if draft is None else _check_folder(draft, "--draft ")
     tokenizer_folder = _tokenizer_folder(directory, tokenizer_dir)
     tokenizer = _load_tokenizer(tokenizer_folder)
+    given.messages()  # a bad messages file says so before any model loads
     set_compute_threads(threads, "--threads")
     # A memory limit reserves the KV cache of every position the generation may reach.
-    known_ids = given_ids if given_ids is not None or tokenizer is None else _encode(tokenizer, prompt or "")
-    positions = len(known_ids or ()) + decoding.max_new_tokens
-    with load(directory, options.config(kv_positions=positions)) as engine:
+    known_ids = given.token_ids(tokenizer, directory) if tokenizer is not None or not given.needs_tokenizer else None
+    config = options.config(kv_positions=len(known_ids or ()) + decoding.max_new_tokens)
+    with contextlib.ExitStack() as held:
+        drafter = None
+        if draft is not None:  # first: a memory limit then measures a process that holds it
+            from layerfit.engine import load
+
+            drafter = held.enter_context(load(draft, speculative.draft_config(config)))
+            _check_generates(drafter, draft, draft_manifest)
+        engine = held.enter_context(speculative.load_target(directory, config, drafter, f"--draft {draft}"))
         _check_generates(engine, directory, manifest)
-        if given_ids is None and tokenizer_folder is None:  # said after what the model is: that comes first
+        if known_ids is None:  # said after what the model is: that comes first
             raise InputError(
-                f"--prompt needs a tokenizer and {directory} holds none ({' or '.join(TOKENIZER_FILES)}): "
+                f"{given.what} needs a tokenizer and {directory} holds none ({' or '.join(TOKENIZER_FILES)}): "
                 "pass --tokenizer FOLDER, or give the prompt as token ids with --ids 1,2,3"
             )
-        prompt_ids = known_ids if known_ids is not None else _encode(tokenizer, prompt or "")
+        prompt_ids = known_ids
         _check_prompt(engine, prompt_ids, decoding.max_new_tokens)
         # One generation config, the flags set on a copy of the folder's (or the model's):
         # transformers deprecates passing a config together with generation arguments.
         generation_config = copy.deepcopy(_generation_config(directory) or engine.model.generation_config)
-        generation_config.update(**decoding.generate_kwargs())
+        generation_config.update(**decoding.generate_kwargs(), **speculative.config_settings(speculation))
+        speculative.check(engine, drafter, generation_config, speculation)
         stream = TokenStream(tokenizer, not as_json, lambda: engine.last_weights_peak, lambda: engine.bytes_read)
         inputs = torch.tensor([prompt_ids], dtype=torch.long, device=engine.device.torch_device)
         if seed is not None:
             torch.manual_seed(seed)
+        passes = PassCount()
         stream.begin()
         engine.generate(
             inputs, attention_mask=torch.ones_like(inputs), generation_config=generation_config,
-            streamer=stream,
+            streamer=stream, passes=passes, **({} if drafter is None else {"assistant_model": drafter}),
         )
-        report = _report(engine, directory, prompt, prompt_ids, stream, tokenizer, decoding)
+        report = _report(engine, directory, given, prompt_ids, stream, tokenizer, decoding)
+        report.update(_speculation_report(speculation, drafter, passes, generation_config, report))
     if as_json:
         print_json(report)
     else:
         _print_summary(report)
 
 
-def _parse_ids(prompt: str | None, ids: str | None) -> list[int] | None:
-    """``--ids``' token ids (None: the prompt is ``--prompt``'s text); exactly one of the two."""
-    if (prompt is None) == (ids is None):
-        raise InputError("give the prompt as --prompt TEXT or as token ids with --ids 1,2,3 (one of the two)")
-    if ids is None:
-        return None
-    try:
-        parsed = [int(p) for p in ids.replace(" ", ",").split(",") if p.strip()]
-    except ValueError:
-        parsed = []
-    if not parsed or any(i < 0 for i in parsed):
-        raise InputError(f"cannot read --ids {ids!r}: write token ids, 0 or more, like 1,2,3")
-    return parsed
-
-
-def _check_folder(directory: str) -> Manifest:
-    """The manifest of ``directory``, once it is known to be a prepared model: one that
-    does not exist, is not a directory, is a Hugging Face folder not yet prepared, or is
-    a zoo model (never a language model) is refused saying so, before anything is said
-    about its tokenizer (which would send the user the wrong way)."""
+def _check_folder(directory: str, flag: str = "") -> Manifest:
+    """The manifest of ``directory`` (``flag``'s, named in errors: ``--draft``), once it
+    is known to be a prepared model: one that does not exist, is not a directory, is a
+    Hugging Face folder not yet prepared, or is a zoo model (never a language model) is
+    refused saying so, before anything is said about its tokenizer (which would send the
+    user the wrong way)."""
     from layerfit.store.manifest import is_unprepared_hf_folder, read_manifest, unprepared_hint
 
     folder = Path(directory)
     if not folder.exists():
         raise InputError(
-            f"{directory} does not exist: generate takes the folder of a prepared language model "
+            f"{flag}{directory} does not exist: generate takes the folder of a prepared language model "
             f"(`layerfit prepare hf:FOLDER -o {directory}`)"
         )
     if not folder.is_dir():
-        raise InputError(f"{directory} is not a directory: generate takes the folder of a prepared language model")
+        raise InputError(f"{flag}{directory} is not a directory: generate takes the folder of a prepared language model")
     if is_unprepared_hf_folder(folder):
         raise InputError(f"{unprepared_hint(directory)}, then generate from OUT")
     manifest = read_manifest(folder)  # one line for a folder that is not a prepared model
@@ -228,13 +253,6 @@ def _load_tokenizer(folder: Path | None) -> Any | None:
         raise InputError(f"cannot read a tokenizer from {folder}: {_one_line(exc)}") from None
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    ids = [int(i) for i in tokenizer(text)["input_ids"]]
-    if not ids:
-        raise InputError("the prompt makes no tokens: give some text (or --ids)")
-    return ids
-
-
 def _check_generates(engine: Engine, directory: str, manifest: Manifest) -> None:
     """Refuse a model that has no Hugging Face ``generate`` fed token ids (the rule of
     :func:`~layerfit.schedule.decoding.rules.refusal`, asked of the skeleton)."""
@@ -275,7 +293,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _report(
-    engine: Engine, directory: str, prompt: str | None, prompt_ids: list[int], stream: Any, tokenizer: Any | None,
+    engine: Engine, directory: str, given: PromptInput, prompt_ids: list[int], stream: Any, tokenizer: Any | None,
     decoding: Decoding,
 ) -> dict[str, Any]:
     """Everything ``--json`` prints, and the summary reads."""
@@ -287,10 +305,10 @@ def _report(
     return {
         "model": engine.manifest.model["name"],
         "directory": directory,
-        "prompt": prompt,
+        "prompt": given.text,
+        "messages": given.messages(),
         "prompt_ids": prompt_ids,
         "prompt_tokens": len(prompt_ids),
-        "new_tokens": len(stream.tokens),
         "token_ids": stream.tokens,
         "text": text,
         "prompt_latency_s": stream.prompt_latency_s,
@@ -307,6 +325,33 @@ def _report(
         "device": str(engine.device.torch_device),
         "compute_threads": torch.get_num_threads(),
         "generation": asdict(decoding),
+        "_seconds": (stream.times[-1] - stream.started) if stream.times else None,
+    }
+
+
+def _speculation_report(
+    speculation: Speculation, draft: Engine | None, passes: Any, generation_config: Any, report: dict[str, Any],
+) -> dict[str, Any]:
+    """The counts of the report: the new tokens by the rule of
+    :func:`~layerfit.schedule.decoding.rules.completion_token_count` (the end token the
+    model made counts), whether it ended on an end token, the model's passes, the tokens
+    per pass, what guessed them and the overall rate (the first token's wait included)."""
+    from layerfit.schedule.decoding.rules import completion_token_count, end_tokens, tokens_per_pass
+
+    ends = end_tokens(generation_config, None)  # what generate stops on
+    new = completion_token_count(report["token_ids"], ends)
+    took = report.pop("_seconds")
+    return {
+        "new_tokens": new,
+        "ended": bool(report["token_ids"]) and report["token_ids"][new - 1] in ends,
+        "passes": passes.model,
+        "tokens_per_pass": tokens_per_pass(new, passes.model),
+        "tokens_per_s": new / took if took else None,
+        "prompt_lookup": speculation.prompt_lookup,
+        "draft": None if draft is None else {
+            "directory": speculation.draft, "model": draft.manifest.model["name"], "passes": passes.draft,
+            "weights_bytes": draft.memory.weight_bytes,
+        },
     }
 
 
@@ -316,8 +361,13 @@ def _print_summary(report: dict[str, Any]) -> None:
 
     latency, rate, read = report["prompt_latency_s"], report["decode_tokens_per_s"], report["read_bytes_per_token"]
     budget = report["budget_bytes"]
+    draft, per_pass = report["draft"], report["tokens_per_pass"]
+    guesses = ("" if report["prompt_lookup"] is None and draft is None else
+               f", {per_pass:.2f} a pass, guessed by " + (f"prompt lookup of {report['prompt_lookup']}" if draft is None
+                                                          else f"the draft ({format_bytes(draft['weights_bytes'])})"))
     make_console(stderr=True).print(
-        f"prompt {report['prompt_tokens']} tokens, {report['new_tokens']} new: first new token after "
+        f"prompt {report['prompt_tokens']} tokens, {report['new_tokens']} new"
+        f"{' (the last the end token)' if report['ended'] else ''} in {report['passes']} passes{guesses}: first new token after "
         f"{'n/a' if latency is None else f'{latency * 1e3:.1f} ms'}, then "
         f"{'n/a' if rate is None else f'{rate:.1f} tokens/s'}"
         f"{'' if read is None else f' reading {format_bytes(int(read))} a token'}; weights peak {format_bytes(report['weights_peak_bytes'])} "

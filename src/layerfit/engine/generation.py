@@ -14,6 +14,13 @@ model's forward, then the model once per token with the encoder's output. The en
 units (:class:`~layerfit.engine.parts.Part`); each decoder step begins at the first unit
 it runs, so it reads only the decoder's.
 
+Several tokens per pass: transformers' assisted generation (``prompt_lookup_num_tokens``,
+``assistant_model``) verifies guessed tokens with one pass of the model, through the same
+replaced ``forward``. A draft given as an engine (``assistant_model=`` an
+:class:`~layerfit.engine.engine.Engine` or a ``PretrainedModel``, loaded with its own
+budget, usually all resident) runs its passes through its own engine the same way, for
+the call. :class:`PassCount`, given as ``passes=``, counts the passes each made.
+
 What it cannot stream: a ``generate`` that runs some other part of the model outside its
 forward pass would run it with unbound weights; that is refused with a clear error
 (decode with a loop of engine calls instead). Planned activations fix every shape at
@@ -25,7 +32,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
@@ -37,8 +45,28 @@ if TYPE_CHECKING:
     from layerfit.engine.engine import Engine
 
 
-def generate(engine: Engine, *args: Any, **kwargs: Any) -> Any:
-    """``engine.model.generate(*args, **kwargs)``, each forward pass run by ``engine``."""
+@dataclass
+class PassCount:
+    """The forward passes one :func:`generate` made: of the model (``model``: each makes
+    one new token, or verifies a guess of several), of an encoder-decoder's encoder apart
+    (``encoder``), and of a draft engine (``draft``). Pass one as ``passes=`` and read it
+    after the call; it adds to what it holds."""
+
+    model: int = 0
+    encoder: int = 0
+    draft: int = 0
+
+    def _add(self, field: str) -> Callable[[], None]:
+        def add() -> None:
+            setattr(self, field, getattr(self, field) + 1)
+
+        return add
+
+
+def generate(engine: Engine, *args: Any, passes: PassCount | None = None, **kwargs: Any) -> Any:
+    """``engine.model.generate(*args, **kwargs)``, each forward pass run by ``engine``;
+    ``assistant_model`` may be an engine (or a ``PretrainedModel``), whose passes run
+    through it; ``passes`` counts the passes of each."""
     model = engine.model
     method = getattr(model, "generate", None)
     if not callable(method):
@@ -46,7 +74,14 @@ def generate(engine: Engine, *args: Any, **kwargs: Any) -> Any:
             f"{type(model).__name__} has no generate method: call the engine once per step "
             "instead (engine(token, past_key_values=..., use_cache=True))"
         )
-    with streamed(engine):
+    count = passes if passes is not None else PassCount()
+    draft = _draft_engine(engine, kwargs.get("assistant_model"))
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(streamed(engine, on_pass=count._add("model"), on_encoder_pass=count._add("encoder")))
+        if draft is not None:
+            kwargs["assistant_model"] = stack.enter_context(
+                streamed(draft, on_pass=count._add("draft"), on_encoder_pass=count._add("draft"))
+            )
         try:
             return method(*args, **kwargs)
         except RuntimeError as exc:
@@ -59,13 +94,32 @@ def generate(engine: Engine, *args: Any, **kwargs: Any) -> Any:
             ) from exc
 
 
+def _draft_engine(engine: Engine, assistant: Any) -> Engine | None:
+    """The engine of a draft given as ``assistant_model`` (an engine, or a
+    ``PretrainedModel``'s), None for a model (or none): a draft that is the engine itself
+    is refused (its one ``generate`` at a time would wait on itself)."""
+    if assistant is None or isinstance(assistant, nn.Module):
+        return None
+    draft = getattr(assistant, "engine", assistant)  # a PretrainedModel's
+    if not callable(getattr(draft, "run_pass", None)):
+        raise LayerfitError(
+            f"assistant_model is a {type(assistant).__name__}: give a model, or an engine (layerfit.load) of one"
+        )
+    if draft is engine:
+        raise LayerfitError("assistant_model is the model itself: a draft is a second, smaller model")
+    return draft
+
+
 @contextlib.contextmanager
-def streamed(engine: Engine) -> Iterator[nn.Module]:
+def streamed(
+    engine: Engine, on_pass: Callable[[], None] | None = None, on_encoder_pass: Callable[[], None] | None = None,
+) -> Iterator[nn.Module]:
     """The engine's model with its ``forward`` (and an encoder-decoder's encoder's) run
     through the engine for the ``with`` block: code that takes a model and calls it or
     its ``generate`` (a transformers ``pipeline``) streams every pass. One block at a
     time per engine (it holds ``engine.generating``); the model's own ``forward`` is back
-    after it."""
+    after it. ``on_pass`` (``on_encoder_pass``) is called at each pass of the model (of
+    its encoder)."""
     if engine.arena is not None:
         raise LayerfitError(
             "generate runs the model at a new input shape every step, and planned activations "
@@ -74,10 +128,10 @@ def streamed(engine: Engine) -> Iterator[nn.Module]:
     model = engine.model
     encoder = _encoder(engine)
     with engine.generating:
-        patched = [(model, _streamed_forward(engine, model.forward, None))]
+        patched = [(model, _streamed_forward(engine, model.forward, None, on_pass))]
         if encoder is not None:
             module, units = encoder
-            patched.append((module, _streamed_forward(engine, module.forward, units)))
+            patched.append((module, _streamed_forward(engine, module.forward, units, on_encoder_pass)))
         for module, forward in patched:
             module.forward = forward
         try:
@@ -87,8 +141,9 @@ def streamed(engine: Engine) -> Iterator[nn.Module]:
                 del module.forward
 
 
-def _streamed_forward(engine: Engine, forward: Any, units: range | None) -> Any:
-    """``forward`` run as a pass of ``engine`` (of ``units`` only, when given)."""
+def _streamed_forward(engine: Engine, forward: Any, units: range | None, on_pass: Callable[[], None] | None) -> Any:
+    """``forward`` run as a pass of ``engine`` (of ``units`` only, when given), calling
+    ``on_pass`` as each begins."""
 
     # generate reads forward's signature to choose what to pass (logits_to_keep,
     # cache_position ...): the replacement must show the same one.
@@ -98,6 +153,8 @@ def _streamed_forward(engine: Engine, forward: Any, units: range | None) -> Any:
             # A pass already runs in this thread (a plain engine call made while
             # generate's forward is installed): the engine already streams it.
             return forward(*a, **k)
+        if on_pass is not None:
+            on_pass()
         return engine.run_pass(None, forward, a, k, units)
 
     return streamed
