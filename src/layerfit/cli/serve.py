@@ -73,6 +73,12 @@ def serve_command(
         help="share of --budget a language model may keep weights in while it generates (the rest streams "
         "each step; 0: stream them all); dropped when it has nothing to generate",
     ),
+    prompt_lookup: list[str] | None = typer.Option(  # noqa: B008 (typer reads defaults)
+        None, "--prompt-lookup", metavar="N|MODEL=N",
+        help="greedy requests propose up to N tokens per step from their own prompt and output (prompt "
+        "lookup), verified in the same pass: the same tokens in fewer passes; N for every model, MODEL=N for "
+        "one (repeat it); a request's prompt_lookup field wins (0: off, the default)",
+    ),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds before a request is cancelled (503)"),
     shutdown_grace: float = typer.Option(
         30.0, "--shutdown-grace", help="seconds (0 or more) requests may finish after SIGTERM"
@@ -92,6 +98,7 @@ def serve_command(
         port=port, max_body=max_body, request_memory=request_memory, body_timeout=body_timeout,
         min_body_rate=min_body_rate, repository_api=repository_api, timeout=timeout,
         reverify_every=reverify_every, generation_weights=generation_weights, shutdown_grace=shutdown_grace, log_level=log_level,
+        prompt_lookup=prompt_lookup or [],
         access_log=log_level.lower() in ("debug", "trace"),
     )
 

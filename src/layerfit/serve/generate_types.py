@@ -6,6 +6,11 @@ place, a 400 naming the field. The OpenAI bodies declare the fields the API has 
 server does not implement (``n``, ``logprobs``, penalties …) so that their default
 values pass — clients send them — and any other value is refused naming the field,
 never ignored; a field the API does not have is refused too.
+
+One extension field, in every body: ``prompt_lookup`` (0 to
+:data:`~layerfit.schedule.decoding.lookup.MAX_PROMPT_LOOKUP`), the tokens a greedy request
+proposes per step from its own n-grams (0: none; absent: the server's ``--prompt-lookup``
+for the model). The tokens are the same either way; only the passes differ.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from layerfit.schedule.decoding.lookup import MAX_PROMPT_LOOKUP
 from layerfit.schedule.decoding.sampling import Sampling
 
 DEFAULT_MAX_TOKENS = 16  # the OpenAI completions default; the same for every route
@@ -34,6 +40,7 @@ class SamplingFields(_Strict):
     top_k: int | None = Field(default=None, ge=0)
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
+    prompt_lookup: int | None = Field(default=None, ge=0, le=MAX_PROMPT_LOOKUP)  # an extension
 
     @model_validator(mode="after")
     def _bounded_stops(self) -> SamplingFields:

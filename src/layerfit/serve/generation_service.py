@@ -30,6 +30,7 @@ from starlette.concurrency import run_in_threadpool
 
 from layerfit.errors import InputError, JobTimeoutError, LayerfitError
 from layerfit.schedule.decoding.batching import Finish
+from layerfit.schedule.decoding.rules import completion_token_count
 from layerfit.schedule.decoding.sampling import Sampling
 from layerfit.schedule.runtime.decoders import LanguageModel
 from layerfit.serve.errors import BadRequestError, ModelNotFoundError, ShuttingDownError
@@ -42,13 +43,15 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class TextRequest:
     """One generation request, whichever API it came by: the model, the prompt's token
-    ids, at most ``max_tokens`` new tokens, how to choose them and where to stop."""
+    ids, at most ``max_tokens`` new tokens, how to choose them, where to stop and how many
+    tokens to propose per step (``prompt_lookup``; None: the server's setting for the model)."""
 
     model: str
     prompt: tuple[int, ...]
     max_tokens: int
     sampling: Sampling
     stops: tuple[str, ...] = ()
+    prompt_lookup: int | None = None
 
 
 @dataclass
@@ -174,7 +177,8 @@ class Completion:
         self.request = request
         self.timeout = timeout
         self.text = TextStream(model.tokenizer, request.stops)
-        self.tokens = 0
+        self.tokens = 0  # tokens of the text (each made by the model)
+        self.ended_by_end_token = False  # the model made an end token, the sequence's last (not text)
         self.finish: str | None = None
         loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[int | None, Finish | None, BaseException | None]] = asyncio.Queue()
@@ -184,13 +188,21 @@ class Completion:
                 loop.call_soon_threadsafe(self._queue.put_nowait, (token, finish, error))
 
         self._sequence = _bad_request(
-            lambda: model.submit(request.prompt, request.max_tokens, request.sampling, on_token)
+            lambda: model.submit(request.prompt, request.max_tokens, request.sampling, on_token, request.prompt_lookup)
         )
 
     @property
     def usage(self) -> dict[str, int]:
+        """The prompt's tokens and the new ones the model made: each token of the text, and
+        the end-of-sequence token that ended it, which is not text
+        (:func:`~layerfit.schedule.decoding.rules.completion_token_count`, the command
+        line's count too)."""
         prompt = len(self.request.prompt)
-        return {"prompt_tokens": prompt, "completion_tokens": self.tokens, "total_tokens": prompt + self.tokens}
+        # the sequence's tokens as the loop made them, up to the last given (a stop string
+        # ends the text there, though a step may have made more) or the end token
+        made = completion_token_count(self._sequence.tokens[:self.tokens + self.ended_by_end_token],
+                                      self.model.end_tokens)
+        return {"prompt_tokens": prompt, "completion_tokens": made, "total_tokens": prompt + made}
 
     async def __aiter__(self) -> AsyncIterator[Delta]:
         try:
@@ -206,6 +218,7 @@ class Completion:
                 if token is None:
                     if finish is Finish.CANCELLED:  # the loop closed: the server is stopping
                         raise ShuttingDownError("the server shut down before this request finished")
+                    self.ended_by_end_token = finish is Finish.STOP  # the loop stops only at an end token
                     self.finish = str(finish)
                     yield Delta(self.text.finish(), token=False, finish=self.finish)
                     return

@@ -153,8 +153,23 @@ def runtime_families(stats: dict[str, Any]) -> Iterator[Metric]:
 
 
 def decoding_families(decoding: dict[str, dict[str, int]]) -> Iterator[Metric]:
-    """Each open decode loop's tokens, storage bytes read, and their ratio."""
-    tokens = CounterMetricFamily("layerfit_decode_tokens", "Tokens decoded (one per sequence a step)", labels=["model"])
+    """Each open decode loop's passes, tokens (and of them those prompt lookup proposed and
+    a pass accepted), storage bytes read, and bytes per token."""
+    tokens = CounterMetricFamily(
+        "layerfit_decode_tokens", "Tokens decoded, summed over the sequences of each pass (end tokens included)",
+        labels=["model"],
+    )
+    passes = CounterMetricFamily(
+        "layerfit_decode_passes", "Engine passes of the decode loop (one step of every sequence in flight)",
+        labels=["model"],
+    )
+    proposed = CounterMetricFamily(
+        "layerfit_decode_proposed_tokens", "Tokens prompt lookup proposed for a pass to verify", labels=["model"]
+    )
+    accepted = CounterMetricFamily(
+        "layerfit_decode_accepted_tokens",
+        "Proposed tokens a pass accepted: tokens made beyond one per sequence a pass", labels=["model"],
+    )
     read = CounterMetricFamily(
         "layerfit_decode_read_bytes", "Bytes the decode loop's engine read from storage", labels=["model"]
     )
@@ -163,10 +178,16 @@ def decoding_families(decoding: dict[str, dict[str, int]]) -> Iterator[Metric]:
     )
     for name, loop in sorted(decoding.items()):
         tokens.add_metric([name], float(loop.get("sequence_steps", 0)))
+        passes.add_metric([name], float(loop.get("steps", 0)))
+        proposed.add_metric([name], float(loop.get("proposed", 0)))
+        accepted.add_metric([name], float(loop.get("accepted", 0)))
         read.add_metric([name], float(loop.get("read_bytes", 0)))
         if loop.get("sequence_steps"):
             per_token.add_metric([name], loop.get("read_bytes", 0) / loop["sequence_steps"])
     yield tokens
+    yield passes
+    yield proposed
+    yield accepted
     yield read
     yield per_token
 

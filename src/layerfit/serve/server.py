@@ -27,6 +27,7 @@ from uvicorn.config import LOG_LEVELS
 
 from layerfit.errors import LayerfitError
 from layerfit.memory_limit import parse_memory_limit
+from layerfit.schedule.decoding.lookup import PromptLookup, check_lookup
 from layerfit.schedule.runtime.compute import check_compute_threads, set_compute_threads
 from layerfit.schedule.runtime.config import RuntimeConfig, server_config, size_setting
 from layerfit.serve.body import BodyLimits, RequestMemory
@@ -90,6 +91,10 @@ class ServeSettings:
     # bytes the whole process may use (None: no limit): the runtime's budget is what the
     # process's footprint and the request memory leave (schedule.runtime.memory_fit)
     memory_limit: int | None = None
+    # tokens a greedy sequence proposes per step from its own n-grams, for every model and
+    # per model (a request's prompt_lookup wins); given as a PromptLookup, a number, or the
+    # command line's texts (N, MODEL=N)
+    prompt_lookup: PromptLookup = PromptLookup()
 
     def __init__(
         self, repository: str | Path | None = None, *, runtime: RuntimeConfig | None = None, **options: Any
@@ -115,6 +120,8 @@ class ServeSettings:
             value = options[name]
             if name in SIZES and value is not None:  # the one place their text is read
                 value = size_setting(value, flag(name))
+            if name == "prompt_lookup":
+                value = _prompt_lookup(value)
             setattr(self, name, value)
 
     @property
@@ -174,6 +181,23 @@ class ServeSettings:
                 f"model repository {runtime.repository} is not a directory: give a folder of "
                 "prepared models (one sub-folder each, made by `layerfit prepare`)"
             )
+        for name in self.prompt_lookup.models:
+            if not (Path(runtime.repository) / name).is_dir():
+                raise LayerfitError(f"--prompt-lookup {name}=…: the repository has no model {name!r}")
+
+
+def _prompt_lookup(value: object) -> PromptLookup:
+    """A ``prompt_lookup`` setting as a :class:`PromptLookup`: one already, a number (every
+    model), or the command line's texts (``N``, ``MODEL=N``); refused naming the flag."""
+    if isinstance(value, PromptLookup):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return PromptLookup(check_lookup(value, "--prompt-lookup"))
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return PromptLookup.parse(value, "--prompt-lookup")
+    raise LayerfitError(f"--prompt-lookup takes N or MODEL=N, not {value!r}")
 
 
 @dataclass
@@ -229,7 +253,8 @@ def build(settings: ServeSettings) -> Built:
         metrics.attach(runtime, lambda: dataplane.inflight, dataplane.requests)
         # the runtime owns the decode loops (their engines, KV caches and closing); the
         # routes only speak HTTP to it
-        runtime.configure_decoding(max_waiting=config.queue_limit, kept_share=settings.generation_weights)
+        runtime.configure_decoding(max_waiting=config.queue_limit, kept_share=settings.generation_weights,
+                                   prompt_lookup=settings.prompt_lookup)
         generation = GenerationService(runtime, registry, timeout=settings.timeout)
         app = create_app(dataplane, metrics, max_body=settings.max_body, repository_api=settings.repository_api,
                          generation=generation)

@@ -10,6 +10,13 @@ logits of each row's last position and the batch's cache, from which each row ke
 its real positions — so a sequence's cache is always its own, unpadded, and sequences
 join and leave between any two steps.
 
+A row may also feed tokens to be verified (prompt lookup,
+:mod:`~layerfit.schedule.decoding.lookup`): its last token and ``k`` proposals, so the step
+keeps the logits of the last ``k + 1`` positions of every row (rows end aligned: the
+padding is on the left), and :meth:`BatchStep.verify_run` gives each row the ones it fed;
+:func:`crop` then drops the positions of the proposals the model did not accept from
+that row's cache (its own tensors: any model the loop serves can crop).
+
 Equality: the padded positions are masked out of attention, so each row's logits are
 the model's for that sequence alone up to the order in which longer, padded reductions
 add; on the test models that is within a few ulp (about 1e-7 of float32 logits) and the
@@ -68,11 +75,12 @@ class StepEngine(Protocol):
 @dataclass
 class Row:
     """One sequence's part of a step: its cache so far (None before its prefill) and the
-    tokens it feeds now."""
+    tokens it feeds now, the last ``proposals`` of them to be verified."""
 
     cache: Layers | None
     length: int  # positions in ``cache``
     feed: list[int]
+    proposals: int = 0
 
 
 class BatchStep:
@@ -91,6 +99,12 @@ class BatchStep:
     def run(self, rows: list[Row]) -> tuple[torch.Tensor, list[Layers]]:
         """The last position's logits of each row (``[rows, vocab]``) and each row's cache
         after the step (its real positions only)."""
+        logits, caches = self.verify_run(rows)
+        return torch.stack([row[-1] for row in logits]), caches
+
+    def verify_run(self, rows: list[Row]) -> tuple[list[torch.Tensor], list[Layers]]:
+        """Each row's logits of its last ``proposals + 1`` positions (``[proposals + 1,
+        vocab]``) and its cache after the step (its real positions, proposals included)."""
         from transformers import DynamicCache
 
         width = max(len(r.feed) for r in rows)
@@ -107,8 +121,9 @@ class BatchStep:
             "input_ids": ids, "attention_mask": mask, "position_ids": positions,
             self.cache_keyword: cache, "use_cache": True,
         }
+        keep = 1 + max(r.proposals for r in rows)
         if self.keep_last:
-            kwargs["logits_to_keep"] = 1
+            kwargs["logits_to_keep"] = keep
         out = self.engine(**kwargs)
         self.steps += 1
         returned = out.get(self.cache_keyword) if hasattr(out, "get") else None
@@ -119,12 +134,19 @@ class BatchStep:
                 f"{type(self.engine.model).__name__} keeps a cache other than one growing tensor per layer "
                 "(sliding windows, recurrent state): the batched decoder cannot split it by sequence"
             )
-        keep = mask.bool()
+        real = mask.bool()
         caches = [
-            [(layer.keys[i:i + 1, :, keep[i]], layer.values[i:i + 1, :, keep[i]]) for layer in layers]
+            [(layer.keys[i:i + 1, :, real[i]], layer.values[i:i + 1, :, real[i]]) for layer in layers]
             for i in range(len(rows))
         ]
-        return out.logits[:, -1, :], caches
+        logits = out.logits[:, -keep:, :]
+        return [logits[i, keep - 1 - row.proposals:] for i, row in enumerate(rows)], caches
+
+
+def crop(cache: Layers, length: int) -> Layers:
+    """``cache`` cut to its first ``length`` positions (a sequence's rejected proposals
+    dropped: views, copied into the next step's padded cache)."""
+    return [(keys[:, :, :length], values[:, :, :length]) for keys, values in cache]
 
 
 def _padded(rows: list[Row], past: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -142,4 +164,4 @@ def _padded(rows: list[Row], past: int) -> list[tuple[torch.Tensor, torch.Tensor
     return layers
 
 
-__all__ = ["BatchStep", "Row", "StepEngine", "kv_bytes_per_token", "step_kv_bytes"]
+__all__ = ["BatchStep", "Row", "StepEngine", "crop", "kv_bytes_per_token", "step_kv_bytes"]

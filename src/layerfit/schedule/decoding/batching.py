@@ -20,6 +20,14 @@ the bytes); one that fits alone waits for the memory others hold, and the queue 
 waiting sequences is bounded (:class:`~layerfit.errors.QueueFullError`). The loop
 waits on the ledger's condition, so memory returned by any task wakes it; nothing polls.
 
+**Several tokens per pass.** A greedy sequence given a ``lookup`` proposes up to that many
+tokens from its own n-grams each step (:mod:`~layerfit.schedule.decoding.lookup`): it feeds
+its last token and the proposals in the same pass as every other sequence (the step pads
+rows of different widths), keeps the proposals the model's argmax agrees with and the
+model's next token, and its cache drops the rest. The tokens are plain greedy decoding's;
+a step makes 1 to ``lookup + 1`` of them for that sequence, never past ``max_tokens`` or
+an end token. A sampled sequence makes one per step.
+
 **Kept weights.** Given ``kept_budget``, the loop's engine runs ``auto`` at that weight
 budget while sequences are in flight — it keeps as many units in memory as the budget
 holds and streams only the rest, so each step reads fewer bytes — and holds those bytes
@@ -69,9 +77,11 @@ from layerfit.schedule.decoding.batch_step import (
     Layers,
     Row,
     StepEngine,
+    crop,
     kv_bytes_per_token,
     step_kv_bytes,
 )
+from layerfit.schedule.decoding.lookup import accept, propose
 from layerfit.schedule.decoding.rules import check_prompt_ids, vocab_of
 from layerfit.schedule.decoding.sampling import Sampling, choose
 from layerfit.schedule.ledger import MemoryLedger
@@ -108,6 +118,7 @@ class Sequence:
     cache: Layers | None = field(default=None, repr=False)
     cancelled: bool = False
     generator: torch.Generator | None = field(default=None, repr=False)
+    lookup: int = 0  # prompt lookup: the most tokens it proposes per step (greedy only; 0: off)
 
     @property
     def positions(self) -> int:
@@ -180,6 +191,8 @@ class DecodeLoop:
         self._engine_closed = False
         self.steps = 0  # engine passes
         self.sequence_steps = 0  # tokens made, summed over the sequences of each pass
+        self.proposed = 0  # tokens prompt lookup proposed
+        self.accepted = 0  # of them, the ones a pass verified (tokens made beyond one per sequence a pass)
         self.most_in_flight = 0
         self.cancelled = 0  # sequences that left before they ended (client gone, stop string)
         self._thread = threading.Thread(target=self._run, name=f"layerfit-decode-{name}", daemon=True)
@@ -236,14 +249,14 @@ class DecodeLoop:
             self._condition.notify_all()
 
     STATS = ("steps", "sequence_steps", "in_flight", "waiting", "most_in_flight", "cancelled", "held_bytes",
-             "kept_steps", "kept_weight_bytes", "lean_weight_bytes", "read_bytes")
+             "kept_steps", "kept_weight_bytes", "lean_weight_bytes", "read_bytes", "proposed", "accepted")
     """The keys of :meth:`stats`."""
 
     def stats(self) -> dict[str, int]:
         with self._condition:
             values = (self.steps, self.sequence_steps, len(self._active), len(self._waiting), self.most_in_flight,
                       self.cancelled, self.ledger.held(self._key), self.kept_steps, self.kept_bytes, self.lean_bytes,
-                      self.engine.bytes_read)
+                      self.engine.bytes_read, self.proposed, self.accepted)
             return dict(zip(self.STATS, values, strict=True))
 
     # --- the loop --------------------------------------------------------------------------
@@ -340,41 +353,78 @@ class DecodeLoop:
         self._configured = weight_bytes
 
     def _step(self, batch: list[Sequence]) -> None:
-        """One pass for ``batch``; each sequence gets its token or leaves."""
-        rows = [Row(s.cache, _cached(s), list(s.prompt) if s.cache is None else [s.tokens[-1]]) for s in batch]
-        logits, caches = self.step.run(rows)
+        """One pass for ``batch``; each sequence gets its tokens (one, or with prompt lookup
+        its accepted proposals and the model's next) or leaves."""
+        proposed = [self._proposals(s) for s in batch]
+        rows = [Row(s.cache, _cached(s), (list(s.prompt) if s.cache is None else [s.tokens[-1]]) + p, len(p))
+                for s, p in zip(batch, proposed, strict=True)]
+        if any(proposed):  # each row's logits of its last token and its proposals
+            logits, caches = self.step.verify_run(rows)
+        else:  # a plain step: the last position's logits of each row
+            last, caches = self.step.run(rows)
+            logits = [row[None] for row in last]
         done: list[Sequence] = []
         failed: list[tuple[Sequence, Exception]] = []
-        for sequence, row_logits, cache in zip(batch, logits, caches, strict=True):
+        made = accepted = 0
+        for sequence, row, row_logits, cache in zip(batch, rows, logits, caches, strict=True):
             sequence.cache = cache
             if sequence.cancelled:
                 continue
+            proposals = row.feed[len(row.feed) - row.proposals:] if row.proposals else []
             try:
-                token = choose(row_logits, sequence.sampling, sequence.generator)
+                tokens = accept(proposals, row_logits) if proposals else [
+                    choose(row_logits[-1], sequence.sampling, sequence.generator)]
             except Exception as exc:  # this sequence's choice (its logits, its settings): it alone ends
                 failed.append((sequence, exc))
                 continue
-            sequence.tokens.append(token)
-            finish = Finish.STOP if token in sequence.end_tokens else (
-                Finish.LENGTH if len(sequence.tokens) >= sequence.max_tokens else None
-            )
-            if finish is Finish.STOP:
-                _tell(sequence, None, finish, None)  # the end token is not part of the text
-            else:
-                _tell(sequence, token, None, None)
-                if finish is not None:
-                    _tell(sequence, None, finish, None)
+            if proposals:  # the cache holds every position fed; the rejected proposals' are dropped
+                sequence.cache = crop(cache, row.length + len(row.feed) - len(proposals) + len(tokens) - 1)
+            finish, given = self._give(sequence, tokens)
+            made += given
+            accepted += min(given, len(tokens) - 1)  # all but the model's own last token were proposals
             if finish is not None:
                 done.append(sequence)
         with self._condition:
             self.steps += 1
-            self.sequence_steps += len(batch)
+            self.sequence_steps += made
+            self.proposed += sum(len(p) for p in proposed)
+            self.accepted += accepted
             ended = done + [sequence for sequence, _ in failed]
             for sequence in ended:
                 sequence.cache = None
             self._active = [s for s in self._active if s not in ended]
         for sequence, exc in failed:
             _tell(sequence, None, None, exc)
+
+    @staticmethod
+    def _proposals(sequence: Sequence) -> list[int]:
+        """The tokens ``sequence`` proposes this step: prompt lookup's, when it is greedy and
+        asks for some, never more than it may still make less one (the model's own next)."""
+        room = min(sequence.lookup, sequence.max_tokens - len(sequence.tokens) - 1)
+        if room <= 0 or not sequence.sampling.greedy:
+            return []
+        return propose([*sequence.prompt, *sequence.tokens], room, sequence.end_tokens)
+
+    @staticmethod
+    def _give(sequence: Sequence, tokens: list[int]) -> tuple[Finish | None, int]:
+        """Hand ``tokens`` to the sequence in order, up to an end token or ``max_tokens``:
+        why it ended (None: it goes on) and how many of them it took."""
+        finish = None
+        given = 0
+        for token in tokens:
+            sequence.tokens.append(token)
+            given += 1
+            finish = Finish.STOP if token in sequence.end_tokens else (
+                Finish.LENGTH if len(sequence.tokens) >= sequence.max_tokens else None
+            )
+            if finish is Finish.STOP:
+                _tell(sequence, None, finish, None)  # the end token is not part of the text
+                break
+            _tell(sequence, token, None, None)
+            if finish is not None:
+                _tell(sequence, None, finish, None)
+                break
+        return finish, given
 
     def retire(self) -> None:
         """Take no new sequence; the ones submitted decode to their end, then the loop

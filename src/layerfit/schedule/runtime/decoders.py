@@ -34,6 +34,7 @@ from layerfit.errors import (
     UnknownModelError,
 )
 from layerfit.schedule.decoding.batching import DecodeEngine, DecodeLoop, Finish, OnToken, Sequence
+from layerfit.schedule.decoding.lookup import PromptLookup, check_lookup
 from layerfit.schedule.decoding.rules import (
     Refusal,
     check_generation_length,
@@ -67,6 +68,7 @@ class LanguageModel:
     config: Any
     end_tokens: frozenset[int]
     manifest: Manifest | None = field(repr=False, default=None)
+    lookup: int = 0  # prompt lookup's proposals per step, unless a request asks for its own
 
     def encode(self, text: str) -> tuple[int, ...]:
         """``text``'s token ids (:class:`~layerfit.errors.InputError`: none)."""
@@ -105,11 +107,15 @@ class LanguageModel:
         self.loop.check_prompt(prompt)
 
     def submit(self, prompt: tuple[int, ...] | list[int], max_tokens: int, sampling: Sampling,
-               on_token: OnToken) -> Sequence:
-        """Queue a sequence in the loop (its tokens go to ``on_token``); refused at once
-        past the positions or the budget (413), with a bad id (400) or a full queue (429)."""
+               on_token: OnToken, lookup: int | None = None) -> Sequence:
+        """Queue a sequence in the loop (its tokens go to ``on_token``), proposing up to
+        ``lookup`` tokens a step (None: the model's :attr:`lookup`; a sampled sequence
+        proposes none); refused at once past the positions or the budget (413), with a bad
+        id or ``lookup`` (400) or a full queue (429)."""
         self.check(prompt, max_tokens)
-        return self.loop.submit(Sequence(list(prompt), max_tokens, sampling, self.end_tokens, on_token))
+        proposals = check_lookup(self.lookup if lookup is None else lookup)
+        return self.loop.submit(Sequence(list(prompt), max_tokens, sampling, self.end_tokens, on_token,
+                                         lookup=proposals if sampling.greedy else 0))
 
 
 class Decoders:
@@ -118,7 +124,8 @@ class Decoders:
     ``models`` is the repository's :class:`~layerfit.schedule.runtime.repository.ModelInfo`
     by name, ``ledger`` the runtime's; ``engine(directory)`` opens a model's streaming
     engine. ``max_waiting`` sequences of one model may wait for memory; ``kept_share`` of
-    the budget is what a loop's engine may keep weights in while it decodes
+    the budget is what a loop's engine may keep weights in while it decodes;
+    ``prompt_lookup`` how many tokens each model's sequences propose per step
     (:meth:`configure`)."""
 
     def __init__(
@@ -130,14 +137,18 @@ class Decoders:
         self._engine = engine
         self.max_waiting = max_waiting or DEFAULT_MAX_WAITING
         self.kept_share = 0.0
+        self.prompt_lookup = PromptLookup()
         self._open: dict[str, LanguageModel] = {}
         self._broken: dict[str, tuple[Any, str]] = {}  # why a model's tokenizer did not load, by its manifest
         self._lock = threading.Lock()
         self._closed = False
 
-    def configure(self, *, max_waiting: int | None = None, kept_share: float | None = None) -> None:
-        """Set the waiting queue of each loop and the budget share for kept weights (for
-        the loops opened from now on)."""
+    def configure(self, *, max_waiting: int | None = None, kept_share: float | None = None,
+                  prompt_lookup: PromptLookup | None = None) -> None:
+        """Set the waiting queue of each loop, the budget share for kept weights and each
+        model's prompt lookup (for the loops opened from now on)."""
+        if prompt_lookup is not None:
+            self.prompt_lookup = prompt_lookup
         if max_waiting is not None:
             self.max_waiting = max_waiting
         if kept_share is not None:
@@ -219,7 +230,8 @@ class Decoders:
             engine.close()
             raise
         config = engine.model.config
-        return LanguageModel(name, loop, tokenizer, config, end_tokens(config, tokenizer), manifest)
+        return LanguageModel(name, loop, tokenizer, config, end_tokens(config, tokenizer), manifest,
+                             self.prompt_lookup.of(name))
 
     def retire(self, name: str, manifest: Manifest | None = None) -> None:
         """Retire model ``name``'s loop (unless it decodes ``manifest``, the version still
@@ -262,9 +274,11 @@ class Decoders:
 
 
 def generate_tokens(model: LanguageModel, prompt: list[int] | tuple[int, ...], max_tokens: int,
-                    sampling: Sampling, timeout: float | None = None) -> tuple[list[int], Finish]:
-    """Decode ``prompt`` in ``model``'s loop beside every other sequence; its new tokens
-    and why it ended (the Python API's blocking call)."""
+                    sampling: Sampling, timeout: float | None = None,
+                    lookup: int | None = None) -> tuple[list[int], Finish]:
+    """Decode ``prompt`` in ``model``'s loop beside every other sequence (proposing up to
+    ``lookup`` tokens a step; None: the model's setting); its new tokens and why it ended
+    (the Python API's blocking call)."""
     tokens: list[int] = []
     ended: list[tuple[Finish | None, BaseException | None]] = []
     done = threading.Event()
@@ -276,7 +290,7 @@ def generate_tokens(model: LanguageModel, prompt: list[int] | tuple[int, ...], m
             ended.append((finish, error))
             done.set()
 
-    sequence = model.submit(prompt, max_tokens, sampling, on_token)
+    sequence = model.submit(prompt, max_tokens, sampling, on_token, lookup)
     if not done.wait(timeout):
         model.loop.cancel(sequence)
         raise JobTimeoutError(f"generation did not finish within {timeout:g} s and was cancelled")

@@ -86,6 +86,7 @@ from layerfit.store.trust import trust_factories
 
 if TYPE_CHECKING:  # annotations only: the rooms own these (patch them where they live)
     from layerfit.schedule.decoding.batching import DecodeEngine
+    from layerfit.schedule.decoding.lookup import PromptLookup
     from layerfit.schedule.decoding.sampling import Sampling
     from layerfit.schedule.runtime.network_run import NetworkRun
     from layerfit.schedule.runtime.repository import EnginePool
@@ -256,11 +257,14 @@ class Runtime:
 
     # --- decoding (schedule/runtime/decoders.py) --------------------------------------
 
-    def configure_decoding(self, *, max_waiting: int | None = None, kept_share: float | None = None) -> None:
+    def configure_decoding(self, *, max_waiting: int | None = None, kept_share: float | None = None,
+                           prompt_lookup: PromptLookup | None = None) -> None:
         """The decode loops opened from now on: at most ``max_waiting`` sequences of a model
         waiting for memory (default: the queue limit), ``kept_share`` of the budget for the
-        weights a loop's engine keeps while it decodes (default 0: every unit streamed)."""
-        self._decoders.configure(max_waiting=max_waiting, kept_share=kept_share)
+        weights a loop's engine keeps while it decodes (default 0: every unit streamed),
+        ``prompt_lookup`` the tokens each model's greedy sequences propose per step
+        (default none)."""
+        self._decoders.configure(max_waiting=max_waiting, kept_share=kept_share, prompt_lookup=prompt_lookup)
 
     def cannot_generate(self, name: str) -> str | None:
         """Why model ``name`` cannot generate text (one line), or None when it can
@@ -279,15 +283,18 @@ class Runtime:
         return self._decoders.current(name)
 
     def generate(self, name: str, prompt: list[int] | tuple[int, ...] | str, max_tokens: int = 16,
-                 sampling: Sampling | None = None, *, timeout: float | None = None) -> list[int]:
+                 sampling: Sampling | None = None, *, timeout: float | None = None,
+                 prompt_lookup: int | None = None) -> list[int]:
         """The new token ids of ``prompt`` (token ids, or text for the model's tokenizer),
         at most ``max_tokens``, greedy unless ``sampling`` says otherwise; decoded beside
-        every other sequence of the model (blocks; the end token is not included)."""
+        every other sequence of the model, proposing up to ``prompt_lookup`` tokens a step
+        when greedy (None: the model's setting; the tokens are the same); blocks; the end
+        token is not included)."""
         from layerfit.schedule.decoding.sampling import Sampling
 
         model = self.decoder(name)
         ids = model.encode(prompt) if isinstance(prompt, str) else prompt
-        return generate_tokens(model, ids, max_tokens, sampling or Sampling(), timeout)[0]
+        return generate_tokens(model, ids, max_tokens, sampling or Sampling(), timeout, prompt_lookup)[0]
 
     def decoding_stats(self, name: str) -> dict[str, int]:
         """Model ``name``'s decode loop: steps, tokens, sequences in flight and waiting,
