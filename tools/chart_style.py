@@ -43,6 +43,8 @@ COLOURS: dict[str, str] = {
     "async": _LAYERFIT,
     "async-md": _LAYERFIT_TEAL,
     "auto": "#ff7f0e",
+    "layerfit async": _LAYERFIT,
+    "layerfit auto": "#ff7f0e",
     # bounds drawn beside measurements
     "bound": "#333333",
     "lower bound": "#333333",
@@ -63,6 +65,9 @@ COLOURS: dict[str, str] = {
     "masa-fcfs": _LAYERFIT_TEAL,
     "bulk": "#d1495b",
     "deepeye": "#e69f00",
+    # latency percentiles
+    "p50": _LAYERFIT,
+    "p95": _LAYERFIT_LIGHT,
     # activation planners
     "layerfit best": _LAYERFIT,
     "paper's best, on its own graphs": "#bcbd22",

@@ -49,7 +49,7 @@ def _line(ax, xs, ys, label: str, **kwargs) -> None:
                 marker=kwargs.pop("marker", "o"), **kwargs)
 
 
-def _bars(ax, groups: list[str], series: dict[str, list[float | None]], ylabel: str) -> None:
+def _bars(ax, groups: list[str], series: dict[str, list[float | None]], ylabel: str, xlabel: str) -> None:
     """Grouped bars: one group per entry of ``groups``, one bar per series in each."""
     width = 0.8 / max(len(series), 1)
     for k, (label, values) in enumerate(series.items()):
@@ -57,6 +57,7 @@ def _bars(ax, groups: list[str], series: dict[str, list[float | None]], ylabel: 
         ax.bar(xs, [v if v is not None else 0 for v in values], width, label=label, color=style.colour(label))
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel)
     ax.grid(axis="x", visible=False)
 
 
@@ -134,7 +135,8 @@ def draw_vs_accelerate(data: dict) -> object:
     fig, (ax,) = style.figure(1, height=3.2, width=style.PAGE_WIDTH * 0.75)
     for pipeline in ("async", "auto"):
         rows = [r for r in data["layerfit_sweep"] if r["pipeline_requested"] == pipeline]
-        _line(ax, [r["weights_peak_bytes"] / MB for r in rows], [r["latency_s"] * 1e3 for r in rows], pipeline)
+        _line(ax, [r["weights_peak_bytes"] / MB for r in rows], [r["latency_s"] * 1e3 for r in rows],
+              f"layerfit {pipeline}")
     ax.axhline(data["accelerate"]["latency_s"] * 1e3, color=style.colour("Accelerate"), linestyle="--",
                label="Accelerate")
     ax.set_xlabel("weights held in memory by layerfit (MB)")
@@ -146,10 +148,11 @@ def draw_vs_accelerate(data: dict) -> object:
 
 def summary_vs_accelerate(data: dict) -> list[str]:
     speedups = [p[k] for p in data["by_pipeline"].values() for k in ("speedup_smallest", "speedup_largest")]
+    same = all(p.get("same_output") for p in data["by_pipeline"].values())
     return ["Latency of one inference against the weights layerfit held, beside Accelerate's disk offload of "
             "the same model (dashed): layerfit's async and auto pipelines over a sweep of budgets.",
             f"layerfit is **{_range(speedups)}** faster than Accelerate at the smallest and the largest budget "
-            "that fits, with the same output."]
+            f"that fits, {'with the same output' if same else 'though the outputs differ (see the tables)'}."]
 
 
 def _llamacpp_q_series(model: dict) -> dict[str, dict[float, float]]:
@@ -201,7 +204,7 @@ def draw_demand_layering(data: dict) -> object:
     groups = [f"{r['model']}\n{r['resolution']} px" for r in rows]
     series = {p: [r["interleaved"][p]["median_s"] / r["interleaved"]["physical_limit_s"]
                   if p in r["interleaved"] else None for r in rows] for p in _PIPELINES}
-    _bars(ax, groups, series, "latency ÷ physical limit (1 = the bound)")
+    _bars(ax, groups, series, "latency ÷ physical limit (1 = the bound)", "model, input resolution")
     ax.axhline(1, color=style.colour("bound"), linewidth=1, label="bound")
     ax.set_ylim(bottom=0.8)
     return _finish(fig, [ax])
@@ -228,7 +231,7 @@ def draw_memory_planner(data: dict) -> object:
         "lower bound": [nets[n]["offsets"]["lower_bound"] / 2**20 for n in groups],
         "paper's best, on its own graphs": [min(paper[h][names.index(n)] for h in heuristics) if n in names else None for n in groups],
     }
-    _bars(ax, [n.replace("_", " ") for n in groups], series, "activation arena (MiB)")
+    _bars(ax, [n.replace("_", " ") for n in groups], series, "activation arena (MiB)", "network")
     return _finish(fig, [ax])
 
 
@@ -286,7 +289,8 @@ def draw_speculative_trained(data: dict) -> object:
     fig, (ax,) = style.figure(1, height=3.2)
     groups = list(table)
     series = {m: [table[b][m]["tokens_per_s"] if m in table[b] else None for b in groups] for m in _MODES}
-    _bars(ax, [g if g == "preload" else f"budget {g}" for g in groups], series, "tokens per second")
+    _bars(ax, [g if g == "preload" else f"budget {g}" for g in groups], series, "tokens per second",
+          f"weights held (share of the {data['weights_bytes'] / MB:.0f} MB model; preload: all of it)")
     return _finish(fig, [ax])
 
 
@@ -308,7 +312,7 @@ def draw_serve_load(data: dict) -> object:
     fig, (ax,) = style.figure(1, height=3.0, width=style.PAGE_WIDTH * 0.75)
     groups = list(by_model)
     _bars(ax, groups, {"p50": [by_model[m]["p50_ms"] for m in groups],
-                       "p95": [by_model[m]["p95_ms"] for m in groups]}, "request latency (ms)")
+                       "p95": [by_model[m]["p95_ms"] for m in groups]}, "request latency (ms)", "model")
     return _finish(fig, [ax])
 
 
@@ -360,7 +364,7 @@ def draw_masa(data: dict) -> object:
         groups.append(workload.replace("random-arrivals", "random\narrivals").replace(" rho=", "\nρ = "))
         for p in _POLICIES:
             series[p].append(tightest[p]["response_time_s"]["mean"] / baseline if p in tightest else None)
-    _bars(ax, groups, series, "mean response ÷ better baseline's")
+    _bars(ax, groups, series, "mean response ÷ better baseline's", "workload (real executor, tightest budget)")
     ax.axhline(1, color=style.colour("bound"), linewidth=1)
     ax.tick_params(axis="x", labelsize=8)
     return _finish(fig, [ax])

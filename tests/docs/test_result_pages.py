@@ -140,9 +140,10 @@ def test_the_committed_results_page_is_what_the_tool_writes(tmp_path) -> None:
     assert (ROOT / "docs" / "results.md").read_text() == expected, "run tools/docs_pages.py and commit docs/results.md"
 
 
-def test_each_chart_has_its_systems_colours(tmp_path) -> None:
+def test_each_chart_has_its_systems_colours() -> None:
     """Every labelled line or bar of every chart is drawn in its label's colour, and no two
     systems on one chart share one."""
+    import matplotlib.pyplot as plt
     from matplotlib.colors import to_hex
 
     for script, spec in result_charts.OPENINGS.items():
@@ -159,4 +160,11 @@ def test_each_chart_has_its_systems_colours(tmp_path) -> None:
                     assert to_hex(colour) == chart_style.colour(label), (script, label)
                     seen[label] = to_hex(colour)
             assert len(set(seen.values())) == len(seen), f"{script}: two systems share a colour: {seen}"
-            chart_style.save(fig, tmp_path / f"{script}.png")
+            plt.close(fig)
+
+
+def test_the_peers_and_layerfit_each_have_a_colour_of_their_own() -> None:
+    systems = ["layerfit", "PyTorch mmap", "llama.cpp", "Accelerate", "transformers", "preload"]
+    assert len({chart_style.colour(s) for s in systems}) == len(systems)
+    assert chart_style.colour("a model no chart has named") == chart_style.colour("a model no chart has named")
+    assert chart_style.colour("layerfit") == chart_style.colour("async"), "layerfit's own pipeline is layerfit"
