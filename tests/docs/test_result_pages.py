@@ -168,3 +168,10 @@ def test_the_peers_and_layerfit_each_have_a_colour_of_their_own() -> None:
     assert len({chart_style.colour(s) for s in systems}) == len(systems)
     assert chart_style.colour("a model no chart has named") == chart_style.colour("a model no chart has named")
     assert chart_style.colour("layerfit") == chart_style.colour("async"), "layerfit's own pipeline is layerfit"
+
+
+def test_no_bench_script_tells_its_reader_a_folder_of_the_measuring_machine() -> None:
+    """A bench page starts from its script's docstring; the JSON's own paths are made
+    general as they are rendered (above)."""
+    for script in sorted((ROOT / "bench").glob("*.py")):
+        assert not MACHINE_PATH.search(docs_pages._docstring(script)), script.name
