@@ -42,9 +42,18 @@ times summed, so that no single prompt's edits decide how many tokens a pass acc
 row's tokens are checked against the model's own plain greedy decode (*equal*) and, for
 lookup and draft, against transformers' own assisted generation with the same lookup or
 draft and no engine (*equal to HF*). The target: lookup and the draft at 2x plain's
-tokens/s or more at the same budget. Writes ``bench/results/speculative_trained.{json,md}``::
+tokens/s or more at the same budget.
 
-    PYTHONPATH=src .venv/bin/python bench/speculative_trained.py [--rounds 2] [--tokens 32] [--prompts 4]
+Then the command line (issue 56): the real ``layerfit generate`` in a process of its own
+per prompt, ``--json``, plain against ``--prompt-lookup 8`` at 25 and 50 % of the
+weights (``--budget 25%``), the same prompts as ids, in ``--cli-rounds`` alternating rounds;
+a row's tokens/s is its new tokens over the generations' seconds as the command reports
+them (``new_tokens / tokens_per_s``: the first token's wait included, the process's
+start-up not), summed over the prompts, and its passes are the command's ``passes``. The
+target: lookup at 2x plain's tokens/s or more. Writes
+``bench/results/speculative_trained.{json,md}``::
+
+    PYTHONPATH=src .venv/bin/python bench/speculative_trained.py [--rounds 2] [--tokens 32] [--prompts 4] [--cli-rounds 3]
 """
 
 from __future__ import annotations
@@ -52,7 +61,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -84,6 +96,8 @@ TRAIN_TARGET = {"seed": 0, **COMMON, "grow": {"from": 2, "lr": 1e-3, "min_steps"
 TRAIN_DRAFT = {**COMMON, "seed": 1, "max_steps": 3000}
 PASSAGE, GIVEN = 40, 8  # the bench's prompts: a 40-token passage, SEP, its first 8 tokens
 HELD_OUT_SEED, PROMPT_SEED = 10_001, 20_002  # never a training seed
+CLI_SHARES = (0.25, 0.5)  # the command line's budgets, as shares of the weights
+CLI_LOOKUP = 8  # generate --prompt-lookup 8
 
 
 def example(gen: torch.Generator, length: int | None = None, edits: int | None = None) -> tuple[list[int], int]:
@@ -235,6 +249,78 @@ def prompts(count: int) -> torch.Tensor:
     return torch.stack(rows)
 
 
+def cli_generate(prepared: Path, prompt: list[int], tokens: int, share: float, lookup: int | None) -> dict[str, Any]:
+    """One ``layerfit generate --json`` in a process of its own: its report, and the
+    process's wall seconds (``wall_s``, start-up included)."""
+    command = [sys.executable, "-m", "layerfit.cli", "generate", str(prepared), "--ids", ",".join(map(str, prompt)),
+               "--max-new-tokens", str(tokens), "--budget", f"{int(share * 100)}%", "--json"]
+    if lookup is not None:
+        command += ["--prompt-lookup", str(lookup)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1] / "src"),
+                                                                     os.environ.get("PYTHONPATH")]))}
+    t0 = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed: {proc.stderr.strip()[-500:]}")
+    return {**json.loads(proc.stdout), "wall_s": wall}
+
+
+def cli_rows(prepared: Path, rows: torch.Tensor, expected: list[torch.Tensor], tokens: int, rounds: int, single: int,
+             lookup: int = CLI_LOOKUP, shares: tuple[float, ...] = CLI_SHARES) -> dict[str, dict[str, Any]]:
+    """Plain and ``--prompt-lookup`` through the real command at each share, in ``rounds``
+    alternating rounds, each decoding the first ``single`` prompts one process after
+    another: by share and mode, the passes, tokens per pass, the median tokens/s (new
+    tokens over the seconds the command reports, summed over the prompts), each round's,
+    the processes' wall seconds, and whether every text equals the model's plain greedy
+    decode (``expected[i]``, the new tokens after ``rows[i]``)."""
+    runs: dict[tuple[str, str], list[list[dict[str, Any]]]] = {}
+    for _ in range(rounds):
+        for share in shares:
+            for mode, n in (("plain", None), ("lookup", lookup)):
+                reports = [cli_generate(prepared, rows[i].tolist(), tokens, share, n) for i in range(single)]
+                runs.setdefault((f"{int(share * 100)}%", mode), []).append(reports)
+                print(f"cli {int(share * 100)}% {mode}: {sum(r['new_tokens'] for r in reports)} tokens in "
+                      f"{sum(r['passes'] for r in reports)} passes", flush=True)
+    table: dict[str, dict[str, Any]] = {}
+    for (key, mode), by_round in runs.items():
+        rates = [sum(r["new_tokens"] for r in rs) / sum(r["new_tokens"] / r["tokens_per_s"] for r in rs)
+                 for rs in by_round]
+        first = by_round[0]
+        passes, new = sum(r["passes"] for r in first), sum(r["new_tokens"] for r in first)
+        table.setdefault(key, {})[mode] = {
+            "passes": passes, "new_tokens": new, "tokens_per_pass": new / passes,
+            "tokens_per_s": statistics.median(rates), "tokens_per_s_by_round": rates,
+            "wall_s": statistics.median(sum(r["wall_s"] for r in rs) for rs in by_round),
+            "budget_bytes": first[0]["budget_bytes"], "weights_peak_bytes": max(r["weights_peak_bytes"] for r in first),
+            "equal": all(_same_tokens(r["token_ids"], expected[i][0, rows.shape[1]:].tolist())
+                         for rs in by_round for i, r in enumerate(rs)),
+        }
+    return table
+
+
+def _same_tokens(made: list[int], reference: list[int]) -> bool:
+    """Whether the command's tokens are the model's plain greedy decode: the reference was
+    made with ``min_new_tokens`` (no end token before the last), so a text the command
+    ended early must be the reference's up to its end token, which the model chose there."""
+    if made == reference:
+        return True
+    return 0 < len(made) <= len(reference) and made[-1] == EOS and made[:-1] == reference[:len(made) - 1]
+
+
+def cli_verdict(table: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """By share: lookup's tokens/s over plain's (medians, and each round's over the same
+    round's plain), and whether it is 2x or more."""
+    verdict = {}
+    for key, modes in table.items():
+        plain, lookup = modes["plain"], modes["lookup"]
+        ratio = lookup["tokens_per_s"] / plain["tokens_per_s"]
+        verdict[key] = {"vs_plain": ratio, "met": ratio >= 2,
+                        "vs_plain_by_round": [m / q for m, q in zip(lookup["tokens_per_s_by_round"],
+                                                                    plain["tokens_per_s_by_round"], strict=True)]}
+    return verdict
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2)
@@ -242,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lookup", type=int, default=10, help="prompt_lookup_num_tokens")
     p.add_argument("--prompts", type=int, default=4, choices=range(1, 9), metavar="1-8",
                    help="prompts plain, lookup and the draft decode one after another")
+    p.add_argument("--cli-rounds", type=int, default=3, help="rounds of the command line's rows (0: none)")
     p.add_argument("--output", default="speculative_trained")
     args = p.parse_args(argv)
     if args.tokens > PASSAGE - GIVEN:
@@ -300,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                            by_round, strict=True)]
                                if mode in modes else []}
                         for mode in ("lookup", "draft")}
+    cli = cli_rows(prepared, rows, expected, args.tokens, args.cli_rounds, args.prompts) if args.cli_rounds else {}
     data = {"machine": machine(), "rounds": args.rounds, "tokens": args.tokens, "lookup": args.lookup,
+            "cli": {"rounds": args.cli_rounds, "lookup": CLI_LOOKUP, "table": cli, "target_2x": cli_verdict(cli)},
             "single_prompts": args.prompts,
             "prompt": {"passage": PASSAGE, "given": GIVEN, "length": rows.shape[1]},
             "weights_bytes": manifest.total_bytes, "direct_io_bandwidth_bps": bandwidth, "draft_bytes": draft_bytes,
@@ -373,8 +462,45 @@ def markdown(data: dict[str, Any]) -> str:
         + "; ".join(verdict_line(key) for key in verdict) + ".",
         "",
         *table_lines(data["table"], assisted=True),
+        *cli_lines(data.get("cli")),
     ]
     return "\n".join(lines) + "\n"
+
+
+def cli_lines(cli: dict[str, Any] | None) -> list[str]:
+    """The command line's section: its verdict and table (none when it did not run)."""
+    if not cli or not cli["table"]:
+        return []
+    verdict = cli["target_2x"]
+
+    def said(key: str) -> str:
+        v = verdict[key]
+        rounds = v["vs_plain_by_round"]
+        return (f"{key}: {v['vs_plain']:.2f}x (rounds {min(rounds):.2f}-{max(rounds):.2f}x; "
+                + ("met" if v["met"] else "not met") + ")")
+
+    lines = [
+        "",
+        "## From the command line",
+        "",
+        f"`layerfit generate DIR --ids ... --budget S --json` against the same with `--prompt-lookup {cli['lookup']}` "
+        "(issue 56), one process per prompt, the same prompts and tokens as above, medians of "
+        f"{cli['rounds']} alternating rounds. tokens/s: the new tokens over the generations' seconds as the command "
+        "reports them (its `tokens_per_s`: the first token's wait included, the process's start-up not), summed over "
+        "the prompts; passes: the command's `passes`; *wall*: the processes' seconds, start-up included; *equal*: "
+        "every text equals the model's plain greedy decode. Target: lookup at 2x plain's tokens/s or more. "
+        + "; ".join(said(key) for key in verdict) + ".",
+        "",
+        "| budget | mode | passes | tokens/pass | tokens/s | vs plain | wall (s) | weights peak (MB) | equal |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, modes in cli["table"].items():
+        plain = modes["plain"]["tokens_per_s"]
+        for mode, r in modes.items():
+            lines.append(f"| {key} | {mode} | {r['passes']} | {r['tokens_per_pass']:.2f} | {r['tokens_per_s']:.1f} | "
+                         f"{r['tokens_per_s'] / plain:.2f}x | {r['wall_s']:.1f} | {mb(r['weights_peak_bytes'])} | "
+                         f"{'yes' if r['equal'] else 'NO'} |")
+    return lines
 
 
 if __name__ == "__main__":
