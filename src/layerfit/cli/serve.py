@@ -79,6 +79,13 @@ def serve_command(
         "lookup), verified in the same pass: the same tokens in fewer passes; N for every model, MODEL=N for "
         "one (repeat it); a request's prompt_lookup field wins (0: off, the default)",
     ),
+    draft: list[str] | None = typer.Option(  # noqa: B008 (typer reads defaults)
+        None, "--draft", metavar="MODEL=DRAFT",
+        help="DRAFT (a smaller model of the repository, same vocabulary) proposes MODEL's next tokens for "
+        "greedy requests, verified in one pass: the same tokens in fewer passes; resident, its weights "
+        "counted in the budget (repeat it for several models; a request's draft field turns it off)",
+    ),
+    draft_tokens: int = typer.Option(5, "--draft-tokens", help="tokens a draft proposes per step (1-64)"),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds before a request is cancelled (503)"),
     shutdown_grace: float = typer.Option(
         30.0, "--shutdown-grace", help="seconds (0 or more) requests may finish after SIGTERM"
@@ -98,7 +105,7 @@ def serve_command(
         port=port, max_body=max_body, request_memory=request_memory, body_timeout=body_timeout,
         min_body_rate=min_body_rate, repository_api=repository_api, timeout=timeout,
         reverify_every=reverify_every, generation_weights=generation_weights, shutdown_grace=shutdown_grace, log_level=log_level,
-        prompt_lookup=prompt_lookup or [],
+        prompt_lookup=prompt_lookup or [], draft=draft or [], draft_tokens=draft_tokens,
         access_log=log_level.lower() in ("debug", "trace"),
     )
 

@@ -51,7 +51,8 @@ def add_generate_routes(app: Any, dataplane: DataPlane, service: GenerationServi
             max_tokens = fields.max_tokens or DEFAULT_MAX_TOKENS
             sampling = fields.sampling(default_temperature=0.0)
             prompt = await text_prompt(service, model, reservation, body.text_input, max_tokens)
-            text = TextRequest(name, prompt, max_tokens, sampling, stops_of(fields.stop), fields.prompt_lookup)
+            text = TextRequest(name, prompt, max_tokens, sampling, stops_of(fields.stop), fields.prompt_lookup,
+                               fields.draft)
             return service.start_admitted(model, text, dataplane.admit, slot)
         except BaseException:
             slot.close()

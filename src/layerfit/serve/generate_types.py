@@ -7,10 +7,12 @@ server does not implement (``n``, ``logprobs``, penalties …) so that their def
 values pass — clients send them — and any other value is refused naming the field,
 never ignored; a field the API does not have is refused too.
 
-One extension field, in every body: ``prompt_lookup`` (0 to
+Two extension fields, in every body: ``prompt_lookup`` (0 to
 :data:`~layerfit.schedule.decoding.lookup.MAX_PROMPT_LOOKUP`), the tokens a greedy request
 proposes per step from its own n-grams (0: none; absent: the server's ``--prompt-lookup``
-for the model). The tokens are the same either way; only the passes differ.
+for the model), and ``draft`` (true or false: whether the model's draft model, given by
+``--draft``, proposes them; absent: it does when the model has one and the request asks
+no prompt lookup). The tokens are the same either way; only the passes differ.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class SamplingFields(_Strict):
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
     prompt_lookup: int | None = Field(default=None, ge=0, le=MAX_PROMPT_LOOKUP)  # an extension
+    draft: bool | None = None  # an extension: the model's draft proposes (default: when it has one)
 
     @model_validator(mode="after")
     def _bounded_stops(self) -> SamplingFields:

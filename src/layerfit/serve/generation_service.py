@@ -44,7 +44,8 @@ T = TypeVar("T")
 class TextRequest:
     """One generation request, whichever API it came by: the model, the prompt's token
     ids, at most ``max_tokens`` new tokens, how to choose them, where to stop and how many
-    tokens to propose per step (``prompt_lookup``; None: the server's setting for the model)."""
+    tokens to propose per step (``prompt_lookup``; None: the server's setting for the model)
+    or whether the model's draft proposes them (``draft``)."""
 
     model: str
     prompt: tuple[int, ...]
@@ -52,6 +53,7 @@ class TextRequest:
     sampling: Sampling
     stops: tuple[str, ...] = ()
     prompt_lookup: int | None = None
+    draft: bool | None = None  # the model's draft proposes (None: when it has one and no lookup is asked)
 
 
 @dataclass
@@ -188,7 +190,8 @@ class Completion:
                 loop.call_soon_threadsafe(self._queue.put_nowait, (token, finish, error))
 
         self._sequence = _bad_request(
-            lambda: model.submit(request.prompt, request.max_tokens, request.sampling, on_token, request.prompt_lookup)
+            lambda: model.submit(request.prompt, request.max_tokens, request.sampling, on_token, request.prompt_lookup,
+                                 request.draft)
         )
 
     @property

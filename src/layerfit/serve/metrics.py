@@ -164,7 +164,11 @@ def decoding_families(decoding: dict[str, dict[str, int]]) -> Iterator[Metric]:
         labels=["model"],
     )
     proposed = CounterMetricFamily(
-        "layerfit_decode_proposed_tokens", "Tokens prompt lookup proposed for a pass to verify", labels=["model"]
+        "layerfit_decode_proposed_tokens", "Tokens prompt lookup or the draft model proposed for a pass to verify",
+        labels=["model"],
+    )
+    draft_passes = CounterMetricFamily(
+        "layerfit_decode_draft_passes", "Passes of the model's draft model (--draft), proposing tokens", labels=["model"]
     )
     accepted = CounterMetricFamily(
         "layerfit_decode_accepted_tokens",
@@ -181,6 +185,7 @@ def decoding_families(decoding: dict[str, dict[str, int]]) -> Iterator[Metric]:
         passes.add_metric([name], float(loop.get("steps", 0)))
         proposed.add_metric([name], float(loop.get("proposed", 0)))
         accepted.add_metric([name], float(loop.get("accepted", 0)))
+        draft_passes.add_metric([name], float(loop.get("draft_passes", 0)))
         read.add_metric([name], float(loop.get("read_bytes", 0)))
         if loop.get("sequence_steps"):
             per_token.add_metric([name], loop.get("read_bytes", 0) / loop["sequence_steps"])
@@ -188,6 +193,7 @@ def decoding_families(decoding: dict[str, dict[str, int]]) -> Iterator[Metric]:
     yield passes
     yield proposed
     yield accepted
+    yield draft_passes
     yield read
     yield per_token
 

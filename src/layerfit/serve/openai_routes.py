@@ -69,7 +69,8 @@ def add_openai_routes(app: Any, dataplane: DataPlane, service: GenerationService
                 prompt = await text_prompt(service, model, reservation, str(text), max_tokens)
             else:
                 prompt = ids_prompt(service, model, body.prompt, max_tokens)  # token ids
-            request = TextRequest(body.model, prompt, max_tokens, sampling, stops_of(body.stop), body.prompt_lookup)
+            request = TextRequest(body.model, prompt, max_tokens, sampling, stops_of(body.stop), body.prompt_lookup,
+                                  body.draft)
             return service.start_admitted(model, request, dataplane.admit, slot)
         except BaseException:
             slot.close()

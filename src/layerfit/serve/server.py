@@ -18,6 +18,7 @@ import errno
 import math
 import socket
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,8 @@ from uvicorn.config import LOG_LEVELS
 
 from layerfit.errors import LayerfitError
 from layerfit.memory_limit import parse_memory_limit
-from layerfit.schedule.decoding.lookup import PromptLookup, check_lookup
+from layerfit.schedule.decoding.draft import DRAFT_TOKENS
+from layerfit.schedule.decoding.lookup import MAX_PROMPT_LOOKUP, PromptLookup, check_lookup
 from layerfit.schedule.runtime.compute import check_compute_threads, set_compute_threads
 from layerfit.schedule.runtime.config import RuntimeConfig, server_config, size_setting
 from layerfit.serve.body import BodyLimits, RequestMemory
@@ -95,6 +97,11 @@ class ServeSettings:
     # per model (a request's prompt_lookup wins); given as a PromptLookup, a number, or the
     # command line's texts (N, MODEL=N)
     prompt_lookup: PromptLookup = PromptLookup()
+    # a model's draft model (another model of the repository, same vocabulary), by the
+    # model's name: resident, it proposes draft_tokens tokens per step for greedy requests;
+    # given as a mapping, (model, draft) pairs, or the command line's texts (MODEL=DRAFT)
+    draft: tuple[tuple[str, str], ...] = ()
+    draft_tokens: int = DRAFT_TOKENS
 
     def __init__(
         self, repository: str | Path | None = None, *, runtime: RuntimeConfig | None = None, **options: Any
@@ -122,6 +129,8 @@ class ServeSettings:
                 value = size_setting(value, flag(name))
             if name == "prompt_lookup":
                 value = _prompt_lookup(value)
+            if name == "draft":
+                value = _drafts(value)
             setattr(self, name, value)
 
     @property
@@ -184,6 +193,15 @@ class ServeSettings:
         for name in self.prompt_lookup.models:
             if not (Path(runtime.repository) / name).is_dir():
                 raise LayerfitError(f"--prompt-lookup {name}=…: the repository has no model {name!r}")
+        for model, draft in self.draft:
+            for name in (model, draft):
+                if not (Path(runtime.repository) / name).is_dir():
+                    raise LayerfitError(f"--draft {model}={draft}: the repository has no model {name!r}")
+            if model == draft:
+                raise LayerfitError(f"--draft {model}={draft}: a model's draft is another, smaller model")
+        if isinstance(self.draft_tokens, bool) or not isinstance(self.draft_tokens, int) or not (
+                1 <= self.draft_tokens <= MAX_PROMPT_LOOKUP):
+            raise LayerfitError(f"--draft-tokens must be from 1 to {MAX_PROMPT_LOOKUP}, not {self.draft_tokens!r}")
 
 
 def _prompt_lookup(value: object) -> PromptLookup:
@@ -198,6 +216,21 @@ def _prompt_lookup(value: object) -> PromptLookup:
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return PromptLookup.parse(value, "--prompt-lookup")
     raise LayerfitError(f"--prompt-lookup takes N or MODEL=N, not {value!r}")
+
+
+def _drafts(value: object) -> tuple[tuple[str, str], ...]:
+    """A ``draft`` setting as (model, draft) pairs, one per model: from a mapping, pairs,
+    or the command line's texts (``MODEL=DRAFT``); refused naming the flag."""
+    if isinstance(value, Mapping):
+        value = list(value.items())
+    drafts: dict[str, str] = {}
+    for item in [value] if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]:
+        text = item if isinstance(item, str) else "=".join(item) if isinstance(item, tuple) else ""
+        model, _, draft = text.partition("=")
+        if not model.strip() or not draft.strip():
+            raise LayerfitError(f"--draft takes MODEL=DRAFT (two models of the repository), not {item!r}")
+        drafts[model.strip()] = draft.strip()
+    return tuple(drafts.items())
 
 
 @dataclass
@@ -254,7 +287,8 @@ def build(settings: ServeSettings) -> Built:
         # the runtime owns the decode loops (their engines, KV caches and closing); the
         # routes only speak HTTP to it
         runtime.configure_decoding(max_waiting=config.queue_limit, kept_share=settings.generation_weights,
-                                   prompt_lookup=settings.prompt_lookup)
+                                   prompt_lookup=settings.prompt_lookup, drafts=dict(settings.draft),
+                                   draft_tokens=settings.draft_tokens)
         generation = GenerationService(runtime, registry, timeout=settings.timeout)
         app = create_app(dataplane, metrics, max_body=settings.max_body, repository_api=settings.repository_api,
                          generation=generation)

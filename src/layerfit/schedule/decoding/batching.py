@@ -28,6 +28,10 @@ model's next token, and its cache drops the rest. The tokens are plain greedy de
 a step makes 1 to ``lookup + 1`` of them for that sequence, never past ``max_tokens`` or
 an end token. A sampled sequence makes one per step.
 
+A loop given a ``drafter`` (:mod:`~layerfit.schedule.decoding.draft`) lets the sequences
+that ask for it take their proposals from a small resident draft model instead, its
+passes batched across them before each step's pass.
+
 **Kept weights.** Given ``kept_budget``, the loop's engine runs ``auto`` at that weight
 budget while sequences are in flight — it keeps as many units in memory as the budget
 holds and streams only the rest, so each step reads fewer bytes — and holds those bytes
@@ -81,6 +85,7 @@ from layerfit.schedule.decoding.batch_step import (
     kv_bytes_per_token,
     step_kv_bytes,
 )
+from layerfit.schedule.decoding.draft import Drafter, DraftState
 from layerfit.schedule.decoding.lookup import accept, propose
 from layerfit.schedule.decoding.rules import check_prompt_ids, vocab_of
 from layerfit.schedule.decoding.sampling import Sampling, choose
@@ -119,6 +124,8 @@ class Sequence:
     cancelled: bool = False
     generator: torch.Generator | None = field(default=None, repr=False)
     lookup: int = 0  # prompt lookup: the most tokens it proposes per step (greedy only; 0: off)
+    draft: bool = False  # the loop's draft model proposes its tokens (greedy only; not with lookup)
+    drafted: DraftState = field(default_factory=DraftState, repr=False)
 
     @property
     def positions(self) -> int:
@@ -162,7 +169,7 @@ class DecodeLoop:
 
     def __init__(
         self, name: str, engine: DecodeEngine, ledger: MemoryLedger, *, max_waiting: int,
-        kept_budget: int | None = None,
+        kept_budget: int | None = None, drafter: Drafter | None = None,
     ) -> None:
         self.name = name
         self.engine = engine
@@ -182,6 +189,13 @@ class DecodeLoop:
         self._configured = self.lean_bytes  # what the engine is configured for now
         self.kept_steps = 0  # steps run with the kept weights
         self._key = ("generation", name, id(self))
+        self._draft_key = ("draft", name, id(self))
+        if drafter is not None and not ledger.hold(self._draft_key, drafter.weight_bytes):
+            log.warning("model %r: its draft %r (%s) does not fit the budget now; it decodes without it", name,
+                        drafter.name, format_bytes(drafter.weight_bytes))
+            drafter.close()
+            drafter = None
+        self.drafter = drafter  # resident, its weights held under their own key for the loop's life
         self._condition = ledger.condition  # the runtime's lock: memory freed anywhere wakes the loop
         self._waiting: deque[Sequence] = deque()
         self._active: list[Sequence] = []
@@ -206,7 +220,8 @@ class DecodeLoop:
         if not sequences:
             return 0
         weights = self.weight_bytes if weight_bytes is None else weight_bytes
-        return weights + step_kv_bytes([s.positions for s in sequences], self.per_token)
+        drafts = self.drafter.kv_bytes([s.positions for s in sequences if s.draft]) if self.drafter else 0
+        return weights + step_kv_bytes([s.positions for s in sequences], self.per_token) + drafts
 
     def submit(self, sequence: Sequence) -> Sequence:
         """Queue ``sequence`` for the next step; refuse a prompt that is empty or holds an
@@ -249,14 +264,16 @@ class DecodeLoop:
             self._condition.notify_all()
 
     STATS = ("steps", "sequence_steps", "in_flight", "waiting", "most_in_flight", "cancelled", "held_bytes",
-             "kept_steps", "kept_weight_bytes", "lean_weight_bytes", "read_bytes", "proposed", "accepted")
+             "kept_steps", "kept_weight_bytes", "lean_weight_bytes", "read_bytes", "proposed", "accepted",
+             "draft_passes")
     """The keys of :meth:`stats`."""
 
     def stats(self) -> dict[str, int]:
         with self._condition:
             values = (self.steps, self.sequence_steps, len(self._active), len(self._waiting), self.most_in_flight,
                       self.cancelled, self.ledger.held(self._key), self.kept_steps, self.kept_bytes, self.lean_bytes,
-                      self.engine.bytes_read, self.proposed, self.accepted)
+                      self.engine.bytes_read, self.proposed, self.accepted,
+                      self.drafter.passes if self.drafter is not None else 0)
             return dict(zip(self.STATS, values, strict=True))
 
     # --- the loop --------------------------------------------------------------------------
@@ -355,7 +372,7 @@ class DecodeLoop:
     def _step(self, batch: list[Sequence]) -> None:
         """One pass for ``batch``; each sequence gets its tokens (one, or with prompt lookup
         its accepted proposals and the model's next) or leaves."""
-        proposed = [self._proposals(s) for s in batch]
+        proposed = self._propose(batch)
         rows = [Row(s.cache, _cached(s), (list(s.prompt) if s.cache is None else [s.tokens[-1]]) + p, len(p))
                 for s, p in zip(batch, proposed, strict=True)]
         if any(proposed):  # each row's logits of its last token and its proposals
@@ -379,6 +396,8 @@ class DecodeLoop:
                 continue
             if proposals:  # the cache holds every position fed; the rejected proposals' are dropped
                 sequence.cache = crop(cache, row.length + len(row.feed) - len(proposals) + len(tokens) - 1)
+                if sequence.draft:  # the draft keeps what it shares: the ids before and the accepted
+                    Drafter.settle(sequence.drafted, len(sequence.prompt) + len(sequence.tokens) + len(tokens) - 1)
             finish, given = self._give(sequence, tokens)
             made += given
             accepted += min(given, len(tokens) - 1)  # all but the model's own last token were proposals
@@ -396,14 +415,23 @@ class DecodeLoop:
         for sequence, exc in failed:
             _tell(sequence, None, None, exc)
 
-    @staticmethod
-    def _proposals(sequence: Sequence) -> list[int]:
-        """The tokens ``sequence`` proposes this step: prompt lookup's, when it is greedy and
-        asks for some, never more than it may still make less one (the model's own next)."""
-        room = min(sequence.lookup, sequence.max_tokens - len(sequence.tokens) - 1)
-        if room <= 0 or not sequence.sampling.greedy:
-            return []
-        return propose([*sequence.prompt, *sequence.tokens], room, sequence.end_tokens)
+    def _propose(self, batch: list[Sequence]) -> list[list[int]]:
+        """The tokens each sequence proposes this step (greedy ones only): the draft's, for
+        those that draft, prompt lookup's for those that look up; never more than it may
+        still make less one (the model's own next token)."""
+        rooms = [0 if not s.sampling.greedy else min(
+            self.drafter.tokens if s.draft and self.drafter else s.lookup, s.max_tokens - len(s.tokens) - 1)
+            for s in batch]
+        proposed = [propose([*s.prompt, *s.tokens], room, s.end_tokens) if room > 0 and not s.draft else []
+                    for s, room in zip(batch, rooms, strict=True)]
+        drafting = [i for i, s in enumerate(batch) if s.draft and rooms[i] > 0]
+        if drafting and self.drafter is not None:
+            drafts = self.drafter.propose([[*batch[i].prompt, *batch[i].tokens] for i in drafting],
+                                          [batch[i].drafted for i in drafting], [rooms[i] for i in drafting],
+                                          [batch[i].end_tokens for i in drafting])
+            for i, tokens in zip(drafting, drafts, strict=True):
+                proposed[i] = tokens
+        return proposed
 
     @staticmethod
     def _give(sequence: Sequence, tokens: list[int]) -> tuple[Finish | None, int]:
@@ -458,6 +486,10 @@ class DecodeLoop:
                 return
             self._engine_closed = True
         self.engine.close()
+        if self.drafter is not None:
+            self.drafter.close()
+            with self._condition:
+                self.ledger.release(self._draft_key)
 
 
 def _cached(sequence: Sequence) -> int:

@@ -30,10 +30,12 @@ from layerfit.errors import (
     GenerationTooLargeError,
     InputError,
     JobTimeoutError,
+    LayerfitError,
     ModelNotReadyError,
     UnknownModelError,
 )
 from layerfit.schedule.decoding.batching import DecodeEngine, DecodeLoop, Finish, OnToken, Sequence
+from layerfit.schedule.decoding.draft import DRAFT_TOKENS, Drafter
 from layerfit.schedule.decoding.lookup import PromptLookup, check_lookup
 from layerfit.schedule.decoding.rules import (
     Refusal,
@@ -42,6 +44,7 @@ from layerfit.schedule.decoding.rules import (
     has_tokenizer,
     read_tokenizer,
     refusal,
+    vocab_of,
 )
 from layerfit.schedule.decoding.sampling import Sampling
 from layerfit.store.manifest import read_manifest
@@ -107,15 +110,25 @@ class LanguageModel:
         self.loop.check_prompt(prompt)
 
     def submit(self, prompt: tuple[int, ...] | list[int], max_tokens: int, sampling: Sampling,
-               on_token: OnToken, lookup: int | None = None) -> Sequence:
-        """Queue a sequence in the loop (its tokens go to ``on_token``), proposing up to
-        ``lookup`` tokens a step (None: the model's :attr:`lookup`; a sampled sequence
-        proposes none); refused at once past the positions or the budget (413), with a bad
-        id or ``lookup`` (400) or a full queue (429)."""
+               on_token: OnToken, lookup: int | None = None, draft: bool | None = None) -> Sequence:
+        """Queue a sequence in the loop (its tokens go to ``on_token``); refused at once
+        past the positions or the budget (413), with a bad id or speculation (400) or a
+        full queue (429). A greedy sequence proposes tokens each step: the model's draft's
+        (``draft``; None: when it has one, unless ``lookup`` asks for prompt lookup), or up
+        to ``lookup`` by prompt lookup (None: the model's :attr:`lookup`); a sampled one
+        proposes none."""
         self.check(prompt, max_tokens)
         proposals = check_lookup(self.lookup if lookup is None else lookup)
+        has_draft = self.loop.drafter is not None
+        if draft and not has_draft:
+            raise InputError(f"draft: model {self.name!r} has no draft model (layerfit serve --draft "
+                             f"{self.name}=DRAFT gives it one)")
+        if draft and lookup:
+            raise InputError("prompt_lookup and draft are two ways to propose tokens: ask for one of the two")
+        drafting = has_draft and draft is not False and not lookup and sampling.greedy
         return self.loop.submit(Sequence(list(prompt), max_tokens, sampling, self.end_tokens, on_token,
-                                         lookup=proposals if sampling.greedy else 0))
+                                         lookup=proposals if sampling.greedy and not drafting else 0,
+                                         draft=drafting))
 
 
 class Decoders:
@@ -138,17 +151,25 @@ class Decoders:
         self.max_waiting = max_waiting or DEFAULT_MAX_WAITING
         self.kept_share = 0.0
         self.prompt_lookup = PromptLookup()
+        self.drafts: Mapping[str, str] = {}  # a model's draft model, by the model's name
+        self.draft_tokens = DRAFT_TOKENS
         self._open: dict[str, LanguageModel] = {}
         self._broken: dict[str, tuple[Any, str]] = {}  # why a model's tokenizer did not load, by its manifest
         self._lock = threading.Lock()
         self._closed = False
 
     def configure(self, *, max_waiting: int | None = None, kept_share: float | None = None,
-                  prompt_lookup: PromptLookup | None = None) -> None:
-        """Set the waiting queue of each loop, the budget share for kept weights and each
-        model's prompt lookup (for the loops opened from now on)."""
+                  prompt_lookup: PromptLookup | None = None, drafts: Mapping[str, str] | None = None,
+                  draft_tokens: int | None = None) -> None:
+        """Set the waiting queue of each loop, the budget share for kept weights, each
+        model's prompt lookup, draft model (another model of the repository, by name) and
+        the tokens a draft proposes per step (for the loops opened from now on)."""
         if prompt_lookup is not None:
             self.prompt_lookup = prompt_lookup
+        if drafts is not None:
+            self.drafts = dict(drafts)
+        if draft_tokens is not None:
+            self.draft_tokens = check_lookup(draft_tokens, "draft_tokens")
         if max_waiting is not None:
             self.max_waiting = max_waiting
         if kept_share is not None:
@@ -225,13 +246,44 @@ class Decoders:
             if kind is not None:
                 raise InputError(f"cannot generate with {name!r}: its {type(engine.model).__name__} {kind}")
             kept = int(self._ledger.budget * self.kept_share) or None
-            loop = DecodeLoop(name, engine, self._ledger, max_waiting=self.max_waiting, kept_budget=kept)
+            drafter = self._drafter(name, vocab_of(engine.model))
+            loop = DecodeLoop(name, engine, self._ledger, max_waiting=self.max_waiting, kept_budget=kept,
+                              drafter=drafter)
         except BaseException:
             engine.close()
             raise
         config = engine.model.config
         return LanguageModel(name, loop, tokenizer, config, end_tokens(config, tokenizer), manifest,
                              self.prompt_lookup.of(name))
+
+    def _drafter(self, name: str, vocab: int | None) -> Drafter | None:
+        """Model ``name``'s draft (:attr:`drafts`), its engine opened and preloaded; None
+        (said once in the log) when it has none or its draft cannot be one: a model that
+        does not generate, or one of another vocabulary."""
+        draft = self.drafts.get(name)
+        if draft is None:
+            return None
+        try:
+            info = self._info(draft)
+            kind = refusal(read_manifest(info.directory), batched=True)
+            if kind is not None:
+                raise InputError(f"it is {kind}")
+            engine = self._engine(info.directory)
+        except LayerfitError as exc:
+            log.warning("model %r decodes without its draft %r: %s", name, draft, exc)
+            return None
+        try:
+            if vocab_of(engine.model) != vocab:
+                raise InputError(f"its vocabulary has {vocab_of(engine.model)} ids, the model's {vocab}")
+            engine.reconfigure(budget=None, pipeline="preload")  # resident: it runs several passes a step
+            return Drafter(draft, engine, int(engine.memory.weight_bytes), self.draft_tokens)
+        except LayerfitError as exc:
+            engine.close()
+            log.warning("model %r decodes without its draft %r: %s", name, draft, exc)
+            return None
+        except BaseException:
+            engine.close()
+            raise
 
     def retire(self, name: str, manifest: Manifest | None = None) -> None:
         """Retire model ``name``'s loop (unless it decodes ``manifest``, the version still

@@ -258,13 +258,16 @@ class Runtime:
     # --- decoding (schedule/runtime/decoders.py) --------------------------------------
 
     def configure_decoding(self, *, max_waiting: int | None = None, kept_share: float | None = None,
-                           prompt_lookup: PromptLookup | None = None) -> None:
+                           prompt_lookup: PromptLookup | None = None, drafts: Mapping[str, str] | None = None,
+                           draft_tokens: int | None = None) -> None:
         """The decode loops opened from now on: at most ``max_waiting`` sequences of a model
         waiting for memory (default: the queue limit), ``kept_share`` of the budget for the
         weights a loop's engine keeps while it decodes (default 0: every unit streamed),
         ``prompt_lookup`` the tokens each model's greedy sequences propose per step
-        (default none)."""
-        self._decoders.configure(max_waiting=max_waiting, kept_share=kept_share, prompt_lookup=prompt_lookup)
+        (default none), ``drafts`` each model's draft model (another of the repository,
+        resident, proposing ``draft_tokens`` per step)."""
+        self._decoders.configure(max_waiting=max_waiting, kept_share=kept_share, prompt_lookup=prompt_lookup,
+                                 drafts=drafts, draft_tokens=draft_tokens)
 
     def cannot_generate(self, name: str) -> str | None:
         """Why model ``name`` cannot generate text (one line), or None when it can
