@@ -147,7 +147,6 @@ def generate(
     draft_manifest = None if draft is None else _check_folder(draft, "--draft ")
     tokenizer_folder = _tokenizer_folder(directory, tokenizer_dir)
     tokenizer = _load_tokenizer(tokenizer_folder)
-    given.messages()  # a bad messages file says so before any model loads
     set_compute_threads(threads, "--threads")
     # A memory limit reserves the KV cache of every position the generation may reach.
     known_ids = given.token_ids(tokenizer, directory) if tokenizer is not None or not given.needs_tokenizer else None
@@ -163,7 +162,7 @@ def generate(
         _check_generates(engine, directory, manifest)
         if known_ids is None:  # said after what the model is: that comes first
             raise InputError(
-                f"{given.what} needs a tokenizer and {directory} holds none ({' or '.join(TOKENIZER_FILES)}): "
+                f"{given.source} needs a tokenizer and {directory} holds none ({' or '.join(TOKENIZER_FILES)}): "
                 "pass --tokenizer FOLDER, or give the prompt as token ids with --ids 1,2,3"
             )
         prompt_ids = known_ids
@@ -184,7 +183,7 @@ def generate(
             streamer=stream, passes=passes, **({} if drafter is None else {"assistant_model": drafter}),
         )
         report = _report(engine, directory, given, prompt_ids, stream, tokenizer, decoding)
-        report.update(_speculation_report(speculation, drafter, passes, generation_config, report))
+        report.update(_counts(stream, generation_config, passes, speculation, drafter))
     if as_json:
         print_json(report)
     else:
@@ -306,7 +305,7 @@ def _report(
         "model": engine.manifest.model["name"],
         "directory": directory,
         "prompt": given.text,
-        "messages": given.messages(),
+        "messages": given.messages,
         "prompt_ids": prompt_ids,
         "prompt_tokens": len(prompt_ids),
         "token_ids": stream.tokens,
@@ -325,25 +324,24 @@ def _report(
         "device": str(engine.device.torch_device),
         "compute_threads": torch.get_num_threads(),
         "generation": asdict(decoding),
-        "_seconds": (stream.times[-1] - stream.started) if stream.times else None,
     }
 
 
-def _speculation_report(
-    speculation: Speculation, draft: Engine | None, passes: Any, generation_config: Any, report: dict[str, Any],
+def _counts(
+    stream: Any, generation_config: Any, passes: Any, speculation: Speculation, draft: Engine | None,
 ) -> dict[str, Any]:
-    """The counts of the report: the new tokens by the rule of
+    """The report's counts: the new tokens by the rule of
     :func:`~layerfit.schedule.decoding.rules.completion_token_count` (the end token the
-    model made counts), whether it ended on an end token, the model's passes, the tokens
+    model made counts), whether an end token ended them, the model's passes, the tokens
     per pass, what guessed them and the overall rate (the first token's wait included)."""
     from layerfit.schedule.decoding.rules import completion_token_count, end_tokens, tokens_per_pass
 
     ends = end_tokens(generation_config, None)  # what generate stops on
-    new = completion_token_count(report["token_ids"], ends)
-    took = report.pop("_seconds")
+    new = completion_token_count(stream.tokens, ends)
+    took = stream.times[-1] - stream.started if stream.times else None
     return {
         "new_tokens": new,
-        "ended": bool(report["token_ids"]) and report["token_ids"][new - 1] in ends,
+        "ended": new > 0 and stream.tokens[new - 1] in ends,
         "passes": passes.model,
         "tokens_per_pass": tokens_per_pass(new, passes.model),
         "tokens_per_s": new / took if took else None,

@@ -28,21 +28,24 @@ MESSAGES_MAX_BYTES = 4 * 2**20
 @dataclass(frozen=True)
 class PromptInput:
     """The prompt as the command line gave it, its flags checked together (:meth:`parse`):
-    ``text`` (``--prompt``: the whole prompt, or with ``chat`` the user's message),
-    ``ids`` (``--ids``), ``system`` (``--system``) and ``messages_file`` (``--messages``)."""
+    ``text`` (``--prompt``: the whole prompt, or with ``--chat`` the user's message),
+    ``ids`` (``--ids``), or a chat's ``messages`` (``--chat`` with ``--system``, or
+    ``--messages``' file, read and checked)."""
 
     text: str | None = None
     ids: list[int] | None = None
-    chat: bool = False
-    system: str | None = None
-    messages_file: str | None = None
+    messages: list[dict[str, str]] | None = None
+    source: str = "--prompt"  # the flag the prompt came from, for an error that needs a tokenizer
 
     @classmethod
     def parse(
         cls, prompt: str | None, ids: str | None, chat: bool = False, system: str | None = None,
         messages: str | None = None,
     ) -> PromptInput:
-        """The prompt the flags give, or one line saying which flags do not go together."""
+        """The prompt the flags give, or one line saying which flags do not go together or
+        what is wrong with the messages."""
+        from layerfit.schedule.decoding.rules import check_messages
+
         given = [flag for flag, value in (("--prompt", prompt), ("--ids", ids), ("--messages", messages)) if value is not None]
         if len(given) != 1:
             raise InputError(
@@ -56,19 +59,13 @@ class PromptInput:
             raise InputError("--system with --messages: put the system message in the messages file")
         if system is not None and not chat:
             raise InputError("--system is a chat's system message: add --chat (the prompt is then the user's message)")
-        return cls(prompt, _parse_ids(ids), chat or messages is not None, system, messages)
-
-    def messages(self) -> list[dict[str, str]] | None:
-        """The chat's messages (None: the prompt is no chat): ``--messages``' file read and
-        checked, or ``--system`` and ``--prompt`` as the system's and the user's."""
-        from layerfit.schedule.decoding.rules import check_messages
-
-        if not self.chat:
-            return None
-        if self.messages_file is not None:
-            return check_messages(read_messages_file(self.messages_file), self.messages_file)
-        chat = [] if self.system is None else [{"role": "system", "content": self.system}]
-        return check_messages([*chat, {"role": "user", "content": self.text or ""}], "--chat")
+        if messages is not None:
+            return cls(messages=check_messages(read_messages_file(messages), messages), source="--messages")
+        if chat:
+            said = [] if system is None else [{"role": "system", "content": system}]
+            return cls(prompt, messages=check_messages([*said, {"role": "user", "content": prompt}], "--chat"),
+                       source="--chat")
+        return cls(prompt, _parse_ids(ids))
 
     def token_ids(self, tokenizer: Any, model: str) -> list[int]:
         """The prompt's token ids: ``--ids``', the text's through ``tokenizer``, or the
@@ -77,9 +74,8 @@ class PromptInput:
 
         if self.ids is not None:
             return self.ids
-        messages = self.messages()
-        if messages is not None:
-            return chat_prompt_ids(tokenizer, messages, model)
+        if self.messages is not None:
+            return chat_prompt_ids(tokenizer, self.messages, model)
         ids = [int(i) for i in tokenizer(self.text or "")["input_ids"]]
         if not ids:
             raise InputError("the prompt makes no tokens: give some text (or --ids)")
@@ -89,11 +85,6 @@ class PromptInput:
     def needs_tokenizer(self) -> bool:
         """Whether the prompt is text (or a chat), which only a tokenizer makes ids of."""
         return self.ids is None
-
-    @property
-    def what(self) -> str:
-        """The flag the prompt came from, for an error that needs a tokenizer."""
-        return "--messages" if self.messages_file is not None else "--chat" if self.chat else "--prompt"
 
 
 def read_messages_file(path: str) -> Any:
