@@ -14,9 +14,11 @@ from __future__ import annotations
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,27 +97,31 @@ class Pod:
 
 
 @pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pod, str, cgroups.MemoryCgroup | None]]:
-    """The entry point serving one prepared model from /mnt/models' stand-in."""
-    root = tmp_path_factory.mktemp("pod")
-    os.chmod(root, 0o755)
-    model = root / "mnt-models"
-    prepare(ModelSpec("factory", "tinymodels:chain", SLEEPY), model, input_shape=(1, 4))
-    workdir = root / "tmp"  # the container's /tmp: where the entry point builds its repository
-    workdir.mkdir()
-    uid = IMAGE_UID if _runs_as(IMAGE_UID) else None
-    if uid is not None:
-        os.chown(workdir, uid, uid)
-    print(f"entry point runs as uid {os.geteuid() if uid is None else uid}")
-    command = kserve_command(manifest(RUNTIME), sys.executable, model, NAME)
-    with (cgroups.memory_cgroup(LIMIT) if cgroups.unavailable() is None else _nothing()) as cgroup:
-        running = Pod(command, cgroup, uid, workdir)
-        try:
-            yield running, running.url(), cgroup
-        finally:
-            if running.process.poll() is None:
-                running.process.kill()
-                running.process.wait()
+def pod() -> Iterator[tuple[Pod, str, cgroups.MemoryCgroup | None]]:
+    """The entry point serving one prepared model from /mnt/models' stand-in (in a folder
+    of /tmp every user may enter, so the image's user can read the model)."""
+    root = Path(tempfile.mkdtemp(prefix="layerfit-pod-"))
+    try:
+        os.chmod(root, 0o755)
+        model = root / "mnt-models"
+        prepare(ModelSpec("factory", "tinymodels:chain", SLEEPY), model, input_shape=(1, 4))
+        workdir = root / "tmp"  # the container's /tmp: where the entry point builds its repository
+        workdir.mkdir()
+        uid = IMAGE_UID if _runs_as(IMAGE_UID) else None
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+        print(f"entry point runs as uid {os.geteuid() if uid is None else uid}")
+        command = kserve_command(manifest(RUNTIME), sys.executable, model, NAME)
+        with (cgroups.memory_cgroup(LIMIT) if cgroups.unavailable() is None else _nothing()) as cgroup:
+            running = Pod(command, cgroup, uid, workdir)
+            try:
+                yield running, running.url(), cgroup
+            finally:
+                if running.process.poll() is None:
+                    running.process.kill()
+                    running.process.wait()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 class _nothing:
