@@ -120,3 +120,57 @@ def test_a_draft_that_does_not_generate_is_left_out_and_the_model_serves(hf_fold
         assert done.choices[0].text == words(reference_tokens(hf_folder, PROMPTS[0], 8))
         assert stats(running)["draft_passes"] == 0
     assert any("decodes without its draft 'chain'" in r.getMessage() for r in caplog.records)
+
+
+def test_a_pass_failing_for_one_sequence_ends_it_alone_and_the_drafts_go_on(hf_folder: Path):
+    """The failed pass's proposals are forgotten by each draft (its cache cut back to the
+    sequence's ids), so the sequences run alone again and still make their greedy tokens."""
+    import threading
+
+    import layerfit.engine
+    from layerfit.schedule.decoding.batching import DecodeLoop, Finish, Sequence
+    from layerfit.schedule.decoding.draft import Drafter
+    from layerfit.schedule.decoding.sampling import Sampling
+    from layerfit.schedule.ledger import MemoryLedger
+
+    repo = hf_folder.parent / "repo"
+    prompts = [PROMPTS[0], [7, 63, 8], PROMPTS[2]]
+    made: list[list[int]] = [[] for _ in prompts]
+    errors: list[BaseException | None] = [None] * len(prompts)
+    done = [threading.Event() for _ in prompts]
+
+    def sink(i: int):
+        def on_token(token: int | None, finish: Finish | None, error: BaseException | None) -> None:
+            if token is not None:
+                made[i].append(token)
+            else:
+                errors[i] = error
+                done[i].set()
+        return on_token
+
+    with layerfit.engine.load(repo / "lm", pipeline="async") as engine:
+        draft_engine = layerfit.engine.load(repo / "small", pipeline="preload")
+        ledger = MemoryLedger(10**8)
+        loop = DecodeLoop("lm", engine, ledger, max_waiting=8,
+                          drafter=Drafter("small", draft_engine, draft_engine.memory.weight_bytes, 3))
+        verify = loop.step.verify_run
+
+        def poisoned(rows: list) -> tuple:
+            if len(rows) > 1 and any(63 in row.feed for row in rows):
+                raise RuntimeError("a sequence this pass cannot take")
+            if any(63 in row.feed for row in rows):
+                raise RuntimeError("alone, it still fails")
+            return verify(rows)
+
+        loop.step.verify_run = poisoned  # type: ignore[method-assign]
+        try:
+            with ledger.condition:  # all three join the first step
+                for i, prompt in enumerate(prompts):
+                    loop.submit(Sequence(prompt, 12, Sampling(), frozenset({1}), sink(i), draft=True))
+            assert all(event.wait(60) for event in done)
+            assert loop.stats()["draft_passes"] > 0
+        finally:
+            loop.close()
+    assert isinstance(errors[1], RuntimeError) and made[1] == []
+    for i in (0, 2):
+        assert errors[i] is None and made[i] == reference_tokens(hf_folder, prompts[i], 12)

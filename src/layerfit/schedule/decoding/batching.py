@@ -372,14 +372,20 @@ class DecodeLoop:
     def _step(self, batch: list[Sequence]) -> None:
         """One pass for ``batch``; each sequence gets its tokens (one, or with prompt lookup
         its accepted proposals and the model's next) or leaves."""
-        proposed = self._propose(batch)
-        rows = [Row(s.cache, _cached(s), (list(s.prompt) if s.cache is None else [s.tokens[-1]]) + p, len(p))
-                for s, p in zip(batch, proposed, strict=True)]
-        if any(proposed):  # each row's logits of its last token and its proposals
-            logits, caches = self.step.verify_run(rows)
-        else:  # a plain step: the last position's logits of each row
-            last, caches = self.step.run(rows)
-            logits = [row[None] for row in last]
+        try:
+            proposed = self._propose(batch)
+            rows = [Row(s.cache, _cached(s), (list(s.prompt) if s.cache is None else [s.tokens[-1]]) + p, len(p))
+                    for s, p in zip(batch, proposed, strict=True)]
+            if any(proposed):  # each row's logits of its last token and its proposals
+                logits, caches = self.step.verify_run(rows)
+            else:  # a plain step: the last position's logits of each row
+                last, caches = self.step.run(rows)
+                logits = [row[None] for row in last]
+        except BaseException:  # no token made: the drafts forget what they proposed (run again alone)
+            for sequence in batch:
+                if sequence.draft:
+                    Drafter.settle(sequence.drafted, len(sequence.prompt) + len(sequence.tokens))
+            raise
         done: list[Sequence] = []
         failed: list[tuple[Sequence, Exception]] = []
         made = accepted = 0

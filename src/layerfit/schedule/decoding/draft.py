@@ -70,6 +70,8 @@ class Drafter:
         every id it fed; ``ids[i]``: the sequence's prompt and tokens so far."""
         proposals: list[list[int]] = [[] for _ in ids]
         live = [i for i, room in enumerate(rooms) if room > 0]
+        for i in live:  # the first pass feeds at least the sequence's last id (its logits propose)
+            self.settle(states[i], len(ids[i]) - 1)
         first = True
         while live:
             rows = [Row(states[i].cache, states[i].length,
