@@ -192,3 +192,11 @@ def test_the_servers_setting_for_a_model_is_its_requests_default(server: ServerT
     after = stats(server, "lm_end")
     assert after["proposed"] > before["proposed"]  # --prompt-lookup lm_end=4
     assert after["steps"] - before["steps"] < 20
+
+
+def test_the_python_api_takes_prompt_lookup_too(server: ServerThread, hf_folder: Path):
+    assert server.built is not None
+    before = stats(server)
+    tokens = server.built.runtime.generate("lm", PROMPTS[1], TOKENS, prompt_lookup=8)
+    assert tokens == reference_tokens(hf_folder, PROMPTS[1], TOKENS)
+    assert stats(server)["steps"] - before["steps"] < TOKENS / 2

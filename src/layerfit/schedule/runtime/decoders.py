@@ -327,10 +327,10 @@ class Decoders:
 
 def generate_tokens(model: LanguageModel, prompt: list[int] | tuple[int, ...], max_tokens: int,
                     sampling: Sampling, timeout: float | None = None,
-                    lookup: int | None = None) -> tuple[list[int], Finish]:
+                    lookup: int | None = None, draft: bool | None = None) -> tuple[list[int], Finish]:
     """Decode ``prompt`` in ``model``'s loop beside every other sequence (proposing up to
-    ``lookup`` tokens a step; None: the model's setting); its new tokens and why it ended
-    (the Python API's blocking call)."""
+    ``lookup`` tokens a step, or its draft's: :meth:`LanguageModel.submit`); its new tokens
+    and why it ended (the Python API's blocking call)."""
     tokens: list[int] = []
     ended: list[tuple[Finish | None, BaseException | None]] = []
     done = threading.Event()
@@ -342,7 +342,7 @@ def generate_tokens(model: LanguageModel, prompt: list[int] | tuple[int, ...], m
             ended.append((finish, error))
             done.set()
 
-    sequence = model.submit(prompt, max_tokens, sampling, on_token, lookup)
+    sequence = model.submit(prompt, max_tokens, sampling, on_token, lookup, draft)
     if not done.wait(timeout):
         model.loop.cancel(sequence)
         raise JobTimeoutError(f"generation did not finish within {timeout:g} s and was cancelled")

@@ -287,17 +287,17 @@ class Runtime:
 
     def generate(self, name: str, prompt: list[int] | tuple[int, ...] | str, max_tokens: int = 16,
                  sampling: Sampling | None = None, *, timeout: float | None = None,
-                 prompt_lookup: int | None = None) -> list[int]:
+                 prompt_lookup: int | None = None, draft: bool | None = None) -> list[int]:
         """The new token ids of ``prompt`` (token ids, or text for the model's tokenizer),
         at most ``max_tokens``, greedy unless ``sampling`` says otherwise; decoded beside
         every other sequence of the model, proposing up to ``prompt_lookup`` tokens a step
-        when greedy (None: the model's setting; the tokens are the same); blocks; the end
-        token is not included)."""
+        when greedy, or the model's draft's (``draft``; None: the model's settings; the
+        tokens are the same); blocks; the end token is not included)."""
         from layerfit.schedule.decoding.sampling import Sampling
 
         model = self.decoder(name)
         ids = model.encode(prompt) if isinstance(prompt, str) else prompt
-        return generate_tokens(model, ids, max_tokens, sampling or Sampling(), timeout, prompt_lookup)[0]
+        return generate_tokens(model, ids, max_tokens, sampling or Sampling(), timeout, prompt_lookup, draft)[0]
 
     def decoding_stats(self, name: str) -> dict[str, int]:
         """Model ``name``'s decode loop: steps, tokens, sequences in flight and waiting,
