@@ -17,6 +17,7 @@ _EXPORTS = {
     "flat_outputs": "measurement",
     "measure": "measurement",
     "output_digest": "measurement",
+    "PassCount": "generation",
     "POLICIES": "policies",
     "get_policy": "policies",
 }
