@@ -39,6 +39,7 @@ from layerfit.schedule.decoding.draft import DRAFT_TOKENS, Drafter
 from layerfit.schedule.decoding.lookup import PromptLookup, check_lookup
 from layerfit.schedule.decoding.rules import (
     Refusal,
+    chat_prompt_ids,
     check_generation_length,
     end_tokens,
     has_tokenizer,
@@ -81,20 +82,9 @@ class LanguageModel:
         return ids
 
     def chat(self, messages: list[dict[str, str]]) -> tuple[int, ...]:
-        """The chat's token ids through the tokenizer's chat template, ready for the reply."""
-        tokenizer = self.tokenizer
-        if not getattr(tokenizer, "chat_template", None):
-            raise InputError(
-                f"model {self.name!r} has no chat template in its tokenizer: use /v1/completions with a prompt"
-            )
-        try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        except Exception as exc:  # the template's own error (a jinja exception): the messages' fault
-            raise InputError(f"the model's chat template refused the messages: {exc}") from None
-        ids = tuple(int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"])
-        if not ids:
-            raise InputError("the messages make no tokens")
-        return ids
+        """The chat's token ids through the tokenizer's chat template, ready for the reply
+        (the rule ``layerfit generate --chat`` follows too: :func:`chat_prompt_ids`)."""
+        return tuple(chat_prompt_ids(self.tokenizer, messages, f"model {self.name!r}"))
 
     def check_length(self, n: int, max_tokens: int) -> None:
         """Refuse (:class:`~layerfit.errors.GenerationTooLargeError`) ``n`` prompt tokens
