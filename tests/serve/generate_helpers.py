@@ -10,6 +10,7 @@ import torch
 import transformers
 from serve_helpers import CHAIN
 
+from layerfit.serve.server import ServerThread
 from layerfit.store import ModelSpec, prepare
 
 WORDS = [f"w{i}" for i in range(56)] + ["system", "user", "assistant", ":"]
@@ -55,3 +56,14 @@ def reference_tokens(folder: Path, prompt: list[int], n: int) -> list[int]:
         out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)
     tokens = out[0, len(prompt):].tolist()
     return tokens[: tokens.index(1)] if 1 in tokens else tokens
+
+
+def decoding_stats(server: ServerThread, name: str = "lm") -> dict[str, int]:
+    """Model ``name``'s decode loop's counters (passes, proposed, accepted ...) in ``server``."""
+    assert server.built is not None
+    return server.built.runtime.decoding_stats(name)
+
+
+def words(ids: list[int]) -> str:
+    """``ids`` as the word tokenizer's text."""
+    return word_tokenizer().decode(ids, skip_special_tokens=True)

@@ -13,7 +13,8 @@ import httpx
 import pytest
 import torch
 import transformers
-from generate_helpers import CONFIG, make_repository, reference_tokens, word_tokenizer
+from generate_helpers import CONFIG, make_repository, reference_tokens, words
+from generate_helpers import decoding_stats as stats
 from serve_helpers import settings
 
 from layerfit.errors import LayerfitError
@@ -47,15 +48,6 @@ def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(hf_folder: Path) -> Iterator[ServerThread]:
     with ServerThread(settings(hf_folder.parent / "repo", request_memory="4MB", draft=["lm=small"])) as running:
         yield running
-
-
-def stats(server: ServerThread, name: str = "lm") -> dict[str, int]:
-    assert server.built is not None
-    return server.built.runtime.decoding_stats(name)
-
-
-def words(ids: list[int]) -> str:
-    return word_tokenizer().decode(ids, skip_special_tokens=True)
 
 
 def test_drafting_looking_up_and_plain_requests_in_one_batch_make_transformers_greedy_tokens(

@@ -15,7 +15,8 @@ import httpx
 import pytest
 import torch
 import transformers
-from generate_helpers import CONFIG, make_repository, reference_tokens, word_tokenizer
+from generate_helpers import CONFIG, make_repository, reference_tokens, word_tokenizer, words
+from generate_helpers import decoding_stats as stats
 from serve_helpers import settings
 
 import layerfit.engine
@@ -53,15 +54,6 @@ def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(hf_folder: Path) -> Iterator[ServerThread]:
     with ServerThread(settings(hf_folder.parent / "repo", request_memory="4MB", prompt_lookup=["lm_end=4"])) as running:
         yield running
-
-
-def stats(server: ServerThread, name: str = "lm") -> dict[str, int]:
-    assert server.built is not None
-    return server.built.runtime.decoding_stats(name)
-
-
-def words(ids: list[int]) -> str:
-    return word_tokenizer().decode(ids, skip_special_tokens=True)
 
 
 def test_the_loop_verifies_proposals_in_shared_passes_and_makes_plain_greedy_tokens(hf_folder: Path):
