@@ -222,11 +222,16 @@ def _drafts(value: object) -> tuple[tuple[str, str], ...]:
     """A ``draft`` setting as (model, draft) pairs, one per model: from a mapping, pairs,
     or the command line's texts (``MODEL=DRAFT``); refused naming the flag."""
     if isinstance(value, Mapping):
-        value = list(value.items())
+        items: list[object] = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        items = [value]
     drafts: dict[str, str] = {}
-    for item in [value] if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]:
-        text = item if isinstance(item, str) else "=".join(item) if isinstance(item, tuple) else ""
-        model, _, draft = text.partition("=")
+    for item in items:
+        if isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item):
+            item = "=".join(item)
+        model, _, draft = item.partition("=") if isinstance(item, str) else ("", "", "")
         if not model.strip() or not draft.strip():
             raise LayerfitError(f"--draft takes MODEL=DRAFT (two models of the repository), not {item!r}")
         drafts[model.strip()] = draft.strip()
