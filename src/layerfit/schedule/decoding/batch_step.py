@@ -51,6 +51,12 @@ def kv_bytes_per_token(config: Any, dtype: torch.dtype | str = "float32") -> int
     return per_token
 
 
+def cache_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype the model's cache is kept in: its first floating-point parameter's (the
+    skeleton's tensors carry their dtype without their bytes)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
 def step_kv_bytes(lengths: list[int], per_token: int) -> int:
     """What a step of sequences that may grow to ``lengths`` positions holds at most:
     their own caches, and the padded batch cache in and out (rows × the longest, twice)."""
@@ -164,4 +170,4 @@ def _padded(rows: list[Row], past: int) -> list[tuple[torch.Tensor, torch.Tensor
     return layers
 
 
-__all__ = ["BatchStep", "Row", "StepEngine", "crop", "kv_bytes_per_token", "step_kv_bytes"]
+__all__ = ["BatchStep", "Row", "StepEngine", "cache_dtype", "crop", "kv_bytes_per_token", "step_kv_bytes"]

@@ -67,7 +67,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
-from torch import nn
 
 from layerfit.backports import StrEnum
 from layerfit.errors import (
@@ -81,6 +80,7 @@ from layerfit.schedule.decoding.batch_step import (
     Layers,
     Row,
     StepEngine,
+    cache_dtype,
     crop,
     kv_bytes_per_token,
     step_kv_bytes,
@@ -176,7 +176,7 @@ class DecodeLoop:
         self.step = BatchStep(engine)
         self.ledger = ledger
         self.max_waiting = max_waiting
-        self.per_token = kv_bytes_per_token(engine.model.config, _dtype(engine.model))
+        self.per_token = kv_bytes_per_token(engine.model.config, cache_dtype(engine.model))
         self.vocab = vocab_of(engine.model)  # token ids a prompt may hold: 0 to vocab - 1
         self.lean_bytes = self.kept_bytes = int(engine.memory.weight_bytes)
         self.kept_budget = kept_budget if kept_budget is not None and kept_budget > self.lean_bytes else None
@@ -508,12 +508,6 @@ def _tell(sequence: Sequence, token: int | None, finish: Finish | None, error: B
     """Hand a token or the end to the sequence's owner; its failure ends nothing else."""
     with contextlib.suppress(Exception):
         sequence.on_token(token, finish, error)
-
-
-def _dtype(model: nn.Module) -> torch.dtype:
-    """The dtype the model's cache is kept in: its first floating-point parameter's (the
-    skeleton's tensors carry their dtype without their bytes)."""
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
 __all__ = ["DecodeEngine", "DecodeLoop", "Finish", "Sequence", "WeightBuffers"]

@@ -26,6 +26,7 @@ from layerfit.schedule.decoding.batch_step import (
     BatchStep,
     Row,
     StepEngine,
+    cache_dtype,
     crop,
     kv_bytes_per_token,
     step_kv_bytes,
@@ -54,8 +55,7 @@ class Drafter:
         self.tokens = tokens
         self.weight_bytes = weight_bytes
         model = engine.model
-        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), "float32")
-        self.per_token = kv_bytes_per_token(model.config, dtype)
+        self.per_token = kv_bytes_per_token(model.config, cache_dtype(model))
         self.vocab = vocab_of(model)
         self.passes = 0
 
