@@ -38,23 +38,35 @@ def last_json(script: str) -> dict:
 # block is a mapping; freeing it makes glibc raise its thresholds (mmap to 24 MB, heap
 # trim to 48 MB), so the 16 MB block comes from the heap's top and stays resident when
 # freed. Once set, the free of a small block next to the top gives the 16 MB back, and
-# a 20 MB block is a mapping that its free unmaps. RSS is read around each free.
+# a 20 MB block is a mapping that its free unmaps. RSS is read around each free into a
+# buffer made beforehand: reading it allocates nothing from the C heap, where a block
+# left above the 16 MB one (a read buffer, say) would keep it off the heap's top. Which
+# allocation landed there depended on the interpreter's path, so the test failed under
+# one checkout's path and passed under another.
 _SCRIPT = """
-import ctypes, json
-from layerfit.engine.osmem import return_large_frees_to_os, rss_bytes
+import ctypes, json, os, resource
+from layerfit.engine.osmem import return_large_frees_to_os
 
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
+statm = os.open("/proc/self/statm", os.O_RDONLY)
+text = bytearray(128)
+page = resource.getpagesize()
+
+def rss():
+    read = os.preadv(statm, [text], 0)
+    return int(text[:read].split()[1]) * page
 
 def returned_by_free(nbytes):
     block = libc.malloc(nbytes)
     ctypes.memset(block, 1, nbytes)
-    before = rss_bytes()
+    before = rss()
     libc.free(block)
-    return before - rss_bytes()
+    return before - rss()
 
+returned_by_free(4096)  # the calls' own first-use allocations happen here, not above a block
 returned_by_free(24 * 2**20)
 by_default = returned_by_free(16 * 2**20)
 applied = return_large_frees_to_os(4 * 2**20)
