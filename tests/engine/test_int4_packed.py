@@ -122,6 +122,30 @@ def test_a_linear_runs_packed_unchanged() -> None:
         linear.weight.sum()
 
 
+def test_a_linear_bound_packed_calls_its_operand_as_f_linear_on_it_does() -> None:
+    """The direct call (:class:`PackedLinear`) and ``F.linear``'s override give the same bits;
+    a subclass of Linear keeps its class, and a dense weight put back runs as a plain Linear."""
+    shape = (64, 256)
+    weight = pack(_blocks("Q4_1", shape), "Q4_1", shape)
+    linear = nn.Linear(256, 64)
+    bind_packed(linear, weight)
+    assert type(linear) is int4_packed.PackedLinear and isinstance(linear, nn.Linear)
+    x = torch.randn(3, 1, 256)
+    assert torch.equal(linear(x), torch.nn.functional.linear(x, linear.weight, linear.bias))
+    dense = torch.randn(64, 256)
+    linear._parameters["weight"] = nn.Parameter(dense)
+    assert torch.equal(linear(x), torch.nn.functional.linear(x, dense, linear.bias))
+
+    class Scaled(nn.Linear):
+        def forward(self, input: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(input)
+
+    scaled = Scaled(256, 64)
+    bind_packed(scaled, weight)
+    assert type(scaled) is Scaled
+    assert torch.equal(scaled(x), 2 * packed_linear(x, weight, scaled.bias))
+
+
 def test_rejects_what_it_cannot_pack() -> None:
     with pytest.raises(ValueError, match="not packed"):
         pack(torch.zeros(34 * 16, dtype=torch.uint8), "Q8_0", (16, 32))

@@ -194,8 +194,34 @@ class PackedWeight(torch.Tensor):
         raise NotImplementedError(f"{func} on a packed weight (only F.linear runs packed)")
 
 
+class PackedLinear(nn.Linear):
+    """An ``nn.Linear`` whose call runs `linear` on a :class:`PackedWeight`'s operand itself.
+
+    ``F.linear`` on a packed weight gets there too, through ``__torch_function__``, but
+    PyTorch's search for the override costs about what the int4 product of a small layer
+    does (10-20 us): a 135 M model's decode step (211 linear layers) took 4-6% less time
+    with its layers so called (alternated in one process, 1 and 2 threads). With any other
+    weight (a dense one, or the skeleton's meta tensor between passes) the call is
+    ``nn.Linear``'s own.
+    """
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        weight = self._parameters["weight"]
+        if type(weight) is PackedWeight:
+            return linear(input, weight.operand, self._parameters["bias"])
+        return F.linear(input, weight, self.bias)
+
+
+def call_packed(module: nn.Module) -> None:
+    """Let a plain ``nn.Linear`` call its packed weight directly (:class:`PackedLinear`);
+    a subclass of it, with a forward of its own, keeps it and goes through ``F.linear``."""
+    if type(module) is nn.Linear:
+        module.__class__ = PackedLinear
+
+
 def bind_packed(module: nn.Linear, weight: PackedInt4 | torch.Tensor) -> None:
     """Make `module` compute with `weight` (the engine binds through ``_parameters`` too)."""
     if (module.out_features, module.in_features) != tuple(weight.shape):
         raise ValueError(f"a {tuple(weight.shape)} weight for {module}")
     module._parameters["weight"] = PackedWeight(weight, module.weight.dtype)
+    call_packed(module)

@@ -113,6 +113,10 @@ class Binding:
         """
         if self.meta is not None and self.meta.requires_grad and not (self.packed or self.table):
             tensor = tensor.detach().requires_grad_(True)
+        if self.packed and self.attr == "weight":
+            from layerfit.engine.int4_packed import call_packed
+
+            call_packed(self.module)
         (self.module._parameters if self.kind == "param" else self.module._buffers)[self.attr] = tensor
 
 
