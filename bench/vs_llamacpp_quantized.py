@@ -26,6 +26,11 @@ helpers (``timed_passes``, ``fastest``, ``llamacpp_status``, the footprint rule)
   ``n_threads`` = ``n_threads_batch`` = ``--threads``), *packed* (layerfit's default for a
   GGUF folder: int4 kernels), *dequantize* (``dequantize=True``, bit-equal to
   transformers), *fp32*; layerfit's children run ``torch.set_num_threads(--threads)``.
+  Bounds, no limit: *floor* (transformers' own decode at width 64), *kernels* (the packed
+  model's weight products alone), *bare* (transformers' own model of the config with every
+  linear layer on the kernel packed calls, its activations cast as packed casts them, no
+  layerfit code: the most running the model unchanged on these kernels gives) and
+  *bare-bf16* (the same, the whole model in bf16, nothing cast).
 - Limits: layerfit's footprint beside its weights F is measured per route as in vs_mmap
   (a child without a limit: anonymous peak minus the weight bytes held, plus
   ``FILE_ROOM`` for its libraries). The packed route's F grows with what it holds, so it
@@ -213,6 +218,69 @@ def child_floor(config: dict[str, Any], passes: int, threads: int) -> dict[str, 
     return {"load_s": 0.0, **greedy_decode(step, passes), "threads": torch.get_num_threads(), "policy": "transformers"}
 
 
+def child_bare(folder: Path, passes: int, threads: int, bf16: bool) -> dict[str, Any]:
+    """The bound of running this model unchanged on PyTorch's kernels, with no layerfit code:
+    transformers' own model of the folder's config, every linear layer the packed mode runs
+    on the int4 kernel a plain module calling that kernel (seeded codes and scales: the
+    time does not depend on their values), every other one a bf16 matrix as packed runs it,
+    the embedding the model's own. Its activations are float32, cast to bf16 around each
+    kernel as packed does; with ``bf16`` the whole model is bf16 and nothing is cast."""
+    import torch
+    import transformers
+    from torch import nn
+
+    from layerfit.engine.int4_packed import GROUP_SIZE
+    from layerfit.store import read_manifest
+
+    torch.set_num_threads(threads)
+    transformers.logging.set_verbosity_error()
+    config = {k: v for k, v in json.loads((folder / "config.json").read_text()).items() if k != "quantization_config"}
+    int4 = {place.removesuffix(".weight") for segment in read_manifest(folder).units for t in segment.tensors
+            if t.encoding is not None and t.encoding.int4_rows for place in t.places}
+    generator = torch.Generator().manual_seed(0)
+
+    class Product(nn.Module):
+        """``[N, K]`` on the int4 kernel (``codes``) or as a bf16 matrix."""
+
+        def __init__(self, n: int, k: int, codes: bool) -> None:
+            super().__init__()
+            self.n, self.k = n, k
+            if codes:
+                values = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=generator)
+                self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, 1)
+                self.scales = (torch.rand(k // GROUP_SIZE, n, 2, generator=generator) * 1e-2).to(torch.bfloat16)
+            else:
+                self.packed, self.weight = None, (torch.randn(n, k, generator=generator) * 2e-2).to(torch.bfloat16)
+
+        def forward(self, x: Any) -> Any:
+            flat = x.reshape(-1, self.k).to(torch.bfloat16)
+            if self.packed is None:
+                y = torch.nn.functional.linear(flat, self.weight)
+            else:
+                y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP_SIZE, self.scales)
+            return y.to(x.dtype).reshape(*x.shape[:-1], self.n)
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                place = f"{name}.{child_name}" if name else child_name
+                setattr(module, child_name, Product(child.out_features, child.in_features, place in int4))
+    model = model.to(torch.bfloat16 if bf16 else torch.float32).eval()
+    prompt, state = prompt_tokens(config["vocab_size"]), {"past": None}
+
+    def step(token: int | None) -> Any:
+        ids = torch.tensor([prompt if token is None else [token]])
+        with torch.no_grad():
+            out = model(ids, past_key_values=state["past"], use_cache=True)
+        state["past"] = out.past_key_values
+        return out.logits[0, -1]
+
+    return {"load_s": 0.0, **greedy_decode(step, passes), "int4_layers": len(int4), "threads": torch.get_num_threads(),
+            "policy": "transformers, bf16 throughout" if bf16 else "transformers, no layerfit"}
+
+
 def child_kernels(folder: Path, threads: int, repeats: int = 15) -> dict[str, Any]:
     """The packed model's weight products alone: every linear layer of the folder loaded
     with every weight held, its operand (int4 codes, or bf16) multiplied by one token's
@@ -286,6 +354,8 @@ def run_child(argv: list[str]) -> dict[str, Any]:
         return child_floor(json.loads(rest[0]), int(rest[1]), int(rest[2]))
     if side == "kernels":
         return child_kernels(Path(rest[0]), int(rest[1]))
+    if side in ("bare", "bare-bf16"):
+        return child_bare(Path(rest[0]), int(rest[1]), int(rest[2]), bf16=side == "bare-bf16")
     return child_layerfit(Path(rest[0]), int(rest[1]), int(rest[2]), int(rest[3]), dequantize=side == "dequantize")
 
 
@@ -411,6 +481,8 @@ def row(config: str, files: dict[str, Any], args: argparse.Namespace, limit: int
         child, python = ["floor", json.dumps(files["config"]), passes, threads], sys.executable
     elif config == "kernels":
         child, python = ["kernels", str(Path(files["gguf_path"]).parent / "packed"), threads], sys.executable
+    elif config in ("bare", "bare-bf16"):
+        child, python = [config, str(Path(files["gguf_path"]).parent / "packed"), passes, threads], sys.executable
     else:
         folder = Path(files["gguf_path"]).parent / ("fp32" if config == "fp32" else "packed")
         child, python = [config, str(folder), passes, str(budget), threads], sys.executable
@@ -494,7 +566,7 @@ def configurations(files: dict[str, Any], p: dict[str, Any]) -> list[tuple[str, 
     at40 = p["fp32_limit_bytes"]
     out += [("fp32", at40, p["fp32_budget_bytes"]),
             ("packed", at40, packed_budget(files["packed"], p, at40)),
-            ("floor", None, 0), ("kernels", None, 0)]
+            ("floor", None, 0), ("kernels", None, 0), ("bare", None, 0), ("bare-bf16", None, 0)]
     return out
 
 
@@ -573,6 +645,13 @@ def derive(model: dict[str, Any]) -> None:
         "share_of_llamacpp_step": floor["step_s"] / lc_best["step_s"] if floor and lc_best else None,
         "packed_bound_over_llamacpp": lc_best["step_s"] / ceiling if ceiling and lc_best else None,
     }
+    best_packed = max((r for r in rows if r["config"] == "packed" and r.get("policy") == "preload" and r.get("returncode") == 0),
+                      key=lambda r: r["tokens_per_s"], default=None)
+    for config, key in (("bare", "bare"), ("bare-bf16", "bare_bf16")):
+        bare = find(rows, config, None)
+        model["transformers_floor"][f"{key}_step_s"] = bare["step_s"] if bare else None
+        model["transformers_floor"][f"{key}_over_llamacpp"] = ratio(bare, lc_best)
+        model["transformers_floor"][f"packed_over_{key}"] = ratio(best_packed, bare)
     where = {"packed": top, "llamacpp": top, "dequantize": model["dequantize_limit_bytes"]}
     tokens = {c: (find(rows, c, limit) or {}).get("tokens") for c, limit in where.items()}
     model["agreement"] = {"packed_vs_dequantize": agreement(tokens["packed"], tokens["dequantize"]),
@@ -688,7 +767,21 @@ def floor_line(model: dict[str, Any]) -> str:
             f"({f['kernels_module_calls_s'] * 1e3:.1f} ms through the layers' calls, layerfit's casts and dispatch "
             f"included). Running the model unchanged on these kernels, a step takes at least floor + kernels = "
             f"{(f['step_s'] + f['kernels_step_s']) * 1e3:.1f} ms: packed can reach at most "
-            f"{number(f['packed_bound_over_llamacpp'], '×')} llama.cpp's tokens/s.")
+            f"{number(f['packed_bound_over_llamacpp'], '×')} llama.cpp's tokens/s." + bare_line(f))
+
+
+def bare_line(f: dict[str, Any]) -> str:
+    """The *bare* rows: the model unchanged on the kernels, with no layerfit code."""
+    if f.get("bare_step_s") is None:
+        return ""
+    line = (f" *bare*: transformers' own model of this config with every linear layer on the kernel packed calls "
+            f"(its fp32 activations cast to bf16 around each, as packed does) and no layerfit code takes "
+            f"{f['bare_step_s'] * 1e3:.1f} ms a step: {number(f['bare_over_llamacpp'], '×')} llama.cpp's tokens/s")
+    if f.get("bare_bf16_step_s") is not None:
+        line += (f"; with the whole model in bf16 (nothing cast) {f['bare_bf16_step_s'] * 1e3:.1f} ms: "
+                 f"{number(f['bare_bf16_over_llamacpp'], '×')}")
+    return line + (f". packed with every weight held reaches {number(f['packed_over_bare'], '×')} bare's tokens/s "
+                   "(fastest runs).")
 
 
 def verdict(met: bool | None) -> str:
