@@ -154,7 +154,7 @@ def test_q4_linear_weights_are_stored_for_the_int4_kernel_and_bound_as_they_lie(
     """A linear layer's Q4 weight is stored re-expressed (:mod:`layerfit.store.int4_form`):
     bound packed on this CPU it is a view of the read buffer (no byte made); a folder
     prepared for another CPU's layout runs the same (its blocks rebuilt and packed here)."""
-    from layerfit.engine.int4_packed import PackedInt4, PackedWeight, cpu_block_rows
+    from layerfit.engine.int4_packed import PackedInt4, PackedLinear, PackedWeight, cpu_block_rows
 
     if cpu_block_rows() is None:
         pytest.skip("this torch has no int4 packing op of a known layout")
@@ -169,6 +169,7 @@ def test_q4_linear_weights_are_stored_for_the_int4_kernel_and_bound_as_they_lie(
         weight = native.engine.model.model.layers[0].mlp.gate_proj.weight
         assert isinstance(weight, PackedWeight) and isinstance(weight.operand, PackedInt4)
         assert weight.operand.packed.untyped_storage().nbytes() > weight.operand.nbytes  # the read buffer's
+        assert type(native.engine.model.model.layers[0].mlp.gate_proj) is PackedLinear  # calls the kernel itself
     monkeypatch.setattr("layerfit.store.int4_form.form_rows", lambda: 32 if cpu_block_rows() != 32 else 64)
     other = tmp_path / "other-layout"
     prepare(f"gguf:{gguf}", other, hf=FIXED)

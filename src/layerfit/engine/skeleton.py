@@ -67,13 +67,19 @@ class Binding:
 
                 return QuantizedTable(buffer[start : start + self.nbytes], self.encoding.ggml, self.shape, self.dtype)
             if self.packed:
-                from layerfit.engine.int4_packed import PackedWeight, operand, operand_of_form
+                from layerfit.engine.int4_packed import (
+                    PackedWeight,
+                    call_packed,
+                    operand,
+                    operand_of_form,
+                )
 
                 stored = buffer[start : start + self.nbytes]
                 if self.encoding.int4_rows:
                     weight = operand_of_form(stored, self.encoding.ggml, self.shape, self.encoding.int4_rows)
                 else:
                     weight = operand(stored, self.encoding.ggml, self.shape)
+                call_packed(self.module)  # its call runs the operand without F.linear's override
                 return PackedWeight(weight, self.dtype)
             return self.dequantized(buffer[start : start + self.nbytes])
         typed = buffer[start : start + self.nbytes].view(self.dtype)
@@ -113,10 +119,6 @@ class Binding:
         """
         if self.meta is not None and self.meta.requires_grad and not (self.packed or self.table):
             tensor = tensor.detach().requires_grad_(True)
-        if self.packed and self.attr == "weight":
-            from layerfit.engine.int4_packed import call_packed
-
-            call_packed(self.module)
         (self.module._parameters if self.kind == "param" else self.module._buffers)[self.attr] = tensor
 
 
