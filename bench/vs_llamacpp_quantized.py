@@ -143,6 +143,24 @@ def greedy_decode(step: Any, passes: int) -> dict[str, Any]:
             "vm_hwm_bytes": vm_hwm(os.getpid())}
 
 
+def cached_step(model: Any, prompt: list[int]) -> Any:
+    """``step(token)`` for a decode of ``model`` (a transformers model, or an engine running
+    one): the prompt when ``token`` is None, else that one token on the cache the last step
+    returned; each returns the last position's logits."""
+    import torch
+
+    state: dict[str, Any] = {"past": None}
+
+    def step(token: int | None) -> Any:
+        ids = torch.tensor([prompt if token is None else [token]])
+        with torch.no_grad():
+            out = model(ids, past_key_values=state["past"], use_cache=True)
+        state["past"] = out.past_key_values
+        return out.logits[0, -1]
+
+    return step
+
+
 def child_layerfit(folder: Path, passes: int, budget: int, threads: int, dequantize: bool) -> dict[str, Any]:
     """layerfit on ``folder`` at ``budget`` (pipeline auto), then one more step, traced,
     for the weight bytes a step reads."""
@@ -152,17 +170,12 @@ def child_layerfit(folder: Path, passes: int, budget: int, threads: int, dequant
 
     torch.set_num_threads(threads)
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
-    prompt, state = prompt_tokens(vocab), {"past": None}
+    prompt = prompt_tokens(vocab)
     t0 = time.perf_counter()
     engine = load(folder, budget=budget, dequantize=dequantize)
     load_s = time.perf_counter() - t0
 
-    def step(token: int | None) -> Any:
-        ids = torch.tensor([prompt if token is None else [token]])
-        with torch.no_grad():
-            out = engine(ids, past_key_values=state["past"], use_cache=True)
-        state["past"] = out.past_key_values
-        return out.logits[0, -1]
+    step = cached_step(engine, prompt)
 
     result = greedy_decode(step, passes)
     engine.trace = True
@@ -206,14 +219,9 @@ def child_floor(config: dict[str, Any], passes: int, threads: int) -> dict[str, 
               "num_key_value_heads": 1, "vocab_size": 512}
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**narrow)).eval()
-    prompt, state = [i % 500 + 3 for i in prompt_tokens(narrow["vocab_size"] + 300)], {"past": None}
+    prompt = [i % 500 + 3 for i in prompt_tokens(narrow["vocab_size"] + 300)]
 
-    def step(token: int | None) -> Any:
-        ids = torch.tensor([prompt if token is None else [token]])
-        with torch.no_grad():
-            out = model(ids, past_key_values=state["past"], use_cache=True)
-        state["past"] = out.past_key_values
-        return out.logits[0, -1]
+    step = cached_step(model, prompt)
 
     return {"load_s": 0.0, **greedy_decode(step, passes), "threads": torch.get_num_threads(), "policy": "transformers"}
 
@@ -235,7 +243,9 @@ def child_bare(folder: Path, passes: int, threads: int, bf16: bool) -> dict[str,
     torch.set_num_threads(threads)
     transformers.logging.set_verbosity_error()
     config = {k: v for k, v in json.loads((folder / "config.json").read_text()).items() if k != "quantization_config"}
-    int4 = {place.removesuffix(".weight") for segment in read_manifest(folder).units for t in segment.tensors
+    manifest = read_manifest(folder)
+    segments = ((manifest.resident,) if manifest.resident else ()) + tuple(manifest.units)
+    int4 = {place.removesuffix(".weight") for segment in segments for t in segment.tensors
             if t.encoding is not None and t.encoding.int4_rows for place in t.places}
     generator = torch.Generator().manual_seed(0)
 
@@ -268,14 +278,9 @@ def child_bare(folder: Path, passes: int, threads: int, bf16: bool) -> dict[str,
                 place = f"{name}.{child_name}" if name else child_name
                 setattr(module, child_name, Product(child.out_features, child.in_features, place in int4))
     model = model.to(torch.bfloat16 if bf16 else torch.float32).eval()
-    prompt, state = prompt_tokens(config["vocab_size"]), {"past": None}
+    prompt = prompt_tokens(config["vocab_size"])
 
-    def step(token: int | None) -> Any:
-        ids = torch.tensor([prompt if token is None else [token]])
-        with torch.no_grad():
-            out = model(ids, past_key_values=state["past"], use_cache=True)
-        state["past"] = out.past_key_values
-        return out.logits[0, -1]
+    step = cached_step(model, prompt)
 
     return {"load_s": 0.0, **greedy_decode(step, passes), "int4_layers": len(int4), "threads": torch.get_num_threads(),
             "policy": "transformers, bf16 throughout" if bf16 else "transformers, no layerfit"}
