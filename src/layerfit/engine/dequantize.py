@@ -126,11 +126,20 @@ def _crumbs(qs: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def _scaled(view: torch.Tensor, q: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """``view = factor * q``: the codes cast into `view` (exact in every float dtype), then
-    scaled in place, which keeps both steps vectorised (a product promoting integer codes is
-    not); one rounding, as ``factor * q`` makes."""
-    view.copy_(q)
-    return view.mul_(factor)
+    """``view = factor * q``, one rounding, as ``factor * q`` in `view`'s dtype makes.
+
+    In float32 the codes are cast into `view` (exact), then scaled in place, which keeps both
+    steps vectorised (a product promoting integer codes is not). In a narrower dtype the
+    product is formed in float32 and rounded once into `view`: it is exact there (`factor`
+    is a value of that dtype, at most 11 significant bits, and the codes have at most 8), so
+    the result is the same bits, and about 1.4x faster on CPU, where a bf16 or f16 product
+    converts its operands to float32 anyway (a Q6_K output layer of 32000 x 2048 to bf16:
+    192 -> 137 ms on two threads)."""
+    if view.dtype == torch.float32:
+        view.copy_(q)
+        return view.mul_(factor)
+    view.copy_(q.float().mul_(factor.float()))
+    return view
 
 
 def _cast_into(values: torch.Tensor, out: torch.Tensor) -> None:
