@@ -202,3 +202,26 @@ def test_the_bytes_an_operand_makes_are_counted_as_made(type_name: str, shape: t
         assert int4_packed.made_nbytes(type_name, shape, rows) == 0
         other = 32 if rows != 32 else 64
         assert int4_packed.made_nbytes(type_name, shape, other) == nbytes
+
+
+@pytest.mark.parametrize("type_name, shape", [("Q8_0", (3000, 256)), ("Q4_K", (40, 256))])
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_a_streamed_unit_keeps_its_blocks_and_multiplies_them_by_rows(
+    type_name: str, shape: tuple[int, int], tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bound for one pass, a weight computed in bf16 stays its blocks (nothing made beside the
+    read buffer) and each product dequantizes a few rows at a time: the same bits as the
+    product with the whole weight dequantized (each output is the same dot product). A Q4
+    weight the kernel takes is packed either way."""
+    monkeypatch.setattr(int4_packed, "ROWS_ELEMENTS", 256 * 7)  # several steps, the last one short
+    blocks = _blocks(type_name, shape)
+    rows = int4_packed.operand(blocks, type_name, shape, streamed=True)
+    assert isinstance(rows, int4_packed.BlockRows)
+    assert int4_packed.operand_nbytes(type_name, shape, streamed=True) == 0
+    module = nn.Linear(shape[1], shape[0])
+    bind_packed(module, rows)
+    x = torch.randn(2, tokens, shape[1])
+    want = int4_packed.linear(x, int4_packed.operand(blocks, type_name, shape), module.bias)
+    assert torch.equal(module(x), want)
+    assert isinstance(int4_packed.operand(_blocks("Q4_0", (64, 256)), "Q4_0", (64, 256), streamed=True),
+                      int4_packed.PackedInt4)

@@ -123,10 +123,24 @@ def test_the_command_line_prepares_and_generates(tmp_path: Path, capsys: pytest.
 
 @pytest.mark.parametrize("dequantize", [True, False])
 def test_a_bound_quantized_unit_counts_the_bytes_binding_makes(tmp_path: Path, dequantize: bool):
-    _, out = _prepared(tmp_path, "llama", "Q4_0")
-    with layerfit.from_pretrained(out, budget="30%", pipeline="sync", dequantize=dequantize) as model:
-        model(_ids(model.config.vocab_size))
-        assert model.engine.binder.peak_bytes > 0
+    """Dequantized, a streamed unit's values are made beside the read buffer and counted
+    while bound; packed, a streamed unit makes nothing: its Q4 weights are views of the
+    buffer, and a weight computed in bf16 (Q8_0 here) stays blocks, dequantized by rows in
+    each product, with the bits the held weight gives."""
+    from layerfit.engine.int4_packed import BlockRows
+
+    _, out = _prepared(tmp_path, "llama", "Q8_0")
+    ids = _ids(400)
+    seen: list[object] = []
+    with layerfit.from_pretrained(out, budget="30%", pipeline="sync", dequantize=dequantize) as model, \
+            torch.no_grad():
+        head = model.engine.model.lm_head
+        head.register_forward_pre_hook(lambda module, args: seen.append(getattr(module.weight, "operand", None)))
+        streamed = model(ids).logits
+        assert (model.engine.binder.peak_bytes > 0) == dequantize
+    assert isinstance(seen[0], BlockRows) != dequantize
+    with layerfit.from_pretrained(out, budget="100%", dequantize=dequantize) as model, torch.no_grad():
+        assert torch.equal(model(ids).logits, streamed)
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q6_K"])

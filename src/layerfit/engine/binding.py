@@ -43,8 +43,10 @@ class Binder:
         self.counts_made = False
 
     def bind(self, bindings: list[Binding], buffer: torch.Tensor, base: int) -> None:
-        bind(bindings, buffer, base)
-        made = sum(b.made_nbytes for b in bindings) if self.counts_made else 0
+        """Bind a unit for the pass that streams it (its weights computed in bf16 in the packed
+        mode stay blocks: :mod:`.int4_packed`); what it makes is counted until unbound."""
+        bind(bindings, buffer, base, streamed=True)
+        made = sum(b.made_when(streamed=True) for b in bindings) if self.counts_made else 0
         if made:  # a quantized unit's values live beside the read buffer until unbound
             self._made[id(bindings[0])] = made
             self._hold(made)

@@ -14,9 +14,11 @@ exist from torch 2.6 (pytorch#139611); without them the weight runs dequantized 
 
 Every other type (Q8_0 included), and a Q4 weight stored as plain blocks (a GGUF weight
 whose rows are not a multiple of the layout's), is dequantized per unit to bf16 and
-multiplied in bf16 (`operand`, `linear`): ``_weight_int8pack_mm`` takes one scale per
-output channel, and re-quantizing Q8_0's block-32 scales to that was 10-30x the error of
-the bf16 weight (median relative error of the product 1e-2 to 5e-2 against 3e-3) and slower
+multiplied in bf16 (`operand`, `linear`); in a streamed unit, bound for one pass, it stays
+its blocks and each product dequantizes a few rows at a time (:class:`BlockRows`), so the
+unit makes no dense copy of itself beside the read buffer. ``_weight_int8pack_mm`` takes
+one scale per output channel, and re-quantizing Q8_0's block-32 scales to that was 10-30x
+the error of the bf16 weight (median relative error of the product 1e-2 to 5e-2 against 3e-3) and slower
 to make per unit (a re-quantization against a dequantization), see
 bench/results/quant_kernels.md.
 """
@@ -99,14 +101,53 @@ def packed_linear(
     return y.reshape(*x.shape[:-1], n)
 
 
+@dataclass(frozen=True)
+class BlockRows:
+    """An ``[N, K]`` weight of GGML blocks (uint8, a row's blocks after another's), multiplied
+    by dequantizing `ROWS_ELEMENTS` of it at a time to bf16 (:func:`block_rows_linear`).
+
+    What a streamed unit binds for a weight the packed mode computes in bf16: dequantized
+    whole, the unit would make ``N * K * 2`` bytes beside the read buffer for the one pass it
+    is bound for (131 MB for the Q6_K output layer of a 1.1 B model's Q4 file, which a
+    memory limit must leave room for), and the dense values would be read again from memory
+    by the product. The work per pass is the same dequantization either way."""
+
+    blocks: torch.Tensor
+    type_name: str
+    shape: tuple[int, int]
+
+
+#: elements dequantized per step of a `BlockRows` product: a few MB of bf16, in the caches
+ROWS_ELEMENTS = 1 << 20
+
+
+def block_rows_linear(x: torch.Tensor, weight: BlockRows) -> torch.Tensor:
+    """``x`` (``[M, K]`` bf16) times `weight` transposed: ``[M, N]`` bf16."""
+    n, k = weight.shape
+    row_bytes = weight.blocks.numel() // n
+    step = max(1, ROWS_ELEMENTS // k)
+    scratch = torch.empty(min(step, n), k, dtype=torch.bfloat16)
+    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        rows = dequantize(weight.blocks[a * row_bytes : b * row_bytes], weight.type_name, (b - a, k),
+                          torch.bfloat16, out=scratch[: b - a])
+        y[:, a:b] = F.linear(x, rows)
+    return y
+
+
 def operand(
-    blocks: torch.Tensor, type_name: str, shape: tuple[int, int], out: torch.Tensor | None = None
-) -> PackedInt4 | torch.Tensor:
+    blocks: torch.Tensor, type_name: str, shape: tuple[int, int], out: torch.Tensor | None = None,
+    *, streamed: bool = False,
+) -> PackedInt4 | BlockRows | torch.Tensor:
     """What a bound unit computes an ``[N, K]`` GGUF weight with in the packed mode: Q4_0, Q4_1
     and Q4_K packed for the int4 kernel (where this torch has it), any other type dequantized
-    to bf16 (into `out` when given: the engine's buffer)."""
+    to bf16 (into `out` when given: the engine's buffer), or, in a `streamed` unit, left as
+    its blocks (:class:`BlockRows`)."""
     if _runs_int4(type_name, shape):
         return pack(blocks, type_name, shape)
+    if streamed:
+        return BlockRows(blocks, type_name, shape)
     return dequantize(blocks, type_name, shape, torch.bfloat16, out=out)
 
 
@@ -115,10 +156,13 @@ def _runs_int4(type_name: str, shape: tuple[int, ...]) -> bool:
     return type_name in PACKED_TYPES and int4_packed_available() and shape[0] % 16 == 0
 
 
-def operand_nbytes(type_name: str, shape: tuple[int, ...]) -> int:
-    """Bytes `operand` makes: int4 codes and a bf16 scale and zero per 32, or bf16 values."""
+def operand_nbytes(type_name: str, shape: tuple[int, ...], *, streamed: bool = False) -> int:
+    """Bytes `operand` makes: int4 codes and a bf16 scale and zero per 32, or bf16 values
+    (none in a `streamed` unit, which keeps the blocks)."""
     count = shape[0] * shape[1]
-    return count // 2 + count // 8 if _runs_int4(type_name, shape) else count * 2
+    if _runs_int4(type_name, shape):
+        return count // 2 + count // 8
+    return 0 if streamed else count * 2
 
 
 def operand_of_form(form: torch.Tensor, type_name: str, shape: tuple[int, int], rows: int) -> PackedInt4 | torch.Tensor:
@@ -140,7 +184,7 @@ def made_nbytes(type_name: str, shape: tuple[int, int], rows: int) -> int:
 
 
 def linear(
-    x: torch.Tensor, weight: PackedInt4 | torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor, weight: PackedInt4 | BlockRows | torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``F.linear`` on an `operand`: bf16 activations either way, the result in ``x``'s dtype."""
     if isinstance(weight, PackedInt4):
@@ -148,7 +192,8 @@ def linear(
     # As 2-D rows: a 3-D input PyTorch does not fold into one matrix product (a decode step's
     # [1, 1, K] slice) goes through bmm, which copies the whole weight contiguous each call.
     flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-    y = F.linear(flat, weight).to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+    product = block_rows_linear(flat, weight) if isinstance(weight, BlockRows) else F.linear(flat, weight)
+    y = product.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
     return y if bias is None else y + bias
 
 
@@ -161,17 +206,18 @@ class PackedWeight(torch.Tensor):
     any other operation on it raises, since the dense values are not there to compute with.
     """
 
-    operand: PackedInt4 | torch.Tensor
+    operand: PackedInt4 | BlockRows | torch.Tensor
 
     @staticmethod
-    def __new__(cls, weight: PackedInt4 | torch.Tensor, dtype: torch.dtype) -> PackedWeight:
+    def __new__(cls, weight: PackedInt4 | BlockRows | torch.Tensor, dtype: torch.dtype) -> PackedWeight:
         shape = weight.shape
         tensor = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cpu")
         tensor.operand = weight
         return tensor
 
     def __repr__(self) -> str:  # noqa: D105
-        kind = "int4 packed" if isinstance(self.operand, PackedInt4) else "bf16"
+        kind = ("int4 packed" if isinstance(self.operand, PackedInt4)
+                else f"{self.operand.type_name} rows to bf16" if isinstance(self.operand, BlockRows) else "bf16")
         return f"PackedWeight(shape={tuple(self.shape)}, dtype={self.dtype}, {kind})"
 
     @classmethod

@@ -46,6 +46,11 @@ class Binding:
     def made_nbytes(self) -> int:
         """Bytes binding makes beside the read buffer: a quantized tensor's values, or its
         packed operand (int4 codes and a bf16 scale and zero per 32, or bf16)."""
+        return self.made_when(streamed=False)
+
+    def made_when(self, *, streamed: bool) -> int:
+        """`made_nbytes` of a unit held (bound for good) or `streamed` (bound for a pass,
+        where a packed weight computed in bf16 keeps its blocks: :mod:`.int4_packed`)."""
         if self.encoding is None or self.table:
             return 0
         if self.packed:
@@ -53,14 +58,15 @@ class Binding:
 
             if self.encoding.int4_rows:
                 return made_nbytes(self.encoding.ggml, self.shape, self.encoding.int4_rows)
-            return operand_nbytes(self.encoding.ggml, self.shape)
+            return operand_nbytes(self.encoding.ggml, self.shape, streamed=streamed)
         return math.prod(self.shape) * self.dtype.itemsize
 
-    def view(self, buffer: torch.Tensor, start: int) -> torch.Tensor:
+    def view(self, buffer: torch.Tensor, start: int, streamed: bool = False) -> torch.Tensor:
         """The tensor as a view of ``buffer`` (uint8) from byte ``start``, in the layout it
         was stored in (the model's own); a quantized tensor is dequantized from its blocks
         into a tensor of its own, with the values transformers' GGUF loader gives (float32
-        dequantization, then the model's dtype)."""
+        dequantization, then the model's dtype). A packed weight of a `streamed` unit that
+        computes in bf16 stays its blocks, dequantized by rows in each product."""
         if self.encoding is not None:
             if self.table:
                 from layerfit.engine.quantized_tables import QuantizedTable
@@ -78,7 +84,7 @@ class Binding:
                 if self.encoding.int4_rows:
                     weight = operand_of_form(stored, self.encoding.ggml, self.shape, self.encoding.int4_rows)
                 else:
-                    weight = operand(stored, self.encoding.ggml, self.shape)
+                    weight = operand(stored, self.encoding.ggml, self.shape, streamed=streamed)
                 call_packed(self.module)  # its call runs the operand without F.linear's override
                 return PackedWeight(weight, self.dtype)
             return self.dequantized(buffer[start : start + self.nbytes])
@@ -245,10 +251,11 @@ def segment_bindings(
     return out
 
 
-def bind(bindings: list[Binding], buffer: torch.Tensor, base: int) -> None:
-    """Point every binding at its bytes in ``buffer`` (a uint8 tensor) from ``base``."""
+def bind(bindings: list[Binding], buffer: torch.Tensor, base: int, streamed: bool = False) -> None:
+    """Point every binding at its bytes in ``buffer`` (a uint8 tensor) from ``base``;
+    ``streamed``: for one pass (:meth:`Binding.view`)."""
     for b in bindings:
-        b.attach(b.view(buffer, base + b.offset))
+        b.attach(b.view(buffer, base + b.offset, streamed))
 
 
 def unbind(bindings: list[Binding]) -> None:
