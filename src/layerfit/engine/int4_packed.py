@@ -18,8 +18,8 @@ multiplied in bf16 (`operand`, `linear`); in a streamed unit, bound for one pass
 its blocks and each product dequantizes a few rows at a time (:class:`BlockRows`), so the
 unit makes no dense copy of itself beside the read buffer. ``_weight_int8pack_mm`` takes
 one scale per output channel, and re-quantizing Q8_0's block-32 scales to that was 10-30x
-the error of the bf16 weight (median relative error of the product 1e-2 to 5e-2 against 3e-3) and slower
-to make per unit (a re-quantization against a dequantization), see
+the error of the bf16 weight (median relative error of the product 1e-2 to 5e-2 against
+3e-3) and slower to make per unit (a re-quantization against a dequantization), see
 bench/results/quant_kernels.md.
 """
 
@@ -126,8 +126,8 @@ def block_rows_linear(x: torch.Tensor, weight: BlockRows) -> torch.Tensor:
     n, k = weight.shape
     row_bytes = weight.blocks.numel() // n
     step = max(1, ROWS_ELEMENTS // k)
-    scratch = torch.empty(min(step, n), k, dtype=torch.bfloat16)
-    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
+    scratch = torch.empty(min(step, n), k, dtype=torch.bfloat16, device=weight.blocks.device)
+    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
     for a in range(0, n, step):
         b = min(n, a + step)
         rows = dequantize(weight.blocks[a * row_bytes : b * row_bytes], weight.type_name, (b - a, k),
