@@ -39,6 +39,8 @@ def machine() -> dict[str, Any]:
     return {
         "layerfit_commit": layerfit_commit(),
         "cpu": platform.processor() or platform.machine(),
+        **cpu_model(),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(),
         "memory_bytes": psutil.virtual_memory().total,
         "python": platform.python_version(),
@@ -46,6 +48,25 @@ def machine() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "load_average_at_start": os.getloadavg(),
     }
+
+
+#: the CPU features PyTorch's and llama.cpp's kernels dispatch on (x86 and Arm)
+SIMD_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "avx_vnni", "asimd", "sve")
+
+
+def cpu_model() -> dict[str, Any]:
+    """The CPU's model name and its SIMD features from ``/proc/cpuinfo`` (Linux; nothing
+    elsewhere): the same machine name can hide CPUs whose kernels differ several times in
+    speed (PyTorch's bf16 and int4 kernels on an AVX2-only EPYC against an AVX-512 one)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    return {"cpu_model": fields.get("model name", fields.get("CPU part", "")),
+            "cpu_simd": [f for f in SIMD_FLAGS if f in flags]}
 
 
 def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path, Path]:

@@ -620,15 +620,18 @@ def derive(model: dict[str, Any]) -> None:
     """Per limit: whether llama.cpp held the file, packed ÷ llama.cpp against its goal and
     both peaks; packed ÷ fp32 at 40 %; the tokens' agreement."""
     rows, top = model["rows"], model["limits_bytes"][-1]
+    model["reachable"] = reachable = reachable_terms(model)
     model["per_limit"] = []
     for limit in model["limits_bytes"]:
         lc, pk = find(rows, "llamacpp", limit), find(rows, "packed", limit)
         holds = lc["step_read_bytes"] < FITS_READ_SHARE * model["gguf_bytes"] if lc else None
         x = ratio(pk, lc)
         goal = GOAL_HOLDS if holds else GOAL_SHORT
+        most = at_most(reachable, limit, lc)
         model["per_limit"].append({
             "limit_bytes": limit, "llamacpp_holds_file": holds, "packed_over_llamacpp": x, "goal": goal,
-            "met": None if x is None else x >= goal,
+            "met": None if x is None else x >= goal, **most,
+            "goal_reachable": None if most["at_most_over_llamacpp"] is None else most["at_most_over_llamacpp"] >= goal,
             **{f"{k}_{w}": r.get(f"{w}_bytes") if r else None
                for k, r in (("packed", pk), ("llamacpp", lc)) for w in ("vm_hwm", "cgroup_peak", "anon_peak")},
         })
@@ -664,6 +667,35 @@ def derive(model: dict[str, Any]) -> None:
                           "dequantize_vs_llamacpp": agreement(tokens["dequantize"], tokens["llamacpp"])}
 
 
+def reachable_terms(model: dict[str, Any]) -> dict[str, Any] | None:
+    """What bounds any run of this model through transformers on PyTorch, from this run's rows:
+    the libraries' memory (the *floor* row's anonymous peak, plus ``FILE_ROOM`` for their
+    files), the least compute a step takes (floor + kernels), and the fastest rate at which
+    any row read the disk (its disk reads a step ÷ its step time). None without those rows."""
+    rows = model["rows"]
+    floor, kernels = find(rows, "floor", None), find(rows, "kernels", None)
+    rates = [r["step_read_bytes"] / r["step_s"] for r in rows
+             if r.get("returncode") == 0 and r.get("step_read_bytes", 0) > FITS_READ_SHARE * model["gguf_bytes"]]
+    if not (floor and kernels and rates):
+        return None
+    return {"libraries_bytes": floor["anon_peak_bytes"] + FILE_ROOM, "compute_step_s": floor["step_s"] + kernels["step_s"],
+            "read_bytes_per_s": max(rates), "quantized_bytes": model["gguf_bytes"]}
+
+
+def at_most(terms: dict[str, Any] | None, limit: int, lc: dict[str, Any] | None) -> dict[str, Any]:
+    """The most packed could reach at ``limit`` (its tokens/s ÷ llama.cpp's there), on
+    assumptions that favour it: the process takes only what the libraries take, every other
+    byte of the limit holds weights, a step reads the rest of the GGUF file's quantized bytes
+    (none of the packed form's extra) at the run's fastest disk rate, fully overlapped with
+    the least compute. A goal above it cannot be met running the model through transformers."""
+    if terms is None or lc is None:
+        return {"at_most_streamed_bytes": None, "at_most_step_s": None, "at_most_over_llamacpp": None}
+    held = min(max(limit - terms["libraries_bytes"], 0), terms["quantized_bytes"])
+    streamed = terms["quantized_bytes"] - held
+    step = max(terms["compute_step_s"], streamed / terms["read_bytes_per_s"])
+    return {"at_most_streamed_bytes": streamed, "at_most_step_s": step, "at_most_over_llamacpp": lc["step_s"] / step}
+
+
 def number(x: float | None, unit: str = "") -> str:
     return "-" if x is None else f"{x:.2f}{unit}"
 
@@ -689,12 +721,23 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         "llama.cpp: " + (f"llama-cpp-python {lc['llama_cpp_python']}, gguf {lc['gguf']}." if lc["available"]
                          else lc["note"]),
+        "",
+        cpu_line(data["machine"]),
     ]
     if data.get("quick"):
         lines += ["", "**Smoke run (`--quick`)**: few steps, one round, two limits; not a measurement."]
     for name, model in data["models"].items():
         lines += model_markdown(name, model)
     return "\n".join(lines) + "\n"
+
+
+def cpu_line(machine: dict[str, Any]) -> str:
+    """The CPU the run had: PyTorch's int4 and bf16 kernels depend on its SIMD far more than
+    llama.cpp's do."""
+    if "cpu_model" not in machine:
+        return "CPU: not recorded (a run before the bench recorded it)."
+    return (f"CPU: {machine['cpu_model'] or '?'} ({', '.join(machine['cpu_simd']) or 'no listed SIMD'}); PyTorch "
+            f"{machine['torch']} dispatches its CPU kernels at {machine['torch_cpu_capability']}.")
 
 
 def model_markdown(name: str, model: dict[str, Any]) -> list[str]:
@@ -725,14 +768,18 @@ def model_markdown(name: str, model: dict[str, Any]) -> list[str]:
         "",
         floor_line(model),
         "",
-        "| limit (MB) | llama.cpp holds the file | packed ÷ llama.cpp | goal | met | layerfit VmHWM (MB) | llama.cpp VmHWM "
-        "(MB) | layerfit anon (MB) | llama.cpp anon (MB) | layerfit cgroup (MB) | llama.cpp cgroup (MB) |",
-        "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        reachable_line(model),
+        "",
+        "| limit (MB) | llama.cpp holds the file | packed ÷ llama.cpp | goal | met | at most | layerfit VmHWM (MB) | "
+        "llama.cpp VmHWM (MB) | layerfit anon (MB) | llama.cpp anon (MB) | layerfit cgroup (MB) | llama.cpp cgroup "
+        "(MB) |",
+        "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for x in model["per_limit"]:
         holds = "-" if x["llamacpp_holds_file"] is None else "yes" if x["llamacpp_holds_file"] else "no"
         lines.append(f"| {mb(x['limit_bytes'])} | {holds} | {number(x['packed_over_llamacpp'], '×')} | "
-                     f"≥ {x['goal']}× | {verdict(x['met'])} | {mb(x['packed_vm_hwm'])} | {mb(x['llamacpp_vm_hwm'])} | "
+                     f"≥ {x['goal']}× | {verdict(x['met'])} | {number(x.get('at_most_over_llamacpp'), '×')} | "
+                     f"{mb(x['packed_vm_hwm'])} | {mb(x['llamacpp_vm_hwm'])} | "
                      f"{mb(x['packed_anon_peak'])} | {mb(x['llamacpp_anon_peak'])} | {mb(x['packed_cgroup_peak'])} | "
                      f"{mb(x['llamacpp_cgroup_peak'])} |")
     lines += [
@@ -773,6 +820,25 @@ def floor_line(model: dict[str, Any]) -> str:
             f"included). Running the model unchanged on these kernels, a step takes at least floor + kernels = "
             f"{(f['step_s'] + f['kernels_step_s']) * 1e3:.1f} ms: packed can reach at most "
             f"{number(f['packed_bound_over_llamacpp'], '×')} llama.cpp's tokens/s." + bare_line(f))
+
+
+def reachable_line(model: dict[str, Any]) -> str:
+    """How the *at most* column is computed, with this model's terms."""
+    t = model.get("reachable")
+    if not t:
+        return "*at most*: not computed (the floor, kernels or a streamed row is missing)."
+    short = [x for x in model["per_limit"] if x["met"] is False]
+    beyond = [mb(x["limit_bytes"]) for x in short if x.get("goal_reachable") is False]
+    within = [mb(x["limit_bytes"]) for x in short if x.get("goal_reachable")]
+    return (f"*at most*: the most packed could reach at the limit running the model through transformers on "
+            f"PyTorch, on assumptions that favour it: the process takes only what its libraries take (the floor "
+            f"row's anonymous peak + {FILE_ROOM / 1e6:.0f} MB for their files: {mb(t['libraries_bytes'])} MB), "
+            f"every other byte of the limit holds weights, and a step reads the rest of the file's "
+            f"{mb(t['quantized_bytes'])} MB of quantized bytes (none of the packed form's extra) at the run's "
+            f"fastest disk rate ({t['read_bytes_per_s'] / 1e9:.2f} GB/s), wholly overlapped with the least compute "
+            f"(floor + kernels, {t['compute_step_s'] * 1e3:.1f} ms); ÷ llama.cpp's step at that limit. Goals not "
+            f"met beyond that bound (unreachable this way): {', '.join(beyond) or 'none'} MB; not met within it: "
+            f"{', '.join(within) or 'none'} MB.")
 
 
 def bare_line(f: dict[str, Any]) -> str:
