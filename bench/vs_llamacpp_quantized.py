@@ -837,8 +837,12 @@ def reachable_line(model: dict[str, Any]) -> str:
             f"{mb(t['quantized_bytes'])} MB of quantized bytes (none of the packed form's extra) at the run's "
             f"fastest disk rate ({t['read_bytes_per_s'] / 1e9:.2f} GB/s), wholly overlapped with the least compute "
             f"(floor + kernels, {t['compute_step_s'] * 1e3:.1f} ms); ÷ llama.cpp's step at that limit. Goals not "
-            f"met beyond that bound (unreachable this way): {', '.join(beyond) or 'none'} MB; not met within it: "
-            f"{', '.join(within) or 'none'} MB.")
+            f"met beyond that bound (unreachable this way): {megabytes_list(beyond)}; not met within it: "
+            f"{megabytes_list(within)}.")
+
+
+def megabytes_list(limits: list[str]) -> str:
+    return f"{', '.join(limits)} MB" if limits else "none"
 
 
 def bare_line(f: dict[str, Any]) -> str:
