@@ -289,6 +289,42 @@ def test_a_decoded_token_reads_the_streamed_units_quantized_bytes(tmp_path: Path
     assert steps == [pytest.approx(streamed, rel=0.05)] * 3
 
 
+@pytest.mark.parametrize(("dequantize", "pipeline"), [(False, "sync"), (False, "async"), (True, "async")])
+def test_a_verified_int4_unit_is_read_without_its_blocks_heads(tmp_path: Path, dequantize: bool, pipeline: str):
+    """The int4 form stores the blocks' heads after the kernel's operands, for
+    ``--dequantize`` (and a CPU of another layout) to rebuild the blocks from. Packed, the
+    binding never reads them, so once a unit's first read has verified it whole, later passes
+    read it only as far as its operands (in whole pages): fewer bytes, the same logits as
+    every weight held (async: units read together split their request where one is read
+    short; no read-ahead, which would count the next pass's first reads in this one).
+    Dequantized, the heads are needed and every pass reads them."""
+    from layerfit.engine.int4_packed import form_binds_views
+    from layerfit.store.manifest import ALIGN
+
+    _, out = _prepared(tmp_path, "llama", "Q4_1")
+    manifest = read_manifest(out)
+    forms = [t for u in manifest.units for t in u.tensors if t.encoding is not None and t.encoding.int4_rows]
+    assert forms and all(form_binds_views(t.encoding.int4_rows) for t in forms)
+    n, k = forms[0].shape
+    operands = [-(-(n * k // 2 + n * k // 32 * 4) // ALIGN) * ALIGN for t in forms for n, k in [t.shape]]
+    heads = 0 if dequantize else sum(t.nbytes - o for t, o in zip(forms, operands, strict=True))
+    assert dequantize or heads >= len(forms) * ALIGN
+    whole = sum(u.nbytes for u in manifest.units)
+    ids = _ids(400, 8)
+    budget = manifest.resident_bytes + 2 * manifest.largest_unit_bytes  # every unit streamed
+    with layerfit.from_pretrained(out, budget="100%", dequantize=dequantize) as model, torch.no_grad():
+        want = model(ids).logits
+    with layerfit.from_pretrained(out, budget=budget, pipeline=pipeline, gather_rows=False, read_ahead=False,
+                                  dequantize=dequantize) as model, torch.no_grad():
+        reads, logits = [], []
+        for _ in range(3):
+            before = model.engine.bytes_read
+            logits.append(model(ids).logits)
+            reads.append(model.engine.bytes_read - before)
+    assert reads == [whole, whole - heads, whole - heads]
+    assert all(torch.equal(x, want) for x in logits)
+
+
 def test_a_quantized_moe_reads_the_experts_its_router_chooses(tmp_path: Path):
     """Routed experts stored as blocks are read (and dequantized) by what the router
     chooses, as float experts are: bit-equal to transformers, fewer bytes than whole."""

@@ -50,6 +50,7 @@ from layerfit.engine.skeleton import (
     Binding,
     bind,
     build_skeleton,
+    read_extent,
     report_device,
     segment_bindings,
 )
@@ -169,7 +170,8 @@ class Engine:
         # mapping when the new capacity fits it.
         self._release_configuration(keep_ring=True)
         self.config, self.plan = config, new
-        self.units.configure(new.blocks)
+        self.units.configure(new.blocks, {i: read_extent(bindings[i], block.nbytes)
+                                          for i, block in enumerate(new.blocks) if i not in new.weights.gathered})
         weights = new.weights
         self.buffers.resize(weights.buffer_bytes, weights.device_buffer_bytes, self.stream.room, self.stream.copyable)
         experts = [u.name for u in self.manifest.units if experts_segment(u)]

@@ -169,16 +169,30 @@ def operand_of_form(form: torch.Tensor, type_name: str, shape: tuple[int, int], 
     """What a bound unit computes with from a weight stored in :mod:`~layerfit.store.int4_form`'s
     form of `rows` rows per block: views of `form` where this CPU packs in that layout,
     else the rebuilt blocks packed for this CPU (or dequantized to bf16 without the kernel)."""
-    if int4_packed_available() and cpu_block_rows() == rows:
+    if form_binds_views(rows):
         codes, pairs = int4_form.operands(form, type_name, shape)
         return PackedInt4(codes, pairs, shape)
     return operand(int4_form.to_blocks(form, type_name, shape, rows), type_name, shape)
 
 
+def form_binds_views(rows: int) -> bool:
+    """Whether `operand_of_form` binds a form of `rows` rows per block as views of its codes
+    and scales (so the heads stored after them are never read) on this CPU and torch."""
+    return int4_packed_available() and cpu_block_rows() == rows
+
+
+def read_nbytes(type_name: str, shape: tuple[int, int], rows: int) -> int:
+    """Bytes of a stored form `operand_of_form` reads: its codes and scales where it binds
+    views of them, else all of it (the blocks are rebuilt from codes and heads)."""
+    if form_binds_views(rows):
+        return int4_form.operands_nbytes(shape)
+    return int4_form.form_nbytes(type_name, shape)
+
+
 def made_nbytes(type_name: str, shape: tuple[int, int], rows: int) -> int:
     """Bytes `operand_of_form` makes beside the read buffer: none where it returns views,
     else the operand made from the rebuilt blocks (the blocks themselves are transient)."""
-    if int4_packed_available() and cpu_block_rows() == rows:
+    if form_binds_views(rows):
         return 0
     return operand_nbytes(type_name, shape)
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from layerfit.errors import FactoryImportError, ManifestError
-from layerfit.store.manifest import Encoding, Manifest, Segment
+from layerfit.store.manifest import ALIGN, Encoding, Manifest, Segment
 from layerfit.store.model_spec import ModelSpec
 from layerfit.store.trust import check_trusted
 
@@ -60,6 +60,17 @@ class Binding:
                 return made_nbytes(self.encoding.ggml, self.shape, self.encoding.int4_rows)
             return operand_nbytes(self.encoding.ggml, self.shape, streamed=streamed)
         return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def read_nbytes(self) -> int:
+        """Bytes of its stored tensor that binding reads: all of them, but for a weight in
+        the int4 form bound as views of its codes and scales, whose heads (kept for
+        ``--dequantize`` and other CPUs' layouts) it never touches."""
+        if self.packed and self.encoding is not None and self.encoding.int4_rows:
+            from layerfit.engine.int4_packed import read_nbytes
+
+            return read_nbytes(self.encoding.ggml, self.shape, self.encoding.int4_rows)
+        return self.nbytes
 
     def view(self, buffer: torch.Tensor, start: int, streamed: bool = False) -> torch.Tensor:
         """The tensor as a view of ``buffer`` (uint8) from byte ``start``, in the layout it
@@ -249,6 +260,14 @@ def segment_bindings(
                         t.encoding, runs_packed, table)
             )
     return out
+
+
+def read_extent(bindings: list[Binding], nbytes: int) -> int:
+    """The bytes of a unit of ``nbytes`` from its start that binding ``bindings`` (all its
+    places) reads, in whole pages: less than the unit only where its last tensors' tails go
+    unread (:attr:`Binding.read_nbytes`)."""
+    end = max((b.offset + b.read_nbytes for b in bindings), default=nbytes)
+    return min(nbytes, -(-end // ALIGN) * ALIGN)
 
 
 def bind(bindings: list[Binding], buffer: torch.Tensor, base: int, streamed: bool = False) -> None:

@@ -25,26 +25,37 @@ class UnitReader:
         self.blocks: Sequence[Block] = ()
         self.verified: set[int] = set()  # segment indices whose SHA-256 was checked
         self.verified_blocks: set[int] = set()  # units that need no check (again)
+        self.extents: dict[int, int] = {}  # unit -> the bytes from its start its binding reads, where fewer
 
-    def configure(self, blocks: Sequence[Block]) -> None:
+    def configure(self, blocks: Sequence[Block], extents: dict[int, int] | None = None) -> None:
         """Read units of a new partition from now on; none verified yet (every one when
-        verify is ``never``)."""
+        verify is ``never``). ``extents``: for a unit whose binding reads only its first
+        bytes (the packed mode's int4 weights, not their heads), how many; once verified,
+        such a unit is read only that far (the rest of its place in the buffer is left
+        as it was, and nothing reads it)."""
         self.blocks = blocks
         self.verified_blocks = set(range(len(blocks))) if self.verify == "never" else set()
+        self.extents = {i: n for i, n in (extents or {}).items() if n < blocks[i].nbytes}
 
     def needs_check(self, i: int) -> bool:
         """Whether the next read of unit ``i`` verifies its SHA-256."""
         return i not in self.verified_blocks
+
+    def read_nbytes(self, i: int) -> int:
+        """The bytes the next read of unit ``i`` reads: all, to verify it; else its extent."""
+        if i not in self.verified_blocks:
+            return self.blocks[i].nbytes
+        return self.extents.get(i, self.blocks[i].nbytes)
 
     def read_unit(self, i: int, into: memoryview) -> None:
         """Read unit ``i`` into ``into`` (aligned, at least the unit's bytes); the first
         read of a unit verifies its SHA-256. Unit sources call it from their own threads,
         concurrently with the forward pass."""
         blk = self.blocks[i]
-        view = into[: blk.nbytes]
-        self.reader.read_range(blk.offset, blk.nbytes, view, f"unit {i} ({blk.name or '<root>'})")
+        nbytes = self.read_nbytes(i)
+        self.reader.read_range(blk.offset, nbytes, into[:nbytes], f"unit {i} ({blk.name or '<root>'})")
         if i not in self.verified_blocks:
-            self.check(i, view)
+            self.check(i, into[: blk.nbytes])
 
     def read_unit_buffer(self, i: int) -> mmap.mmap:
         """Unit ``i`` read into a fresh aligned buffer of exactly its bytes, owned by the
@@ -72,11 +83,25 @@ class UnitReader:
             self.read_unit(first, view)
             return
         base = blocks[first].offset
-        total = blocks[stop - 1].offset + blocks[stop - 1].nbytes - base
-        view = view[:total]
+        start = first
+        for k in range(first, stop):  # a unit read short ends a request: the next begins a new one
+            nbytes = self.read_nbytes(k)
+            if k == stop - 1 or nbytes < blocks[k].nbytes:
+                self._read_adjacent(start, k + 1, view[blocks[start].offset - base :], nbytes)
+                start = k + 1
+
+    def _read_adjacent(self, first: int, stop: int, view: memoryview, last_nbytes: int) -> None:
+        """Read units ``first..stop-1`` into ``view`` with one request, the last one
+        ``last_nbytes`` of it; one by one where that fails, so the error names the unit."""
+        blocks = self.blocks
+        if stop - first == 1:
+            self.read_unit(first, view)
+            return
+        base = blocks[first].offset
+        total = blocks[stop - 1].offset + last_nbytes - base
         try:
             what = f"units {first}-{stop - 1} ({blocks[first].name} .. {blocks[stop - 1].name})"
-            self.reader.read_range(base, total, view, what)
+            self.reader.read_range(base, total, view[:total], what)
         except LayerfitError:
             for k in range(first, stop):
                 pos = blocks[k].offset - base

@@ -67,6 +67,13 @@ def form_nbytes(type_name: str, shape: tuple[int, ...]) -> int:
     return n * k // 2 + n * (k // GROUP_SIZE) * 4 + n * (k // t.block_elems) * HEAD_BYTES[type_name]
 
 
+def operands_nbytes(shape: tuple[int, ...]) -> int:
+    """Bytes of the form's first two arrays (codes, scales and zeros): what the kernel reads,
+    the heads after them being what only rebuilding the blocks needs."""
+    n, k = shape
+    return n * k // 2 + n * (k // GROUP_SIZE) * 4
+
+
 def eligible(type_name: str, shape: tuple[int, ...], rows: int) -> bool:
     """Whether an ``[N, K]`` weight of `type_name` can be stored in the form of `rows`."""
     return (
@@ -103,7 +110,7 @@ def operands(form: torch.Tensor, type_name: str, shape: tuple[int, int]) -> tupl
     zeros bf16 ``[K/32, N, 2]`` (a copy of the latter where `form` starts at an odd byte)."""
     n, k = shape
     codes = form[: n * k // 2].view(n, k // 2)
-    pairs = form[n * k // 2 : n * k // 2 + n * (k // GROUP_SIZE) * 4]
+    pairs = form[n * k // 2 : operands_nbytes(shape)]
     if pairs.storage_offset() % 2:
         pairs = pairs.clone()
     return codes, pairs.view(torch.bfloat16).view(k // GROUP_SIZE, n, 2)
@@ -116,7 +123,7 @@ def to_blocks(form: torch.Tensor, type_name: str, shape: tuple[int, int], rows: 
     head = HEAD_BYTES[type_name]
     width = _code_width(type_name)
     codes = unlayout(form[: n * k // 2], width, n, k, rows)
-    heads = form[n * k // 2 + n * (k // GROUP_SIZE) * 4 :].view(n, k // t.block_elems, head)
+    heads = form[operands_nbytes(shape) :].view(n, k // t.block_elems, head)
     return torch.cat((heads, codes.view(n, k // t.block_elems, t.block_bytes - head)), dim=2).view(-1)
 
 
