@@ -43,6 +43,56 @@ def test_live_allocations_never_overlap_and_stay_within_capacity(capacity_pages,
         ring.close()
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    capacity_pages=st.integers(2, 40),
+    ops=st.lists(st.tuples(st.sampled_from(["allocate", "release", "front"]), st.integers(1, 12)),
+                 min_size=1, max_size=80),
+)
+def test_giving_back_the_oldest_units_first_pages_makes_room_and_nothing_overlaps(capacity_pages, ops):
+    """A unit whose kernel has used its first pages gives them back (``release_front_locked``)
+    and is released later from where it then begins: the room it gave back is placed again,
+    and no two live units overlap."""
+    ring = RingBuffer(capacity_pages * PAGE)
+    live: deque[tuple[int, int]] = deque()
+    try:
+        for op, pages in ops:
+            nbytes = min(pages, capacity_pages) * PAGE
+            if op == "allocate" and ring._fits(nbytes) is not None:
+                start = ring.allocate(nbytes)
+                for a, b in live:
+                    assert start + nbytes <= a or b <= start, "overlapping live units"
+                live.append((start, start + nbytes))
+            elif op == "front" and live and live[0][1] - live[0][0] > pages * PAGE:
+                start, end = live[0]
+                with ring.condition:
+                    assert ring.oldest_starts_at(start)
+                    ring.release_front_locked(start, start + pages * PAGE)
+                    assert ring.holds_only(start + pages * PAGE) == (len(live) == 1)
+                live[0] = (start + pages * PAGE, end)
+            elif op == "release" and live:
+                start, _ = live.popleft()
+                ring.release(start)
+            assert sum(b - a for a, b in live) <= ring.in_use <= ring.capacity
+        if not live:
+            assert ring.in_use == 0
+    finally:
+        ring.close()
+
+
+def test_a_front_given_back_must_lie_inside_the_oldest_unit():
+    ring = RingBuffer(4 * PAGE)
+    a = ring.allocate(2 * PAGE)
+    ring.allocate(PAGE)
+    with ring.condition:
+        for start, front in ((a + PAGE, a + 2 * PAGE), (a, a + 2 * PAGE), (a, a)):
+            with pytest.raises(RuntimeError, match="not inside the oldest"):
+                ring.release_front_locked(start, front)
+        ring.release_front_locked(a, a + PAGE)
+    assert ring.allocate(PAGE) == 3 * PAGE and ring.in_use == 3 * PAGE
+    ring.close()
+
+
 def test_a_unit_waits_until_the_oldest_is_released():
     import threading
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -321,8 +322,58 @@ def test_a_verified_int4_unit_is_read_without_its_blocks_heads(tmp_path: Path, d
             before = model.engine.bytes_read
             logits.append(model(ids).logits)
             reads.append(model.engine.bytes_read - before)
-    assert reads == [whole, whole - heads, whole - heads]
+            model.engine.trace = True  # its timeline's reads are the bytes read too
+        traced = sum(e.nbytes for e in model.engine.last_timeline.events if e.stage == "read")
+    assert reads == [whole, whole - heads, whole - heads] and traced == whole - heads
     assert all(torch.equal(x, want) for x in logits)
+
+
+def test_the_last_streamed_unit_gives_its_place_back_as_its_rows_are_used(tmp_path: Path, monkeypatch):
+    """Packed, a Q8_0 output layer streamed for a pass stays blocks multiplied a few rows
+    at a time; as the last unit of the pass it gives each page of rows back once used, and
+    the next pass's first units are read into them while it still runs (where otherwise
+    nothing is read until it ends). The tokens are those of every weight held, also after a
+    pass whose product failed midway with units read ahead into the pages it gave back."""
+    from layerfit.engine import int4_packed
+
+    monkeypatch.setattr(int4_packed, "ROWS_ELEMENTS", 32 * 256)  # 32 rows a step: many pages given back
+    _, out = _prepared(tmp_path, "llama", "Q8_0")
+    manifest = read_manifest(out)
+    assert manifest.units[-1].name == "lm_head" and manifest.units[-1].nbytes == manifest.largest_unit_bytes
+    ids = _ids(400, 4)
+    with layerfit.from_pretrained(out, budget="100%") as model, torch.no_grad():
+        want = model.generate(ids, max_new_tokens=6, do_sample=False)
+    product, began = int4_packed.block_rows_linear, []
+    head = manifest.units[-1].tensors[0].shape
+    failing = {"at": None}
+
+    def observed(x: torch.Tensor, weight: int4_packed.BlockRows) -> torch.Tensor:
+        if weight.shape != head:  # (the layers' Q8_0 weights are blocks multiplied by rows too)
+            return product(x, weight)
+        if len(began) == failing["at"]:
+            failing["at"] = None
+            weight.used(weight.blocks.numel() // 2)  # half given back, read into, then it fails
+            deadline = time.monotonic() + 10
+            while not engine.stream.read_ahead.current.read and time.monotonic() < deadline:
+                time.sleep(0.001)
+            raise RuntimeError("the product failed midway")
+        y = product(x, weight)
+        began.append(engine.stream.read_ahead.current is not None)
+        return y
+
+    monkeypatch.setattr(int4_packed, "block_rows_linear", observed)
+    # A buffer of two heads: the head's first pages hold the rows the next prompt may look up
+    # (this tiny table is nearly the head's size) before the next units fit.
+    budget = manifest.resident_bytes + 2 * manifest.largest_unit_bytes
+    with layerfit.from_pretrained(out, budget=budget, pipeline="async") as model, torch.no_grad():
+        engine = model.engine
+        assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), want)
+        assert len(began) == 6 and all(began)
+        assert engine.stream.reader.output.read_ahead_bytes > 0
+        failing["at"] = len(began) + 2  # the third step's
+        with pytest.raises(RuntimeError, match="failed midway"):
+            model.generate(ids, max_new_tokens=6, do_sample=False)
+        assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), want)
 
 
 def test_a_quantized_moe_reads_the_experts_its_router_chooses(tmp_path: Path):

@@ -25,6 +25,7 @@ bench/results/quant_kernels.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from layerfit.engine.dequantize import TYPES, dequantize
+from layerfit.errors import LayerfitError
 from layerfit.store import int4_form
 from layerfit.store.int4_form import GROUP_SIZE, INT4_TYPES, cpu_block_rows
 
@@ -101,7 +103,7 @@ def packed_linear(
     return y.reshape(*x.shape[:-1], n)
 
 
-@dataclass(frozen=True)
+@dataclass
 class BlockRows:
     """An ``[N, K]`` weight of GGML blocks (uint8, a row's blocks after another's), multiplied
     by dequantizing `ROWS_ELEMENTS` of it at a time to bf16 (:func:`block_rows_linear`).
@@ -110,11 +112,18 @@ class BlockRows:
     whole, the unit would make ``N * K * 2`` bytes beside the read buffer for the one pass it
     is bound for (131 MB for the Q6_K output layer of a 1.1 B model's Q4 file, which a
     memory limit must leave room for), and the dense values would be read again from memory
-    by the product. The work per pass is the same dequantization either way."""
+    by the product. The work per pass is the same dequantization either way.
+
+    ``used``, when set, is told after each step how many bytes of `blocks` (from their start)
+    the product has used: the engine gives them back to the read buffer while the rest is
+    multiplied (:meth:`~layerfit.engine.stream.UnitStream.release_rows_as_used`). They are
+    not there to multiply again, so such a weight refuses a second product (``spent``)."""
 
     blocks: torch.Tensor
     type_name: str
     shape: tuple[int, int]
+    used: Callable[[int], None] | None = None
+    spent: bool = False
 
 
 #: elements dequantized per step of a `BlockRows` product: a few MB of bf16, in the caches
@@ -123,16 +132,25 @@ ROWS_ELEMENTS = 1 << 20
 
 def block_rows_linear(x: torch.Tensor, weight: BlockRows) -> torch.Tensor:
     """``x`` (``[M, K]`` bf16) times `weight` transposed: ``[M, N]`` bf16."""
+    if weight.spent:
+        raise LayerfitError(
+            f"a {weight.type_name} weight {list(weight.shape)} whose bytes were given back as its "
+            "product used them ran a second product in one pass: load the model with read_ahead=False"
+        )
     n, k = weight.shape
     row_bytes = weight.blocks.numel() // n
     step = max(1, ROWS_ELEMENTS // k)
     scratch = torch.empty(min(step, n), k, dtype=torch.bfloat16, device=weight.blocks.device)
     y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
+    used = weight.used
+    weight.spent = used is not None
     for a in range(0, n, step):
         b = min(n, a + step)
         rows = dequantize(weight.blocks[a * row_bytes : b * row_bytes], weight.type_name, (b - a, k),
                           torch.bfloat16, out=scratch[: b - a])
         y[:, a:b] = F.linear(x, rows)
+        if used is not None:
+            used(b * row_bytes)
     return y
 
 

@@ -31,6 +31,7 @@ from torch import nn
 from layerfit.engine.expert_places import ExpertPlace
 from layerfit.engine.trace import Event
 from layerfit.errors import LayerfitError, ReadError
+from layerfit.store.manifest import ALIGN
 
 if TYPE_CHECKING:
     from layerfit.engine.pass_state import PassState
@@ -232,6 +233,22 @@ class KernelStage:
 
     # --- units held as one ---------------------------------------------------------------
 
+    def give_back_used(self, i: int, base: int, nbytes: int) -> bool:
+        """Unit ``i``, bound at ``base`` of the read buffer and the oldest there, has used its
+        first ``nbytes`` for good (:meth:`~layerfit.engine.stream.UnitStream.release_rows_as_used`):
+        give their whole pages back (the rest is given back from where they end) and wake
+        whoever waits for room. Whether the buffer holds nothing else now."""
+        stream = self.stream
+        front = base + nbytes // ALIGN * ALIGN
+        with stream.state:
+            off = self.bound.get(i)
+            if off is None or not off < front < base + stream.blocks[i].nbytes or not stream.ring.oldest_starts_at(off):
+                return False
+            stream.ring.release_front_locked(off, front)
+            self.bound[i] = front
+            stream.room.notify_all()  # the read-ahead may wait for room
+            return stream.ring.holds_only(front)
+
     def hold(self, units: range) -> None:
         """Bind ``units`` as one unit until :meth:`let_go`: a run in row stripes
         (:mod:`layerfit.engine.stripes`) interleaves the phases of their layers, so each
@@ -345,6 +362,8 @@ class PreHook(UnitHook):
             kernels.wake_after_kernel(run)
         stream.binder.bind(stream.bindings[i], ring.bytes, off)
         kernels.bound[i] = off
+        if not three:
+            stream.release_rows_as_used(run, i, off)  # the pass's last streamed unit: pages back as used
 
 
 class PostHook(UnitHook):
@@ -391,6 +410,8 @@ class PostHook(UnitHook):
             with stream.state:
                 if stream.device_ring is None:
                     stream.ring.release_locked(off)
+                    if stream.read_ahead.current is not None:  # begun as its rows were used: room for it
+                        stream.room.notify_all()
                 else:
                     stream.device_ring.release_locked(off)
                     stream.copier.wake(run)

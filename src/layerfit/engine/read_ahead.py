@@ -119,8 +119,8 @@ class ReadAhead:
         """After :meth:`join`: what the read under way when the pass began comes to, and
         the units given back of it (read for nothing). None when the pass does not keep
         it; else ``(units, offset, bytes, times)`` for the pass's reader to hand to the
-        kernels, ``times`` None when the read failed and must be made again into its
-        place."""
+        kernels, ``times`` (the read's start and end, the bytes it read of each unit) None
+        when the read failed and must be made again into its place."""
         if self.pending is not None:  # it failed
             units, off, total = self.pending
             if self.keeps(units[0]):
@@ -133,7 +133,8 @@ class ReadAhead:
         if not self.keeps(units[0]):
             return None, give_back(self, ring, range(units[0], units[-1] + 1))
         total = sum(blocks[k].nbytes for k in units)
-        return (units, self.read[units[0]], total, (self.times[units[0]][0], self.times[units[-1]][1])), []
+        sizes = [self.times[k][2] for k in units]  # the bytes read of each
+        return (units, self.read[units[0]], total, (self.times[units[0]][0], self.times[units[-1]][1], sizes)), []
 
     def release_failed(self, ring: RingBuffer, blocks: Sequence[Block]) -> None:
         """Give back the place of the failed read, unit by unit."""
@@ -146,8 +147,8 @@ class ReadAheadReader:
     """Starts and stops an engine's read-ahead (at most one), and learns what to expect:
     which pass follows which, and how much room each table's rows take."""
 
-    def __init__(self, lock: threading.Lock, units: UnitReader) -> None:
-        self.lock = lock  # the stream's lock, under which the buffer is allocated
+    def __init__(self, lock: threading.Condition, units: UnitReader) -> None:
+        self.lock = lock  # on the stream's lock, under which the buffer is allocated; notified as room is given back
         self.units = units
         self.current: ReadAhead | None = None
         # How often a pass that began so was followed by one that began so: the next pass
@@ -217,13 +218,17 @@ class ReadAheadReader:
                     return
                 if isinstance(plan[j], tuple):  # a place of rows: reserved, not read
                     k, size = plan[j]
-                    off = ring.allocate_locked(size)
+                    off = self._room(ahead, ring, size)
+                    if off is None:
+                        return
                     ahead.reserved[k] = (off, size)
                     ahead.allocations.append((off, k))
                     j += 1
                     continue
                 first = plan[j]
-                off = ring.allocate_locked(blocks[first].nbytes)
+                off = self._room(ahead, ring, blocks[first].nbytes)
+                if off is None:
+                    return
                 total, stop = blocks[first].nbytes, j + 1
                 while (
                     stop < len(plan)
@@ -237,6 +242,7 @@ class ReadAheadReader:
                     stop += 1
                 units = plan[j:stop]
                 ahead.pending = (units, off, total)
+                sizes = [self.units.read_nbytes(k) for k in units]  # the bytes read of each
             t0 = time.perf_counter()
             try:
                 self.units.read_units(units[0], units[-1] + 1, ring.view[off:])
@@ -245,15 +251,27 @@ class ReadAheadReader:
                     ahead.failed = exc
                 return
             t1 = time.perf_counter()
-            times = split_read(t0, t1, [blocks[k].nbytes for k in units])
+            times = split_read(t0, t1, sizes)
             with self.lock:
                 ahead.pending = None
-                for k, (at, end) in zip(units, times, strict=True):
+                for k, (at, end), nbytes in zip(units, times, sizes, strict=True):
                     place = off + blocks[k].offset - blocks[units[0]].offset
                     ahead.read[k] = place
                     ahead.allocations.append((place, k))
-                    ahead.times[k] = (at, end, blocks[k].nbytes)
+                    ahead.times[k] = (at, end, nbytes)
             j = stop
+
+    def _room(self, ahead: ReadAhead, ring: RingBuffer, nbytes: int) -> int | None:
+        """Where ``nbytes`` are placed in the buffer (lock held): at once when the pass has
+        given its place back, else once the pass's last unit has given back enough of it as
+        its rows were used (:meth:`~layerfit.engine.stream.UnitStream.release_rows_as_used`);
+        None when stopped meanwhile."""
+        while not ahead._stop:
+            off = ring.allocate_locked(nbytes)
+            if off is not None:
+                return off
+            self.lock.wait()
+        return None
 
     def take(self) -> ReadAhead | None:
         """Stop the read-ahead and hand it over: it reads nothing more, but a read under
@@ -262,6 +280,7 @@ class ReadAheadReader:
         if ahead is not None:
             with self.lock:
                 ahead._stop = True
+                self.lock.notify_all()  # it may wait for room
         return ahead
 
 

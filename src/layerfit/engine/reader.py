@@ -141,9 +141,10 @@ class ReadStage:
                 if isinstance(claim, int):  # go on from there
                     i = claim
                     continue
+                sizes = [stream.units.read_nbytes(k) for k in range(claim.first, claim.stop)]
                 t0 = time.perf_counter()
                 stream.units.read_units(claim.first, claim.stop, ring.view[claim.offset :])
-                self._deliver(run, claim, t0, time.perf_counter())
+                self._deliver(run, claim, t0, time.perf_counter(), sizes)
                 i = claim.stop
         except Cancelled:
             return
@@ -306,13 +307,14 @@ class ReadStage:
             stop += 1
         return stop, total
 
-    def _deliver(self, run: PassState, claim: Claim, t0: float, t1: float) -> None:
-        """The read of ``claim`` ended: hand each unit to the kernels (or the copier);
-        give back what was skipped or rewound meanwhile, the oldest bytes in the ring."""
+    def _deliver(self, run: PassState, claim: Claim, t0: float, t1: float, sizes: list[int]) -> None:
+        """The read of ``claim`` ended (``sizes``: the bytes it read of each unit): hand each
+        unit to the kernels (or the copier); give back what was skipped or rewound
+        meanwhile, the oldest bytes in the ring."""
         with self.stream.room:
-            self._deliver_locked(run, claim, t0, t1)
+            self._deliver_locked(run, claim, t0, t1, sizes)
 
-    def _deliver_locked(self, run: PassState, claim: Claim, t0: float, t1: float) -> None:
+    def _deliver_locked(self, run: PassState, claim: Claim, t0: float, t1: float, sizes: list[int]) -> None:
         """:meth:`_deliver` with the lock held."""
         stream, out = self.stream, self.output
         ring, blocks = stream.ring, stream.blocks
@@ -320,22 +322,22 @@ class ReadStage:
         if run.epoch != self.epoch:  # rewound while it read: the oldest bytes
             for k in range(i, stop):
                 ring.release_locked(off + blocks[k].offset - blocks[i].offset)
-                out.read_for_nothing += blocks[k].nbytes
+                out.read_for_nothing += sizes[k - i]
             stream.ready.notify()
             return
-        times = split_read(t0, t1, [blocks[k].nbytes for k in range(i, stop)]) if stream.trace else None
+        times = split_read(t0, t1, sizes) if stream.trace else None
         for k in range(i, stop):
             # Skipped while it was read: the oldest bytes in the ring (with a copy
             # stage, the copier gives read bytes back, in order).
             if k < run.done and stream.device_ring is None:
                 ring.release_locked(off + blocks[k].offset - blocks[i].offset)
-                out.read_for_nothing += blocks[k].nbytes
+                out.read_for_nothing += sizes[k - i]
                 stream.ready.notify()  # rows may wait for the room
                 continue
             out.ready[k] = off + blocks[k].offset - blocks[i].offset
             if times is not None:
                 at, end = times[k - i]
-                out.events.append(Event(k, blocks[k].name, "read", at - run.t0, end - run.t0, blocks[k].nbytes))
+                out.events.append(Event(k, blocks[k].name, "read", at - run.t0, end - run.t0, sizes[k - i]))
         if stream.device_ring is not None:
             stream.copier.wake(run)
         elif run.main_waits is not None and run.main_waits < stop:
@@ -360,15 +362,16 @@ class ReadStage:
             units, off, total, times = late
             claim = Claim(units[0], units[-1] + 1, off, total)
             if times is not None:
-                self.output.read_ahead_bytes += total
+                self.output.read_ahead_bytes += sum(times[2])
                 self._deliver_locked(run, claim, *times)
                 return
+        sizes = [stream.units.read_nbytes(k) for k in range(claim.first, claim.stop)]
         t0 = time.perf_counter()  # it failed: read again, into its place
         stream.units.read_units(claim.first, claim.stop, ring.view[off:])
         t1 = time.perf_counter()
         with stream.room:
             if ahead.keeps(claim.first):
-                self._deliver_locked(run, claim, t0, t1)
+                self._deliver_locked(run, claim, t0, t1, sizes)
             else:
                 ahead.release_failed(ring, stream.blocks)
                 stream.ready.notify()
@@ -428,9 +431,9 @@ class ReadUnits:
         self.reserved = dict(ahead.reserved)
         for k in ahead.adopted:
             self.ready[k] = ahead.read[k]
-            self.read_ahead_bytes += blocks[k].nbytes
+            t0, t1, nbytes = ahead.times[k]
+            self.read_ahead_bytes += nbytes
             if self.stream.trace:
-                t0, t1, nbytes = ahead.times[k]
                 self.events.append(Event(k, blocks[k].name, "read", t0 - run.t0, t1 - run.t0, nbytes))
 
     def take_reserved(self, run: PassState, i: int, nbytes: int) -> int | None:

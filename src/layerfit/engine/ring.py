@@ -150,6 +150,26 @@ class RingBuffer:
             self.in_use = 0
         self._record()
 
+    def release_front_locked(self, start: int, new_start: int) -> None:
+        """Give back the first bytes, ``start`` up to ``new_start``, of the oldest allocation,
+        which then begins at ``new_start`` (a unit whose first bytes its kernel has used
+        and will not read again); released later as ``new_start``. Lock held; the caller
+        wakes its own waiters."""
+        first, end = self._live[0] if self._live else (None, None)
+        if first != start or not start < new_start < end:
+            raise RuntimeError(f"ring front {start}..{new_start} is not inside the oldest allocation ({first}..{end})")
+        self._live[0] = (new_start, end)
+        self.in_use -= new_start - start
+        self._record()
+
+    def oldest_starts_at(self, start: int) -> bool:
+        """Whether the oldest allocation begins at ``start`` (lock held)."""
+        return bool(self._live) and self._live[0][0] == start
+
+    def holds_only(self, start: int) -> bool:
+        """Whether the buffer holds one allocation, the one beginning at ``start`` (lock held)."""
+        return len(self._live) == 1 and self._live[0][0] == start
+
     def _record(self) -> None:
         self.peak = max(self.peak, self.in_use)
         if self.record_history:

@@ -19,11 +19,15 @@ A pass begins at the first unit it runs and may skip units (a cached decoder ste
 its cross-attention projections): what was read of them is given back, oldest first,
 and the next such pass does not read them; a unit that runs after all rewinds the reader.
 When a pass has read its last unit and given it back, the next one's first units are read
-ahead (:mod:`layerfit.engine.read_ahead`).
+ahead (:mod:`layerfit.engine.read_ahead`); when that last unit is one weight multiplied by
+rows (:class:`~layerfit.engine.int4_packed.BlockRows`), it gives its place back page by
+page as its product uses its rows, and the read-ahead reads into them meanwhile
+(:meth:`UnitStream.release_rows_as_used`).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
 
@@ -35,6 +39,7 @@ from layerfit.engine.expert_cache import ExpertCache
 from layerfit.engine.expert_guess import ExpertMemory, GuessCount, PassGuesses
 from layerfit.engine.experts import ExpertTable
 from layerfit.engine.gather import RowTable
+from layerfit.engine.int4_packed import BlockRows
 from layerfit.engine.kernels import KernelStage
 from layerfit.engine.pass_state import PassState
 from layerfit.engine.policies import Policy
@@ -89,13 +94,14 @@ class UnitStream:
         self.skips_seen: dict[tuple, frozenset[int]] = {}
         self.last_start: Start | None = None  # (part start, stop, first unit run)
         self.read_ahead_on = read_ahead
-        self.read_ahead = ReadAheadReader(self.state, units)
+        self.read_ahead = ReadAheadReader(self.room, units)
         # The stages, each with its own state for the pass under way.
         self.reader = ReadStage(self)
         self.copier = CopyStage(self)
         self.kernels = KernelStage(self)
         self.guesses_made = PassGuesses()  # the experts' guesses made in the pass, and layers read
         self.last_unkept: int | None = None  # the pass's last unit not kept (the read-ahead may start once it ends)
+        self.releasing: int | None = None  # that unit, while it gives its place back as its rows are used
         self.learned = False  # how the pass began and what it skipped are remembered (_learn)
 
     def configure(self, policy: Policy, blocks: Sequence[Block], bindings: Sequence[list[Binding]],
@@ -196,6 +202,9 @@ class UnitStream:
             for thread in threads:
                 thread.join()
             self.reader.output.join_ahead()  # a pass that never began did not wait for it
+        if self.releasing is not None and self.releasing in self.kernels.bound:
+            self.drop_read_ahead()  # it failed midway: the next pass starts with an empty buffer
+        self.releasing = None
         self.kernels.unbind_left(run, streaming)
         self.run = None
 
@@ -277,6 +286,32 @@ class UnitStream:
         self._learn(run)  # the next pass is expected as after the pass ended
         self._start_read_ahead(run)
 
+    def release_rows_as_used(self, run: PassState, i: int, off: int) -> None:
+        """Unit ``i`` of ``run`` was bound at ``off`` of the read buffer. When it is the pass's
+        last unit not kept and its one tensor is a weight multiplied by rows from the unit's
+        start (:class:`BlockRows`: a weight the packed mode computes in bf16, such as the
+        Q6_K output layer of a Q4 file), each page of its rows is given back once its
+        product has used it, and the read-ahead of the next pass begins with the first: it
+        reads into the buffer while the product runs, instead of once the unit has given
+        its whole place back (in a buffer hardly larger than the unit, as at the least
+        budget, that is when the pass ends). The pass's reader reads nothing more then, as
+        for :meth:`read_next_early`."""
+        if i != self.last_unkept or not self._reads_next(run):
+            return
+        operand = _rows_operand(self.bindings[i])
+        if operand is not None:
+            self.releasing = i
+            operand.used = functools.partial(self._rows_used, run, i, off)
+
+    def _rows_used(self, run: PassState, i: int, base: int, nbytes: int) -> None:
+        """The product of unit ``i`` (bound at ``base``) has used its first ``nbytes``: their
+        whole pages go back (once the device has run what it was given: on a GPU the
+        product may still read them); with the first, the read-ahead starts."""
+        self.device.finish_kernels()
+        if self.kernels.give_back_used(i, base, nbytes) and self.read_ahead.current is None:
+            self._learn(run)
+            self._start_read_ahead(run)
+
     def _reads_next(self, run: PassState) -> bool:
         """Whether the next pass is read ahead after ``run`` (see :meth:`read_next`)."""
         return (
@@ -297,6 +332,16 @@ class UnitStream:
         ahead = self.read_ahead.take()
         if ahead is not None:
             ahead.join()
+
+
+def _rows_operand(bindings: list[Binding]) -> BlockRows | None:
+    """The operand of a unit whose one tensor, at its start, is bound as blocks multiplied
+    by rows; None for any other unit."""
+    if len(bindings) != 1 or bindings[0].offset != 0:
+        return None
+    binding = bindings[0]
+    operand = getattr(binding.module._parameters.get(binding.attr), "operand", None)
+    return operand if isinstance(operand, BlockRows) else None
 
 
 __all__ = ["OTHER_PATH", "UnitStream"]
