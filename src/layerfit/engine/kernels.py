@@ -231,8 +231,6 @@ class KernelStage:
             run.rewind_to = i
             stream.room.notify()
 
-    # --- units held as one ---------------------------------------------------------------
-
     def give_back_used(self, i: int, base: int, nbytes: int) -> bool:
         """Unit ``i``, bound at ``base`` of the read buffer and the oldest there, has used its
         first ``nbytes`` for good (:meth:`~layerfit.engine.stream.UnitStream.release_rows_as_used`):
@@ -248,6 +246,8 @@ class KernelStage:
             self.bound[i] = front
             stream.room.notify_all()  # the read-ahead may wait for room
             return stream.ring.holds_only(front)
+
+    # --- units held as one ---------------------------------------------------------------
 
     def hold(self, units: range) -> None:
         """Bind ``units`` as one unit until :meth:`let_go`: a run in row stripes
