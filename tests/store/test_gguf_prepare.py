@@ -306,7 +306,6 @@ def test_a_verified_int4_unit_is_read_without_its_blocks_heads(tmp_path: Path, d
     manifest = read_manifest(out)
     forms = [t for u in manifest.units for t in u.tensors if t.encoding is not None and t.encoding.int4_rows]
     assert forms and all(form_binds_views(t.encoding.int4_rows) for t in forms)
-    n, k = forms[0].shape
     operands = [-(-(n * k // 2 + n * k // 32 * 4) // ALIGN) * ALIGN for t in forms for n, k in [t.shape]]
     heads = 0 if dequantize else sum(t.nbytes - o for t, o in zip(forms, operands, strict=True))
     assert dequantize or heads >= len(forms) * ALIGN
