@@ -386,10 +386,10 @@ def test_a_table_read_by_rows_waits_for_a_skipped_unit_still_being_read(skips, m
         last_before = [b.name for b in engine.blocks].index("before.4")
         read_units = engine.units.read_units  # the reader thread's reads
 
-        def slow_read(i: int, stop: int, view: memoryview) -> None:
+        def slow_read(i: int, stop: int, view: memoryview) -> list[int]:
             if i == last_before:
                 time.sleep(0.3)  # the kernels get to the table meanwhile
-            read_units(i, stop, view)
+            return read_units(i, stop, view)
 
         monkeypatch.setattr(engine.units, "read_units", slow_read)
         for seed in (1, 2, 3):  # the first pass, and passes expecting the skip

@@ -137,7 +137,7 @@ def test_reconfiguring_or_closing_while_it_reads_waits_for_its_read(lm, monkeypa
         def slow(first, stop, view):
             if threading.current_thread().name == "layerfit-read-ahead":
                 time.sleep(0.05)
-            read_units(first, stop, view)
+            return read_units(first, stop, view)
 
         monkeypatch.setattr(engine.units, "read_units", slow)
         assert torch.equal(engine(ids).logits, model(ids).logits)
@@ -159,7 +159,7 @@ def test_a_failed_read_ahead_is_read_again_by_the_pass(lm, monkeypatch):
             if threading.current_thread().name == "layerfit-read-ahead" and not failed:
                 failed.append(first)
                 raise OSError(5, "Input/output error")
-            read_units(first, stop, view)
+            return read_units(first, stop, view)
 
         monkeypatch.setattr(engine.units, "read_units", flaky)
         for _ in range(3):

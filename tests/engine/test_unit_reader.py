@@ -50,7 +50,8 @@ def test_verified_units_are_read_to_their_extents_in_requests_a_short_unit_ends(
         units.configure(blocks, extents)
         buffer = aligned_buffer(len(data))
         view = memoryview(buffer)
-        units.read_units(first, stop, view)  # the first read verifies: whole units
+        sizes = units.read_units(first, stop, view)  # the first read verifies: whole units
+        assert sizes == [blocks[k].nbytes for k in range(first, stop)]
         base = blocks[first].offset
         span = blocks[stop - 1].offset + blocks[stop - 1].nbytes - base
         assert bytes(view[:span]) == data[base : base + span]
@@ -65,8 +66,9 @@ def test_verified_units_are_read_to_their_extents_in_requests_a_short_unit_ends(
 
         reader.read_range = recording
         view[:span] = bytes([SENTINEL]) * span
-        units.read_units(first, stop, view)
+        sizes = units.read_units(first, stop, view)
         want = {k: extents.get(k, blocks[k].nbytes) for k in range(first, stop)}
+        assert sizes == list(want.values())
         assert reader.bytes_read == span + sum(want.values())
         for k in range(first, stop):
             pos = blocks[k].offset - base

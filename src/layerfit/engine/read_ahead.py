@@ -242,10 +242,9 @@ class ReadAheadReader:
                     stop += 1
                 units = plan[j:stop]
                 ahead.pending = (units, off, total)
-                sizes = [self.units.read_nbytes(k) for k in units]  # the bytes read of each
             t0 = time.perf_counter()
             try:
-                self.units.read_units(units[0], units[-1] + 1, ring.view[off:])
+                sizes = self.units.read_units(units[0], units[-1] + 1, ring.view[off:])
             except BaseException as exc:  # the pass reads it again, and reports what fails then
                 with self.lock:
                     ahead.failed = exc

@@ -141,9 +141,8 @@ class ReadStage:
                 if isinstance(claim, int):  # go on from there
                     i = claim
                     continue
-                sizes = [stream.units.read_nbytes(k) for k in range(claim.first, claim.stop)]
                 t0 = time.perf_counter()
-                stream.units.read_units(claim.first, claim.stop, ring.view[claim.offset :])
+                sizes = stream.units.read_units(claim.first, claim.stop, ring.view[claim.offset :])
                 self._deliver(run, claim, t0, time.perf_counter(), sizes)
                 i = claim.stop
         except Cancelled:
@@ -365,9 +364,8 @@ class ReadStage:
                 self.output.read_ahead_bytes += sum(times[2])
                 self._deliver_locked(run, claim, *times)
                 return
-        sizes = [stream.units.read_nbytes(k) for k in range(claim.first, claim.stop)]
         t0 = time.perf_counter()  # it failed: read again, into its place
-        stream.units.read_units(claim.first, claim.stop, ring.view[off:])
+        sizes = stream.units.read_units(claim.first, claim.stop, ring.view[off:])
         t1 = time.perf_counter()
         with stream.room:
             if ahead.keeps(claim.first):

@@ -72,23 +72,22 @@ class UnitReader:
         view.release()
         return buffer
 
-    def read_units(self, first: int, stop: int, view: memoryview) -> None:
-        """Read units ``first..stop-1`` (adjacent in the file) into ``view``.
+    def read_units(self, first: int, stop: int, view: memoryview) -> list[int]:
+        """Read units ``first..stop-1`` (adjacent in the file) into ``view``; the bytes read
+        of each (:meth:`read_nbytes`).
 
-        Several units are read with one request; if that fails, they are read one by one
-        so the error names the unit that cannot be read (and a transient error heals).
+        Adjacent units are read with one request, which a unit read short ends; if a
+        request fails, its units are read one by one so the error names the unit that
+        cannot be read (and a transient error heals).
         """
         blocks = self.blocks
-        if stop - first == 1:
-            self.read_unit(first, view)
-            return
-        base = blocks[first].offset
+        sizes = [self.read_nbytes(k) for k in range(first, stop)]
         start = first
-        for k in range(first, stop):  # a unit read short ends a request: the next begins a new one
-            nbytes = self.read_nbytes(k)
+        for k, nbytes in enumerate(sizes, first):
             if k == stop - 1 or nbytes < blocks[k].nbytes:
-                self._read_adjacent(start, k + 1, view[blocks[start].offset - base :], nbytes)
+                self._read_adjacent(start, k + 1, view[blocks[start].offset - blocks[first].offset :], nbytes)
                 start = k + 1
+        return sizes
 
     def _read_adjacent(self, first: int, stop: int, view: memoryview, last_nbytes: int) -> None:
         """Read units ``first..stop-1`` into ``view`` with one request, the last one
