@@ -375,6 +375,55 @@ def test_the_last_streamed_unit_gives_its_place_back_as_its_rows_are_used(tmp_pa
         assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), want)
 
 
+def test_the_last_streamed_unit_is_multiplied_as_its_rows_are_read(tmp_path: Path, monkeypatch):
+    """Once verified, the pass's last streamed unit (the output layer, blocks multiplied by
+    rows) is handed to the kernels after its first part is read: its product starts while
+    the rest is read, and multiplies no row before it has arrived (the rest of its place
+    holds garbage until then). The tokens are those of every weight held; a read failing
+    midway is raised in one line, and the next pass reads the unit again."""
+    from layerfit.engine import int4_packed, reader
+    from layerfit.engine.unit_reader import UnitReader
+    from layerfit.errors import ReadError
+
+    monkeypatch.setattr(int4_packed, "ROWS_ELEMENTS", 32 * 256)  # 32 rows a step
+    monkeypatch.setattr(reader, "PART_BYTES", 4096)  # a page a part: the head comes in several
+    _, out = _prepared(tmp_path, "llama", "Q8_0")
+    manifest = read_manifest(out)
+    head = manifest.units[-1]
+    assert head.name == "lm_head" and head.nbytes > 3 * 4096
+    ids = _ids(400, 4)
+    with layerfit.from_pretrained(out, budget="100%") as model, torch.no_grad():
+        want = model.generate(ids, max_new_tokens=6, do_sample=False)
+    part, product = UnitReader.read_part, int4_packed.block_rows_linear
+    seen = {"parts": 0, "handed_early": 0, "fail_at": None}
+
+    def slow_part(self: UnitReader, i: int, start: int, stop: int, into: memoryview) -> None:
+        if start == 0:  # what is not read yet is garbage: a product that did not wait sees it
+            into[stop : self.blocks[i].nbytes] = b"\xff" * (self.blocks[i].nbytes - stop)
+        else:
+            time.sleep(0.005)  # the kernels run meanwhile
+        seen["parts"] += 1
+        if seen["parts"] == seen["fail_at"]:
+            raise ReadError("reading unit (lm_head) failed: the disk went away")
+        part(self, i, start, stop, into)
+
+    def observed(x: torch.Tensor, weight: int4_packed.BlockRows) -> torch.Tensor:
+        if weight.shape == tuple(head.tensors[0].shape):
+            seen["handed_early"] += weight.arrived is not None
+        return product(x, weight)
+
+    monkeypatch.setattr(UnitReader, "read_part", slow_part)
+    monkeypatch.setattr(int4_packed, "block_rows_linear", observed)
+    budget = manifest.resident_bytes + 2 * manifest.largest_unit_bytes
+    with layerfit.from_pretrained(out, budget=budget, pipeline="async") as model, torch.no_grad():
+        assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), want)
+        assert seen["parts"] >= 5 * 3 and seen["handed_early"] == 5  # every step but the first (verifying) read
+        seen["fail_at"] = seen["parts"] + 2
+        with pytest.raises(ReadError, match="the disk went away"):
+            model.generate(ids, max_new_tokens=6, do_sample=False)
+        assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), want)
+
+
 def test_a_quantized_moe_reads_the_experts_its_router_chooses(tmp_path: Path):
     """Routed experts stored as blocks are read (and dequantized) by what the router
     chooses, as float experts are: bit-equal to transformers, fewer bytes than whole."""

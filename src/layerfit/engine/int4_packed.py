@@ -117,13 +117,19 @@ class BlockRows:
     ``used``, when set, is told after each step how many bytes of `blocks` (from their start)
     the product has used: the engine gives them back to the read buffer while the rest is
     multiplied (:meth:`~layerfit.engine.stream.UnitStream.release_rows_as_used`). They are
-    not there to multiply again, so such a weight refuses a second product (``spent``)."""
+    not there to multiply again, so such a weight refuses a second product (``spent``).
+
+    ``arrived``, when set, is asked before each step to wait until the first bytes of
+    `blocks` it names have been read: the engine hands such a unit over while the rest of
+    it is still being read, so the product runs as its rows arrive
+    (:meth:`~layerfit.engine.stream.UnitStream.compute_rows_as_read`)."""
 
     blocks: torch.Tensor
     type_name: str
     shape: tuple[int, int]
     used: Callable[[int], None] | None = None
     spent: bool = False
+    arrived: Callable[[int], None] | None = None
 
 
 #: elements dequantized per step of a `BlockRows` product: a few MB of bf16, in the caches
@@ -142,10 +148,12 @@ def block_rows_linear(x: torch.Tensor, weight: BlockRows) -> torch.Tensor:
     step = max(1, ROWS_ELEMENTS // k)
     scratch = torch.empty(min(step, n), k, dtype=torch.bfloat16, device=weight.blocks.device)
     y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
-    used = weight.used
+    used, arrived = weight.used, weight.arrived
     weight.spent = used is not None
     for a in range(0, n, step):
         b = min(n, a + step)
+        if arrived is not None:
+            arrived(b * row_bytes)
         rows = dequantize(weight.blocks[a * row_bytes : b * row_bytes], weight.type_name, (b - a, k),
                           torch.bfloat16, out=scratch[: b - a])
         y[:, a:b] = F.linear(x, rows)

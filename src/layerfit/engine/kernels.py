@@ -363,7 +363,8 @@ class PreHook(UnitHook):
         stream.binder.bind(stream.bindings[i], ring.bytes, off)
         kernels.bound[i] = off
         if not three:
-            stream.release_rows_as_used(run, i, off)  # the pass's last streamed unit: pages back as used
+            stream.compute_rows_as_read(run, i)  # the pass's last streamed unit: rows multiplied as read,
+            stream.release_rows_as_used(run, i, off)  # and their pages back as used
 
 
 class PostHook(UnitHook):
@@ -409,6 +410,7 @@ class PostHook(UnitHook):
             stream.binder.unbind(stream.bindings[i])
             with stream.state:
                 if stream.device_ring is None:
+                    stream.await_whole(run, i)  # (a unit handed over as it was read: until its read ends)
                     stream.ring.release_locked(off)
                     if stream.read_ahead.current is not None:  # begun as its rows were used: room for it
                         stream.room.notify_all()

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
     from layerfit.engine.stream import UnitStream
 
 
+#: a part of a unit read as it is handed over: a few of its row steps, one request each
+PART_BYTES = 4 << 20
+
+
 class Claim(NamedTuple):
     """Units ``first..stop-1`` the reader reads next, at ``offset`` of the ring (``nbytes``)."""
 
@@ -140,6 +144,10 @@ class ReadStage:
                     return
                 if isinstance(claim, int):  # go on from there
                     i = claim
+                    continue
+                if claim.stop == claim.first + 1 and stream.reads_in_parts(claim.first):
+                    self._read_in_parts(run, claim)
+                    i = claim.stop
                     continue
                 t0 = time.perf_counter()
                 sizes = stream.units.read_units(claim.first, claim.stop, ring.view[claim.offset :])
@@ -306,6 +314,35 @@ class ReadStage:
             stop += 1
         return stop, total
 
+    def _read_in_parts(self, run: PassState, claim: Claim) -> None:
+        """Read unit ``claim.first`` part by part (:meth:`~layerfit.engine.stream.UnitStream.reads_in_parts`):
+        handed to the kernels after its first part, each later one counted as arrived
+        (``ReadUnits.arriving``), which its product waits for. Given back, read for
+        nothing, if it was skipped before its first part arrived, or rewound meanwhile."""
+        stream, out = self.stream, self.output
+        ring, i, off = stream.ring, claim.first, claim.offset
+        nbytes, view = stream.units.read_nbytes(i), ring.view[off:]
+        t0, start = time.perf_counter(), 0
+        while start < nbytes:
+            stop = min(nbytes, start + PART_BYTES)
+            stream.units.read_part(i, start, stop, view)
+            with stream.room:
+                if ring.cancelled:  # the pass ended (its executing thread raised): nothing waits
+                    out.arriving = None
+                    return
+                if (out.ready[i] is None) if start else (i < run.done or run.epoch != self.epoch):
+                    out.arriving = None  # skipped or rewound: the oldest bytes
+                    ring.release_locked(off)
+                    out.read_for_nothing += stop
+                    stream.ready.notify_all()
+                    return
+                out.ready[i] = off
+                out.arriving = (i, stop) if stop < nbytes else None
+                if out.arriving is None and stream.trace:
+                    out.events.append(Event(i, stream.blocks[i].name, "read", t0 - run.t0, time.perf_counter() - run.t0, nbytes))
+                stream.ready.notify_all()
+            start = stop
+
     def _deliver(self, run: PassState, claim: Claim, t0: float, t1: float, sizes: list[int]) -> None:
         """The read of ``claim`` ended (``sizes``: the bytes it read of each unit): hand each
         unit to the kernels (or the copier); give back what was skipped or rewound
@@ -411,6 +448,15 @@ class ReadUnits:
         self.read_ahead_bytes = 0  # bytes of the units adopted from the read-ahead
         self.read_for_nothing = 0  # bytes read that no kernel used (skipped, rewound, given back)
         self.events: list[Event] = []  # the reads, when tracing
+        self.arriving: tuple[int, int] | None = None  # (unit, bytes read) handed over before its read ended
+
+    def arriving_unit(self) -> int | None:
+        """The unit handed to the kernels while it is still being read, if any (lock held)."""
+        return None if self.arriving is None else self.arriving[0]
+
+    def has_arrived(self, i: int, nbytes: int) -> bool:
+        """Whether the first ``nbytes`` of unit ``i``, handed over, have been read (lock held)."""
+        return self.arriving is None or self.arriving[0] != i or self.arriving[1] >= nbytes
 
     def adopt(self, run: PassState) -> None:
         """The pass began (lock held, the kernels at its first unit): what was read ahead
@@ -462,7 +508,9 @@ class ReadUnits:
         back by the reader when it ends."""
         ring, blocks, ready = self.stream.ring, self.stream.blocks, self.ready
         for k in units:
-            if ready[k] is not None:  # ready for the kernels: the oldest bytes in the ring
+            if ready[k] is not None and self.arriving_unit() == k:  # still read: the reader gives it back
+                ready[k] = None
+            elif ready[k] is not None:  # ready for the kernels: the oldest bytes in the ring
                 ring.release_locked(ready[k])
                 ready[k] = None
                 place = self.ahead_places.pop(k, None)  # (experts read into a compact place: its bytes)

@@ -22,7 +22,9 @@ When a pass has read its last unit and given it back, the next one's first units
 ahead (:mod:`layerfit.engine.read_ahead`); when that last unit is one weight multiplied by
 rows (:class:`~layerfit.engine.int4_packed.BlockRows`), it gives its place back page by
 page as its product uses its rows, and the read-ahead reads into them meanwhile
-(:meth:`UnitStream.release_rows_as_used`).
+(:meth:`UnitStream.release_rows_as_used`). Such a unit is also handed to the kernels as it
+is read, once verified: its product runs on the rows that have arrived while the rest is
+read (:meth:`UnitStream.compute_rows_as_read`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from layerfit.engine.expert_guess import ExpertMemory, GuessCount, PassGuesses
 from layerfit.engine.experts import ExpertTable
 from layerfit.engine.gather import RowTable
 from layerfit.engine.int4_packed import BlockRows
-from layerfit.engine.kernels import KernelStage
+from layerfit.engine.kernels import KernelStage, raise_failure
 from layerfit.engine.pass_state import PassState
 from layerfit.engine.policies import Policy
 from layerfit.engine.read_ahead import NextPass, ReadAhead, ReadAheadReader, Start
@@ -102,6 +104,7 @@ class UnitStream:
         self.guesses_made = PassGuesses()  # the experts' guesses made in the pass, and layers read
         self.last_unkept: int | None = None  # the pass's last unit not kept (the read-ahead may start once it ends)
         self.releasing: int | None = None  # that unit, while it gives its place back as its rows are used
+        self.rows_arrive: int | None = None  # the pass's last streamed unit, if multiplied by rows as they are read
         self.learned = False  # how the pass began and what it skipped are remembered (_learn)
 
     def configure(self, policy: Policy, blocks: Sequence[Block], bindings: Sequence[list[Binding]],
@@ -178,14 +181,18 @@ class UnitStream:
         self.kernels.begin_pass()
         self.guesses_made = PassGuesses()
         self.learned = False
-        self.last_unkept = None
+        self.last_unkept = self.rows_arrive = None
         self.run = run
         if not streaming:
             if ahead is not None:  # (the next streamed pass starts afresh)
                 ahead.join()
             return []
+        last = max((k for k in run.units if k not in self.kept), default=None)
         if self.read_ahead_on:  # where the read-ahead may start (read_next_early)
-            self.last_unkept = max((k for k in run.units if k not in self.kept), default=None)
+            self.last_unkept = last
+        if (last is not None and self.device_ring is None and run.source is None
+                and self.policy.runs_ahead and _binds_rows(self.bindings[last])):
+            self.rows_arrive = last
         threads = [threading.Thread(target=self.reader.loop, args=(run,), name="layerfit-reader", daemon=True)]
         if self.device_ring is not None:
             self.device_ring.reset()
@@ -312,6 +319,40 @@ class UnitStream:
             self._learn(run)
             self._start_read_ahead(run)
 
+    def reads_in_parts(self, i: int) -> bool:
+        """Whether the reader hands unit ``i`` to the kernels part by part as it reads it:
+        the pass's last streamed unit, one weight multiplied by rows from its start
+        (:class:`BlockRows`), once its SHA-256 was verified (a unit still to check is
+        bound only when it is whole and checked). The kernels then wait for no more than
+        the rows they multiply next, so at the least budget, where the buffer holds little
+        more than that unit (the Q6_K output layer of a Q4 file), its product no longer
+        waits for the whole read before it starts."""
+        return i == self.rows_arrive and not self.units.needs_check(i)
+
+    def compute_rows_as_read(self, run: PassState, i: int) -> None:
+        """Unit ``i`` was just bound: if the reader is still reading it (:meth:`reads_in_parts`),
+        its product waits, step by step, for the rows it multiplies."""
+        if self.reader.output.arriving_unit() != i:
+            return
+        operand = _rows_operand(self.bindings[i])
+        if operand is not None:
+            operand.arrived = functools.partial(self._await_rows, run, i)
+
+    def _await_rows(self, run: PassState, i: int, nbytes: int) -> None:
+        """Wait until the first ``nbytes`` of unit ``i`` have been read (or the reader failed)."""
+        with self.state:
+            while not self.reader.output.has_arrived(i, nbytes) and run.error is None:
+                self.ready.wait()
+            if not self.reader.output.has_arrived(i, nbytes):
+                raise_failure(run)
+
+    def await_whole(self, run: PassState, i: int) -> None:
+        """Wait until unit ``i`` has been read to its end (lock held): its place may be given
+        back only then, though its kernel may not have multiplied every row (its module did
+        not run the product)."""
+        while self.reader.output.arriving_unit() == i and run.error is None:
+            self.ready.wait()
+
     def _reads_next(self, run: PassState) -> bool:
         """Whether the next pass is read ahead after ``run`` (see :meth:`read_next`)."""
         return (
@@ -332,6 +373,17 @@ class UnitStream:
         ahead = self.read_ahead.take()
         if ahead is not None:
             ahead.join()
+
+
+def _binds_rows(bindings: list[Binding]) -> bool:
+    """Whether a unit is one tensor, at its start, that a streamed binding leaves as its
+    blocks, multiplied by rows (:func:`~layerfit.engine.int4_packed.operand`): a packed
+    weight computed in bf16, in its GGML blocks (not the int4 form, not a table)."""
+    if len(bindings) != 1 or bindings[0].offset != 0:
+        return False
+    b = bindings[0]
+    return (b.packed and b.encoding is not None and not b.encoding.int4_rows and not b.table
+            and len(b.shape) == 2 and b.made_when(streamed=True) == 0)
 
 
 def _rows_operand(bindings: list[Binding]) -> BlockRows | None:

@@ -57,6 +57,16 @@ class UnitReader:
         if i not in self.verified_blocks:
             self.check(i, into[: blk.nbytes])
 
+    def read_part(self, i: int, start: int, stop: int, into: memoryview) -> None:
+        """Read bytes ``start..stop-1`` of unit ``i``, which needs no check, into the same
+        bytes of ``into`` (the unit's place): a unit handed over as it arrives is read in
+        parts. ``start`` is aligned; ``stop`` is too, or the end of the unit's read."""
+        if self.needs_check(i):
+            raise LayerfitError(f"unit {i} is read in parts before its SHA-256 was verified")
+        blk = self.blocks[i]
+        what = f"unit {i} ({blk.name or '<root>'})"
+        self.reader.read_range(blk.offset + start, stop - start, into[start:stop], what)
+
     def read_unit_buffer(self, i: int) -> mmap.mmap:
         """Unit ``i`` read into a fresh aligned buffer of exactly its bytes, owned by the
         caller (a scheduler's load task); freed again if the read fails."""
