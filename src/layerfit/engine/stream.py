@@ -332,8 +332,9 @@ class UnitStream:
     def compute_rows_as_read(self, run: PassState, i: int) -> None:
         """Unit ``i`` was just bound: if the reader is still reading it (:meth:`reads_in_parts`),
         its product waits, step by step, for the rows it multiplies."""
-        if self.reader.output.arriving_unit() != i:
-            return
+        with self.state:
+            if self.reader.output.arriving_unit() != i:
+                return
         operand = _rows_operand(self.bindings[i])
         if operand is not None:
             operand.arrived = functools.partial(self._await_rows, run, i)
