@@ -381,7 +381,7 @@ def test_the_last_streamed_unit_is_multiplied_as_its_rows_are_read(tmp_path: Pat
     the rest is read, and multiplies no row before it has arrived (the rest of its place
     holds garbage until then). The tokens are those of every weight held; a read failing
     midway is raised in one line, and the next pass reads the unit again."""
-    from layerfit.engine import int4_packed, reader
+    from layerfit.engine import int4_packed, reader, stream
     from layerfit.engine.unit_reader import UnitReader
     from layerfit.errors import ReadError
 
@@ -422,6 +422,11 @@ def test_the_last_streamed_unit_is_multiplied_as_its_rows_are_read(tmp_path: Pat
         with pytest.raises(ReadError, match="the disk went away"):
             model.generate(ids, max_new_tokens=6, do_sample=False)
         assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), want)
+        # Bound otherwise than its bindings predicted: its kernel waits for the whole unit.
+        monkeypatch.setattr(stream, "_rows_operand", lambda bindings: None)
+        early = seen["handed_early"]
+        assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), want)
+        assert seen["handed_early"] == early
 
 
 def test_a_quantized_moe_reads_the_experts_its_router_chooses(tmp_path: Path):

@@ -338,6 +338,11 @@ class UnitStream:
         operand = _rows_operand(self.bindings[i])
         if operand is not None:
             operand.arrived = functools.partial(self._await_rows, run, i)
+            return
+        with self.state:  # (bound otherwise than predicted: its kernel waits for the whole unit)
+            self.await_whole(run, i)
+            if self.reader.output.arriving_unit() == i:
+                raise_failure(run)
 
     def _await_rows(self, run: PassState, i: int, nbytes: int) -> None:
         """Wait until the first ``nbytes`` of unit ``i`` have been read (or the reader failed)."""
