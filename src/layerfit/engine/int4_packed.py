@@ -177,6 +177,11 @@ def operand(
     return dequantize(blocks, type_name, shape, torch.bfloat16, out=out)
 
 
+def streams_as_rows(type_name: str, shape: tuple[int, ...]) -> bool:
+    """Whether `operand` leaves such a weight, in a streamed unit, as a :class:`BlockRows`."""
+    return len(shape) == 2 and not _runs_int4(type_name, shape)
+
+
 def _runs_int4(type_name: str, shape: tuple[int, ...]) -> bool:
     """Whether `operand` packs a weight for the int4 kernel (else it is bf16)."""
     return type_name in PACKED_TYPES and int4_packed_available() and shape[0] % 16 == 0

@@ -330,8 +330,11 @@ class ReadStage:
                 if ring.cancelled:  # the pass ended (its executing thread raised): nothing waits
                     out.arriving = None
                     return
-                if (out.ready[i] is None) if start else (i < run.done or run.epoch != self.epoch):
-                    out.arriving = None  # skipped or rewound: the oldest bytes
+                # After its first part, a unit rewound meanwhile was given back to the reader
+                # (ReadUnits.give_back); before it, the kernels may have skipped it.
+                given_back = out.ready[i] is None if start else (i < run.done or run.epoch != self.epoch)
+                if given_back:
+                    out.arriving = None  # the oldest bytes
                     ring.release_locked(off)
                     out.read_for_nothing += stop
                     stream.ready.notify_all()

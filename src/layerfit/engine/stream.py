@@ -41,7 +41,7 @@ from layerfit.engine.expert_cache import ExpertCache
 from layerfit.engine.expert_guess import ExpertMemory, GuessCount, PassGuesses
 from layerfit.engine.experts import ExpertTable
 from layerfit.engine.gather import RowTable
-from layerfit.engine.int4_packed import BlockRows
+from layerfit.engine.int4_packed import BlockRows, streams_as_rows
 from layerfit.engine.kernels import KernelStage, raise_failure
 from layerfit.engine.pass_state import PassState
 from layerfit.engine.policies import Policy
@@ -332,17 +332,16 @@ class UnitStream:
     def compute_rows_as_read(self, run: PassState, i: int) -> None:
         """Unit ``i`` was just bound: if the reader is still reading it (:meth:`reads_in_parts`),
         its product waits, step by step, for the rows it multiplies."""
+        operand = _rows_operand(self.bindings[i])
         with self.state:
             if self.reader.output.arriving_unit() != i:
                 return
-        operand = _rows_operand(self.bindings[i])
-        if operand is not None:
-            operand.arrived = functools.partial(self._await_rows, run, i)
-            return
-        with self.state:  # (bound otherwise than predicted: its kernel waits for the whole unit)
-            self.await_whole(run, i)
-            if self.reader.output.arriving_unit() == i:
-                raise_failure(run)
+            if operand is None:  # bound otherwise than predicted: its kernel waits for the whole unit
+                self.await_whole(run, i)
+                if self.reader.output.arriving_unit() == i:
+                    raise_failure(run)
+                return
+        operand.arrived = functools.partial(self._await_rows, run, i)
 
     def _await_rows(self, run: PassState, i: int, nbytes: int) -> None:
         """Wait until the first ``nbytes`` of unit ``i`` have been read (or the reader failed)."""
@@ -389,7 +388,7 @@ def _binds_rows(bindings: list[Binding]) -> bool:
         return False
     b = bindings[0]
     return (b.packed and b.encoding is not None and not b.encoding.int4_rows and not b.table
-            and len(b.shape) == 2 and b.made_when(streamed=True) == 0)
+            and streams_as_rows(b.encoding.ggml, b.shape))
 
 
 def _rows_operand(bindings: list[Binding]) -> BlockRows | None:
