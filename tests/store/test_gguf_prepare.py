@@ -327,31 +327,50 @@ def test_a_verified_int4_unit_is_read_without_its_blocks_heads(tmp_path: Path, d
     assert all(torch.equal(x, want) for x in logits)
 
 
-def test_the_last_streamed_unit_gives_its_place_back_as_its_rows_are_used(tmp_path: Path, monkeypatch):
-    """Packed, a Q8_0 output layer streamed for a pass stays blocks multiplied a few rows
-    at a time; as the last unit of the pass it gives each page of rows back once used, and
-    the next pass's first units are read into them while it still runs (where otherwise
-    nothing is read until it ends). The tokens are those of every weight held, also after a
-    pass whose product failed midway with units read ahead into the pages it gave back."""
+def _rows_product(kind: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The product a packed output layer of `kind` runs, part by part (Q8_0: blocks
+    dequantized by rows; Q6_K: its form's stripes on the int4 kernel), set to go 32 rows a
+    part (a stripe's rows are the form's: set before it is prepared); its name in
+    :mod:`layerfit.engine.int4_packed`."""
+    from layerfit.engine import int4_packed
+    from layerfit.store import q6k_form
+
+    monkeypatch.setattr(int4_packed, "ROWS_ELEMENTS", 32 * 256)
+    monkeypatch.setattr(q6k_form, "STRIPE_ELEMENTS", 32 * 256)
+    return "q6k_linear" if kind == "Q6_K" else "block_rows_linear"
+
+
+def _operand_bytes(weight: object) -> int:
+    return weight.form.numel() if hasattr(weight, "form") else weight.blocks.numel()
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q6_K"])
+def test_the_last_streamed_unit_gives_its_place_back_as_its_rows_are_used(tmp_path: Path, monkeypatch, kind: str):
+    """Packed, an output layer streamed for a pass is multiplied a few rows at a time (Q8_0:
+    blocks dequantized by rows; Q6_K: its form's stripes); as the last unit of the pass it
+    gives each page of rows back once used, and the next pass's first units are read into
+    them while it still runs (where otherwise nothing is read until it ends). The tokens are
+    those of every weight held, also after a pass whose product failed midway with units
+    read ahead into the pages it gave back."""
     from layerfit.engine import int4_packed
 
-    monkeypatch.setattr(int4_packed, "ROWS_ELEMENTS", 32 * 256)  # 32 rows a step: many pages given back
-    _, out = _prepared(tmp_path, "llama", "Q8_0")
+    name = _rows_product(kind, monkeypatch)  # many pages given back
+    _, out = _prepared(tmp_path, "llama", kind)
     manifest = read_manifest(out)
     assert manifest.units[-1].name == "lm_head" and manifest.units[-1].nbytes == manifest.largest_unit_bytes
     ids = _ids(400, 4)
     with layerfit.from_pretrained(out, budget="100%") as model, torch.no_grad():
         want = model.generate(ids, max_new_tokens=6, do_sample=False)
-    product, began = int4_packed.block_rows_linear, []
+    product, began = getattr(int4_packed, name), []
     head = manifest.units[-1].tensors[0].shape
     failing = {"at": None}
 
-    def observed(x: torch.Tensor, weight: int4_packed.BlockRows) -> torch.Tensor:
-        if weight.shape != head:  # (the layers' Q8_0 weights are blocks multiplied by rows too)
+    def observed(x: torch.Tensor, weight: int4_packed.BlockRows | int4_packed.Q6KStripes) -> torch.Tensor:
+        if weight.shape != head:  # (the layers' weights are multiplied by rows too)
             return product(x, weight)
         if len(began) == failing["at"]:
             failing["at"] = None
-            weight.used(weight.blocks.numel() // 2)  # half given back, read into, then it fails
+            weight.used(_operand_bytes(weight) // 2)  # half given back, read into, then it fails
             deadline = time.monotonic() + 10
             while not engine.stream.read_ahead.current.read and time.monotonic() < deadline:
                 time.sleep(0.001)
@@ -360,7 +379,7 @@ def test_the_last_streamed_unit_gives_its_place_back_as_its_rows_are_used(tmp_pa
         began.append(engine.stream.read_ahead.current is not None)
         return y
 
-    monkeypatch.setattr(int4_packed, "block_rows_linear", observed)
+    monkeypatch.setattr(int4_packed, name, observed)
     # A buffer of two heads: the head's first pages hold the rows the next prompt may look up
     # (this tiny table is nearly the head's size) before the next units fit.
     budget = manifest.resident_bytes + 2 * manifest.largest_unit_bytes
@@ -375,26 +394,27 @@ def test_the_last_streamed_unit_gives_its_place_back_as_its_rows_are_used(tmp_pa
         assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), want)
 
 
-def test_the_last_streamed_unit_is_multiplied_as_its_rows_are_read(tmp_path: Path, monkeypatch):
-    """Once verified, the pass's last streamed unit (the output layer, blocks multiplied by
-    rows) is handed to the kernels after its first part is read: its product starts while
-    the rest is read, and multiplies no row before it has arrived (the rest of its place
-    holds garbage until then). The tokens are those of every weight held; a read failing
+@pytest.mark.parametrize("kind", ["Q8_0", "Q6_K"])
+def test_the_last_streamed_unit_is_multiplied_as_its_rows_are_read(tmp_path: Path, monkeypatch, kind: str):
+    """Once verified, the pass's last streamed unit (the output layer, multiplied by rows:
+    Q8_0 blocks or a Q6_K form's stripes) is handed to the kernels after its first part is
+    read: its product starts while the rest is read, and multiplies no row before it has
+    arrived (the rest of its place holds garbage until then). The tokens are those of every weight held; a read failing
     midway is raised in one line, and the next pass reads the unit again."""
     from layerfit.engine import int4_packed, reader, stream
     from layerfit.engine.unit_reader import UnitReader
     from layerfit.errors import ReadError
 
-    monkeypatch.setattr(int4_packed, "ROWS_ELEMENTS", 32 * 256)  # 32 rows a step
+    name = _rows_product(kind, monkeypatch)
     monkeypatch.setattr(reader, "PART_BYTES", 4096)  # a page a part: the head comes in several
-    _, out = _prepared(tmp_path, "llama", "Q8_0")
+    _, out = _prepared(tmp_path, "llama", kind)
     manifest = read_manifest(out)
     head = manifest.units[-1]
     assert head.name == "lm_head" and head.nbytes > 3 * 4096
     ids = _ids(400, 4)
     with layerfit.from_pretrained(out, budget="100%") as model, torch.no_grad():
         want = model.generate(ids, max_new_tokens=6, do_sample=False)
-    part, product = UnitReader.read_part, int4_packed.block_rows_linear
+    part, product = UnitReader.read_part, getattr(int4_packed, name)
     seen = {"parts": 0, "handed_early": 0, "fail_at": None}
 
     def slow_part(self: UnitReader, i: int, start: int, stop: int, into: memoryview) -> None:
@@ -407,13 +427,13 @@ def test_the_last_streamed_unit_is_multiplied_as_its_rows_are_read(tmp_path: Pat
             raise ReadError("reading unit (lm_head) failed: the disk went away")
         part(self, i, start, stop, into)
 
-    def observed(x: torch.Tensor, weight: int4_packed.BlockRows) -> torch.Tensor:
+    def observed(x: torch.Tensor, weight: int4_packed.BlockRows | int4_packed.Q6KStripes) -> torch.Tensor:
         if weight.shape == tuple(head.tensors[0].shape):
             seen["handed_early"] += weight.arrived is not None
         return product(x, weight)
 
     monkeypatch.setattr(UnitReader, "read_part", slow_part)
-    monkeypatch.setattr(int4_packed, "block_rows_linear", observed)
+    monkeypatch.setattr(int4_packed, name, observed)
     budget = manifest.resident_bytes + 2 * manifest.largest_unit_bytes
     with layerfit.from_pretrained(out, budget=budget, pipeline="async") as model, torch.no_grad():
         assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), want)

@@ -57,7 +57,7 @@ class Binding:
             from layerfit.engine.int4_packed import made_nbytes, operand_nbytes
 
             if self.encoding.int4_rows:
-                return made_nbytes(self.encoding.ggml, self.shape, self.encoding.int4_rows)
+                return made_nbytes(self.encoding.ggml, self.shape, self.encoding.int4_rows, streamed=streamed)
             return operand_nbytes(self.encoding.ggml, self.shape, streamed=streamed)
         return math.prod(self.shape) * self.dtype.itemsize
 
@@ -93,7 +93,8 @@ class Binding:
 
                 stored = buffer[start : start + self.nbytes]
                 if self.encoding.int4_rows:
-                    weight = operand_of_form(stored, self.encoding.ggml, self.shape, self.encoding.int4_rows)
+                    weight = operand_of_form(stored, self.encoding.ggml, self.shape, self.encoding.int4_rows,
+                                             streamed=streamed)
                 else:
                     weight = operand(stored, self.encoding.ggml, self.shape, streamed=streamed)
                 call_packed(self.module)  # its call runs the operand without F.linear's override

@@ -20,7 +20,8 @@ its cross-attention projections): what was read of them is given back, oldest fi
 and the next such pass does not read them; a unit that runs after all rewinds the reader.
 When a pass has read its last unit and given it back, the next one's first units are read
 ahead (:mod:`layerfit.engine.read_ahead`); when that last unit is one weight multiplied by
-rows (:class:`~layerfit.engine.int4_packed.BlockRows`), it gives its place back page by
+rows (:class:`~layerfit.engine.int4_packed.BlockRows`, or a Q6_K weight's stripes,
+:class:`~layerfit.engine.q6k_packed.Q6KStripes`), it gives its place back page by
 page as its product uses its rows, and the read-ahead reads into them meanwhile
 (:meth:`UnitStream.release_rows_as_used`). Such a unit is also handed to the kernels as it
 is read, once verified: its product runs on the rows that have arrived while the rest is
@@ -41,7 +42,7 @@ from layerfit.engine.expert_cache import ExpertCache
 from layerfit.engine.expert_guess import ExpertMemory, GuessCount, PassGuesses
 from layerfit.engine.experts import ExpertTable
 from layerfit.engine.gather import RowTable
-from layerfit.engine.int4_packed import BlockRows, streams_as_rows
+from layerfit.engine.int4_packed import ROWS_OPERANDS, BlockRows, Q6KStripes, streams_as_rows
 from layerfit.engine.kernels import KernelStage, raise_failure
 from layerfit.engine.pass_state import PassState
 from layerfit.engine.policies import Policy
@@ -296,13 +297,13 @@ class UnitStream:
     def release_rows_as_used(self, run: PassState, i: int, off: int) -> None:
         """Unit ``i`` of ``run`` was bound at ``off`` of the read buffer. When it is the pass's
         last unit not kept and its one tensor is a weight multiplied by rows from the unit's
-        start (:class:`BlockRows`: a weight the packed mode computes in bf16, such as the
-        Q6_K output layer of a Q4 file), each page of its rows is given back once its
-        product has used it, and the read-ahead of the next pass begins with the first: it
-        reads into the buffer while the product runs, instead of once the unit has given
-        its whole place back (in a buffer hardly larger than the unit, as at the least
-        budget, that is when the pass ends). The pass's reader reads nothing more then, as
-        for :meth:`read_next_early`."""
+        start (:class:`BlockRows`, a weight the packed mode computes in bf16, or
+        :class:`Q6KStripes`, such as the Q6_K output layer of a Q4 file), each page of its
+        rows is given back once its product has used it, and the read-ahead of the next
+        pass begins with the first: it reads into the buffer while the product runs,
+        instead of once the unit has given its whole place back (in a buffer hardly larger
+        than the unit, as at the least budget, that is when the pass ends). The pass's
+        reader reads nothing more then, as for :meth:`read_next_early`."""
         if i != self.last_unkept or not self._reads_next(run):
             return
         operand = _rows_operand(self.bindings[i])
@@ -322,9 +323,9 @@ class UnitStream:
     def reads_in_parts(self, i: int) -> bool:
         """Whether the reader hands unit ``i`` to the kernels part by part as it reads it:
         the pass's last streamed unit, one weight multiplied by rows from its start
-        (:class:`BlockRows`), once its SHA-256 was verified (a unit still to check is
-        bound only when it is whole and checked). The kernels then wait for no more than
-        the rows they multiply next, so at the least budget, where the buffer holds little
+        (:class:`BlockRows`, :class:`Q6KStripes`), once its SHA-256 was verified (a unit
+        still to check is bound only when it is whole and checked). The kernels then wait
+        for no more than the rows they multiply next, so at the least budget, where the buffer holds little
         more than that unit (the Q6_K output layer of a Q4 file), its product no longer
         waits for the whole read before it starts."""
         return i == self.rows_arrive and not self.units.needs_check(i)
@@ -381,24 +382,24 @@ class UnitStream:
 
 
 def _binds_rows(bindings: list[Binding]) -> bool:
-    """Whether a unit is one tensor, at its start, that a streamed binding leaves as its
-    blocks, multiplied by rows (:func:`~layerfit.engine.int4_packed.operand`): a packed
-    weight computed in bf16, in its GGML blocks (not the int4 form, not a table)."""
+    """Whether a unit is one tensor, at its start, that a streamed binding leaves as an
+    operand multiplied by rows from its start (:func:`~layerfit.engine.int4_packed.streams_as_rows`):
+    a packed weight computed in bf16 in its GGML blocks, or a Q6_K weight's form (not a table)."""
     if len(bindings) != 1 or bindings[0].offset != 0:
         return False
     b = bindings[0]
-    return (b.packed and b.encoding is not None and not b.encoding.int4_rows and not b.table
-            and streams_as_rows(b.encoding.ggml, b.shape))
+    return (b.packed and b.encoding is not None and not b.table
+            and streams_as_rows(b.encoding.ggml, b.shape, b.encoding.int4_rows))
 
 
-def _rows_operand(bindings: list[Binding]) -> BlockRows | None:
+def _rows_operand(bindings: list[Binding]) -> BlockRows | Q6KStripes | None:
     """The operand of a unit whose one tensor, at its start, is bound as blocks multiplied
     by rows; None for any other unit."""
     if len(bindings) != 1 or bindings[0].offset != 0:
         return None
     binding = bindings[0]
     operand = getattr(binding.module._parameters.get(binding.attr), "operand", None)
-    return operand if isinstance(operand, BlockRows) else None
+    return operand if isinstance(operand, ROWS_OPERANDS) else None
 
 
 __all__ = ["OTHER_PATH", "UnitStream"]

@@ -41,6 +41,9 @@ Codes and heads are the GGUF blocks re-paired: :func:`to_blocks` rebuilds the fi
 bytes exactly (checked at prepare), which is what ``--dequantize`` computes from (so it
 stays bit-equal to transformers) and what a CPU of another layout packs from. The form is
 ``N*K/2 + N*K/8 +`` the heads: 1.22x Q4_0's blocks, 1.20x Q4_1's, 1.22x Q4_K's.
+
+A Q6_K weight has a form of its own, in its blocks' bytes (:mod:`.q6k_form`); the functions
+here that take a type name (`eligible`, `form_nbytes`, `to_form`, `to_blocks`) take it too.
 """
 
 from __future__ import annotations
@@ -49,12 +52,14 @@ import functools
 
 import torch
 
+from layerfit.store import q6k_form
 from layerfit.store.ggml_types import ggml_type
 
 GROUP_SIZE = 32
 #: bytes of each block before its codes (the f16 scalars, Q4_K's scale bytes), per type
 HEAD_BYTES = {"Q4_0": 2, "Q4_1": 4, "Q4_K": 16}
-#: the GGUF types re-expressed for the int4 kernel
+#: the GGUF types re-expressed for the int4 kernel with their own codes, 4 bits a value
+#: (Q6_K has a form of its own, :mod:`.q6k_form`)
 INT4_TYPES = tuple(HEAD_BYTES)
 #: the layouts (rows per packed block) a stored form may have
 BLOCK_ROWS = (16, 32, 64)
@@ -62,6 +67,8 @@ BLOCK_ROWS = (16, 32, 64)
 
 def form_nbytes(type_name: str, shape: tuple[int, ...]) -> int:
     """Bytes of the stored form of an ``[N, K]`` weight of `type_name`."""
+    if type_name == q6k_form.TYPE:
+        return q6k_form.form_nbytes(shape)
     n, k = shape
     t = ggml_type(type_name)
     return n * k // 2 + n * (k // GROUP_SIZE) * 4 + n * (k // t.block_elems) * HEAD_BYTES[type_name]
@@ -76,6 +83,8 @@ def operands_nbytes(shape: tuple[int, ...]) -> int:
 
 def eligible(type_name: str, shape: tuple[int, ...], rows: int) -> bool:
     """Whether an ``[N, K]`` weight of `type_name` can be stored in the form of `rows`."""
+    if type_name == q6k_form.TYPE:
+        return rows in BLOCK_ROWS and q6k_form.eligible(shape, rows)
     return (
         type_name in INT4_TYPES
         and len(shape) == 2
@@ -89,6 +98,8 @@ def eligible(type_name: str, shape: tuple[int, ...], rows: int) -> bool:
 def to_form(blocks: torch.Tensor, type_name: str, shape: tuple[int, int], rows: int) -> torch.Tensor:
     """The stored form (uint8, one dimension) of an ``[N, K]`` weight's GGUF `blocks`,
     codes in the layout of `rows` rows per packed block; checked to give the blocks back."""
+    if type_name == q6k_form.TYPE:
+        return q6k_form.to_form(blocks, shape, rows)
     n, k = shape
     block_rows = blocks_by_row(blocks, type_name, shape)
     codes, width = code_bytes(block_rows, type_name)
@@ -118,6 +129,8 @@ def operands(form: torch.Tensor, type_name: str, shape: tuple[int, int]) -> tupl
 
 def to_blocks(form: torch.Tensor, type_name: str, shape: tuple[int, int], rows: int) -> torch.Tensor:
     """The GGUF blocks (uint8, one dimension) that `form` re-expresses, byte for byte."""
+    if type_name == q6k_form.TYPE:
+        return q6k_form.to_blocks(form, shape, rows)
     n, k = shape
     t = ggml_type(type_name)
     head = HEAD_BYTES[type_name]

@@ -85,9 +85,10 @@ class Encoding:
     tensor the model holds: the blocks are rows of the tensor (of its transpose where
     ``transposed``: GGUF keeps a weight ``[out, in]`` that the model holds ``[in, out]``,
     GPT-2's ``Conv1D``), each row ``ggml``'s blocks along the last dimension. Where
-    ``int4_rows`` is set, a linear layer's Q4_0/Q4_1/Q4_K weight is stored re-expressed for
-    PyTorch's int4 kernel, its codes in the layout of that many rows per block
-    (:mod:`layerfit.store.int4_form`), from which the blocks are rebuilt byte for byte."""
+    ``int4_rows`` is set, a linear layer's Q4_0/Q4_1/Q4_K or Q6_K weight is stored re-expressed
+    for PyTorch's int4 kernel, its codes in the layout of that many rows per block
+    (:mod:`layerfit.store.int4_form`, :mod:`layerfit.store.q6k_form`), from which the blocks
+    are rebuilt byte for byte."""
 
     ggml: str  # the GGML type name (Q4_0, Q6_K, ...): :mod:`layerfit.store.ggml_types`
     transposed: bool = False
@@ -590,7 +591,8 @@ def _check_encoding(t: TensorLayout, what: str) -> None:
         if enc.transposed or not eligible(enc.ggml, t.shape, enc.int4_rows):
             raise ManifestError(
                 f"tensor {t.name!r} in {what}: a {enc.ggml} {list(t.shape)} weight cannot be stored for the int4 "
-                f"kernel in blocks of {enc.int4_rows} rows (Q4_0/Q4_1/Q4_K [N, K], N a multiple of one of {BLOCK_ROWS})"
+                f"kernel in blocks of {enc.int4_rows} rows (Q4_0/Q4_1/Q4_K [N, K], N a multiple of one of {BLOCK_ROWS}; "
+                f"Q6_K [N, K], N at least that)"
             )
         expected = form_nbytes(enc.ggml, t.shape)
         if t.nbytes != expected:
