@@ -428,7 +428,7 @@ def prepared_form_key() -> str:
 
     root = Path(store.__file__).parent
     digest = hashlib.sha256()
-    for name in ("writer.py", "int4_form.py", "gguf_blocks.py", "gguf_folder.py", "manifest.py"):
+    for name in ("writer.py", "int4_form.py", "q6k_form.py", "gguf_blocks.py", "gguf_folder.py", "manifest.py"):
         digest.update((root / name).read_bytes())
     return digest.hexdigest()
 
