@@ -219,3 +219,24 @@ def test_a_draft_of_another_vocabulary_is_refused() -> None:
     check(engine(100), engine(100), config, Speculation(draft="d"))
     with pytest.raises(InputError, match="--draft d has a vocabulary of 50 ids and the model 100"):
         check(engine(100), engine(50), config, Speculation(draft="d"))
+
+
+def test_a_memory_limit_reserves_the_drafts_kv_cache_beside_the_models(folders, capsys) -> None:
+    """Under ``--memory-limit`` the draft's KV cache grows with the model's positions (the
+    prompt and every new token): the limit reserves it beside the model's, so the weights
+    get the room neither cache takes. The tokens are the model's own either way."""
+    from layerfit.engine import load
+    from layerfit.engine.fit_memory import kv_bytes_per_position
+    from layerfit.memory_limit import machine_memory_bytes
+
+    with load(folders["llama"], pipeline="preload") as model, load(folders["draft"], pipeline="preload") as draft:
+        per_position, draft_per_position = kv_bytes_per_position(model), kv_bytes_per_position(draft)
+    assert per_position > 0 and draft_per_position > 0
+    ids, limit = ",".join(map(str, PROMPT_IDS)), f"{machine_memory_bytes() // 2}B"
+    positions = len(PROMPT_IDS) + NEW
+    plain = _run(capsys, folders["llama"], "--ids", ids, "--max-new-tokens", NEW, "--memory-limit", limit)
+    drafted = _run(capsys, folders["llama"], "--ids", ids, "--max-new-tokens", NEW, "--memory-limit", limit,
+                   "--draft", folders["draft"])
+    assert plain["memory_limit"]["kv_reserved_bytes"] == positions * per_position
+    assert drafted["memory_limit"]["kv_reserved_bytes"] == positions * (per_position + draft_per_position)
+    assert drafted["token_ids"] == plain["token_ids"] == _expected(PROMPT_IDS)[0]

@@ -9,7 +9,8 @@ ones in the prompt and the text so far (transformers' ``prompt_lookup_num_tokens
 held whole (pipeline ``preload``) and its bytes count in the budget: the model's
 ``--budget`` is what is left after the draft's weights, and a budget that cannot hold both
 is one line. With ``--memory-limit`` the draft is loaded first, so the process the limit
-measures already holds it.
+measures already holds it, and its KV cache, which grows with the same positions as the
+model's, is reserved beside the model's.
 
 Greedy tokens are exactly plain decoding's (a pass keeps the guesses up to the first the
 model would not have made, then the model's own token). Sampled tokens (``--do-sample``)
@@ -61,14 +62,18 @@ def with_draft(config: EngineConfig, total_bytes: int, draft: Engine, flag: str)
 
 
 def load_target(directory: str, config: EngineConfig, draft: Engine | None, flag: str) -> Engine:
-    """The model's engine, its budget less the draft's bytes (:func:`with_draft`); a budget
-    the rest of which is too small for the model says so, naming the draft's share."""
+    """The model's engine, its budget less the draft's bytes (:func:`with_draft`), a memory
+    limit reserving the draft's KV cache for the model's ``kv_positions``; a budget the rest
+    of which is too small for the model says so, naming the draft's share."""
     from layerfit.engine import load
+    from layerfit.engine.fit_memory import kv_bytes_per_position
     from layerfit.store.manifest import read_manifest
 
     if draft is None:
         return load(directory, config)
     target = with_draft(config, read_manifest(Path(directory)).total_bytes, draft, flag)
+    if config.memory_limit is not None:
+        target = target.replace(kv_beside_bytes=config.kv_positions * kv_bytes_per_position(draft))
     try:
         return load(directory, target)
     except BudgetError as exc:

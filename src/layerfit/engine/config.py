@@ -61,7 +61,9 @@ class EngineConfig:
     the tolerance that module states. ``memory_limit`` (bytes) bounds the whole process,
     not the weights alone: the engine measures its footprint at load and spends what the
     limit leaves on weights, ``budget`` then at most that (:mod:`layerfit.memory_limit`);
-    ``kv_positions`` positions of KV cache are reserved in it for a decoder's generation.
+    ``kv_positions`` positions of KV cache are reserved in it for a decoder's generation,
+    and ``kv_beside_bytes`` more for a model that generates beside it (``generate
+    --draft``'s draft, whose cache grows with the same positions).
     """
 
     budget: Budget | None = None
@@ -82,6 +84,7 @@ class EngineConfig:
     dequantize: bool = False
     memory_limit: int | None = None
     kv_positions: int = 0
+    kv_beside_bytes: int = 0
 
     def __post_init__(self) -> None:
         # (imported here: the command line reads the defaults without importing torch)
@@ -101,6 +104,8 @@ class EngineConfig:
             raise LayerfitError("a memory limit bounds this process's host memory: it runs on device cpu")
         if isinstance(self.kv_positions, bool) or not isinstance(self.kv_positions, int) or self.kv_positions < 0:
             raise LayerfitError(f"kv_positions must be a whole number of positions, 0 or more, not {self.kv_positions!r}")
+        if isinstance(self.kv_beside_bytes, bool) or not isinstance(self.kv_beside_bytes, int) or self.kv_beside_bytes < 0:
+            raise LayerfitError(f"kv_beside_bytes must be a whole number of bytes, 0 or more, not {self.kv_beside_bytes!r}")
         resolve_pipeline(self.pipeline, 0, None)  # an unknown name is refused here
         get_binder(self.binding)
         check_units_spec(self.units)

@@ -75,7 +75,7 @@ class MemoryRoom:
         peak = after.peak_bytes if peak_reset else max(after.peak_bytes, first.peak_bytes)
         footprint = measured_footprint(
             self.limit, first, peak, engine.memory.weight_bytes, after.resident_bytes - first.resident_bytes,
-            config.kv_positions * _kv_bytes(engine), self.minimum,
+            config.kv_positions * kv_bytes_per_position(engine) + config.kv_beside_bytes, self.minimum,
         )
         footprint.check(self.asked, self.notice)  # too small a limit says so before the search below
         footprint = self._with_made_bytes(footprint)
@@ -130,7 +130,7 @@ def _minimum_budget(engine: Engine, config: EngineConfig) -> int:
     return unbounded.memory.minimum_budget
 
 
-def _kv_bytes(engine: Engine) -> int:
+def kv_bytes_per_position(engine: Engine) -> int:
     """Bytes of KV cache a position of the engine's model takes (0: it has none)."""
     config = getattr(engine.model, "config", None)
     if config is None:
@@ -139,4 +139,4 @@ def _kv_bytes(engine: Engine) -> int:
     return kv_bytes_per_token(config, dtype.itemsize if dtype is not None else 4)
 
 
-__all__ = ["MemoryRoom", "within"]
+__all__ = ["MemoryRoom", "kv_bytes_per_position", "within"]
