@@ -243,8 +243,8 @@ def made_nbytes(type_name: str, shape: tuple[int, int], rows: int, *, streamed: 
     """Bytes `operand_of_form` makes beside the read buffer: none where it returns views (a
     Q6_K form in a `streamed` unit), else the operand made from the rebuilt blocks (the
     blocks themselves are transient)."""
-    if type_name == q6k_form.TYPE:
-        return 0 if streamed else operand_nbytes(type_name, shape)
+    if type_name == q6k_form.TYPE:  # the dense bf16 weight where held, as for its blocks
+        return operand_nbytes(type_name, shape, streamed=streamed)
     if form_binds_views(rows):
         return 0
     return operand_nbytes(type_name, shape)

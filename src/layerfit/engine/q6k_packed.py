@@ -71,6 +71,18 @@ def q6k_linear(x: torch.Tensor, weight: Q6KStripes) -> torch.Tensor:
     return y
 
 
+def _arriving(weight: Q6KStripes) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """``(first row, rows, bytes)`` of each stripe of `weight` (:func:`~layerfit.store.q6k_form.stripes`,
+    the tail last), each once its bytes have been read (``arrived``); once the caller asks
+    for the next, the engine is told the stripe was used (``used``)."""
+    for a, r, start, end in q6k_form.stripes(weight.shape, weight.rows):
+        if weight.arrived is not None:
+            weight.arrived(end)
+        yield a, r, weight.form[start:end]
+        if weight.used is not None:
+            weight.used(end)
+
+
 def _kernel_stripes(x: torch.Tensor, weight: Q6KStripes, y: torch.Tensor) -> None:
     """Each stripe on the int4 kernel (the module docstring of :mod:`~layerfit.store.q6k_form`)."""
     k = weight.shape[1]
@@ -81,15 +93,11 @@ def _kernel_stripes(x: torch.Tensor, weight: Q6KStripes, y: torch.Tensor) -> Non
     doubled = doubled.view(m, 2 * k)
     sums = x.float().view(m, k // 16, 16).sum(-1)  # X_j
     scratch: _Scratch | None = None
-    for a, r, start, end in q6k_form.stripes(weight.shape, rows):
-        if weight.arrived is not None:
-            weight.arrived(end)
+    for a, r, stripe in _arriving(weight):
         if q6k_form.is_tail(r, rows):
-            _tail(x, weight.form[start:end], r, k, y[:, a:])
+            _tail(x, stripe, r, k, y[:, a:])
         else:
-            scratch = _kernel_stripe(x, (doubled, sums), weight.form[start:end], r, rows, scratch, y[:, a : a + r])
-        if weight.used is not None:
-            weight.used(end)
+            scratch = _kernel_stripe(x, (doubled, sums), stripe, r, rows, scratch, y[:, a : a + r])
 
 
 def _kernel_stripe(
@@ -151,16 +159,12 @@ def _values(stripe: torch.Tensor, r: int, k: int, rows: int) -> Iterator[tuple[i
 def _dequantized_stripes(x: torch.Tensor, weight: Q6KStripes, y: torch.Tensor) -> None:
     """Each stripe dequantized to bf16 a few rows at a time (:func:`_values`), multiplied."""
     k = weight.shape[1]
-    for a, r, start, end in q6k_form.stripes(weight.shape, weight.rows):
-        if weight.arrived is not None:
-            weight.arrived(end)
+    for a, r, stripe in _arriving(weight):
         if q6k_form.is_tail(r, weight.rows):
-            _tail(x, weight.form[start:end], r, k, y[:, a:])
+            _tail(x, stripe, r, k, y[:, a:])
         else:
-            for first, values in _values(weight.form[start:end], r, k, weight.rows):
+            for first, values in _values(stripe, r, k, weight.rows):
                 y[:, a + first : a + first + values.shape[0]] = F.linear(x, values)
-        if weight.used is not None:
-            weight.used(end)
 
 
 def dequantized(form: torch.Tensor, shape: tuple[int, int], rows: int) -> torch.Tensor:

@@ -42,10 +42,11 @@ from layerfit.engine.expert_cache import ExpertCache
 from layerfit.engine.expert_guess import ExpertMemory, GuessCount, PassGuesses
 from layerfit.engine.experts import ExpertTable
 from layerfit.engine.gather import RowTable
-from layerfit.engine.int4_packed import ROWS_OPERANDS, BlockRows, Q6KStripes, streams_as_rows
+from layerfit.engine.int4_packed import ROWS_OPERANDS, BlockRows, streams_as_rows
 from layerfit.engine.kernels import KernelStage, raise_failure
 from layerfit.engine.pass_state import PassState
 from layerfit.engine.policies import Policy
+from layerfit.engine.q6k_packed import Q6KStripes
 from layerfit.engine.read_ahead import NextPass, ReadAhead, ReadAheadReader, Start
 from layerfit.engine.reader import ReadStage
 from layerfit.engine.ring import RingBuffer
@@ -325,9 +326,9 @@ class UnitStream:
         the pass's last streamed unit, one weight multiplied by rows from its start
         (:class:`BlockRows`, :class:`Q6KStripes`), once its SHA-256 was verified (a unit
         still to check is bound only when it is whole and checked). The kernels then wait
-        for no more than the rows they multiply next, so at the least budget, where the buffer holds little
-        more than that unit (the Q6_K output layer of a Q4 file), its product no longer
-        waits for the whole read before it starts."""
+        for no more than the rows they multiply next, so at the least budget, where the
+        buffer holds little more than that unit (the Q6_K output layer of a Q4 file), its
+        product no longer waits for the whole read before it starts."""
         return i == self.rows_arrive and not self.units.needs_check(i)
 
     def compute_rows_as_read(self, run: PassState, i: int) -> None:
@@ -393,8 +394,8 @@ def _binds_rows(bindings: list[Binding]) -> bool:
 
 
 def _rows_operand(bindings: list[Binding]) -> BlockRows | Q6KStripes | None:
-    """The operand of a unit whose one tensor, at its start, is bound as blocks multiplied
-    by rows; None for any other unit."""
+    """The operand of a unit whose one tensor, at its start, is bound as an operand
+    multiplied by rows from its start (``ROWS_OPERANDS``); None for any other unit."""
     if len(bindings) != 1 or bindings[0].offset != 0:
         return None
     binding = bindings[0]
