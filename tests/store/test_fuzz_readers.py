@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from layerfit.cli import main
@@ -107,6 +107,8 @@ npy_headers = st.fixed_dictionaries({
 
 
 @given(header=npy_headers | st.text(max_size=60), payload=st.binary(max_size=64), version=st.sampled_from([1, 2, 3]))
+# numpy 2's string dtype, which has no byte order to ask for (a traceback once)
+@example(header={"descr": "T", "fortran_order": False, "shape": (1, 3)}, payload=b"", version=1)
 @FUZZ
 def test_any_npy_input_is_loaded_or_refused(prepared: Path, tmp_path_factory, header, payload: bytes,
                                             version: int) -> None:

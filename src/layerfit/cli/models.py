@@ -505,12 +505,13 @@ def _check_npy_header(path: str, manifest) -> None:
     # axes (the engine refuses a length past its positions, in one line)
     varying = set(manifest.variable_shapes.axes_of("")) if manifest.variable_shapes is not None else set()
     fixed = [i for i in range(len(expected)) if i not in varying]
+    native = _native_dtype_name(dtype)
     if (
         dtype.hasobject or len(shape) != len(expected) or any(shape[i] != expected[i] for i in fixed)
-        or str(dtype.newbyteorder("=")) != manifest.input_dtype
+        or native != manifest.input_dtype
     ):
         hint = ""
-        if not varying and str(dtype.newbyteorder("=")) == manifest.input_dtype and len(shape) == len(expected):
+        if not varying and native == manifest.input_dtype and len(shape) == len(expected):
             hint = (
                 " (it was prepared with --fixed-shape: prepare it again without it to take other batches and lengths)"
                 if manifest.model["source"] == "hf"  # hf: derives its input: --input-shape is refused there
@@ -518,6 +519,15 @@ def _check_npy_header(path: str, manifest) -> None:
             )
         wanted = "(" + ", ".join("N" if i in varying else str(d) for i, d in enumerate(expected)) + ")"
         raise InputError(f"input {path} is {dtype} {tuple(shape)}; the model expects {manifest.input_dtype} {wanted}{hint}")
+
+
+def _native_dtype_name(dtype) -> str | None:
+    """A ``.npy`` header's dtype in this machine's byte order, by name (``float32``); None
+    for a dtype without a byte order to ask for (numpy 2's strings), which no model takes."""
+    try:
+        return str(dtype.newbyteorder("="))
+    except (TypeError, ValueError):
+        return None
 
 
 def _save_output(path: str, out) -> None:
